@@ -1,0 +1,5 @@
+import sys
+
+from cfl.cli import main
+
+sys.exit(main())

@@ -1,0 +1,206 @@
+"""The run configuration: YAML -> frozen dataclasses, validated before any data is loaded.
+
+Every key is documented here (``cfl config-reference`` prints the table). Method parameters are
+validated against the chosen method's own ``Params`` dataclass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from cfl.schema import ConfigError, build, field, to_dict
+
+__all__ = ["Config", "ConfigError", "load_config", "parse_overrides", "validate_names"]
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    name: str = field("split-digits", "stream name (see `cfl list`)")
+    num_tasks: Optional[int] = field(None, "use the first N tasks of the stream (null: all)", min=1)
+    scenario: str = field("auto", "auto (the stream's default), domain, task or class incremental",
+                          choices=("auto", "domain", "task", "class"))
+    seed: Optional[int] = field(None, "seed of the task permutations (null: the run seed)", min=0)
+    download: bool = field(False, "download missing data files (needs network)")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = field("auto", "model name (see `cfl list`); auto picks the stream's reference model")
+
+
+@dataclass(frozen=True)
+class PartitionConfig:
+    name: str = field("iid", "iid, shards, dirichlet or quantity")
+    shards_per_client: int = field(2, "shards: label shards per client", min=1)
+    alpha: float = field(0.5, "dirichlet: concentration of the class proportions", gt=0)
+    beta: float = field(0.5, "quantity: concentration of the client sizes", gt=0)
+    min_samples: int = field(1, "dirichlet/quantity: fewest samples a client may get", min=1)
+
+
+@dataclass(frozen=True)
+class AggregatorConfig:
+    name: str = field("mean", "server aggregation of client updates: mean (FedAvg) or gma",
+                      choices=("mean", "gma"))
+    tau: float = field(0.4, "gma: agreement threshold of the soft mask (0 = plain averaging)",
+                       min=0.0, max=1.0)
+
+
+@dataclass(frozen=True)
+class WandbConfig:
+    mode: str = field("offline", "offline (default, sync later), online or disabled",
+                      choices=("offline", "online", "disabled"))
+    project: str = field("cfl", "W&B project")
+    entity: Optional[str] = field(None, "W&B entity (team or user)")
+    group: Optional[str] = field(None, "W&B group")
+    name: Optional[str] = field(None, "W&B run name (null: derived from stream/method/seed)")
+    tags: list[str] = field([], "W&B tags")
+
+
+@dataclass(frozen=True)
+class Config:
+    seed: int = field(0, "seed of sampling, partitions, initialisation, data order and dropout", min=0)
+    stream: StreamConfig = field(StreamConfig(), "")
+    model: ModelConfig = field(ModelConfig(), "")
+    partition: PartitionConfig = field(PartitionConfig(), "")
+    num_clients: int = field(10, "number of clients", min=1)
+    clients_per_round: int = field(10, "clients sampled (without replacement) each round", min=1)
+    rounds_per_task: int = field(20, "communication rounds per task", min=1)
+    local_epochs: int = field(1, "local epochs per round", min=1)
+    batch_size: int = field(32, "local mini-batch size", min=1)
+    lr: float = field(0.01, "local SGD learning rate", gt=0)
+    momentum: float = field(0.0, "local SGD momentum (fresh each round)", min=0.0, max=0.999)
+    weight_decay: float = field(0.0, "local SGD weight decay", min=0.0)
+    server_lr: float = field(1.0, "server learning rate eta_g applied to the aggregated update", gt=0)
+    loss: str = field("ce", "client loss: ce or tce (truncated cross-entropy)", choices=("ce", "tce"))
+    method: dict[str, Any] = field({"name": "fedavg"}, "method name and its parameters (see docs/methods)")
+    plugins: list[dict[str, Any]] = field([], "extra methods combined with `method` (e.g. fedprox)")
+    aggregator: AggregatorConfig = field(AggregatorConfig(), "")
+    eval_every: int = field(0, "evaluate all seen tasks every N rounds (0: only at task ends)", min=0)
+    target_accuracies: list[float] = field([], "report the first round reaching each mean accuracy (%)",
+                                           min=0.0, max=100.0)
+    client_execution: str = field("batched", "batched (all sampled clients at once) or sequential",
+                                  choices=("batched", "sequential"))
+    on_nonfinite: str = field("stop", "a NaN/inf loss or update: stop the run, or skip_client (drop it, warn)",
+                              choices=("stop", "skip_client"))
+    device: str = field("cpu", "cpu, cuda or cuda:N", choices=None)
+    threads: int = field(0, "torch CPU threads (0: torch's default)", min=0)
+    data_root: Optional[str] = field(None, "data directory (null: $CFL_DATA, else the user cache)")
+    wandb: WandbConfig = field(WandbConfig(), "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for k in keys[:-1]:
+        child = node.get(k)
+        if child is None:
+            child = node[k] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {dotted}: '{k}' is not a section")
+        node = child
+    node[keys[-1]] = value
+
+
+def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
+    """Parse ``key=value`` strings (values read as YAML, so 0.1 is a number and [1,2] a list)."""
+    out = []
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"malformed --set '{item}': expected dotted.key=value, e.g. --set lr=0.05")
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError as err:
+            raise ConfigError(f"--set {key}: value {raw!r} is not valid YAML ({err})") from None
+        out.append((key.strip(), value))
+    return out
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file '{path}' does not exist; pass a YAML file such as configs/quickstart.yaml")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file '{path}' is not valid YAML: {err}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file '{path}' must hold a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def from_dict(data: dict[str, Any]) -> Config:
+    """Validate a raw mapping into a :class:`Config`, including names and method parameters."""
+    cfg = build(Config, data)
+    return validate_names(cfg)
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
+    data = read_yaml(path) if path is not None else {}
+    for key, value in parse_overrides(overrides or []):
+        _set_dotted(data, key, value)
+    return from_dict(data)
+
+
+def _check_method_spec(spec: dict[str, Any], key: str) -> dict[str, Any]:
+    from cfl.methods import METHODS
+
+    name = spec.get("name")
+    if not isinstance(name, str):
+        raise ConfigError(f"'{key}.name' is required; available methods: {', '.join(METHODS)}")
+    if name not in METHODS:
+        raise ConfigError(f"unknown method '{key}.name: {name}'; available: {', '.join(METHODS)}")
+    params = build(METHODS[name].Params, {k: v for k, v in spec.items() if k != "name"}, key)
+    return {"name": name, **to_dict(params)}
+
+
+def validate_names(cfg: Config) -> Config:
+    """Check names against the registries and cross-key constraints; fill method defaults."""
+    from cfl.data.partition import PARTITIONERS
+    from cfl.data.streams import STREAMS
+    from cfl.models import MODELS
+
+    if cfg.stream.name not in STREAMS:
+        raise ConfigError(f"unknown stream 'stream.name: {cfg.stream.name}'; available: {', '.join(STREAMS)}")
+    entry = STREAMS[cfg.stream.name]
+    if cfg.stream.scenario != "auto" and cfg.stream.scenario not in entry.scenarios:
+        raise ConfigError(f"'stream.scenario: {cfg.stream.scenario}' is not supported by stream "
+                          f"'{cfg.stream.name}'; allowed: auto, {', '.join(entry.scenarios)}")
+    if cfg.stream.num_tasks is not None and cfg.stream.num_tasks > entry.full_tasks:
+        raise ConfigError(f"'stream.num_tasks' is {cfg.stream.num_tasks} but stream '{cfg.stream.name}' "
+                          f"has {entry.full_tasks} tasks")
+    if cfg.model.name != "auto" and cfg.model.name not in MODELS:
+        raise ConfigError(f"unknown model 'model.name: {cfg.model.name}'; available: auto, {', '.join(MODELS)}")
+    if cfg.partition.name not in PARTITIONERS:
+        raise ConfigError(f"unknown partitioner 'partition.name: {cfg.partition.name}'; "
+                          f"available: {', '.join(PARTITIONERS)}")
+    if cfg.clients_per_round > cfg.num_clients:
+        raise ConfigError(f"'clients_per_round' ({cfg.clients_per_round}) exceeds 'num_clients' "
+                          f"({cfg.num_clients}); lower clients_per_round or raise num_clients")
+    if not (cfg.device == "cpu" or cfg.device == "cuda" or cfg.device.startswith("cuda:")):
+        raise ConfigError(f"'device' must be cpu, cuda or cuda:N, got {cfg.device!r}")
+    method = _check_method_spec(cfg.method, "method")
+    plugins = [_check_method_spec(p, f"plugins[{i}]") if isinstance(p, dict) else
+               _raise(f"'plugins[{i}]' must be a mapping with a name") for i, p in enumerate(cfg.plugins)]
+    names = [method["name"]] + [p["name"] for p in plugins]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"a method appears twice in method + plugins: {names}")
+    return dataclasses.replace(cfg, method=method, plugins=plugins)
+
+
+def _raise(message: str) -> Any:
+    raise ConfigError(message)
+
+
+def dump_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)

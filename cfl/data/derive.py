@@ -1,0 +1,54 @@
+"""Derive continual streams from one labelled dataset: pixel permutations or class splits."""
+
+from __future__ import annotations
+
+import torch
+
+from cfl.data.stream import Task
+
+
+def permuted_tasks(
+    train: tuple[torch.Tensor, torch.Tensor],
+    test: tuple[torch.Tensor, torch.Tensor],
+    num_tasks: int,
+    seed: int,
+    prefix: str = "perm",
+) -> list[Task]:
+    """Permuted-MNIST recipe: one fixed random pixel permutation per task (task 0 permuted too)."""
+    (train_x, train_y), (test_x, test_y) = train, test
+    flat_train, flat_test = train_x.flatten(1), test_x.flatten(1)
+    dim = flat_train.shape[1]
+    gen = torch.Generator().manual_seed(seed)
+    classes = sorted(int(c) for c in torch.unique(train_y))
+    tasks = []
+    for t in range(num_tasks):
+        perm = torch.randperm(dim, generator=gen)
+        tasks.append(Task(f"{prefix}-{t}", flat_train[:, perm].contiguous(), train_y.clone(),
+                          flat_test[:, perm].contiguous(), test_y.clone(), classes))
+    return tasks
+
+
+def split_tasks(
+    train: tuple[torch.Tensor, torch.Tensor],
+    test: tuple[torch.Tensor, torch.Tensor],
+    classes_per_task: int,
+    num_tasks: int,
+    global_labels: bool,
+    prefix: str = "split",
+) -> list[Task]:
+    """Split recipe: classes in label order, ``classes_per_task`` per task.
+
+    Labels are remapped to 0..classes_per_task-1 within each task (task-incremental) unless
+    ``global_labels`` (class-incremental, one head over every class).
+    """
+    (train_x, train_y), (test_x, test_y) = train, test
+    tasks = []
+    for t in range(num_tasks):
+        classes = list(range(t * classes_per_task, (t + 1) * classes_per_task))
+        lookup = torch.full((int(max(train_y.max(), test_y.max())) + 1,), -1, dtype=torch.long)
+        for i, c in enumerate(classes):
+            lookup[c] = c if global_labels else i
+        tr, te = lookup[train_y] >= 0, lookup[test_y] >= 0
+        tasks.append(Task(f"{prefix}-{t}", train_x[tr].contiguous(), lookup[train_y[tr]],
+                          test_x[te].contiguous(), lookup[test_y[te]], classes))
+    return tasks

@@ -1,0 +1,39 @@
+"""Resolve the data root and build the configured stream (tensors on the run's device)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from cfl.config import Config
+from cfl.data.stream import Stream
+from cfl.data.streams import STREAMS, StreamRequest
+
+
+def data_root(cfg: Config) -> Path:
+    """The config's ``data_root``, else ``$CFL_DATA``, else the per-user cache (~/.cache/cfl)."""
+    if cfg.data_root:
+        return Path(cfg.data_root).expanduser()
+    if os.environ.get("CFL_DATA"):
+        return Path(os.environ["CFL_DATA"]).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "cfl"
+
+
+def load_stream(cfg: Config, device: torch.device | str = "cpu") -> Stream:
+    entry = STREAMS[cfg.stream.name]
+    scenario = entry.scenarios[0] if cfg.stream.scenario == "auto" else cfg.stream.scenario
+    request = StreamRequest(
+        num_tasks=cfg.stream.num_tasks or entry.full_tasks,
+        scenario=scenario,
+        seed=cfg.seed if cfg.stream.seed is None else cfg.stream.seed,
+        data_root=data_root(cfg),
+        download=cfg.stream.download,
+    )
+    stream = entry.build(request)
+    for task in stream.tasks:
+        task.train_x, task.train_y = task.train_x.to(device), task.train_y.to(device)
+        task.test_x, task.test_y = task.test_x.to(device), task.test_y.to(device)
+    return stream

@@ -1,0 +1,83 @@
+"""Partitioners: split one task's training set over clients, each task on its own, seeded.
+
+Every partitioner returns ``num_clients`` index arrays into the task's training tensors; clients never
+share a sample and (except for the label-skew ones, by design) hold similar amounts of data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from cfl.schema import ConfigError
+
+
+def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator, **_: float) -> list[np.ndarray]:
+    """Shuffle the task's training set and cut it into equal chunks (FOT reference IID)."""
+    return [np.sort(c) for c in np.array_split(rng.permutation(len(labels)), num_clients)]
+
+
+def shards(labels: np.ndarray, num_clients: int, rng: np.random.Generator, shards_per_client: int = 2,
+           **_: float) -> list[np.ndarray]:
+    """Sort by label, cut into ``shards_per_client * num_clients`` equal shards, deal them at random.
+
+    The FOT reference non-IID split (2 shards per client) and McMahan et al.'s pathological split.
+    """
+    order = np.argsort(labels, kind="stable")
+    pieces = np.array_split(order, shards_per_client * num_clients)
+    deal = rng.permutation(len(pieces)).reshape(num_clients, shards_per_client)
+    return [np.sort(np.concatenate([pieces[s] for s in row])) for row in deal]
+
+
+def dirichlet(labels: np.ndarray, num_clients: int, rng: np.random.Generator, alpha: float = 0.5,
+              min_samples: int = 1, **_: float) -> list[np.ndarray]:
+    """Label skew: each class is split over clients with proportions ~ Dir(alpha) (Hsu et al. 2019).
+
+    Redrawn (up to 1000 times) until every client holds at least ``min_samples`` samples.
+    """
+    for _attempt in range(1000):
+        buckets: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+        for c in np.unique(labels):
+            idx = rng.permutation(np.flatnonzero(labels == c))
+            cuts = (np.cumsum(rng.dirichlet(np.full(num_clients, alpha))) * len(idx)).astype(int)[:-1]
+            for k, part in enumerate(np.split(idx, cuts)):
+                buckets[k].append(part)
+        parts = [np.sort(np.concatenate(b)) for b in buckets]
+        if min(len(p) for p in parts) >= min_samples:
+            return parts
+    raise ConfigError(f"partition 'dirichlet' with alpha={alpha} could not give every one of {num_clients} "
+                      f"clients {min_samples} samples out of {len(labels)}; raise partition.alpha or "
+                      f"lower num_clients")
+
+
+def quantity(labels: np.ndarray, num_clients: int, rng: np.random.Generator, beta: float = 0.5,
+             min_samples: int = 1, **_: float) -> list[np.ndarray]:
+    """Quantity skew: client sizes ~ Dir(beta) proportions, labels IID (Li et al. 2022, NIID-Bench)."""
+    n = len(labels)
+    if n < num_clients * min_samples:
+        raise ConfigError(f"partition 'quantity': {n} samples cannot give {num_clients} clients "
+                          f"{min_samples} each; lower num_clients")
+    spare = n - num_clients * min_samples
+    sizes = np.floor(rng.dirichlet(np.full(num_clients, beta)) * spare).astype(int) + min_samples
+    sizes[: n - sizes.sum()] += 1  # hand out the rounding remainder
+    cuts = np.cumsum(sizes)[:-1]
+    return [np.sort(p) for p in np.split(rng.permutation(n), cuts)]
+
+
+PARTITIONERS: dict[str, tuple[Callable[..., list[np.ndarray]], str]] = {
+    "iid": (iid, "shuffle and cut into equal chunks"),
+    "shards": (shards, "sort by label, 2 (shards_per_client) random label shards per client"),
+    "dirichlet": (dirichlet, "label skew, class proportions ~ Dir(alpha) per client"),
+    "quantity": (quantity, "quantity skew, client sizes ~ Dir(beta), labels IID"),
+}
+
+
+def partition(name: str, labels: np.ndarray, num_clients: int, seed: int, task: int,
+              **params: float) -> list[np.ndarray]:
+    """Split one task's labels over ``num_clients``; the result depends only on (seed, task)."""
+    rng = np.random.default_rng([seed, task, 0x9A27])
+    if len(labels) < num_clients:
+        raise ConfigError(f"task {task} has {len(labels)} training samples, fewer than num_clients="
+                          f"{num_clients}; lower num_clients")
+    return PARTITIONERS[name][0](labels, num_clients, rng, **params)

@@ -1,0 +1,51 @@
+"""Stream registry: ``cfl list`` names -> builders of in-memory :class:`Stream` objects."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from cfl.data.derive import permuted_tasks, split_tasks
+from cfl.data.digits import load_digits_tensors
+from cfl.data.stream import Stream
+
+
+@dataclass(frozen=True)
+class StreamRequest:
+    """What a builder gets: prefix length, scenario, permutation seed, data location."""
+
+    num_tasks: int
+    scenario: str
+    seed: int
+    data_root: Path
+    download: bool
+
+
+@dataclass(frozen=True)
+class StreamEntry:
+    build: Callable[[StreamRequest], Stream]
+    full_tasks: int
+    scenarios: tuple[str, ...]  # first is the default
+    about: str
+
+
+def _permuted_digits(req: StreamRequest) -> Stream:
+    train, test = load_digits_tensors()
+    tasks = permuted_tasks(train, test, req.num_tasks, req.seed, "perm-digits")
+    return Stream("permuted-digits", "domain", tasks, 10, (64,), "digits-mlp")
+
+
+def _split_digits(req: StreamRequest) -> Stream:
+    train, test = load_digits_tensors()
+    tasks = split_tasks(train, test, 2, req.num_tasks, req.scenario == "class", "split-digits")
+    classes = 10 if req.scenario == "class" else 2
+    return Stream("split-digits", req.scenario, tasks, classes, (1, 8, 8), "digits-mlp")
+
+
+STREAMS: dict[str, StreamEntry] = {
+    "permuted-digits": StreamEntry(_permuted_digits, 10, ("domain",),
+                                   "sklearn 8x8 digits, one pixel permutation per task (offline)"),
+    "split-digits": StreamEntry(_split_digits, 5, ("task", "class"),
+                                "sklearn 8x8 digits, 5 tasks of 2 classes (offline)"),
+}

@@ -1,0 +1,76 @@
+"""What the round loop hands to a client trainer, and the per-client batch schedule both trainers share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from cfl.methods.base import Method, MethodState, State
+
+
+@dataclass
+class Hyper:
+    """Local-training hyperparameters (a fresh SGD optimiser every round)."""
+
+    lr: float
+    momentum: float
+    weight_decay: float
+    local_epochs: int
+    batch_size: int
+
+
+@dataclass
+class ClientJob:
+    """One sampled client in one round: its sample indices into the task's training tensors."""
+
+    cid: int
+    indices: torch.Tensor  # (n_c,) long
+    allowed: torch.Tensor | None  # (K,) bool: classes the loss may use (TCE / class-IL), None: all
+    seed: int  # seeds this client's data order and replay draws for this round
+
+
+@dataclass
+class Plugins:
+    """The run's methods with their engine-owned states and this round's broadcasts."""
+
+    methods: list[Method]
+    states: list[MethodState]
+    broadcasts: list[State]
+
+    def client_states(self, i: int, cids: list[int]) -> list[State]:
+        return [self.states[i].client(c) for c in cids]
+
+
+def derive_seed(*parts: int) -> int:
+    """A 63-bit seed that depends only on ``parts`` (run seed, task, round, client, purpose)."""
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(2, dtype=np.uint64)[0] >> 1)
+
+
+def client_schedule(job: ClientJob, hp: Hyper) -> list[torch.Tensor]:
+    """The client's mini-batches (index tensors) for all local epochs, in order.
+
+    Each epoch is a fresh shuffle from the client's own generator; the last batch may be short.
+    """
+    gen = torch.Generator().manual_seed(job.seed)
+    n = len(job.indices)
+    steps = []
+    for _ in range(hp.local_epochs):
+        order = job.indices[torch.randperm(n, generator=gen).to(job.indices.device)]
+        steps.extend(order[i : i + hp.batch_size] for i in range(0, n, hp.batch_size))
+    return steps
+
+
+def replay_generator(job: ClientJob) -> torch.Generator:
+    return torch.Generator().manual_seed(derive_seed(job.seed, 0x5E))
+
+
+@dataclass
+class ClientOutcome:
+    """Per-client result figures of one round (the parameters come back stacked)."""
+
+    cid: int
+    num_samples: int
+    mean_loss: float
+    finite: bool

@@ -1,0 +1,66 @@
+"""The plain per-client trainer: one client after another, one ordinary forward/backward per step.
+
+It calls the very same method hooks as the batched trainer, without ``vmap``, and is the oracle the
+batched trainer is tested against.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, client_schedule, replay_generator
+from cfl.methods.base import Params
+from cfl.ops.losses import masked_cross_entropy
+
+
+def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.Tensor, y: torch.Tensor,
+              task: int, hp: Hyper, plugins: Plugins) -> tuple[Params, ClientOutcome]:
+    params = {k: v.detach().clone().requires_grad_() for k, v in global_params.items()}
+    momentum: dict[str, torch.Tensor] = {}
+    states = [m.stack_states([plugins.states[i].client(job.cid)]) for i, m in enumerate(plugins.methods)]
+    states = [{k: v[0] for k, v in st.items()} for st in states]
+    generator = [replay_generator(job)]
+    losses, finite = [], True
+    model.train()
+    for s, batch in enumerate(client_schedule(job, hp)):
+        xb, yb = x[batch], y[batch]
+        tb = torch.full_like(yb, task)
+        wb = torch.ones(len(batch), device=x.device)
+        for i, m in enumerate(plugins.methods):
+            extra = m.replay_batch([plugins.states[i].client(job.cid)], generator)
+            if extra is not None:
+                xb, yb = torch.cat([xb, extra.x[0]]), torch.cat([yb, extra.y[0]])
+                tb, wb = torch.cat([tb, extra.task[0]]), torch.cat([wb, extra.weight[0]])
+        logits = functional_call(model, params, (xb, tb))
+        per_sample = masked_cross_entropy(logits, yb, job.allowed)
+        keep = wb > 0
+        loss = (per_sample[keep] * wb[keep]).sum() / wb[keep].sum()
+        losses.append(float(loss.detach()))
+        for i, m in enumerate(plugins.methods):
+            if m.has_penalty:
+                loss = loss + m.penalty(params, global_params, plugins.broadcasts[i], states[i])
+        finite &= bool(torch.isfinite(loss))
+        grads = dict(zip(params.keys(), torch.autograd.grad(loss, list(params.values())), strict=True))
+        with torch.no_grad():
+            if hp.weight_decay:
+                grads = {k: g + hp.weight_decay * params[k] for k, g in grads.items()}
+            for i, m in enumerate(plugins.methods):
+                if m.has_grad_transform:
+                    grads = m.transform_grads(grads, states[i])
+            for k, p in params.items():
+                g = grads[k]
+                if hp.momentum > 0:
+                    g = momentum[k] = g.clone() if s == 0 else momentum[k].mul_(hp.momentum).add_(g)
+                p.sub_(hp.lr * g)
+    mean_loss = sum(losses) / max(len(losses), 1)
+    return {k: v.detach() for k, v in params.items()}, ClientOutcome(job.cid, len(job.indices), mean_loss, finite)
+
+
+def train_sequential(model: nn.Module, global_params: Params, jobs: list[ClientJob], x: torch.Tensor,
+                     y: torch.Tensor, task: int, hp: Hyper, plugins: Plugins) -> tuple[Params, list[ClientOutcome]]:
+    """Same contract as :func:`cfl.engine.local_batched.train_batched`."""
+    results = [train_one(model, global_params, job, x, y, task, hp, plugins) for job in jobs]
+    stacked = {k: torch.stack([r[0][k] for r in results]) for k in global_params}
+    return stacked, [r[1] for r in results]

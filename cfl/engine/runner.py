@@ -1,0 +1,275 @@
+"""The round loop: tasks x rounds, client sampling, local training, aggregation, task boundaries.
+
+Randomness is derived, not carried: the clients sampled in (task, round), each client's data order
+and the task partitions are pure functions of the run seed, so a run is reproducible bit for bit on
+CPU and can resume at any round from its checkpointed state (parameters, method states, torch RNG).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from cfl.config import Config
+from cfl.data.partition import partition
+from cfl.data.stream import Stream
+from cfl.engine.evaluate import accuracy
+from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, derive_seed
+from cfl.engine.local_batched import train_batched
+from cfl.engine.local_sequential import train_sequential
+from cfl.methods import METHODS
+from cfl.methods.base import ClientData, Method, MethodState, Params, RunInfo
+from cfl.metrics.comm import CommLedger, nbytes
+from cfl.metrics.matrix import Matrix, empty_matrix
+from cfl.models import ModelShape, build_model
+from cfl.models.layers import protected_layers
+from cfl.ops.aggregate import aggregate
+
+TRAINERS = {"batched": train_batched, "sequential": train_sequential}
+
+
+class NonFiniteError(RuntimeError):
+    """A client produced a NaN/inf loss or update."""
+
+
+class Observer(Protocol):
+    """What the runner tells the outside world (progress bars, JSON lines, W&B)."""
+
+    def round_end(self, record: dict[str, Any]) -> None: ...
+    def evaluation(self, record: dict[str, Any]) -> None: ...
+    def task_end(self, task: int, record: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class Progress:
+    """Where the run is and what it has measured so far (all of it checkpointable)."""
+
+    task: int = 0
+    round_in_task: int = 0  # rounds of `task` already done
+    global_round: int = 0
+    acc_matrix: Matrix = field(default_factory=list)
+    evaluations: list[dict[str, Any]] = field(default_factory=list)
+    train_seconds: float = 0.0
+    task_end_seconds: float = 0.0
+    wall_seconds: float = 0.0
+
+
+def overrides(method: Method, hook: str) -> bool:
+    return getattr(type(method), hook) is not getattr(Method, hook)
+
+
+def sample_clients(seed: int, task: int, rnd: int, num_clients: int, k: int) -> list[int]:
+    """The clients of (task, round): k of num_clients without replacement, sorted."""
+    rng = np.random.default_rng(derive_seed(seed, task, rnd, 0xC11E))
+    return sorted(int(c) for c in rng.choice(num_clients, size=k, replace=False))
+
+
+class Runner:
+    """Owns the global model, the method states and the metrics of one run."""
+
+    def __init__(self, cfg: Config, stream: Stream, observers: list[Observer] | None = None,
+                 device: torch.device | str = "cpu") -> None:
+        self.cfg, self.stream, self.device = cfg, stream, torch.device(device)
+        self.observers = observers or []
+        torch.manual_seed(cfg.seed)
+        shape = ModelShape(stream.input_shape, stream.classes_per_head, stream.num_tasks, stream.scenario == "task")
+        self.model: nn.Module = build_model(cfg.model.name if cfg.model.name != "auto" else stream.default_model,
+                                            shape).to(self.device)
+        self.params: Params = {k: v.detach().clone() for k, v in self.model.named_parameters()}
+        self.run_info = RunInfo(stream.num_tasks, stream.scenario, cfg.num_clients, cfg.clients_per_round,
+                                cfg.seed, self.model, protected_layers(self.model), stream.name)
+        specs = [cfg.method, *cfg.plugins]
+        self.methods: list[Method] = [METHODS[s["name"]](self._params_of(s), self.run_info) for s in specs]
+        self.states = [MethodState() for _ in self.methods]
+        self.comm = CommLedger()
+        self.progress = Progress(acc_matrix=empty_matrix(stream.num_tasks))
+        self.hyper = Hyper(cfg.lr, cfg.momentum, cfg.weight_decay, cfg.local_epochs, cfg.batch_size)
+        self.model_bytes = nbytes(self.params)
+        self._partitions: dict[int, list[torch.Tensor]] = {}
+        self.should_stop: Callable[[], bool] = lambda: False
+        self.after_round: Callable[[], None] = lambda: None
+
+    @staticmethod
+    def _params_of(spec: dict[str, Any]) -> Any:
+        cls = METHODS[spec["name"]].Params
+        return cls(**{k: v for k, v in spec.items() if k != "name"})
+
+    # ---- data helpers ----
+    def client_indices(self, task: int) -> list[torch.Tensor]:
+        if task not in self._partitions:
+            p = self.cfg.partition
+            labels = self.stream.tasks[task].train_y.cpu().numpy()
+            parts = partition(p.name, labels, self.cfg.num_clients, self.cfg.seed, task,
+                              shards_per_client=p.shards_per_client, alpha=p.alpha, beta=p.beta,
+                              min_samples=p.min_samples)
+            self._partitions = {task: [torch.as_tensor(ix, dtype=torch.long, device=self.device) for ix in parts]}
+        return self._partitions[task]
+
+    def allowed_classes(self, task: int, indices: torch.Tensor) -> torch.Tensor | None:
+        """Classes the client's loss may use: TCE's local label set and/or class-IL's seen classes."""
+        seen = self.stream.class_mask(task)
+        if self.cfg.loss != "tce":
+            return None if seen is None else seen.to(self.device)
+        present = torch.zeros(self.stream.classes_per_head, dtype=torch.bool, device=self.device)
+        present[self.stream.tasks[task].train_y[indices]] = True
+        return present
+
+    # ---- one round ----
+    def run_round(self, task: int, rnd: int) -> dict[str, Any]:
+        cfg, data = self.cfg, self.stream.tasks[task]
+        parts = self.client_indices(task)
+        cids = sample_clients(cfg.seed, task, rnd, cfg.num_clients, cfg.clients_per_round)
+        jobs = [ClientJob(c, parts[c], self.allowed_classes(task, parts[c]), derive_seed(cfg.seed, task, rnd, c))
+                for c in cids]
+        broadcasts = [m.broadcast(st.server) for m, st in zip(self.methods, self.states, strict=True)]
+        plugins = Plugins(self.methods, self.states, broadcasts)
+        start = time.perf_counter()
+        trained, outcomes = TRAINERS[cfg.client_execution](self.model, self.params, jobs, data.train_x,
+                                                           data.train_y, task, self.hyper, plugins)
+        self.progress.train_seconds += time.perf_counter() - start
+        keep = self._check_finite(trained, outcomes, task, rnd)
+        deltas = {k: trained[k][keep] - self.params[k] for k in self.params}
+        kept_jobs = [j for j, ok in zip(jobs, keep.tolist(), strict=True) if ok]
+        payloads = self._round_payloads(trained, kept_jobs, keep, data)
+        weights = torch.tensor([float(len(j.indices)) for j in kept_jobs], device=self.device)
+        delta = aggregate(cfg.aggregator.name, deltas, weights, cfg.aggregator.tau)
+        for m, st in zip(self.methods, self.states, strict=True):
+            delta = m.transform_update(delta, st.server, task)
+        self.params = self._apply(delta)
+        for m, st, pl in zip(self.methods, self.states, payloads, strict=True):
+            m.round_end(pl, st.server)
+        self.comm.down(len(cids) * (self.model_bytes + nbytes(broadcasts)))
+        self.comm.up(len(kept_jobs) * self.model_bytes + nbytes(payloads))
+        losses = [o.mean_loss for o in outcomes if o.finite]
+        return {"task": task, "round": self.progress.global_round + 1, "clients": len(kept_jobs),
+                "train_loss": float(np.mean(losses)) if losses else float("nan"),
+                "upload_bytes": self.comm.upload_bytes, "download_bytes": self.comm.download_bytes}
+
+    def _check_finite(self, trained: Params, outcomes: list[ClientOutcome], task: int, rnd: int) -> torch.Tensor:
+        finite = torch.tensor([o.finite for o in outcomes], device=self.device)
+        for v in trained.values():
+            finite &= torch.isfinite(v.flatten(1)).all(1)
+        if bool(finite.all()):
+            return finite
+        bad = [o.cid for o, ok in zip(outcomes, finite.tolist(), strict=True) if not ok]
+        where = f"task {task} (0-based), round {rnd + 1} of the task, client(s) {bad}"
+        if self.cfg.on_nonfinite == "skip_client" and bool(finite.any()):
+            import warnings
+
+            warnings.warn(f"non-finite loss or update at {where}: update dropped", stacklevel=2)
+            return finite
+        raise NonFiniteError(f"non-finite loss or update at {where}; lower lr (now {self.cfg.lr}) or check "
+                             f"the method's parameters")
+
+    def _round_payloads(self, trained: Params, jobs: list[ClientJob], keep: torch.Tensor,
+                        data: Any) -> list[dict[int, Any]]:
+        out: list[dict[int, Any]] = []
+        rows = keep.nonzero().flatten().tolist()
+        for m, st in zip(self.methods, self.states, strict=True):
+            if not overrides(m, "round_payload"):
+                out.append({})
+                continue
+            payload = {}
+            for job, row in zip(jobs, rows, strict=True):
+                client_params = {k: v[row] for k, v in trained.items()}
+                cdata = ClientData(data.train_x[job.indices], data.train_y[job.indices], self.progress.task)
+                result = m.round_payload(self.model, client_params, cdata, st.client(job.cid))
+                if result is not None:
+                    payload[job.cid] = result
+            out.append(payload)
+        return out
+
+    def _apply(self, delta: Params) -> Params:
+        for m, st in zip(self.methods, self.states, strict=True):
+            new = m.server_update(self.params, delta, st.server, self.cfg.server_lr)
+            if new is not None:
+                return new
+        return {k: self.params[k] + self.cfg.server_lr * delta[k] for k in self.params}
+
+    # ---- task boundaries and evaluation ----
+    def evaluate(self, upto: int) -> list[float]:
+        return [accuracy(self.model, self.params, t.test_x, t.test_y, j, self._eval_mask(upto))
+                for j, t in enumerate(self.stream.tasks[: upto + 1])]
+
+    def _eval_mask(self, upto: int) -> torch.Tensor | None:
+        mask = self.stream.class_mask(upto)
+        return None if mask is None else mask.to(self.device)
+
+    def task_end(self, task: int) -> None:
+        """Client task-end hooks (Fisher, memories, bases, GPSE) and the server's reduction."""
+        start = time.perf_counter()
+        parts = self.client_indices(task)
+        data = self.stream.tasks[task]
+        for i, (m, st) in enumerate(zip(self.methods, self.states, strict=True)):
+            if not overrides(m, "task_end_client"):
+                continue
+            if m.task_end_participants == "sampled":
+                cids = sample_clients(self.cfg.seed, task, -1 - i, self.cfg.num_clients,
+                                      getattr(m.p, "gpse_clients", None) or self.cfg.clients_per_round)
+            else:
+                cids = list(range(self.cfg.num_clients))
+            broadcast = m.task_end_broadcast(st.server)
+            payloads = {}
+            for c in cids:
+                gen = torch.Generator().manual_seed(derive_seed(self.cfg.seed, task, c, 0x7E + i))
+                cdata = ClientData(data.train_x[parts[c]], data.train_y[parts[c]], task)
+                result = m.task_end_client(self.model, self.params, cdata, st.client(c), broadcast, gen)
+                if result is not None:
+                    payloads[c] = result
+            m.task_end_server(payloads, st.server, task)
+            self.comm.down(len(cids) * (self.model_bytes + nbytes(broadcast)))
+            self.comm.up(nbytes(payloads))
+        self.progress.task_end_seconds += time.perf_counter() - start
+
+    def _emit(self, kind: str, *args: Any) -> None:
+        for obs in self.observers:
+            getattr(obs, kind)(*args)
+
+    def eval_record(self, task: int, final: bool) -> dict[str, Any]:
+        accs = self.evaluate(task)
+        record = {"task": task, "round": self.progress.global_round, "final": final,
+                  "acc": {str(j): a for j, a in enumerate(accs)}, "mean_acc": float(np.mean(accs)),
+                  "upload_bytes": self.comm.upload_bytes, "download_bytes": self.comm.download_bytes}
+        self.progress.evaluations.append(record)
+        return record
+
+    # ---- the loop ----
+    def run(self) -> Progress:
+        """Train from the current progress to the end (or until ``should_stop``)."""
+        cfg, prog = self.cfg, self.progress
+        started = time.perf_counter() - prog.wall_seconds
+        while prog.task < self.stream.num_tasks:
+            t = prog.task
+            while prog.round_in_task < cfg.rounds_per_task:
+                record = self.run_round(t, prog.round_in_task)
+                prog.round_in_task += 1
+                prog.global_round += 1
+                last = prog.round_in_task == cfg.rounds_per_task
+                if cfg.eval_every and prog.round_in_task % cfg.eval_every == 0 and not last:
+                    evaluation = self.eval_record(t, final=False)
+                    record["mean_acc"] = evaluation["mean_acc"]
+                    self._emit("evaluation", evaluation)
+                prog.wall_seconds = time.perf_counter() - started
+                self._emit("round_end", record)
+                if not last:
+                    self.after_round()
+                    if self.should_stop():
+                        return prog
+            evaluation = self.eval_record(t, final=True)
+            prog.acc_matrix[t] = [evaluation["acc"].get(str(j)) for j in range(self.stream.num_tasks)]
+            self._emit("evaluation", evaluation)
+            if t < self.stream.num_tasks - 1:
+                self.task_end(t)
+            prog.task, prog.round_in_task = t + 1, 0
+            prog.wall_seconds = time.perf_counter() - started
+            self._emit("task_end", t, evaluation)
+            self.after_round()
+            if self.should_stop():
+                return prog
+        return prog

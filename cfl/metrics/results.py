@@ -1,0 +1,49 @@
+"""The ``results.json`` document of a run, computed from the runner's progress."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cfl.metrics.matrix import average_accuracy, backward_transfer, forgetting, rounds_to_targets
+
+
+def targets_per_task(evaluations: list[dict[str, Any]], targets: list[float],
+                     rounds_per_task: int) -> dict[str, dict[str, Any]]:
+    """Per task: rounds (counted from the task's start) until its own test accuracy reached each target."""
+    out: dict[str, dict[str, Any]] = {}
+    for t in sorted({e["task"] for e in evaluations}):
+        curve = [(e["round"] - t * rounds_per_task, e["acc"][str(t)]) for e in evaluations if e["task"] == t]
+        out[str(t)] = rounds_to_targets(curve, targets)
+    return out
+
+
+def build_results(runner: Any, wall_seconds: float) -> dict[str, Any]:
+    cfg, stream, prog = runner.cfg, runner.stream, runner.progress
+    done = prog.task  # tasks completed
+    matrix = prog.acc_matrix
+    results: dict[str, Any] = {
+        "stream": stream.name,
+        "scenario": stream.scenario,
+        "method": "+".join([cfg.method["name"], *(p["name"] for p in cfg.plugins)]),
+        "partition": cfg.partition.name,
+        "seed": cfg.seed,
+        "num_tasks": stream.num_tasks,
+        "tasks_completed": done,
+        "complete": done == stream.num_tasks,
+        "acc_matrix": matrix,
+        "acc": average_accuracy(matrix, done - 1) if done else None,
+        "fgt": forgetting(matrix, done - 1) if done else None,
+        "bwt": backward_transfer(matrix, done - 1) if done else None,
+        "rounds": prog.global_round,
+        "wall_seconds": wall_seconds,
+        "train_seconds": prog.train_seconds,
+        "task_end_seconds": prog.task_end_seconds,
+        "upload_bytes": runner.comm.upload_bytes,
+        "download_bytes": runner.comm.download_bytes,
+        "model_bytes": runner.model_bytes,
+        "method_stats": {m.name: m.stats(st) for m, st in zip(runner.methods, runner.states, strict=True)},
+        "config": cfg.to_dict(),
+    }
+    if cfg.target_accuracies:
+        results["rounds_to_target"] = targets_per_task(prog.evaluations, cfg.target_accuracies, cfg.rounds_per_task)
+    return results

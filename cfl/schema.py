@@ -1,0 +1,159 @@
+"""Build typed, frozen dataclasses from plain dicts, refusing anything unexpected.
+
+Every config section (and every method's parameters) is a dataclass whose fields may carry
+``metadata={"min": .., "max": .., "gt": .., "choices": (..), "doc": ".."}``. ``build`` checks unknown
+keys, types and ranges and raises :class:`ConfigError` naming the dotted key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, Union
+
+
+class ConfigError(ValueError):
+    """A configuration problem, reported before any data is loaded (exit code 2)."""
+
+
+def field(default: Any, doc: str = "", **checks: Any) -> Any:
+    """A dataclass field with a docstring and range/choice checks."""
+    meta = {"doc": doc, **checks}
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is list:
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
+    if origin is dict:
+        return "mapping"
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        errors = []
+        for option in typing.get_args(tp):
+            try:
+                return _coerce(value, option, key)
+            except ConfigError as err:
+                errors.append(err)
+        raise ConfigError(f"'{key}' must be {_type_name(tp)}, got {value!r}")
+    if tp is type(None):
+        if value is None:
+            return None
+        raise ConfigError(f"'{key}' must be null, got {value!r}")
+    if tp is Any:
+        return value
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"'{key}' must be a list, got {value!r}")
+        (inner,) = typing.get_args(tp)
+        return [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"'{key}' must be a mapping, got {value!r}")
+        return dict(value)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"'{key}' must be a mapping of keys {sorted(_names(tp))}, got {value!r}")
+        return build(tp, value, key)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"'{key}' must be true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"'{key}' must be an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"'{key}' must be a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"'{key}' must be a string, got {value!r}")
+    raise TypeError(f"unsupported config type {tp!r} for {key}")
+
+
+def _names(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def _check_range(value: Any, meta: typing.Mapping[str, Any], key: str) -> None:
+    if value is None:
+        return
+    choices = meta.get("choices")
+    if choices is not None and value not in choices:
+        raise ConfigError(f"'{key}' must be one of {list(choices)}, got {value!r}")
+    values = value if isinstance(value, list) else [value]
+    for v in values:
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            continue
+        if "min" in meta and v < meta["min"]:
+            raise ConfigError(f"'{key}' must be >= {meta['min']}, got {v!r}")
+        if "gt" in meta and v <= meta["gt"]:
+            raise ConfigError(f"'{key}' must be > {meta['gt']}, got {v!r}")
+        if "max" in meta and v > meta["max"]:
+            raise ConfigError(f"'{key}' must be <= {meta['max']}, got {v!r}")
+
+
+def build(cls: type, data: dict | None, prefix: str = "") -> Any:
+    """Instantiate dataclass ``cls`` from ``data``, refusing unknown keys and bad values."""
+    data = dict(data or {})
+    allowed = _names(cls)
+    for key in data:
+        if key not in allowed:
+            where = f"{prefix}.{key}" if prefix else key
+            raise ConfigError(f"unknown config key '{where}'; allowed keys here: {', '.join(allowed)}")
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}.{f.name}" if prefix else f.name
+        if f.name in data:
+            value = _coerce(data[f.name], hints[f.name], key)
+        elif f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            raise ConfigError(f"missing required config key '{key}'")
+        _check_range(value, f.metadata, key)
+        kwargs[f.name] = value
+    return cls(**kwargs)
+
+
+def to_dict(obj: Any) -> Any:
+    """Plain-data (YAML/JSON friendly) view of a config dataclass."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, list):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+def describe(cls: type, prefix: str = "") -> list[tuple[str, str, Any, str]]:
+    """(key, type, default, doc) rows for the configuration reference."""
+    rows = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}.{f.name}" if prefix else f.name
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            rows.extend(describe(tp, key))
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        rows.append((key, _type_name(tp), default, f.metadata.get("doc", "")))
+    return rows

@@ -1,0 +1,40 @@
+"""Shared fixtures: tiny in-memory streams and configs that run in well under a second."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cfl.config import from_dict
+from cfl.data.stream import Stream, Task
+
+
+def make_stream(scenario: str = "task", num_tasks: int = 2, n_train: int = 60, n_test: int = 30,
+                dim: int = 12, classes: int = 3, seed: int = 0) -> Stream:
+    """Linearly separable Gaussian blobs, one set per task (class-dependent, so models can learn them)."""
+    gen = torch.Generator().manual_seed(seed)
+    tasks = []
+    for t in range(num_tasks):
+        centers = torch.randn(classes, dim, generator=gen) * 0.7
+        def draw(n: int, centers: torch.Tensor = centers) -> tuple[torch.Tensor, torch.Tensor]:
+            y = torch.arange(n) % classes
+            return centers[y] + torch.randn(n, dim, generator=gen), y
+        (xtr, ytr), (xte, yte) = draw(n_train), draw(n_test)
+        offset = t * classes if scenario == "class" else 0
+        tasks.append(Task(f"blob-{t}", xtr, ytr + offset, xte, yte + offset,
+                          list(range(offset, offset + classes))))
+    head = classes * num_tasks if scenario == "class" else classes
+    return Stream("blobs", scenario, tasks, head, (dim,), "digits-mlp")
+
+
+def tiny_config(**overrides: object):
+    data = {"stream": {"name": "split-digits", "num_tasks": 2}, "num_clients": 6, "clients_per_round": 4,
+            "rounds_per_task": 3, "batch_size": 8, "lr": 0.05, "wandb": {"mode": "disabled"}}
+    for key, value in overrides.items():
+        data[key] = value
+    return from_dict(data)
+
+
+@pytest.fixture
+def blobs() -> Stream:
+    return make_stream()

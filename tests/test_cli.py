@@ -1,0 +1,90 @@
+"""End to end through the `cfl` command: outputs, their agreement with the definitions, refusals."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from cfl.metrics.matrix import average_accuracy, forgetting
+
+TINY = {"stream": {"name": "split-digits", "num_tasks": 3}, "num_clients": 6, "clients_per_round": 3,
+        "rounds_per_task": 3, "batch_size": 16, "lr": 0.05, "eval_every": 1, "wandb": {"mode": "offline"},
+        "target_accuracies": [50, 99.9]}
+
+
+def cfl(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "cfl", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("e2e")
+    config = root / "tiny.yaml"
+    config.write_text(yaml.safe_dump(TINY))
+    out = root / "run"
+    proc = cfl("run", str(config), "--out", str(out), "--set", "seed=1")
+    assert proc.returncode == 0, proc.stderr
+    assert "ACC" in proc.stdout and str(out) in proc.stdout
+    return out
+
+
+def test_every_output_is_written(run_dir):
+    for name in ("results.json", "metrics.jsonl", "config.yaml", "acc_matrix.png", "accuracy_curve.png"):
+        assert (run_dir / name).stat().st_size > 0, name
+    assert (run_dir / "wandb").is_dir()  # offline W&B run
+
+
+def test_results_agree_with_definitions(run_dir):
+    r = json.loads((run_dir / "results.json").read_text())
+    for key in ("stream", "method", "partition", "seed", "num_tasks", "acc_matrix", "acc", "fgt", "bwt", "rounds",
+                "wall_seconds", "upload_bytes", "download_bytes", "method_stats", "config"):
+        assert key in r, key
+    m = r["acc_matrix"]
+    assert r["seed"] == 1 and r["num_tasks"] == 3 and r["rounds"] == 9
+    assert m[0][1] is None and m[0][2] is None and m[1][2] is None
+    assert r["acc"] == pytest.approx(average_accuracy(m))
+    assert r["fgt"] == pytest.approx(forgetting(m)) and r["bwt"] == pytest.approx(-r["fgt"])
+    # every round: 3 clients download and upload the model once
+    assert r["upload_bytes"] == r["download_bytes"] == 9 * 3 * r["model_bytes"]
+    assert set(r["rounds_to_target"]) == {"0", "1", "2"}
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["seed"] == 1 and saved["method"] == {"name": "fedavg"} and saved == r["config"]
+
+
+def test_metrics_lines_match_matrix(run_dir):
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [x["round"] for x in lines] == list(range(1, 10))
+    assert [x["task"] for x in lines] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    matrix = json.loads((run_dir / "results.json").read_text())["acc_matrix"]
+    finals = [x for x in lines if x["final"]]
+    for i, rec in enumerate(finals):
+        assert [rec["acc"][str(j)] for j in range(i + 1)] == matrix[i][: i + 1]
+
+
+def test_report_table_and_list(run_dir):
+    proc = cfl("report", str(run_dir))
+    assert proc.returncode == 0, proc.stderr
+    assert "| split-digits | iid | fedavg | 1 |" in proc.stdout
+    listing = cfl("list").stdout
+    for word in ("streams:", "split-digits", "models:", "partitioners:", "dirichlet", "methods:", "fedavg"):
+        assert word in listing
+
+
+def test_existing_run_dir_is_not_overwritten(run_dir):
+    before = (run_dir / "results.json").read_text()
+    proc = cfl("run", str(run_dir / "config.yaml"), "--out", str(run_dir))
+    assert proc.returncode == 2 and "--overwrite" in proc.stderr
+    assert (run_dir / "results.json").read_text() == before
+
+
+def test_config_errors_exit_2_before_work(tmp_path):
+    proc = cfl("run", "missing.yaml", "--out", str(tmp_path / "x"))
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(TINY))
+    proc = cfl("run", str(config), "--set", "clients_per_round=60", "--out", str(tmp_path / "y"))
+    assert proc.returncode == 2 and "clients_per_round" in proc.stderr
+    assert not (tmp_path / "y").exists()
