@@ -7,7 +7,7 @@ from cfl.schema import ConfigError
 LABELS = np.repeat(np.arange(10), 40)  # 400 samples, 10 classes
 
 
-def _check_disjoint_cover(parts, n):
+def _check_disjoint_cover(parts):
     allidx = np.concatenate(parts)
     assert len(allidx) == len(set(allidx.tolist()))
     return allidx
@@ -20,10 +20,10 @@ def test_partitions_are_disjoint_and_seeded(name):
     c = partition(name, LABELS, 10, seed=4, task=0)
     d = partition(name, LABELS, 10, seed=3, task=1)
     assert len(a) == 10
-    assert all(np.array_equal(x, y) for x, y in zip(a, b))
-    assert not all(np.array_equal(x, y) for x, y in zip(a, c))
-    assert not all(np.array_equal(x, y) for x, y in zip(a, d))
-    allidx = _check_disjoint_cover(a, len(LABELS))
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=False))
+    assert not all(np.array_equal(x, y) for x, y in zip(a, c, strict=False))
+    assert not all(np.array_equal(x, y) for x, y in zip(a, d, strict=False))
+    allidx = _check_disjoint_cover(a)
     assert len(allidx) == len(LABELS)
     assert min(len(p) for p in a) >= 1
 
