@@ -15,9 +15,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from cfl.config import load_config
     from cfl.run import execute
 
+    load_plugins(args.plugin)
     cfg = load_config(args.config, args.set)
     execute(cfg, Path(args.out) if args.out else None, overwrite=args.overwrite, quiet=args.quiet)
     return 0
+
+
+def load_plugins(paths: list[str]) -> None:
+    """Import user plugin files; their ``@register`` lines add methods to the registry."""
+    import importlib.util
+
+    for path in paths:
+        file = Path(path)
+        if not file.is_file():
+            raise ConfigError(f"plugin file '{file}' does not exist")
+        spec = importlib.util.spec_from_file_location(f"cfl_plugin_{file.stem}", file)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
 
 
 def _cmd_list(_args: argparse.Namespace) -> int:
@@ -66,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override a config key (dotted, repeatable): --set method.name=fedprox")
     run.add_argument("--out", help="run directory (default: runs/<stream>-<method>-<partition>-s<seed>)")
     run.add_argument("--overwrite", action="store_true", help="replace the outputs of an existing run directory")
+    run.add_argument("--plugin", action="append", default=[], metavar="FILE.py",
+                     help="import a file that registers extra methods (see docs/plugins.md); repeatable")
     run.add_argument("--quiet", action="store_true", help="no progress bars or summary")
     run.set_defaults(func=_cmd_run)
     lst = sub.add_parser("list", help="list streams, models, partitioners and methods")

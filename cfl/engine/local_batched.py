@@ -66,6 +66,9 @@ def train_batched(model: nn.Module, global_params: Params, jobs: list[ClientJob]
         per_client = weighted_mean(masked_cross_entropy(logits, yb, allowed), wb)
         loss_sum += per_client.detach()
         for i, m in enumerate(plugins.methods):
+            if m.has_batch_loss:
+                per_client = per_client + vmap(m.batch_loss, in_dims=(0, 0, 0, 0, None, 0), randomness="different")(
+                    params, xb, tb, wb, plugins.broadcasts[i], states[i])
             if m.has_penalty:
                 pen = vmap(m.penalty, in_dims=(0, None, None, 0), randomness="different")(
                     params, global_params, plugins.broadcasts[i], states[i])

@@ -39,6 +39,8 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
         loss = (per_sample[keep] * wb[keep]).sum() / wb[keep].sum()
         losses.append(float(loss.detach()))
         for i, m in enumerate(plugins.methods):
+            if m.has_batch_loss:
+                loss = loss + m.batch_loss(params, xb, tb, wb, plugins.broadcasts[i], states[i])
             if m.has_penalty:
                 loss = loss + m.penalty(params, global_params, plugins.broadcasts[i], states[i])
         finite &= bool(torch.isfinite(loss))

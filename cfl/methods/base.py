@@ -101,12 +101,21 @@ class Method:
         """Extra scalar loss for one client (EWC, FedProx, FedCurv). Must be a pure tensor function."""
         return None
 
+    def batch_loss(self, params: Params, x: torch.Tensor, task: torch.Tensor, weight: torch.Tensor,
+                   broadcast: State, state: State) -> torch.Tensor | None:
+        """Extra scalar loss that needs the step's inputs (distillation, e.g. LwF). Pure, vmapped.
+
+        ``x``, ``task``, ``weight``: this client's batch for the step (``weight`` 0 marks padding).
+        """
+        return None
+
     def transform_grads(self, grads: Params, state: State) -> Params:
         """Rewrite one client's gradients before the SGD step (GPM projection)."""
         return grads
 
-    #: set True in subclasses that override ``transform_grads`` / ``penalty`` (skips no-op work)
+    #: set True in subclasses that override ``penalty`` / ``batch_loss`` / ``transform_grads``
     has_penalty: ClassVar[bool] = False
+    has_batch_loss: ClassVar[bool] = False
     has_grad_transform: ClassVar[bool] = False
 
     def stack_states(self, states: list[State]) -> State:
