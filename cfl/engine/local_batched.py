@@ -78,16 +78,23 @@ def train_batched(model: nn.Module, global_params: Params, jobs: list[ClientJob]
         grads = dict(zip(params.keys(), grads, strict=True))
         with torch.no_grad():
             if hp.weight_decay:
-                grads = {k: g + hp.weight_decay * params[k] for k, g in grads.items()}
+                torch._foreach_add_(list(grads.values()), list(params.values()), alpha=hp.weight_decay)
             for i, m in enumerate(plugins.methods):
                 if m.has_grad_transform:
                     grads = vmap(m.transform_grads)(grads, states[i])
-            active = (wb[:, : hp.batch_size].sum(1) > 0).to(x.dtype)
-            for k, p in params.items():
-                g = grads[k]
-                if momentum is not None:
-                    g = momentum[k].copy_(g) if s == 0 else momentum[k].mul_(hp.momentum).add_(g)
-                p.sub_(hp.lr * active.view(-1, *([1] * (p.dim() - 1))) * g)
+            if momentum is not None:
+                bufs = list(momentum.values())
+                if s == 0:
+                    torch._foreach_copy_(bufs, list(grads.values()))
+                else:
+                    torch._foreach_mul_(bufs, hp.momentum)
+                    torch._foreach_add_(bufs, list(grads.values()))
+                grads = dict(zip(params.keys(), bufs, strict=True))
+            active = wb[:, : hp.batch_size].sum(1) > 0  # clients whose schedule has this step
+            steps_taken = list(grads.values())
+            if not bool(active.all()):
+                steps_taken = [g * active.view(-1, *([1] * (g.dim() - 1))).to(g.dtype) for g in steps_taken]
+            torch._foreach_add_(list(params.values()), steps_taken, alpha=-hp.lr)
     steps = (weight.sum(2) > 0).sum(1).clamp(min=1)
     outcomes = [ClientOutcome(job.cid, len(job.indices), float(loss_sum[c] / steps[c]), bool(finite[c]))
                 for c, job in enumerate(jobs)]

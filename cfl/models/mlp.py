@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from cfl.models.dropout import Dropout
 from cfl.models.heads import make_head
 
 
@@ -30,7 +31,7 @@ class MLP(nn.Module):
         for size, p in zip(hidden, dropouts, strict=True):
             layers += [nn.Linear(width, size), nn.ReLU()]
             if p > 0:
-                layers.append(nn.Dropout(p))
+                layers.append(Dropout(p))
             width = size
         self.body = nn.Sequential(*layers)
         self.head = make_head(width, classes, num_tasks, multi_head)

@@ -1,0 +1,118 @@
+"""Engine speed against the naive per-client loop and the machine's matrix-product peak (issue 7).
+
+Permuted-MNIST reference setup by default: MLP 784-400-400-400-10 (dropout 0.2/0.5/0.5), 125 clients of
+480 samples, 64 sampled per round, batch 64, one local epoch, plain SGD lr 0.01 (synthetic data).
+``--setup cifar``: the AlexNet-like Split CIFAR-100 setup (25 of 50 clients, batch 16, 32x32x3).
+Prints a JSON object as its last line.
+
+    python benchmarks/perf_engine.py [--rounds 3] [--setup pmnist|cifar] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import resource
+import time
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from cfl.engine.jobs import ClientJob, Hyper, Plugins, derive_seed
+from cfl.engine.local_batched import train_batched
+from cfl.methods.base import MethodState
+from cfl.methods.fedavg import FedAvg
+from cfl.models import ModelShape, build_model
+
+SETUPS = {
+    "pmnist": {"model": "mlp", "shape": (784,), "classes": 10, "tasks": 1, "multi": False, "clients": 125,
+               "sampled": 64, "per_client": 480, "batch": 64},
+    "cifar": {"model": "alexnet", "shape": (3, 32, 32), "classes": 10, "tasks": 10, "multi": True, "clients": 50,
+              "sampled": 25, "per_client": 500, "batch": 16},
+}
+
+
+def naive_round(model: nn.Module, x: torch.Tensor, y: torch.Tensor, parts: list[torch.Tensor], hp: Hyper,
+                task: int) -> dict[str, torch.Tensor]:
+    """What research code usually does: deepcopy, DataLoader, fresh SGD, one epoch per client, then average."""
+    results, sizes = [], []
+    for idx in parts:
+        local = copy.deepcopy(model)
+        local.train()
+        opt = torch.optim.SGD(local.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
+        loader = DataLoader(TensorDataset(x[idx], y[idx]), batch_size=hp.batch_size, shuffle=True)
+        for xb, yb in loader:
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(local(xb, torch.full_like(yb, task)), yb)
+            loss.backward()
+            opt.step()
+        results.append({k: v.detach() for k, v in local.state_dict().items()})
+        sizes.append(len(idx))
+    total = sum(sizes)
+    return {k: sum(r[k] * (s / total) for r, s in zip(results, sizes, strict=True)) for k in results[0]}
+
+
+def peak_gflops(batch: int, m: int, k: int, n: int, repeats: int = 20) -> float:
+    """float32 batched matrix-product rate (GFLOP/s) measured in this process."""
+    a, b = torch.randn(batch, m, k), torch.randn(batch, k, n)
+    torch.bmm(a, b)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        torch.bmm(a, b)
+    return 2 * batch * m * k * n * repeats / (time.perf_counter() - start) / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--setup", choices=list(SETUPS), default="pmnist")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--naive-rounds", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=0)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    s = SETUPS[args.setup]
+    torch.manual_seed(0)
+    model = build_model(s["model"], ModelShape(s["shape"], s["classes"], s["tasks"], s["multi"]))
+    n = s["clients"] * s["per_client"]
+    x, y = torch.randn(n, *s["shape"]), torch.randint(0, s["classes"], (n,))
+    parts = list(torch.arange(n).split(s["per_client"]))
+    hp = Hyper(lr=0.01, momentum=0.0, weight_decay=1e-5, local_epochs=1, batch_size=s["batch"])
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    num_params = sum(v.numel() for v in params.values())
+    plugins = Plugins([FedAvg(None, None)], [MethodState()], [{}])
+    sampled = list(range(s["sampled"]))
+
+    def engine_round(r: int) -> None:
+        jobs = [ClientJob(c, parts[c], None, derive_seed(0, 0, r, c)) for c in sampled]
+        train_batched(model, params, jobs, x, y, 0, hp, plugins)
+
+    engine_round(10_000)  # warm-up
+    start = time.perf_counter()
+    for r in range(args.rounds):
+        engine_round(r)
+    engine = (time.perf_counter() - start) / args.rounds
+    start = time.perf_counter()
+    for _ in range(args.naive_rounds):
+        naive_round(model, x, y, [parts[c] for c in sampled], hp, 0)
+    naive = (time.perf_counter() - start) / args.naive_rounds
+    flops = 6 * num_params * s["sampled"] * s["per_client"]
+    engine_gflops = flops / engine / 1e9
+    if args.setup == "pmnist":
+        peak = peak_gflops(s["sampled"], s["batch"], 784, 400)
+    else:
+        peak = peak_gflops(s["sampled"], s["batch"] * 64, 576, 128)
+    print(json.dumps({
+        "setup": args.setup, "threads": torch.get_num_threads(), "params": num_params,
+        "clients_per_round": s["sampled"], "samples_per_client": s["per_client"], "batch_size": s["batch"],
+        "engine_sec_per_round": round(engine, 4), "naive_sec_per_round": round(naive, 4),
+        "speedup_vs_naive": round(naive / engine, 2), "engine_gflops": round(engine_gflops, 2),
+        "peak_gflops": round(peak, 2), "peak_fraction": round(engine_gflops / peak, 3),
+        "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2, 3),
+    }))
+
+
+if __name__ == "__main__":
+    main()
