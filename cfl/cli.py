@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from cfl.engine.stop import RunStopped
 from cfl.schema import ConfigError
 
 EXIT_CONFIG = 2
@@ -13,9 +14,20 @@ EXIT_CONFIG = 2
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from cfl.config import load_config
-    from cfl.run import execute
+    from cfl.run import execute, resume_config
 
     load_plugins(args.plugin)
+    if args.resume:
+        clash = [flag for flag, given in (("a config file", args.config), ("--out", args.out),
+                                          ("--overwrite", args.overwrite)) if given]
+        if clash:
+            raise ConfigError(f"--resume {args.resume} continues that run with its own config and directory; "
+                              f"drop {' and '.join(clash)}")
+        cfg = resume_config(Path(args.resume), args.set)
+        execute(cfg, Path(args.resume), quiet=args.quiet, resume=True)
+        return 0
+    if args.config is None:
+        raise ConfigError("cfl run needs a YAML config file (e.g. configs/quickstart.yaml) or --resume RUN_DIR")
     cfg = load_config(args.config, args.set)
     execute(cfg, Path(args.out) if args.out else None, overwrite=args.overwrite, quiet=args.quiet)
     return 0
@@ -52,6 +64,17 @@ def _cmd_list(_args: argparse.Namespace) -> int:
         width = max(len(k) for k in rows)
         for name, about in rows.items():
             print(f"  {name:<{width}}  {about}")
+    return 0
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from cfl.report.table import report
+    from cfl.sweep import load_sweep, run_local
+
+    runs = load_sweep(args.sweep, args.out)
+    print(f"sweep: {len(runs)} runs under {runs[0].out.parent}/", flush=True)
+    run_local(runs, quiet=not args.verbose)
+    print(report([r.out for r in runs]))
     return 0
 
 
@@ -95,7 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cfl", description="Continual federated learning benchmark")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run one experiment from a YAML config")
-    run.add_argument("config", help="YAML config file, e.g. configs/quickstart.yaml")
+    run.add_argument("config", nargs="?", help="YAML config file, e.g. configs/quickstart.yaml")
+    run.add_argument("--resume", metavar="RUN_DIR",
+                     help="continue an interrupted run from its last checkpoint (see docs/reliability.md)")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="override a config key (dotted, repeatable): --set method.name=fedprox")
     run.add_argument("--out", help="run directory (default: runs/<stream>-<method>-<partition>-s<seed>)")
@@ -104,6 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="import a file that registers extra methods (see docs/plugins.md); repeatable")
     run.add_argument("--quiet", action="store_true", help="no progress bars or summary")
     run.set_defaults(func=_cmd_run)
+    swp = sub.add_parser("sweep", help="run every combination of a base config and a grid (see cfl/sweep.py)")
+    swp.add_argument("sweep", help="sweep YAML: base, grid, optional set and out")
+    swp.add_argument("--out", help="directory for the run directories (default: the sweep's out)")
+    swp.add_argument("--verbose", action="store_true", help="progress bars for each run")
+    swp.set_defaults(func=_cmd_sweep)
     lst = sub.add_parser("list", help="list streams, models, partitioners and methods")
     lst.set_defaults(func=_cmd_list)
     rep = sub.add_parser("report", help="Markdown table of ACC/FGT (mean ± std over seeds) of run directories")
@@ -124,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as err:
         print(f"cfl: {err}", file=sys.stderr)
         return EXIT_CONFIG
+    except RunStopped as stop:
+        print(f"cfl: {stop}", file=sys.stderr)
+        return stop.exit_code
     except KeyboardInterrupt:
         print("cfl: interrupted", file=sys.stderr)
         return 130
