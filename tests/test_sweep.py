@@ -1,0 +1,42 @@
+"""`cfl sweep`: grid expansion, validation before work, skipping complete runs."""
+
+import pytest
+import yaml
+
+from cfl.schema import ConfigError
+from cfl.sweep import is_complete, load_sweep, run_local
+
+BASE = {"stream": {"name": "split-digits", "num_tasks": 2}, "num_clients": 4, "clients_per_round": 2,
+        "rounds_per_task": 1, "batch_size": 32, "wandb": {"mode": "disabled"}}
+
+
+def _write(tmp_path, grid, **extra):
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(BASE))
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({"base": "base.yaml", "grid": grid, "out": str(tmp_path / "runs"), **extra}))
+    return path
+
+
+def test_grid_is_expanded_with_readable_names(tmp_path):
+    runs = load_sweep(_write(tmp_path, {"method.name": ["fedavg", "fedprox"], "seed": [0, 1, 2]},
+                             set={"lr": 0.2}))
+    assert len(runs) == 6
+    assert runs[0].name == "method=fedavg__seed=0" and runs[-1].name == "method=fedprox__seed=2"
+    assert all(r.config.lr == 0.2 for r in runs)
+    assert {r.config.method["name"] for r in runs} == {"fedavg", "fedprox"}
+
+
+def test_a_bad_combination_is_refused_before_any_run(tmp_path):
+    with pytest.raises(ConfigError, match="clients_per_round=9"):
+        load_sweep(_write(tmp_path, {"clients_per_round": [2, 9]}))
+    with pytest.raises(ConfigError, match="unknown sweep key"):
+        load_sweep(_write(tmp_path, {"seed": [0]}, grdi={}))
+
+
+def test_complete_runs_are_skipped(tmp_path, capsys):
+    runs = load_sweep(_write(tmp_path, {"seed": [0, 1]}))
+    assert len(run_local(runs)) == 2 and all(is_complete(r.out) for r in runs)
+    before = (runs[0].out / "results.json").read_text()
+    assert run_local(runs) == []
+    assert "already complete, skipped" in capsys.readouterr().out
+    assert (runs[0].out / "results.json").read_text() == before
