@@ -5,26 +5,34 @@ Permuted-MNIST reference setup by default: MLP 784-400-400-400-10 (dropout 0.2/0
 ``--setup cifar``: the AlexNet-like Split CIFAR-100 setup (25 of 50 clients, batch 16, 32x32x3).
 Prints a JSON object as its last line.
 
-    python benchmarks/perf_engine.py [--rounds 3] [--setup pmnist|cifar] [--threads N]
+    python benchmarks/perf_engine.py [--rounds 3] [--setup pmnist|cifar] [--threads N] [--ragged BETA]
+
+``--ragged BETA``: client sizes ~ Dirichlet(BETA) x total (as the ``quantity`` partitioner), same total and
+mean as the equal split; the JSON then also gives ``padded_step_fraction`` (share of the batched steps
+that are padding) so the cost of padding can be read against an equal-split run.
 """
 
 from __future__ import annotations
 
-import argparse
-import copy
-import json
-import resource
-import time
+import os
 
-import torch
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as cfl/__init__.py does; must precede torch's first tensor
+
+import argparse  # noqa: E402
+import copy  # noqa: E402
+import json  # noqa: E402
+import resource  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from cfl.engine.jobs import ClientJob, Hyper, Plugins, derive_seed
-from cfl.engine.local_batched import train_batched
-from cfl.methods.base import MethodState
-from cfl.methods.fedavg import FedAvg
-from cfl.models import ModelShape, build_model
+from cfl.engine.jobs import ClientJob, Hyper, Plugins, derive_seed  # noqa: E402
+from cfl.engine.local_batched import train_batched  # noqa: E402
+from cfl.methods.base import MethodState  # noqa: E402
+from cfl.methods.fedavg import FedAvg  # noqa: E402
+from cfl.models import ModelShape, build_model  # noqa: E402
 
 SETUPS = {
     "pmnist": {"model": "mlp", "shape": (784,), "classes": 10, "tasks": 1, "multi": False, "clients": 125,
@@ -54,14 +62,22 @@ def naive_round(model: nn.Module, x: torch.Tensor, y: torch.Tensor, parts: list[
     return {k: sum(r[k] * (s / total) for r, s in zip(results, sizes, strict=True)) for k in results[0]}
 
 
-def peak_gflops(batch: int, m: int, k: int, n: int, repeats: int = 20) -> float:
-    """float32 batched matrix-product rate (GFLOP/s) measured in this process."""
+def timed(fn, repeats: int) -> tuple[float, float]:
+    """Mean (wall, process CPU) seconds of ``fn``. On a shared machine the CPU time with one thread is
+    the figure that other processes disturb least (it still counts memory-bandwidth contention)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    for i in range(repeats):
+        fn(i)
+    return (time.perf_counter() - wall) / repeats, (time.process_time() - cpu) / repeats
+
+
+def peak_gflops(batch: int, m: int, k: int, n: int, repeats: int = 20) -> tuple[float, float]:
+    """float32 batched matrix-product rate (GFLOP/s; by wall and by CPU time) measured in this process."""
     a, b = torch.randn(batch, m, k), torch.randn(batch, k, n)
     torch.bmm(a, b)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        torch.bmm(a, b)
-    return 2 * batch * m * k * n * repeats / (time.perf_counter() - start) / 1e9
+    wall, cpu = timed(lambda _: torch.bmm(a, b), repeats)
+    flops = 2 * batch * m * k * n
+    return flops / wall / 1e9, flops / cpu / 1e9
 
 
 def main() -> None:
@@ -70,6 +86,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--naive-rounds", type=int, default=1)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--ragged", type=float, default=0.0, help="Dirichlet concentration of client sizes")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -79,6 +96,10 @@ def main() -> None:
     n = s["clients"] * s["per_client"]
     x, y = torch.randn(n, *s["shape"]), torch.randint(0, s["classes"], (n,))
     parts = list(torch.arange(n).split(s["per_client"]))
+    if args.ragged:
+        shares = torch.distributions.Dirichlet(torch.full((s["clients"],), args.ragged)).sample()
+        sizes = (shares * n).long().clamp(min=1)
+        parts = list(torch.randperm(n)[: int(sizes.sum())].split(sizes.tolist()))
     hp = Hyper(lr=0.01, momentum=0.0, weight_decay=1e-5, local_epochs=1, batch_size=s["batch"])
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     num_params = sum(v.numel() for v in params.values())
@@ -90,20 +111,16 @@ def main() -> None:
         train_batched(model, params, jobs, x, y, 0, hp, plugins)
 
     engine_round(10_000)  # warm-up
-    start = time.perf_counter()
-    for r in range(args.rounds):
-        engine_round(r)
-    engine = (time.perf_counter() - start) / args.rounds
-    start = time.perf_counter()
-    for _ in range(args.naive_rounds):
-        naive_round(model, x, y, [parts[c] for c in sampled], hp, 0)
-    naive = (time.perf_counter() - start) / args.naive_rounds
-    flops = 6 * num_params * s["sampled"] * s["per_client"]
+    engine, engine_cpu = timed(engine_round, args.rounds)
+    naive, naive_cpu = timed(lambda _: naive_round(model, x, y, [parts[c] for c in sampled], hp, 0), args.naive_rounds)
+    samples = sum(len(parts[c]) for c in sampled)
+    steps = [-(-len(parts[c]) // s["batch"]) for c in sampled]
+    flops = 6 * num_params * samples
     engine_gflops = flops / engine / 1e9
     if args.setup == "pmnist":
-        peak = peak_gflops(s["sampled"], s["batch"], 784, 400)
+        peak, peak_cpu = peak_gflops(s["sampled"], s["batch"], 784, 400)
     else:
-        peak = peak_gflops(s["sampled"], s["batch"] * 64, 576, 128)
+        peak, peak_cpu = peak_gflops(s["sampled"], s["batch"] * 64, 576, 128)
     print(json.dumps({
         "setup": args.setup, "threads": torch.get_num_threads(), "params": num_params,
         "clients_per_round": s["sampled"], "samples_per_client": s["per_client"], "batch_size": s["batch"],
@@ -111,6 +128,11 @@ def main() -> None:
         "speedup_vs_naive": round(naive / engine, 2), "engine_gflops": round(engine_gflops, 2),
         "peak_gflops": round(peak, 2), "peak_fraction": round(engine_gflops / peak, 3),
         "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2, 3),
+        "engine_cpu_sec_per_round": round(engine_cpu, 4), "naive_cpu_sec_per_round": round(naive_cpu, 4),
+        "speedup_vs_naive_cpu": round(naive_cpu / engine_cpu, 2), "peak_gflops_cpu": round(peak_cpu, 2),
+        "peak_fraction_cpu": round(flops / engine_cpu / 1e9 / peak_cpu, 3), "samples_per_round": samples,
+        "padded_step_fraction": round(1 - sum(steps) / (len(steps) * max(steps)), 3),
+        "load_average_1min": round(os.getloadavg()[0], 2),
     }))
 
 

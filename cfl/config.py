@@ -83,10 +83,14 @@ class Config:
     eval_every: int = field(0, "evaluate all seen tasks every N rounds (0: only at task ends)", min=0)
     target_accuracies: list[float] = field([], "report the first round reaching each mean accuracy (%)",
                                            min=0.0, max=100.0)
+    client_forgetting_clients: int = field(0, "TCE paper's local client forgetting F_ki/F_k on this many of each "
+                                           "round's clients (0: off, else >= 2; one test evaluation each)", min=0)
     client_execution: str = field("batched", "batched (all sampled clients at once) or sequential",
                                   choices=("batched", "sequential"))
     on_nonfinite: str = field("stop", "a NaN/inf loss or update: stop the run, or skip_client (drop it, warn)",
                               choices=("stop", "skip_client"))
+    checkpoint_every: int = field(10, "also checkpoint every N rounds (0: only at task ends; see "
+                                  "docs/reliability.md)", min=0)
     device: str = field("cpu", "cpu, cuda or cuda:N", choices=None)
     threads: int = field(0, "torch CPU threads (0: torch's default)", min=0)
     data_root: Optional[str] = field(None, "data directory (null: $CFL_DATA, else the user cache)")
@@ -187,6 +191,9 @@ def validate_names(cfg: Config) -> Config:
     if cfg.clients_per_round > cfg.num_clients:
         raise ConfigError(f"'clients_per_round' ({cfg.clients_per_round}) exceeds 'num_clients' "
                           f"({cfg.num_clients}); lower clients_per_round or raise num_clients")
+    if cfg.client_forgetting_clients == 1:
+        raise ConfigError("'client_forgetting_clients' is 1, but F_k averages over the other measured clients; "
+                          "use 0 (off) or at least 2")
     if not (cfg.device == "cpu" or cfg.device == "cuda" or cfg.device.startswith("cuda:")):
         raise ConfigError(f"'device' must be cpu, cuda or cuda:N, got {cfg.device!r}")
     method = _check_method_spec(cfg.method, "method")

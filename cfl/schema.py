@@ -8,9 +8,12 @@ keys, types and ranges and raises :class:`ConfigError` naming the dotted key and
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from typing import Any, Union
+
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
 class ConfigError(ValueError):
@@ -77,6 +80,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         raise ConfigError(f"'{key}' must be an integer, got {value!r}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):  # YAML 1.1 reads 1e-3 as a string
             return float(value)
         raise ConfigError(f"'{key}' must be a number, got {value!r}")
     if tp is str:

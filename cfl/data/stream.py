@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -36,6 +37,8 @@ class Stream:
     input_shape: tuple[int, ...]
     default_model: str
     info: dict = field(default_factory=dict)
+    # optional train-time augmentation of a (N, *input_shape) batch: augment(x, generator) -> x
+    augment: Callable[[torch.Tensor, torch.Generator | None], torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         if self.scenario not in SCENARIOS:

@@ -6,8 +6,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from cfl.data import benchmarks
 from cfl.data.derive import permuted_tasks, split_tasks
 from cfl.data.digits import load_digits_tensors
+from cfl.data.mnist_like import FASHION_MNIST, load_idx
 from cfl.data.stream import Stream
 
 
@@ -43,9 +45,34 @@ def _split_digits(req: StreamRequest) -> Stream:
     return Stream("split-digits", req.scenario, tasks, classes, (1, 8, 8), "digits-mlp")
 
 
+def _permuted_fmnist(req: StreamRequest) -> Stream:
+    train, test = load_idx(FASHION_MNIST, req.data_root, req.download)
+    tasks = permuted_tasks(train, test, req.num_tasks, req.seed, "perm-fmnist")
+    return Stream("permuted-fmnist", "domain", tasks, 10, (784,), "mlp")
+
+
+def _split_fmnist(req: StreamRequest) -> Stream:
+    train, test = load_idx(FASHION_MNIST, req.data_root, req.download)
+    tasks = split_tasks(train, test, 2, req.num_tasks, req.scenario == "class", "split-fmnist")
+    classes = 10 if req.scenario == "class" else 2
+    return Stream("split-fmnist", req.scenario, tasks, classes, (1, 28, 28), "mlp")
+
+
 STREAMS: dict[str, StreamEntry] = {
     "permuted-digits": StreamEntry(_permuted_digits, 10, ("domain",),
                                    "sklearn 8x8 digits, one pixel permutation per task (offline)"),
     "split-digits": StreamEntry(_split_digits, 5, ("task", "class"),
                                 "sklearn 8x8 digits, 5 tasks of 2 classes (offline)"),
+    "permuted-fmnist": StreamEntry(_permuted_fmnist, 10, ("domain",),
+                                   "Fashion-MNIST, one pixel permutation per task, 784 inputs, shared head"),
+    "split-fmnist": StreamEntry(_split_fmnist, 5, ("task", "class"),
+                                "Fashion-MNIST, 5 tasks of 2 classes in label order"),
+    "permuted-mnist": StreamEntry(benchmarks.permuted_mnist, 10, ("domain",),
+                                  "MNIST, Avalanche PermutedMNIST permutations, 784 inputs, shared head"),
+    "split-cifar100": StreamEntry(benchmarks.split_cifar100, 10, ("task", "class"),
+                                  "CIFAR-100, 10 tasks of 10 classes in label order"),
+    "five-datasets": StreamEntry(benchmarks.five_datasets, 5, ("task",),
+                                 "CIFAR-10, MNIST, SVHN, Fashion-MNIST, notMNIST; 32x32x3, one task each"),
+    "mini-imagenet": StreamEntry(benchmarks.mini_imagenet, 20, ("task",),
+                                 "Mini-ImageNet 84x84, 20 tasks of 5 classes, train-time crop+flip"),
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +20,8 @@ class Hyper:
     weight_decay: float
     local_epochs: int
     batch_size: int
+    # the stream's train-time augmentation of a (N, *input_shape) batch (None: none); draws from torch's RNG
+    augment: Callable[[torch.Tensor, torch.Generator | None], torch.Tensor] | None = None
 
 
 @dataclass

@@ -4,6 +4,9 @@ Each client keeps its own data order, step count and (per-client-seeded) replay 
 match the sequential trainer up to float rounding (dropout masks aside: both draw from torch's global
 generator, in a different order). Clients with fewer samples than others are padded: their extra
 steps carry weight 0 and leave parameters untouched, which costs the padded compute.
+
+The parameter update is the memory-bound part of a step (the stacked parameters are read and written
+once per step); see :class:`SGDStep` and ``docs/performance.md``.
 """
 
 from __future__ import annotations
@@ -17,88 +20,178 @@ from cfl.methods.base import Params
 from cfl.ops.losses import masked_cross_entropy, weighted_mean
 
 
-def _padded_schedule(jobs: list[ClientJob], hp: Hyper, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(C, S, B) sample indices and 0/1 weights; clients with fewer steps are padded with weight 0."""
+def _padded_schedule(jobs: list[ClientJob], hp: Hyper,
+                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """(C, S, B) sample indices and 0/1 weights, and each client's step count; shorter clients are padded
+    with weight 0."""
     schedules = [client_schedule(job, hp) for job in jobs]
     steps = max(len(s) for s in schedules)
     # padding repeats the client's own first sample, so one client's data never enters another's graph
     index = torch.stack([job.indices[:1].expand(steps, hp.batch_size) for job in jobs]).clone()
-    weight = torch.zeros(len(jobs), steps, hp.batch_size, device=device)
+    weight = torch.zeros(len(jobs), steps, hp.batch_size)
     for c, schedule in enumerate(schedules):
         for s, batch in enumerate(schedule):
             index[c, s, : len(batch)] = batch
             weight[c, s, : len(batch)] = 1.0
-    return index, weight
+    return index.to(device), weight.to(device), [len(s) for s in schedules]
+
+
+class SGDStep:
+    """Plain SGD with weight decay on stacked parameters, leaving clients without a step at ``s`` untouched.
+
+    Without momentum or gradient transforms the decay is folded into the update with one ``lerp_`` pass:
+    the loss is scaled by ``-1/wd`` so the gradients come back as ``-g/wd`` and
+    ``p + lr*wd * (-g/wd - p) = (1 - lr*wd) p - lr g``. That reads the parameters and gradients once and
+    writes the parameters once, against three read-write passes for "decay, then step".
+    """
+
+    def __init__(self, hp: Hyper, params: Params, plugins: Plugins) -> None:
+        self.hp = hp
+        self.fused = hp.momentum == 0 and not any(m.has_grad_transform for m in plugins.methods)
+        self.fold_decay = self.fused and hp.weight_decay >= 1e-8  # smaller: -1/wd could overflow float32
+        self.loss_scale = -1.0 / hp.weight_decay if self.fold_decay else 1.0
+        self.momentum: list[torch.Tensor] | None = None
+        self.shapes = {k: (-1,) + (1,) * (v.dim() - 1) for k, v in params.items()}
+
+    def __call__(self, s: int, params: Params, grads: Params, active: torch.Tensor | None, states: list,
+                 plugins: Plugins) -> None:
+        """``grads`` are those of ``loss_scale`` x the summed client losses; ``active`` (C,) or None (all)."""
+        hp, p, g = self.hp, list(params.values()), list(grads.values())
+        if self.fold_decay:
+            if active is None:
+                torch._foreach_lerp_(p, g, hp.lr * hp.weight_decay)
+            else:
+                rate = active.to(p[0].dtype) * (hp.lr * hp.weight_decay)
+                for k, pk, gk in zip(params, p, g, strict=True):
+                    pk.lerp_(gk, rate.view(self.shapes[k]))
+            return
+        if hp.weight_decay:
+            torch._foreach_add_(g, p, alpha=hp.weight_decay)
+        for i, m in enumerate(plugins.methods):
+            if m.has_grad_transform:
+                grads = vmap(m.transform_grads)(dict(zip(params, g, strict=True)), states[i])
+                g = list(grads.values())
+        if hp.momentum > 0:
+            if s == 0:
+                self.momentum = [gk.clone() for gk in g]
+            bufs = [b[: gk.shape[0]] for b, gk in zip(self.momentum, g, strict=True)]  # the clients still training
+            if s > 0:
+                torch._foreach_mul_(bufs, hp.momentum)
+                torch._foreach_add_(bufs, g)
+            g = bufs
+        if active is None:
+            torch._foreach_add_(p, g, alpha=-hp.lr)
+        else:
+            on = active.to(p[0].dtype)
+            for k, pk, gk in zip(params, p, g, strict=True):
+                pk.addcmul_(gk, on.view(self.shapes[k]), value=-hp.lr)
 
 
 def train_batched(model: nn.Module, global_params: Params, jobs: list[ClientJob], x: torch.Tensor,
                   y: torch.Tensor, task: int, hp: Hyper, plugins: Plugins) -> tuple[Params, list[ClientOutcome]]:
-    """Run local SGD for every job at once; returns parameters stacked over clients (C, ...)."""
+    """Run local SGD for every job at once; returns parameters stacked over clients (C, ...).
+
+    Clients run sorted by their number of steps (most first), so the clients still training at step ``s``
+    are a prefix of the stack and a step touches only that prefix (views, no copies): ragged client sizes
+    cost no padded compute.
+    """
+    order = sorted(range(len(jobs)), key=lambda c: -len(jobs[c].indices))  # stable: ties keep job order
+    if order == list(range(len(jobs))):
+        return _train_sorted(model, global_params, jobs, x, y, task, hp, plugins)
+    params, outcomes = _train_sorted(model, global_params, [jobs[c] for c in order], x, y, task, hp, plugins)
+    back = torch.empty(len(order), dtype=torch.long)
+    back[torch.tensor(order)] = torch.arange(len(order))
+    back_list = back.tolist()
+    back = back.to(x.device)
+    return {k: v.index_select(0, back) for k, v in params.items()}, [outcomes[i] for i in back_list]
+
+
+def _train_sorted(model: nn.Module, global_params: Params, jobs: list[ClientJob], x: torch.Tensor,
+                  y: torch.Tensor, task: int, hp: Hyper, plugins: Plugins) -> tuple[Params, list[ClientOutcome]]:
     device = x.device
     C = len(jobs)
-    params = {k: v.detach().unsqueeze(0).repeat(C, *([1] * v.dim())).requires_grad_() for k, v in global_params.items()}
+    params = {k: _stacked_leaf(v, C) for k, v in global_params.items()}
     buffers = dict(model.named_buffers())
-    momentum = {k: torch.zeros_like(v) for k, v in params.items()} if hp.momentum > 0 else None
-    index, weight = _padded_schedule(jobs, hp, device)
+    index, weight, client_steps = _padded_schedule(jobs, hp, device)
+    steps_left = torch.tensor(client_steps, device=device)
     allowed = _stack_allowed(jobs)
     cids = [job.cid for job in jobs]
     states = [m.stack_states(plugins.client_states(i, cids)) for i, m in enumerate(plugins.methods)]
     raw_states = [plugins.client_states(i, cids) for i in range(len(plugins.methods))]
     generators = [replay_generator(job) for job in jobs]
+    update = SGDStep(hp, params, plugins)
     loss_sum = torch.zeros(C, device=device)
     finite = torch.ones(C, dtype=torch.bool, device=device)
+    task_ids = torch.full((C, hp.batch_size), task, dtype=y.dtype, device=device)
 
     def forward(p: Params, xb: torch.Tensor, tb: torch.Tensor) -> torch.Tensor:
         return functional_call(model, (p, buffers), (xb, tb))
 
     batched_forward = vmap(forward, randomness="different")
     model.train()
+    full_params = params
     for s in range(index.shape[1]):
-        xb, yb, wb = x[index[:, s]], y[index[:, s]], weight[:, s]
-        tb = torch.full_like(yb, task)
+        n = sum(steps > s for steps in client_steps)  # clients still training: a prefix (sorted by steps)
+        params = full_params if n == C else {k: v[:n] for k, v in full_params.items()}
+        step_states = states if n == C else [{k: v[:n] for k, v in st.items()} for st in states]
+        xb, yb, wb, tb = x[index[:n, s]], y[index[:n, s]], weight[:n, s], task_ids[:n]
+        if hp.augment is not None:  # per sample, over the (clients x batch) samples at once
+            xb = hp.augment(xb.flatten(0, 1), None).view_as(xb)
         for i, m in enumerate(plugins.methods):
-            extra = m.replay_batch(raw_states[i], generators)
+            extra = m.replay_batch(raw_states[i][:n], generators[:n])
             if extra is not None:
                 xb, yb = torch.cat([xb, extra.x], 1), torch.cat([yb, extra.y], 1)
                 live = (wb.sum(1, keepdim=True) > 0).to(wb.dtype)  # no replay on a client's padded steps
                 tb, wb = torch.cat([tb, extra.task], 1), torch.cat([wb, extra.weight * live], 1)
         logits = batched_forward(params, xb, tb)
-        per_client = weighted_mean(masked_cross_entropy(logits, yb, allowed), wb)
-        loss_sum += per_client.detach()
+        per_client = weighted_mean(masked_cross_entropy(logits, yb, None if allowed is None else allowed[:n]), wb)
+        loss_sum[:n] += per_client.detach()
         for i, m in enumerate(plugins.methods):
             if m.has_batch_loss:
                 per_client = per_client + vmap(m.batch_loss, in_dims=(0, 0, 0, 0, None, 0), randomness="different")(
-                    params, xb, tb, wb, plugins.broadcasts[i], states[i])
+                    params, xb, tb, wb, plugins.broadcasts[i], step_states[i])
             if m.has_penalty:
                 pen = vmap(m.penalty, in_dims=(0, None, None, 0), randomness="different")(
-                    params, global_params, plugins.broadcasts[i], states[i])
+                    params, global_params, plugins.broadcasts[i], step_states[i])
                 per_client = per_client + pen
-        finite &= torch.isfinite(per_client.detach())
-        grads = torch.autograd.grad(per_client.sum(), list(params.values()))
-        grads = dict(zip(params.keys(), grads, strict=True))
+        finite[:n] &= torch.isfinite(per_client.detach())
+        grads = torch.autograd.grad(per_client.sum() * update.loss_scale, list(params.values()))
         with torch.no_grad():
-            if hp.weight_decay:
-                torch._foreach_add_(list(grads.values()), list(params.values()), alpha=hp.weight_decay)
-            for i, m in enumerate(plugins.methods):
-                if m.has_grad_transform:
-                    grads = vmap(m.transform_grads)(grads, states[i])
-            if momentum is not None:
-                bufs = list(momentum.values())
-                if s == 0:
-                    torch._foreach_copy_(bufs, list(grads.values()))
-                else:
-                    torch._foreach_mul_(bufs, hp.momentum)
-                    torch._foreach_add_(bufs, list(grads.values()))
-                grads = dict(zip(params.keys(), bufs, strict=True))
-            active = wb[:, : hp.batch_size].sum(1) > 0  # clients whose schedule has this step
-            steps_taken = list(grads.values())
-            if not bool(active.all()):
-                steps_taken = [g * active.view(-1, *([1] * (g.dim() - 1))).to(g.dtype) for g in steps_taken]
-            torch._foreach_add_(list(params.values()), steps_taken, alpha=-hp.lr)
-    steps = (weight.sum(2) > 0).sum(1).clamp(min=1)
-    outcomes = [ClientOutcome(job.cid, len(job.indices), float(loss_sum[c] / steps[c]), bool(finite[c]))
-                for c, job in enumerate(jobs)]
-    return {k: v.detach() for k, v in params.items()}, outcomes
+            if s == 0 and n == C:
+                params = full_params = _match_grad_layout(params, grads)
+            update(s, params, dict(zip(params, grads, strict=True)), None, step_states, plugins)
+    mean_loss = (loss_sum / steps_left.clamp(min=1)).tolist()
+    outcomes = [ClientOutcome(job.cid, len(job.indices), mean_loss[c], bool(finite[c])) for c, job in enumerate(jobs)]
+    return {k: v.detach().contiguous() for k, v in full_params.items()}, outcomes
+
+
+# ``vmap`` over ``F.linear`` returns the weight gradient as a transposed view of a contiguous (C, in, out)
+# tensor; an update that reads it against (C, out, in) parameters runs ~3x slower (strided reads), so after
+# the first step of each round the parameters take the gradients' layout. It is relearnt every round (one
+# copy), never carried between rounds, so a round's numbers do not depend on earlier rounds in the process
+# and a resumed run matches an uninterrupted one bit for bit.
+def _empty_in_order(shape: torch.Size | tuple[int, ...], order: list[int], like: torch.Tensor) -> torch.Tensor:
+    """An empty tensor of ``shape`` whose dims lie in memory in ``order`` (outermost first)."""
+    strides, step = [0] * len(shape), 1
+    for d in reversed(order):
+        strides[d], step = step, step * shape[d]
+    return torch.empty_strided(tuple(shape), strides, dtype=like.dtype, device=like.device)
+
+
+def _stacked_leaf(v: torch.Tensor, C: int) -> torch.Tensor:
+    """``v`` repeated over a leading client dim, contiguous."""
+    return v.detach().unsqueeze(0).repeat(C, *([1] * v.dim())).requires_grad_()
+
+
+def _match_grad_layout(params: Params, grads: tuple[torch.Tensor, ...]) -> Params:
+    """Re-store parameters whose gradient has another dense memory order."""
+    out = {}
+    for (k, p), g in zip(params.items(), grads, strict=True):
+        order = sorted(range(g.dim()), key=lambda d: -g.stride(d))
+        if g.dim() > 1 and order[0] == 0 and g.permute(order).is_contiguous() and g.stride() != p.stride():
+            p = _empty_in_order(p.shape, order, p).copy_(p).requires_grad_()
+        out[k] = p
+    return out
 
 
 def _stack_allowed(jobs: list[ClientJob]) -> torch.Tensor | None:

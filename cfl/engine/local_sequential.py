@@ -26,6 +26,8 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
     model.train()
     for s, batch in enumerate(client_schedule(job, hp)):
         xb, yb = x[batch], y[batch]
+        if hp.augment is not None:
+            xb = hp.augment(xb, None)
         tb = torch.full_like(yb, task)
         wb = torch.ones(len(batch), device=x.device)
         for i, m in enumerate(plugins.methods):

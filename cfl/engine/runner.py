@@ -25,6 +25,7 @@ from cfl.engine.local_batched import train_batched
 from cfl.engine.local_sequential import train_sequential
 from cfl.methods import METHODS
 from cfl.methods.base import ClientData, Method, MethodState, Params, RunInfo
+from cfl.metrics import client_forgetting
 from cfl.metrics.comm import CommLedger, nbytes
 from cfl.metrics.matrix import Matrix, empty_matrix
 from cfl.models import ModelShape, build_model
@@ -55,6 +56,7 @@ class Progress:
     global_round: int = 0
     acc_matrix: Matrix = field(default_factory=list)
     evaluations: list[dict[str, Any]] = field(default_factory=list)
+    client_forgetting: list[dict[str, Any]] = field(default_factory=list)  # TCE paper's F_ki per measured round
     train_seconds: float = 0.0
     task_end_seconds: float = 0.0
     wall_seconds: float = 0.0
@@ -89,7 +91,8 @@ class Runner:
         self.states = [MethodState() for _ in self.methods]
         self.comm = CommLedger()
         self.progress = Progress(acc_matrix=empty_matrix(stream.num_tasks))
-        self.hyper = Hyper(cfg.lr, cfg.momentum, cfg.weight_decay, cfg.local_epochs, cfg.batch_size)
+        self.hyper = Hyper(cfg.lr, cfg.momentum, cfg.weight_decay, cfg.local_epochs, cfg.batch_size,
+                           augment=stream.augment)
         self.model_bytes = nbytes(self.params)
         self._partitions: dict[int, list[torch.Tensor]] = {}
         self.should_stop: Callable[[], bool] = lambda: False
@@ -138,18 +141,23 @@ class Runner:
         kept_jobs = [j for j, ok in zip(jobs, keep.tolist(), strict=True) if ok]
         payloads = self._round_payloads(trained, kept_jobs, keep, data)
         weights = torch.tensor([float(len(j.indices)) for j in kept_jobs], device=self.device)
-        delta = aggregate(cfg.aggregator.name, deltas, weights, cfg.aggregator.tau)
+        forgetting = client_forgetting.measure(self, task, kept_jobs, trained, keep)  # None when off
+        delta, mask = aggregate(cfg.aggregator.name, deltas, weights, cfg.aggregator.tau)
         for m, st in zip(self.methods, self.states, strict=True):
             delta = m.transform_update(delta, st.server, task)
-        self.params = self._apply(delta)
+        self.params = self._apply(delta, mask)
         for m, st, pl in zip(self.methods, self.states, payloads, strict=True):
             m.round_end(pl, st.server)
         self.comm.down(len(cids) * (self.model_bytes + nbytes(broadcasts)))
         self.comm.up(len(kept_jobs) * self.model_bytes + nbytes(payloads))
         losses = [o.mean_loss for o in outcomes if o.finite]
-        return {"task": task, "round": self.progress.global_round + 1, "clients": len(kept_jobs),
-                "train_loss": float(np.mean(losses)) if losses else float("nan"),
-                "upload_bytes": self.comm.upload_bytes, "download_bytes": self.comm.download_bytes}
+        record = {"task": task, "round": self.progress.global_round + 1, "clients": len(kept_jobs),
+                  "train_loss": float(np.mean(losses)) if losses else float("nan"),
+                  "upload_bytes": self.comm.upload_bytes, "download_bytes": self.comm.download_bytes}
+        if forgetting is not None:
+            self.progress.client_forgetting.append(forgetting)
+            record["client_forgetting_mean"] = forgetting["mean"]
+        return record
 
     def _check_finite(self, trained: Params, outcomes: list[ClientOutcome], task: int, rnd: int) -> torch.Tensor:
         finite = torch.tensor([o.finite for o in outcomes], device=self.device)
@@ -185,12 +193,16 @@ class Runner:
             out.append(payload)
         return out
 
-    def _apply(self, delta: Params) -> Params:
-        for m, st in zip(self.methods, self.states, strict=True):
-            new = m.server_update(self.params, delta, st.server, self.cfg.server_lr)
-            if new is not None:
-                return new
-        return {k: self.params[k] + self.cfg.server_lr * delta[k] for k in self.params}
+    def _apply(self, delta: Params, mask: Params | None = None) -> Params:
+        """The server step (the first method's ``server_update``, else ``lr * delta``), times GMA's mask if any."""
+        lr = self.cfg.server_lr
+        new = next((p for m, st in zip(self.methods, self.states, strict=True)
+                    if (p := m.server_update(self.params, delta, st.server, lr)) is not None), None)
+        if mask is None:
+            return new if new is not None else {k: self.params[k] + lr * delta[k] for k in self.params}
+        step = {k: new[k] - self.params[k] for k in self.params} if new is not None else \
+            {k: lr * delta[k] for k in self.params}
+        return {k: self.params[k] + mask[k] * step[k] for k in self.params}
 
     # ---- task boundaries and evaluation ----
     def evaluate(self, upto: int) -> list[float]:
@@ -210,7 +222,7 @@ class Runner:
             if not overrides(m, "task_end_client"):
                 continue
             if m.task_end_participants == "sampled":
-                cids = sample_clients(self.cfg.seed, task, -1 - i, self.cfg.num_clients,
+                cids = sample_clients(self.cfg.seed, task, 2**32 + i, self.cfg.num_clients,  # no real round
                                       getattr(m.p, "gpse_clients", None) or self.cfg.clients_per_round)
             else:
                 cids = list(range(self.cfg.num_clients))
@@ -236,6 +248,9 @@ class Runner:
         record = {"task": task, "round": self.progress.global_round, "final": final,
                   "acc": {str(j): a for j, a in enumerate(accs)}, "mean_acc": float(np.mean(accs)),
                   "upload_bytes": self.comm.upload_bytes, "download_bytes": self.comm.download_bytes}
+        pending = client_forgetting.since_last_evaluation(self.progress.client_forgetting, self.progress.evaluations)
+        if pending:
+            record["client_forgetting"] = pending
         self.progress.evaluations.append(record)
         return record
 

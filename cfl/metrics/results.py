@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cfl.metrics import client_forgetting
 from cfl.metrics.matrix import average_accuracy, backward_transfer, forgetting, rounds_to_targets
 
 
@@ -46,4 +47,7 @@ def build_results(runner: Any, wall_seconds: float) -> dict[str, Any]:
     }
     if cfg.target_accuracies:
         results["rounds_to_target"] = targets_per_task(prog.evaluations, cfg.target_accuracies, cfg.rounds_per_task)
+    if cfg.client_forgetting_clients:
+        results["client_forgetting"] = {"clients_per_round": cfg.client_forgetting_clients,
+                                        **client_forgetting.summarise(prog.client_forgetting)}
     return results

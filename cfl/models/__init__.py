@@ -7,7 +7,9 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from cfl.models.alexnet import AlexNetLike
 from cfl.models.mlp import MLP
+from cfl.models.resnet import ReducedResNet18
 
 
 @dataclass(frozen=True)
@@ -36,9 +38,33 @@ def _digits_mlp(shape: ModelShape) -> nn.Module:
     return MLP(_numel(shape.input_shape), [128, 128], shape.classes, shape.num_tasks, shape.multi_head)
 
 
+def _image(shape: ModelShape) -> tuple[int, int]:
+    if len(shape.input_shape) != 3 or shape.input_shape[1] != shape.input_shape[2]:
+        raise ValueError(f"this model needs square (C, H, W) images, the stream gives {shape.input_shape}")
+    return shape.input_shape[0], shape.input_shape[1]
+
+
+def _alexnet(shape: ModelShape) -> nn.Module:
+    return AlexNetLike(*_image(shape), shape.classes, shape.num_tasks, shape.multi_head)
+
+
+def _resnet18_reduced(shape: ModelShape) -> nn.Module:
+    return ReducedResNet18(*_image(shape), shape.classes, shape.num_tasks, shape.multi_head, nf=20, stem_stride=1,
+                           batch_norm=False)
+
+
+def _resnet18_mini(shape: ModelShape) -> nn.Module:
+    return ReducedResNet18(*_image(shape), shape.classes, shape.num_tasks, shape.multi_head, nf=32, stem_stride=2,
+                           batch_norm=True)
+
+
 MODELS: dict[str, tuple[Callable[[ModelShape], nn.Module], str]] = {
     "mlp": (_mlp, "MLP 784-400-400-400 with dropout 0.2/0.5/0.5 (FOT Permuted-MNIST reference)"),
     "digits-mlp": (_digits_mlp, "MLP in-128-128, no dropout (small streams such as 8x8 digits)"),
+    "alexnet": (_alexnet, "AlexNet-like, 3 convs + 2 fc 2048, dropout, no biases (Split CIFAR-100 reference)"),
+    "resnet18-reduced": (_resnet18_reduced, "reduced ResNet-18, 20 base filters, no BatchNorm (5-Datasets)"),
+    "resnet18-mini": (_resnet18_mini, "reduced ResNet-18, 32 base filters, stride-2 stem, batch-stat BatchNorm "
+                                      "(Mini-ImageNet)"),
 }
 
 

@@ -17,22 +17,30 @@ def weighted_mean(deltas: Params, weights: torch.Tensor) -> Params:
     return {k: (_shares(weights, d) * d).sum(0) for k, d in deltas.items()}
 
 
-def gradient_masked_mean(deltas: Params, weights: torch.Tensor, tau: float) -> Params:
-    """GMA (Tenison et al. 2023, eq. 5): the mean scaled per coordinate by the clients' sign agreement.
+def agreement_mask(deltas: Params, weights: torch.Tensor, tau: float) -> Params:
+    """GMA's soft mask (Tenison et al. 2023, eq. 2-3): ``m_j = 1 if A_j >= tau else A_j``.
 
-    ``A_j = |mean_n sign(D_n,j)|``; mask ``m_j = 1 if A_j >= tau else A_j``; returns ``m * sum_n D_n``
-    with ``D_n = (s_n / sum s) d_n``. ``tau = 0`` gives plain weighted averaging.
+    ``A_j = |mean_n sign(D_n,j)|`` over the clients' weighted updates ``D_n = (s_n / sum s) d_n`` (the
+    shares are positive, so the signs are those of ``d_n``). ``tau = 0`` gives a mask of ones.
     """
     out = {}
     for k, d in deltas.items():
-        scaled = _shares(weights, d) * d
-        agreement = torch.sign(scaled).mean(0).abs()
-        mask = torch.where(agreement >= tau, torch.ones_like(agreement), agreement)
-        out[k] = mask * scaled.sum(0)
+        agreement = torch.sign(_shares(weights, d) * d).mean(0).abs()
+        out[k] = torch.where(agreement >= tau, torch.ones_like(agreement), agreement)
     return out
 
 
-def aggregate(name: str, deltas: Params, weights: torch.Tensor, tau: float) -> Params:
-    if name == "gma":
-        return gradient_masked_mean(deltas, weights, tau)
-    return weighted_mean(deltas, weights)
+def gradient_masked_mean(deltas: Params, weights: torch.Tensor, tau: float) -> Params:
+    """GMA for FedAvg (Algorithm 1 of the GMA paper): ``m * sum_n D_n``; ``tau = 0`` is plain averaging."""
+    mean, mask = weighted_mean(deltas, weights), agreement_mask(deltas, weights, tau)
+    return {k: mask[k] * mean[k] for k in mean}
+
+
+def aggregate(name: str, deltas: Params, weights: torch.Tensor, tau: float) -> tuple[Params, Params | None]:
+    """The weighted mean update and, for ``gma``, the mask that multiplies the server's final step.
+
+    The GMA paper (Algorithm 2) feeds the unmasked mean into adaptive servers (FedAdam/FedYogi moments)
+    and masks the step they produce; for FedAvg this is the same as masking the mean.
+    """
+    mean = weighted_mean(deltas, weights)
+    return mean, (agreement_mask(deltas, weights, tau) if name == "gma" else None)

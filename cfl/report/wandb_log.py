@@ -23,7 +23,8 @@ class WandbLogger:
             os.environ.setdefault("WANDB_SILENT", "true")
             self.run = wandb.init(mode=mode, project=project, entity=entity, group=group, name=name,
                                   tags=tags, config=config, dir=str(out_dir), id=run_id,
-                                  resume="allow" if run_id else None, reinit="finish_previous")
+                                  resume="allow" if run_id else None, reinit="finish_previous",
+                                  settings=wandb.Settings(init_timeout=float(os.environ.get("WANDB_INIT_TIMEOUT", 30))))
             self.run_id = self.run.id
         except Exception as err:  # noqa: BLE001 - W&B must never stop a run
             self._fail("init", err)

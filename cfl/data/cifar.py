@@ -1,0 +1,92 @@
+"""CIFAR-10 and CIFAR-100 from their standard "python version" pickles (Krizhevsky 2009).
+
+CIFAR-10: ``cifar-10-batches-py/data_batch_1..5`` and ``test_batch`` (keys ``data``, ``labels``).
+CIFAR-100: ``cifar-100-python/train`` and ``test`` (keys ``data``, ``fine_labels``).
+``data`` is ``(N, 3072)`` uint8, channel-major rows of a 32x32 image.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from cfl.data.files import first_with, missing_data
+
+CIFAR10_FILES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch",)
+CIFAR100_FILES = ("train", "test")
+Split = tuple[torch.Tensor, torch.Tensor]
+
+
+def read_cifar_batch(path: Path, label_key: str) -> Split:
+    """One pickle -> uint8 images ``(N, 3, 32, 32)`` and int64 labels."""
+    with open(path, "rb") as fh:
+        batch = pickle.load(fh, encoding="bytes")
+    batch = {k.decode() if isinstance(k, bytes) else k: v for k, v in batch.items()}
+    data = np.asarray(batch["data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
+    labels = np.asarray(batch[label_key], dtype=np.int64)
+    if len(data) != len(labels):
+        raise ValueError(f"{path}: {len(data)} images but {len(labels)} labels")
+    return torch.from_numpy(data.copy()), torch.from_numpy(labels)
+
+
+def _how(folder: Path, archive: str) -> str:
+    return (f"set `stream.download: true` (needs network), or unpack {archive} (the CIFAR 'python version' "
+            f"from https://www.cs.toronto.edu/~kriz/cifar.html) so that {folder} exists")
+
+
+def _locate(name: str, root: Path, sub: str, files: tuple[str, ...], archive: str, download: bool,
+            tv_class: str) -> Path:
+    candidates = [root / sub, root / name.lower() / sub]
+    folder = first_with(candidates, files)
+    if folder is None and download:
+        import torchvision
+
+        try:
+            for train in (True, False):
+                getattr(torchvision.datasets, tv_class)(str(root), train=train, download=True)
+        except Exception as err:  # noqa: BLE001 - reported as the data error
+            raise missing_data(name, candidates, _how(candidates[0], archive), f"download failed: {err}") from err
+        folder = first_with(candidates, files)
+    if folder is None:
+        raise missing_data(name, candidates, _how(candidates[0], archive))
+    return folder
+
+
+def _read(name: str, files: list[Path], label_key: str, how: str) -> Split:
+    try:
+        parts = [read_cifar_batch(f, label_key) for f in files]
+    except (OSError, ValueError, KeyError, pickle.UnpicklingError, EOFError) as err:
+        raise missing_data(name, files, how, f"cannot read: {err}") from err
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+def cifar10_files(root: Path, download: bool = False) -> list[Path]:
+    """The six CIFAR-10 pickles (five train batches, then the test batch); fails clearly when absent."""
+    folder = _locate("CIFAR-10", root, "cifar-10-batches-py", CIFAR10_FILES, "cifar-10-python.tar.gz",
+                     download, "CIFAR10")
+    return [folder / f for f in CIFAR10_FILES]
+
+
+def cifar100_files(root: Path, download: bool = False) -> list[Path]:
+    """The CIFAR-100 ``train`` and ``test`` pickles; fails clearly when absent."""
+    folder = _locate("CIFAR-100", root, "cifar-100-python", CIFAR100_FILES, "cifar-100-python.tar.gz",
+                     download, "CIFAR100")
+    return [folder / f for f in CIFAR100_FILES]
+
+
+def read_cifar10(files: list[Path]) -> dict[str, torch.Tensor]:
+    """uint8 ``train_x``/``test_x`` ``(N, 3, 32, 32)`` and labels from :func:`cifar10_files`' list."""
+    how = _how(files[0].parent, "cifar-10-python.tar.gz")
+    train = _read("CIFAR-10", files[:5], "labels", how)
+    test = _read("CIFAR-10", files[5:], "labels", how)
+    return {"train_x": train[0], "train_y": train[1], "test_x": test[0], "test_y": test[1]}
+
+
+def read_cifar100(files: list[Path]) -> dict[str, torch.Tensor]:
+    how = _how(files[0].parent, "cifar-100-python.tar.gz")
+    train = _read("CIFAR-100", files[:1], "fine_labels", how)
+    test = _read("CIFAR-100", files[1:], "fine_labels", how)
+    return {"train_x": train[0], "train_y": train[1], "test_x": test[0], "test_y": test[1]}

@@ -1,0 +1,191 @@
+"""Checkpoints: the whole state of a run in one file, written atomically, restored bit for bit.
+
+The runner derives client sampling, partitions, data order, replay draws and task-end generators from
+(seed, task, round, client), so a checkpoint only has to hold what the run has *accumulated*: the global
+parameters, every method's server and per-client state (server optimisers live there), the
+communication ledger, the progress (position, accuracy matrix, evaluations, timings), the global random
+generators (torch CPU/CUDA for dropout; numpy and python for completeness), the W&B run id and the
+config the run was started with. ``checkpoint.pt`` is replaced atomically (temp file, fsync, rename,
+fsync of the directory), so a crash while writing leaves the previous checkpoint valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from cfl.config import Config
+from cfl.report.files import atomic_write_bytes
+from cfl.schema import ConfigError
+
+CHECKPOINT = "checkpoint.pt"
+FORMAT = 1
+# Keys a resumed run may change: they never alter what the run computes (threads may alter the last bits
+# of some CPU kernels; keep it fixed when a bit-identical result matters).
+RESUME_SAFE_KEYS = ("threads", "checkpoint_every", "on_nonfinite", "data_root", "wandb")
+
+
+class CheckpointError(RuntimeError):
+    """A method state that cannot be saved safely (only tensors and plain data are allowed)."""
+
+
+def checkpoint_path(run_dir: Path) -> Path:
+    return Path(run_dir) / CHECKPOINT
+
+
+# ---- random generators ----
+def rng_state() -> dict[str, Any]:
+    """Every global generator: torch CPU (dropout), CUDA when initialised, numpy and python ``random``."""
+    _, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else [],
+        "numpy": [torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss)],
+        "python": [int(version), list(internal), gauss_next],
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state(("MT19937", keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+
+
+# ---- what goes in ----
+def check_plain(obj: Any, where: str) -> None:
+    """Refuse anything but tensors and plain data, so the file loads with ``torch.load(weights_only=True)``."""
+    if obj is None or isinstance(obj, (torch.Tensor, bool, int, float, str)):
+        return
+    if isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            check_plain(v, f"{where}[{i}]")
+        return
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if not isinstance(k, (str, int)):
+                raise CheckpointError(f"{where}: key {k!r} is a {type(k).__name__}; use str or int keys")
+            check_plain(v, f"{where}[{k!r}]")
+        return
+    raise CheckpointError(f"{where} is a {type(obj).__name__}; method state must hold only tensors, numbers, "
+                          f"strings and lists/dicts of them (convert numpy arrays with torch.as_tensor)")
+
+
+def capture(runner: Any, wandb_run_id: str | None) -> dict[str, Any]:
+    """Everything needed to continue ``runner`` exactly where it is (tensors are shared, not copied)."""
+    states = [st.state_dict() for st in runner.states]
+    for method, state in zip(runner.methods, states, strict=True):
+        check_plain(state, f"state of method '{method.name}'")
+    progress = dataclasses.asdict(runner.progress)
+    check_plain(progress, "progress")
+    return {
+        "format": FORMAT,
+        "config": runner.cfg.to_dict(),
+        "params": runner.params,
+        "states": states,
+        "comm": runner.comm.state_dict(),
+        "progress": progress,
+        "rng": rng_state(),
+        "wandb_run_id": wandb_run_id,
+    }
+
+
+def save(run_dir: Path, payload: dict[str, Any]) -> Path:
+    """Replace ``run_dir/checkpoint.pt`` atomically and durably."""
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    path = checkpoint_path(run_dir)
+    atomic_write_bytes(path, buffer.getvalue())
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # make the rename itself durable
+    finally:
+        os.close(fd)
+    return path
+
+
+def remove_stale_temp_files(run_dir: Path) -> None:
+    """Delete half-written temp files that a killed process left next to the checkpoint."""
+    for tmp in Path(run_dir).glob(f".{CHECKPOINT}.*"):
+        tmp.unlink(missing_ok=True)
+
+
+# ---- what comes out ----
+def load(run_dir: Path) -> dict[str, Any]:
+    """Read a run directory's checkpoint (CPU tensors), refusing a missing or damaged one (exit code 2)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ConfigError(f"--resume {run_dir}: no such run directory")
+    path = checkpoint_path(run_dir)
+    if not path.is_file():
+        raise ConfigError(f"--resume {run_dir}: no {CHECKPOINT} in it (the run never started, or it is not a run "
+                          f"directory); start it again with --overwrite")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - any unreadable file is the same refusal
+        raise ConfigError(f"--resume {run_dir}: {path.name} is unreadable ({type(err).__name__}: {err}); "
+                          f"start the run again with --overwrite") from None
+    keys = {"format", "config", "params", "states", "comm", "progress", "rng", "wandb_run_id"}
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT or keys - set(payload):
+        raise ConfigError(f"--resume {run_dir}: {path.name} is not a cfl checkpoint of format {FORMAT}")
+    return payload
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{dotted}."))
+        else:
+            out[dotted] = value
+    return out
+
+
+def is_resume_safe(key: str) -> bool:
+    return any(key == safe or key.startswith(f"{safe}.") for safe in RESUME_SAFE_KEYS)
+
+
+def check_config(saved: dict[str, Any], cfg: Config, run_dir: Path) -> None:
+    """Refuse to resume with a config that would change results (edited config.yaml)."""
+    old, new = _flat(saved), _flat(cfg.to_dict())
+    changed = sorted(k for k in old.keys() | new.keys() if not is_resume_safe(k) and old.get(k) != new.get(k))
+    if changed:
+        diffs = "; ".join(f"{k}: {old.get(k)!r} in the checkpoint, {new.get(k)!r} now" for k in changed)
+        raise ConfigError(f"--resume {run_dir}: config.yaml no longer matches the checkpoint ({diffs}); "
+                          f"restore it, or start a new run with --out")
+
+
+def _to(obj: Any, device: torch.device) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: _to(v, device) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_to(v, device) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_to(v, device) for v in obj)
+    return obj
+
+
+def restore(runner: Any, payload: dict[str, Any]) -> None:
+    """Put ``runner`` (freshly built from the same config) back into the checkpointed state."""
+    if set(payload["params"]) != set(runner.params) or len(payload["states"]) != len(runner.states):
+        raise ConfigError("the checkpoint's model or methods do not match this config; start a new run with --out")
+    runner.params = {k: v.to(runner.device) for k, v in payload["params"].items()}
+    for state, saved in zip(runner.states, payload["states"], strict=True):
+        state.load_state_dict(_to(saved, runner.device))
+    runner.comm.load_state_dict(payload["comm"])
+    runner.progress = type(runner.progress)(**payload["progress"])
+    set_rng_state(payload["rng"])

@@ -1,0 +1,47 @@
+"""Adaptive server optimisers on the pseudo-gradient (Reddi et al., ICLR 2021, arXiv 2003.00295, Algorithm 2).
+
+The aggregated client update ``D`` (the negative pseudo-gradient) drives Adam-style server moments:
+``m <- b1 m + (1 - b1) D``, a method-specific second moment ``v``, and ``w <- w + eta_g m / (sqrt(v) + tau)``
+(no bias correction, ``v`` starts at ``tau^2`` as in the paper's ``v_{-1} >= tau^2``). FedAdam and FedYogi
+differ only in ``v`` (:meth:`AdaptiveServer.second_moment`). With ``aggregator: gma`` the runner feeds
+the unmasked mean into these moments and multiplies the resulting step by the mask (GMA paper, Alg. 2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from cfl.methods.base import Method, Params, State
+from cfl.schema import field
+
+
+@dataclass(frozen=True)
+class AdaptiveServerParams:
+    server_lr: float | None = field(None, "eta_g of the adaptive step (typically 1e-3..1e-1); null: the "
+                                    "top-level server_lr", gt=0.0)
+    beta1: float = field(0.9, "decay of the first moment m", min=0.0, max=0.9999)
+    beta2: float = field(0.99, "decay of the second moment v", min=0.0, max=0.9999)
+    tau: float = field(1e-3, "adaptivity: added to sqrt(v) in the step's denominator", gt=0.0)
+
+
+class AdaptiveServer(Method):
+    """Shared server step of FedAdam and FedYogi; subclasses define the second moment."""
+
+    Params = AdaptiveServerParams
+
+    def second_moment(self, v: torch.Tensor, d2: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def server_update(self, global_params: Params, delta: Params, server: State, server_lr: float) -> Params:
+        lr = self.p.server_lr if self.p.server_lr is not None else server_lr
+        if "m" not in server:
+            server["m"] = {k: torch.zeros_like(d) for k, d in delta.items()}
+            server["v"] = {k: torch.full_like(d, self.p.tau**2) for k, d in delta.items()}
+        new = {}
+        for k, d in delta.items():
+            m = server["m"][k] = self.p.beta1 * server["m"][k] + (1.0 - self.p.beta1) * d
+            v = server["v"][k] = self.second_moment(server["v"][k], d * d)
+            new[k] = global_params[k] + lr * m / (v.sqrt() + self.p.tau)
+        return new

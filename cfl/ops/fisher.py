@@ -1,0 +1,100 @@
+"""Diagonal Fisher information of a classifier on a set of samples, from per-sample gradients.
+
+``F_i = mean_n E_c[(d/dw_i log p(c | x_n, w))^2]`` where the expectation over the label ``c`` is either
+the observed label (``empirical`` Fisher: ``c = y_n``) or the model's own predictive distribution
+(``true`` Fisher, computed exactly as ``sum_c p(c|x_n) g_{n,c}^2``, no label sampling). Per-sample
+gradients come from ``torch.func`` (``vmap`` of ``grad``/``jacrev`` over samples, in chunks), so any
+model whose forward treats samples independently works (no BatchNorm batch statistics); networks made
+only of linear layers (MLPs, heads) take the exact shortcut of :mod:`cfl.ops.fisher_linear` instead.
+The model runs in eval mode (dropout off), so the Fisher is deterministic.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad, jacrev, vmap
+
+from cfl.ops.fisher_linear import linear_fisher_sum, linear_layers
+
+Params = dict[str, torch.Tensor]
+
+#: per-sample gradients held at once, in floats (64 MiB in float32)
+FLOAT_BUDGET = 1 << 24
+
+
+#: samples per chunk of the linear-layer shortcut
+LINEAR_CHUNK = 1024
+
+
+def diagonal_fisher(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor, task: int,
+                    kind: str = "empirical", allowed: torch.Tensor | None = None,
+                    per_sample: bool = False) -> Params:
+    """Diagonal Fisher at ``params`` over samples ``x`` (with labels ``y``, head ``task``); zeros if no samples.
+
+    ``allowed`` (K,) bool restricts the softmax to those classes (class-incremental seen classes).
+    ``per_sample`` forces the generic per-sample-gradient path (the linear shortcut's reference).
+    """
+    if kind not in ("empirical", "true"):
+        raise ValueError(f"Fisher kind must be 'empirical' or 'true', got {kind!r}")
+    params = {k: v.detach() for k, v in params.items()}
+    was_training = model.training
+    model.eval()
+    try:
+        layers = None if per_sample else linear_layers(model, set(params))
+        if layers is not None:
+            total = {k: torch.zeros_like(v) for k, v in params.items()}
+            for start in range(0, len(x), LINEAR_CHUNK):
+                part = linear_fisher_sum(model, layers, params, x[start : start + LINEAR_CHUNK],
+                                         y[start : start + LINEAR_CHUNK], task, kind, allowed)
+                if part is None:
+                    break
+                for k, v in part.items():
+                    total[k] += v
+            else:
+                return {k: v / max(len(x), 1) for k, v in total.items()}
+        return _per_sample_fisher(model, params, x, y, task, kind, allowed)
+    finally:
+        model.train(was_training)
+
+
+def _per_sample_fisher(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor, task: int,
+                       kind: str, allowed: torch.Tensor | None) -> Params:
+    buffers = dict(model.named_buffers())
+
+    def log_probs(p: Params, xi: torch.Tensor, ti: torch.Tensor) -> torch.Tensor:
+        logits = functional_call(model, (p, buffers), (xi.unsqueeze(0), ti.unsqueeze(0)))[0]
+        if allowed is not None:
+            logits = logits.masked_fill(~allowed, float("-inf"))
+        return F.log_softmax(logits, dim=-1)
+
+    def log_likelihood(p: Params, xi: torch.Tensor, yi: torch.Tensor, ti: torch.Tensor) -> torch.Tensor:
+        return log_probs(p, xi, ti).gather(0, yi.unsqueeze(0)).squeeze(0)
+
+    n_params = sum(v.numel() for v in params.values())
+    fisher = {k: torch.zeros_like(v) for k, v in params.items()}
+    if kind == "empirical":
+        per_sample = vmap(grad(log_likelihood), in_dims=(None, 0, 0, 0))
+        chunk = max(1, FLOAT_BUDGET // n_params)
+    else:
+        per_class = vmap(jacrev(log_probs), in_dims=(None, 0, 0))
+        with torch.no_grad():
+            classes = functional_call(model, (params, buffers), (x[:1], y[:1] * 0 + task)).shape[-1] if len(x) else 1
+        chunk = max(1, FLOAT_BUDGET // (n_params * classes))
+    for start in range(0, len(x), chunk):
+        xb, yb = x[start : start + chunk], y[start : start + chunk]
+        tb = torch.full_like(yb, task)
+        if kind == "empirical":
+            grads = per_sample(params, xb, yb, tb)
+            for k, g in grads.items():
+                fisher[k] += g.pow(2).sum(0)
+        else:
+            jac = per_class(params, xb, tb)  # (B, K, *shape) per parameter
+            with torch.no_grad():
+                probs = vmap(log_probs, in_dims=(None, 0, 0))(params, xb, tb).exp()  # (B, K)
+            for k, j in jac.items():
+                weight = probs.view(*probs.shape, *([1] * (j.dim() - 2)))
+                fisher[k] += torch.nan_to_num(weight * j.pow(2)).sum((0, 1))
+    n = max(len(x), 1)
+    return {k: v / n for k, v in fisher.items()}

@@ -1,0 +1,103 @@
+"""Small dataset files in the real on-disk formats, with class-dependent content (image brightness and
+a bright square whose position encodes the label), so a model can learn them and a label mix-up shows."""
+
+from __future__ import annotations
+
+import gzip
+import pickle
+import struct
+from pathlib import Path
+
+import numpy as np
+
+
+def class_images(labels: np.ndarray, h: int, w: int, channels: int = 0, seed: int = 0) -> np.ndarray:
+    """uint8 images (N, h, w) or (N, h, w, channels): brightness 20 * label plus a square at column 2 * label."""
+    rng = np.random.default_rng(seed)
+    shape = (len(labels), h, w) + ((channels,) if channels else ())
+    x = rng.integers(0, 10, size=shape).astype(np.int64)
+    for i, c in enumerate(labels):
+        x[i] += 20 * int(c) % 200
+        x[i, 1:4, (2 * int(c)) % (w - 3):(2 * int(c)) % (w - 3) + 3] = 250
+    return np.clip(x, 0, 255).astype(np.uint8)
+
+
+def write_idx(path: Path, array: np.ndarray, gz: bool) -> None:
+    header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}i", *array.shape)
+    data = header + array.astype(np.uint8).tobytes()
+    path.write_bytes(gzip.compress(data) if gz else data)
+
+
+def write_idx_dataset(folder: Path, n_train: int = 60, n_test: int = 20, gz: bool = True) -> dict[str, np.ndarray]:
+    """The four MNIST-style files (28x28, 10 classes cycled); returns the arrays written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    suffix = ".gz" if gz else ""
+    arrays = {}
+    for split, n, seed in (("train", n_train, 1), ("t10k", n_test, 2)):
+        y = (np.arange(n) * 7) % 10
+        x = class_images(y, 28, 28, seed=seed)
+        write_idx(folder / f"{split}-images-idx3-ubyte{suffix}", x, gz)
+        write_idx(folder / f"{split}-labels-idx1-ubyte{suffix}", y, gz)
+        arrays[f"{split}_x"], arrays[f"{split}_y"] = x, y
+    return arrays
+
+
+def _cifar_rows(y: np.ndarray, seed: int) -> np.ndarray:
+    return class_images(y, 32, 32, channels=3, seed=seed).transpose(0, 3, 1, 2).reshape(len(y), -1)
+
+
+def write_cifar10(root: Path, per_batch: int = 20) -> None:
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    for i, name in enumerate([f"data_batch_{k}" for k in range(1, 6)] + ["test_batch"]):
+        y = (np.arange(per_batch) + i) % 10
+        with open(folder / name, "wb") as fh:
+            pickle.dump({b"data": _cifar_rows(y, i), b"labels": y.tolist(), b"batch_label": name.encode()}, fh)
+
+
+def write_cifar100(root: Path, per_class_train: int = 2, per_class_test: int = 1) -> None:
+    folder = root / "cifar-100-python"
+    folder.mkdir(parents=True)
+    for name, per_class, seed in (("train", per_class_train, 0), ("test", per_class_test, 1)):
+        y = np.repeat(np.arange(100), per_class)[::-1].copy()
+        with open(folder / name, "wb") as fh:
+            batch = {b"data": _cifar_rows(y, seed), b"fine_labels": y.tolist(), b"coarse_labels": (y // 5).tolist()}
+            pickle.dump(batch, fh)
+
+
+def write_svhn(root: Path, n_train: int = 30, n_test: int = 20) -> None:
+    from scipy.io import savemat
+
+    folder = root / "svhn"
+    folder.mkdir(parents=True)
+    for name, n, seed in (("train_32x32.mat", n_train, 0), ("test_32x32.mat", n_test, 1)):
+        digits = np.arange(n) % 10
+        x = class_images(digits, 32, 32, channels=3, seed=seed).transpose(1, 2, 3, 0)  # (32, 32, 3, N)
+        savemat(str(folder / name), {"X": x, "y": np.where(digits == 0, 10, digits).reshape(-1, 1).astype(np.uint8)})
+
+
+def write_notmnist(root: Path, per_letter: int = 6) -> None:
+    from PIL import Image
+
+    for label, letter in enumerate("ABCDEFGHIJ"):
+        folder = root / "notMNIST_small" / letter
+        folder.mkdir(parents=True)
+        images = class_images(np.full(per_letter, label), 28, 28, seed=label)
+        for i, img in enumerate(images):
+            Image.fromarray(img, mode="L").save(folder / f"img{i:03d}.png")
+        (folder / "broken.png").write_bytes(b"")  # the public archive holds empty files too
+
+
+def write_mini_imagenet(root: Path, classes: int = 10, per_class: int = 6) -> list[str]:
+    """Three pickles sharing ``classes`` wnids between them; returns the wnids in the order written."""
+    folder = root / "mini-imagenet"
+    folder.mkdir(parents=True)
+    wnids = [f"n{9000000 - 7 * c:08d}" for c in range(classes)]  # not written in sorted order
+    chunks = np.array_split(np.arange(classes), 3)
+    for split, ids in zip(("train", "val", "test"), chunks, strict=True):
+        labels = np.repeat(ids, per_class)
+        images = class_images(labels, 84, 84, channels=3, seed=len(ids))
+        class_dict = {wnids[c]: list(range(k * per_class, (k + 1) * per_class)) for k, c in enumerate(ids)}
+        with open(folder / f"mini-imagenet-cache-{split}.pkl", "wb") as fh:
+            pickle.dump({"image_data": images, "class_dict": class_dict}, fh)
+    return wnids

@@ -1,0 +1,115 @@
+"""GPM+FL: client bases grow by the energy threshold, gradients are projected, old outputs are kept."""
+
+import pytest
+import torch
+from torch import nn
+
+from cfl.config import from_dict
+from cfl.engine.runner import Runner
+from cfl.methods.base import ClientData, RunInfo
+from cfl.methods.gpm import GPM, GPMParams, extend_from_gram
+from tests.conftest import make_stream
+
+
+def _low_rank(d: int, energies: list[float], n: int, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    u0 = torch.linalg.qr(torch.randn(d, len(energies), generator=gen))[0]
+    coeffs = torch.linalg.qr(torch.randn(n, len(energies), generator=gen))[0].T  # orthonormal rows
+    return u0 @ (torch.tensor(energies).sqrt().unsqueeze(1) * coeffs)  # singular values sqrt(energies)
+
+
+def test_basis_grows_per_the_threshold():
+    a = _low_rank(10, [100.0, 25.0, 1.0], 40).double()  # energy shares .794 .198 .008
+    gram = a @ a.T
+    first = extend_from_gram(gram, None, eps=0.9)
+    assert first.shape == (10, 2)
+    assert extend_from_gram(gram, first, eps=0.9).shape == (10, 2)  # old basis holds 0.992 >= 0.9
+    second = extend_from_gram(gram, first, eps=0.999)  # needs (0.999 - 0.992) / 0.008 of the rest: one more
+    assert second.shape == (10, 3) and torch.allclose(second[:, :2], first)
+    assert (a.float() - second @ (second.T @ a.float())).norm() < 1e-4 * a.norm()
+
+
+class _Net(nn.Module):
+    """Bias-free two-layer net (as GPM's MLP), so projected weight steps are the only change."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 6, bias=False)
+        self.fc2 = nn.Linear(6, 3, bias=False)
+
+    def forward(self, x: torch.Tensor, task: torch.Tensor) -> torch.Tensor:  # noqa: ARG002
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def _gpm(model: nn.Module, eps: float) -> GPM:
+    info = RunInfo(num_tasks=2, scenario="domain", num_clients=2, clients_per_round=2, seed=0, model=model,
+                   protected={"fc1.weight": "linear", "fc2.weight": "linear"})
+    return GPM(GPMParams(eps=eps), info)
+
+
+def test_projected_gradients_are_orthogonal_to_the_basis_and_old_outputs_stay():
+    torch.manual_seed(0)
+    model = _Net()
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    x_old = _low_rank(8, [4.0, 2.0, 1.0], 30, seed=1).T * 5  # old inputs span 3 of 8 dims
+    gpm = _gpm(model, eps=0.99999)
+    state: dict = {}
+    gpm.task_end_client(model, params, ClientData(x_old, torch.zeros(30), 0), state, {}, torch.Generator())
+    assert state["fc1.weight"].shape == (8, 3)
+    x_new, y_new = torch.randn(16, 8), torch.randint(0, 3, (16,))
+    p = {k: v.clone().requires_grad_() for k, v in params.items()}
+    loss = nn.functional.cross_entropy(torch.func.functional_call(model, p, (x_new, None)), y_new)
+    grads = dict(zip(p, torch.autograd.grad(loss, list(p.values())), strict=True))
+    projected = gpm.transform_grads(grads, {k: v[0] for k, v in gpm.stack_states([state]).items()})
+    for name, basis in state.items():
+        assert (projected[name] @ basis).norm() < 1e-5 * grads[name].norm()
+    assert projected["fc1.weight"].norm() > 0.3 * grads["fc1.weight"].norm()  # the step is not simply zero
+    stepped = {k: params[k] - 0.5 * projected[k] for k in params}
+    before = torch.func.functional_call(model, params, (x_old, None))
+    after = torch.func.functional_call(model, stepped, (x_old, None))
+    plain = torch.func.functional_call(model, {k: params[k] - 0.5 * grads[k] for k in params}, (x_old, None))
+    assert (after - before).norm() < 1e-4 * (plain - before).norm()
+
+
+def test_stack_states_zero_pads_ragged_bases():
+    gpm = _gpm(_Net(), eps=0.9)
+    b2 = torch.linalg.qr(torch.randn(8, 2))[0]
+    b3 = torch.linalg.qr(torch.randn(8, 3))[0]
+    stacked = gpm.stack_states([{"fc1.weight": b2}, {"fc1.weight": b3}, {}])
+    assert stacked["fc1.weight"].shape == (3, 8, 3)
+    assert torch.equal(stacked["fc1.weight"][0, :, 2], torch.zeros(8)) and stacked["fc1.weight"][2].abs().sum() == 0
+    g = torch.randn(6, 8)
+    assert torch.allclose(gpm.transform_grads({"fc1.weight": g}, {"fc1.weight": stacked["fc1.weight"][0]})
+                          ["fc1.weight"], g - g @ b2 @ b2.T, atol=1e-6)
+
+
+def _cfg(**kw):
+    base = {"num_clients": 5, "clients_per_round": 3, "rounds_per_task": 2, "batch_size": 7, "lr": 0.1,
+            "wandb": {"mode": "disabled"}, "method": {"name": "gpm", "eps": 0.9}}
+    base.update(kw)
+    return from_dict(base)
+
+
+@pytest.mark.parametrize("scenario", ["task", "domain"])
+def test_batched_equals_sequential(scenario):
+    stream = make_stream(scenario, num_tasks=3)
+    runs = [Runner(_cfg(client_execution=mode, partition={"name": "quantity", "beta": 0.5}), stream)
+            for mode in ("batched", "sequential")]
+    for r in runs:
+        r.run()
+    for k in runs[0].params:
+        assert torch.allclose(runs[0].params[k], runs[1].params[k], atol=1e-5, rtol=1e-4), k
+    assert runs[0].progress.acc_matrix == runs[1].progress.acc_matrix
+    widths = {s["body.1.weight"].shape[1] for s in runs[0].states[0].clients.values()}
+    assert len(runs[0].states[0].clients) == 5 and max(widths) > 0
+
+
+def test_stats_report_client_state_bytes_and_nothing_is_uploaded():
+    stream = make_stream("domain", num_tasks=2)
+    runner = Runner(_cfg(), stream)
+    runner.run()
+    stats = runner.methods[0].stats(runner.states[0])
+    sizes = [4 * sum(b.numel() for b in s.values()) for s in runner.states[0].clients.values()]
+    assert stats["client_state_bytes_max"] == max(sizes)
+    assert stats["client_state_bytes_mean"] == pytest.approx(sum(sizes) / len(sizes))
+    assert runner.comm.upload_bytes == 2 * 2 * 3 * runner.model_bytes

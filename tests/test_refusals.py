@@ -1,0 +1,125 @@
+"""Every bad input to ``cfl run`` exits with code 2 and a message naming the key, before any data loads."""
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import cfl.run
+from cfl.cli import main
+from cfl.config import dump_yaml
+from cfl.engine import checkpoint
+from cfl.engine.runner import Runner
+from tests.conftest import make_stream, tiny_config
+
+VALID = {"stream": {"name": "split-digits", "num_tasks": 2}, "num_clients": 6, "clients_per_round": 3,
+         "rounds_per_task": 2, "lr": 0.05, "method": {"name": "fedavg"}, "wandb": {"mode": "disabled"}}
+
+# (case, argv with {placeholders} -- literal braces doubled --, words the message must contain)
+CASES = [
+    ("unknown key", ["{cfg}", "--set", "learning_rate=0.1"], ["'learning_rate'", "allowed keys"]),
+    ("unknown nested key", ["{cfg}", "--set", "stream.tasks=3"], ["'stream.tasks'", "num_tasks"]),
+    ("unknown key in the file", ["{typo}"], ["'num_client'", "num_clients"]),
+    ("unknown method parameter", ["{cfg}", "--set", "method.mu=0.1"], ["'method.mu'"]),
+    ("wrong type: int", ["{cfg}", "--set", "num_clients=ten"], ["'num_clients'", "integer"]),
+    ("wrong type: float", ["{cfg}", "--set", "lr=fast"], ["'lr'", "number"]),
+    ("wrong type: bool", ["{cfg}", "--set", "stream.download=maybe"], ["'stream.download'", "true or false"]),
+    ("wrong type: list", ["{cfg}", "--set", "target_accuracies=50"], ["'target_accuracies'", "list"]),
+    ("wrong type: section", ["{cfg}", "--set", "partition=iid"], ["'partition'", "mapping"]),
+    ("wrong type: int given a float", ["{cfg}", "--set", "rounds_per_task=2.5"], ["'rounds_per_task'"]),
+    ("out of range: min", ["{cfg}", "--set", "num_clients=0"], ["'num_clients'", ">= 1"]),
+    ("out of range: gt", ["{cfg}", "--set", "lr=0"], ["'lr'", "> 0"]),
+    ("out of range: max", ["{cfg}", "--set", "momentum=1.5"], ["'momentum'", "<= 0.999"]),
+    ("out of range: negative seed", ["{cfg}", "--set", "seed=-1"], ["'seed'", ">= 0"]),
+    ("out of range: gma tau", ["{cfg}", "--set", "aggregator.tau=2"], ["'aggregator.tau'", "<= 1.0"]),
+    ("out of range: list item", ["{cfg}", "--set", "target_accuracies=[50, 101]"], ["'target_accuracies'"]),
+    ("out of range: checkpoint_every", ["{cfg}", "--set", "checkpoint_every=-1"], ["'checkpoint_every'"]),
+    ("out of range: method parameter", ["{cfg}", "--set", "method={{name: fedprox, mu: -1}}"], ["'method.mu'"]),
+    ("bad choice: loss", ["{cfg}", "--set", "loss=mse"], ["'loss'", "'tce'"]),
+    ("bad choice: on_nonfinite", ["{cfg}", "--set", "on_nonfinite=ignore"], ["'on_nonfinite'", "skip_client"]),
+    ("bad choice: wandb.mode", ["{cfg}", "--set", "wandb.mode=cloud"], ["'wandb.mode'", "offline"]),
+    ("bad choice: scenario", ["{cfg}", "--set", "stream.scenario=domain"], ["stream.scenario", "task, class"]),
+    ("bad device", ["{cfg}", "--set", "device=tpu"], ["'device'", "cuda:N"]),
+    ("unknown stream", ["{cfg}", "--set", "stream.name=imagenet"], ["stream.name: imagenet", "split-digits"]),
+    ("unknown method", ["{cfg}", "--set", "method.name=sgd"], ["method.name: sgd", "fedavg"]),
+    ("unknown partitioner", ["{cfg}", "--set", "partition.name=zipf"], ["partition.name: zipf", "dirichlet"]),
+    ("unknown model", ["{cfg}", "--set", "model.name=resnet999"], ["model.name: resnet999", "mlp"]),
+    ("unknown plugin method", ["{cfg}", "--set", "plugins=[{{name: nope}}]"], ["plugins[0].name: nope"]),
+    ("method twice", ["{cfg}", "--set", "plugins=[{{name: fedavg}}]"], ["method + plugins"]),
+    ("too many tasks", ["{cfg}", "--set", "stream.num_tasks=99"], ["'stream.num_tasks'", "5 tasks"]),
+    ("clients_per_round > num_clients", ["{cfg}", "--set", "clients_per_round=7"],
+     ["'clients_per_round' (7)", "'num_clients' (6)"]),
+    ("malformed --set: no =", ["{cfg}", "--set", "lr"], ["malformed --set 'lr'"]),
+    ("malformed --set: no key", ["{cfg}", "--set", "=0.1"], ["malformed --set '=0.1'"]),
+    ("malformed --set: empty part", ["{cfg}", "--set", "stream..name=x"], ["malformed --set 'stream..name=x'"]),
+    ("malformed --set: bad YAML value", ["{cfg}", "--set", "lr=[0.1"], ["--set lr", "not valid YAML"]),
+    ("malformed --set: not a section", ["{cfg}", "--set", "lr.x=1"], ["--set lr.x", "'lr' is not a section"]),
+    ("missing YAML file", ["{tmp}/nope.yaml"], ["nope.yaml", "does not exist"]),
+    ("broken YAML file", ["{broken}"], ["broken.yaml", "not valid YAML"]),
+    ("YAML file not a mapping", ["{listed}"], ["listed.yaml", "mapping"]),
+    ("missing plugin file", ["{cfg}", "--plugin", "{tmp}/nope.py"], ["nope.py", "does not exist"]),
+    ("no config at all", [], ["config file", "--resume"]),
+    ("cuda without a GPU", ["{cfg}", "--set", "device=cuda:7"], ["device: cuda:7"]),
+    ("existing run dir", ["{cfg}", "--out", "{run}"], ["{run}", "--overwrite", "cfl run --resume {run}"]),
+    ("resume: no such dir", ["--resume", "{tmp}/nowhere"], ["--resume", "nowhere", "no such run directory"]),
+    ("resume: not a run dir", ["--resume", "{tmp}"], ["--resume", "no config.yaml"]),
+    ("resume: no checkpoint", ["--resume", "{fresh}"], ["--resume", "no checkpoint.pt"]),
+    ("resume: damaged checkpoint", ["--resume", "{damaged}"], ["checkpoint.pt is unreadable"]),
+    ("resume: edited config.yaml", ["--resume", "{edited}"], ["no longer matches", "lr: 0.05 in the checkpoint"]),
+    ("resume: --set that changes results", ["--resume", "{run}", "--set", "lr=0.1"], ["--set lr", "--resume"]),
+    ("resume: malformed --set", ["--resume", "{run}", "--set", "threads"], ["malformed --set 'threads'"]),
+    ("resume: bad value of an allowed key", ["--resume", "{run}", "--set", "threads=-2"], ["'threads'", ">= 0"]),
+    ("resume: plugin not given again", ["--resume", "{plugged}"], ["plugins[0].name: gone", "--plugin"]),
+    ("resume with a config file", ["{cfg}", "--resume", "{run}"], ["--resume", "a config file"]),
+    ("resume with --out", ["--resume", "{run}", "--out", "{tmp}/x"], ["--resume", "--out"]),
+    ("resume with --overwrite", ["--resume", "{run}", "--overwrite"], ["--resume", "--overwrite"]),
+]
+
+
+def write_run(path, cfg, edit=None):
+    """A run directory as ``cfl run`` leaves it after its round-0 checkpoint (built without loading data)."""
+    path.mkdir()
+    (path / "config.yaml").write_text(dump_yaml(cfg if edit is None else edit(cfg)))
+    checkpoint.save(path, checkpoint.capture(Runner(cfg, make_stream()), None))
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("refusals")
+    (tmp / "ok.yaml").write_text(yaml.safe_dump(VALID))
+    (tmp / "typo.yaml").write_text(yaml.safe_dump({**VALID, "num_client": 6}))
+    (tmp / "broken.yaml").write_text("lr: [0.1\nseed: 0\n")
+    (tmp / "listed.yaml").write_text("- lr\n- seed\n")
+    cfg = tiny_config(lr=0.05)
+    write_run(tmp / "run", cfg)
+    write_run(tmp / "edited", cfg, edit=lambda c: replace(c, lr=0.5))
+    write_run(tmp / "damaged", cfg)
+    (tmp / "damaged" / "checkpoint.pt").write_bytes((tmp / "damaged" / "checkpoint.pt").read_bytes()[:100])
+    (tmp / "plugged").mkdir()
+    (tmp / "plugged" / "config.yaml").write_text(dump_yaml(cfg).replace("plugins: []", "plugins: [{name: gone}]"))
+    (tmp / "fresh").mkdir()
+    (tmp / "fresh" / "config.yaml").write_text(dump_yaml(cfg))
+    names = ("run", "edited", "damaged", "fresh", "plugged", "broken", "listed", "typo")
+    return {"tmp": str(tmp), "cfg": str(tmp / "ok.yaml"),
+            **{n: str(tmp / n) if (tmp / n).is_dir() else str(tmp / f"{n}.yaml") for n in names}}
+
+
+def test_the_table_is_large_enough():
+    assert len(CASES) >= 30 and len({c[0] for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize(("argv", "words"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_refusal(argv, words, files, monkeypatch, capsys):
+    monkeypatch.setattr(cfl.run, "load_stream", lambda *_: pytest.fail("data was loaded before the refusal"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    before = {p: p.stat().st_mtime_ns for p in Path(files["tmp"]).rglob("*")}
+    code = main(["run", *[a.format(**files) for a in argv], "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("cfl: config error: "), err
+    for word in words:
+        assert word.format(**files) in err, err
+    after = {p: p.stat().st_mtime_ns for p in Path(files["tmp"]).rglob("*")}
+    assert after == before  # nothing written, nothing created

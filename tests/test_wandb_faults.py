@@ -1,0 +1,110 @@
+"""W&B failures never stop a run and never cost a local output; a resumed run continues its W&B run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import wandb
+import yaml
+
+from cfl.cli import main
+from cfl.engine.runner import Runner
+
+TINY = {"stream": {"name": "split-digits", "num_tasks": 2}, "num_clients": 4, "clients_per_round": 2,
+        "rounds_per_task": 2, "batch_size": 32, "lr": 0.05, "eval_every": 1, "threads": 1,
+        "wandb": {"mode": "offline"}}
+OUTPUTS = ("results.json", "metrics.jsonl", "config.yaml", "acc_matrix.png", "accuracy_curve.png", "checkpoint.pt")
+
+
+@pytest.fixture
+def config(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(TINY))
+    return path
+
+
+def assert_complete(out):
+    for name in OUTPUTS:
+        assert (out / name).stat().st_size > 0, name
+    results = json.loads((out / "results.json").read_text())
+    assert results["complete"] and all(v is not None for v in results["acc_matrix"][-1])
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 4
+    return results
+
+
+class FakeRun:
+    """Stands in for a wandb run; ``fail`` names the calls that raise."""
+
+    def __init__(self, run_id="fake-run-1", fail=()):
+        self.id, self.fail, self.summary, self.logged = run_id, set(fail), {}, []
+
+    def log(self, data, step=None):
+        if "log" in self.fail:
+            raise ConnectionError("wandb.log: network unreachable")
+        self.logged.append((step, data))
+
+    def finish(self):
+        if "finish" in self.fail:
+            raise RuntimeError("wandb.finish: service died")
+
+
+def test_init_failure_leaves_a_complete_run(config, tmp_path, monkeypatch):
+    def init(**_):
+        raise wandb.errors.AuthenticationError("bad API key")
+
+    monkeypatch.setattr(wandb, "init", init)
+    with pytest.warns(UserWarning, match="W&B init failed.*bad API key"):
+        assert main(["run", str(config), "--out", str(tmp_path / "run"), "--quiet"]) == 0
+    assert assert_complete(tmp_path / "run")["wandb_run_id"] is None
+
+
+@pytest.mark.parametrize("fail", [("log",), ("finish",), ("log", "finish")])
+def test_exceptions_inside_wandb_calls_leave_a_complete_run(config, tmp_path, monkeypatch, fail):
+    run = FakeRun(fail=fail)
+    monkeypatch.setattr(wandb, "init", lambda **_: run)
+    with pytest.warns(UserWarning, match=f"W&B {fail[0]} failed"):
+        assert main(["run", str(config), "--out", str(tmp_path / "run"), "--quiet"]) == 0
+    assert assert_complete(tmp_path / "run")["wandb_run_id"] == "fake-run-1"
+    assert run.logged == [] if "log" in fail else len(run.logged) > 4
+
+
+def test_resume_continues_the_same_wandb_run(config, tmp_path, monkeypatch):
+    calls = []
+
+    def init(**kwargs):
+        calls.append(kwargs)
+        return FakeRun(run_id=kwargs["id"] or "first-id")
+
+    monkeypatch.setattr(wandb, "init", init)
+    real = Runner.run_round
+
+    def interrupted(self, task, rnd):
+        record = real(self, task, rnd)
+        if record["round"] == 3:
+            signal.raise_signal(signal.SIGINT)
+        return record
+
+    monkeypatch.setattr(Runner, "run_round", interrupted)
+    out = tmp_path / "run"
+    assert main(["run", str(config), "--out", str(out), "--quiet"]) == 130
+    monkeypatch.setattr(Runner, "run_round", real)
+    assert main(["run", "--resume", str(out), "--quiet", "--set", "wandb.project=elsewhere"]) == 0
+    assert calls[0]["id"] is None and calls[0]["resume"] is None
+    assert calls[1]["id"] == "first-id" and calls[1]["resume"] == "allow" and len(calls) == 2
+    assert assert_complete(out)["wandb_run_id"] == "first-id"
+
+
+def test_online_mode_with_bad_credentials_and_no_network(config, tmp_path):
+    """The real wandb client: online, a bad key, and a server that refuses connections."""
+    out = tmp_path / "run"
+    env = {**os.environ, "WANDB_API_KEY": "bad" * 13 + "x", "WANDB_BASE_URL": "http://127.0.0.1:9",
+           "WANDB_INIT_TIMEOUT": "3", "OMP_NUM_THREADS": "1"}
+    env.pop("WANDB_MODE", None)
+    proc = subprocess.run([sys.executable, "-m", "cfl", "run", str(config), "--out", str(out), "--quiet",
+                           "--set", "wandb.mode=online"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "W&B init failed" in proc.stderr and "continuing with local outputs only" in proc.stderr
+    assert_complete(out)
