@@ -135,3 +135,20 @@ def test_batched_equals_sequential(scenario, extra):
     assert runs[0].progress.acc_matrix == runs[1].progress.acc_matrix
     filled = runs[0].methods[0].stats(runs[0].states[0])["memory_samples_per_client_mean"]
     assert filled == 10 if not extra else 0 < filled <= 10  # quantity skew: some clients hold fewer samples
+
+
+def test_er_task_end_downloads_nothing():
+    from cfl.config import from_dict
+    from cfl.engine.runner import Runner
+    from tests.conftest import make_stream
+
+    def traffic(method):
+        cfg = from_dict({"num_clients": 4, "clients_per_round": 2, "rounds_per_task": 1, "batch_size": 8,
+                         "wandb": {"mode": "disabled"}, "method": method})
+        runner = Runner(cfg, make_stream("task", num_tasks=2))
+        runner.run()
+        return runner.comm.download_bytes, runner.model_bytes
+
+    er, model_bytes = traffic({"name": "er", "mem_per_client": 6, "replay_batch_size": 4})
+    fedavg, _ = traffic({"name": "fedavg"})
+    assert er == fedavg == 2 * 2 * model_bytes  # 2 rounds x 2 clients, no task-end download

@@ -186,7 +186,7 @@ def test_fedadam_with_gma_masks_the_final_step_not_the_moments():
     start = {k: v.clone() for k, v in runner.params.items()}
     delta = {k: torch.full_like(v, 0.5) for k, v in start.items()}
     mask = {k: torch.full_like(v, 0.25) for k, v in start.items()}
-    new = runner._apply(delta, mask)
+    new = runner._apply(delta, mask, 0)
     # Adam's first step on a constant 0.5: m = 0.05, v = 0.99e-6 + 0.0025; then masked by 0.25
     step = 0.1 * 0.05 / (math.sqrt(0.99e-6 + 0.0025) + 1e-3)
     for k in start:
@@ -199,7 +199,7 @@ def test_fedavg_with_gma_mask_is_the_masked_mean_and_tau_zero_is_averaging():
     runner = Runner(_cfg(server_lr=0.5), stream)
     delta = {k: torch.ones_like(v) for k, v in runner.params.items()}
     mask = {k: torch.full_like(v, 0.3) for k, v in runner.params.items()}
-    new = runner._apply(delta, mask)
+    new = runner._apply(delta, mask, 0)
     for k, w in runner.params.items():
         assert torch.allclose(new[k], w + 0.3 * 0.5)
     gma0 = Runner(_cfg(aggregator={"name": "gma", "tau": 0.0}), stream)

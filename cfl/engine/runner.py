@@ -143,9 +143,7 @@ class Runner:
         weights = torch.tensor([float(len(j.indices)) for j in kept_jobs], device=self.device)
         forgetting = client_forgetting.measure(self, task, kept_jobs, trained, keep)  # None when off
         delta, mask = aggregate(cfg.aggregator.name, deltas, weights, cfg.aggregator.tau)
-        for m, st in zip(self.methods, self.states, strict=True):
-            delta = m.transform_update(delta, st.server, task)
-        self.params = self._apply(delta, mask)
+        self.params = self._apply(delta, mask, task)
         for m, st, pl in zip(self.methods, self.states, payloads, strict=True):
             m.round_end(pl, st.server)
         self.comm.down(len(cids) * (self.model_bytes + nbytes(broadcasts)))
@@ -193,16 +191,19 @@ class Runner:
             out.append(payload)
         return out
 
-    def _apply(self, delta: Params, mask: Params | None = None) -> Params:
-        """The server step (the first method's ``server_update``, else ``lr * delta``), times GMA's mask if any."""
+    def _apply(self, delta: Params, mask: Params | None, task: int) -> Params:
+        """Apply the server step: the first method's ``server_update`` (else ``server_lr * delta``), times
+        GMA's mask if any, then every method's ``transform_update`` (FOT projects the step actually taken)."""
         lr = self.cfg.server_lr
         new = next((p for m, st in zip(self.methods, self.states, strict=True)
                     if (p := m.server_update(self.params, delta, st.server, lr)) is not None), None)
-        if mask is None:
-            return new if new is not None else {k: self.params[k] + lr * delta[k] for k in self.params}
         step = {k: new[k] - self.params[k] for k in self.params} if new is not None else \
             {k: lr * delta[k] for k in self.params}
-        return {k: self.params[k] + mask[k] * step[k] for k in self.params}
+        if mask is not None:
+            step = {k: mask[k] * step[k] for k in self.params}
+        for m, st in zip(self.methods, self.states, strict=True):
+            step = m.transform_update(step, st.server, task)
+        return {k: self.params[k] + step[k] for k in self.params}
 
     # ---- task boundaries and evaluation ----
     def evaluate(self, upto: int) -> list[float]:
@@ -235,7 +236,8 @@ class Runner:
                 if result is not None:
                     payloads[c] = result
             m.task_end_server(payloads, st.server, task)
-            self.comm.down(len(cids) * (self.model_bytes + nbytes(broadcast)))
+            model_bytes = self.model_bytes if m.task_end_needs_model else 0
+            self.comm.down(len(cids) * (model_bytes + nbytes(broadcast)))
             self.comm.up(nbytes(payloads))
         self.progress.task_end_seconds += time.perf_counter() - start
 

@@ -19,8 +19,8 @@ from cfl.schema import field
 
 @dataclass(frozen=True)
 class AdaptiveServerParams:
-    server_lr: float | None = field(None, "eta_g of the adaptive step (typically 1e-3..1e-1); null: the "
-                                    "top-level server_lr", gt=0.0)
+    server_lr: float = field(0.01, "eta_g of the adaptive step (Reddi et al. tune it in 1e-3..1; the top-level "
+                             "server_lr is not used by adaptive servers)", gt=0.0)
     beta1: float = field(0.9, "decay of the first moment m", min=0.0, max=0.9999)
     beta2: float = field(0.99, "decay of the second moment v", min=0.0, max=0.9999)
     tau: float = field(1e-3, "adaptivity: added to sqrt(v) in the step's denominator", gt=0.0)
@@ -32,10 +32,10 @@ class AdaptiveServer(Method):
     Params = AdaptiveServerParams
 
     def second_moment(self, v: torch.Tensor, d2: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        raise NotImplementedError  # abstract
 
     def server_update(self, global_params: Params, delta: Params, server: State, server_lr: float) -> Params:
-        lr = self.p.server_lr if self.p.server_lr is not None else server_lr
+        lr = self.p.server_lr
         if "m" not in server:
             server["m"] = {k: torch.zeros_like(d) for k, d in delta.items()}
             server["v"] = {k: torch.full_like(d, self.p.tau**2) for k, d in delta.items()}

@@ -9,7 +9,7 @@ with the run, and handed back to the hooks of the method that made it.
 Hook order in a round (``t`` = task, 0-based):
   client: for each local step, loss = loss_fn + sum(penalty) [+ replay batch]; grads -> transform_grads
   client: ``round_payload`` (optional, after local training, e.g. FedCurv's Fisher)
-  server: aggregate -> ``transform_update`` (e.g. FOT's projection) -> ``server_update`` -> ``round_end``
+  server: aggregate -> ``server_update`` (x GMA mask) -> ``transform_update`` (FOT) -> ``round_end``
 At a task end:
   client: ``task_end_client`` on each participant (Fisher, memories, bases, GPSE sketches)
   server: ``task_end_server`` with the participants' payloads
@@ -91,6 +91,8 @@ class Method:
     Params: ClassVar[type] = NoParams
     #: which clients run ``task_end_client``: "all" clients, or the "sampled" GPSE-style participants
     task_end_participants: ClassVar[str] = "all"
+    #: whether ``task_end_client`` needs the task's final global model (counted as a download if so)
+    task_end_needs_model: ClassVar[bool] = True
 
     def __init__(self, params: Any, run: RunInfo) -> None:
         self.p = params
@@ -143,7 +145,11 @@ class Method:
         return {}
 
     def transform_update(self, delta: Params, server: State, task: int) -> Params:
-        """Rewrite the aggregated update before it is applied (FOT's projection)."""
+        """Rewrite the server step ``w_new - w`` before it is applied (FOT's projection).
+
+        It runs last: after aggregation, the server optimiser (``server_update``) and GMA's mask, so a
+        projection constrains the step the model actually takes.
+        """
         return delta
 
     def server_update(self, global_params: Params, delta: Params, server: State, server_lr: float) -> Params | None:

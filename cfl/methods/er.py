@@ -51,6 +51,7 @@ class ER(Method):
     about = "ER+FL: each client replays a balanced memory of its own earlier-task samples"
     Params = ERParams
     task_end_participants = "all"
+    task_end_needs_model = False  # memories come from local data only: nothing is downloaded
 
     def task_end_client(self, model: nn.Module, params: Params, data: ClientData, state: State,
                         broadcast: State, generator: torch.Generator) -> None:
