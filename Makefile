@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-DEMO_METHODS ?= fedavg fedprox
+DEMO_METHODS ?= fedavg fedprox ewc er gpm fot
 
 .PHONY: install demo test lint clean
 
