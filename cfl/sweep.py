@@ -8,6 +8,8 @@ A sweep file::
     grid:
       method.name: [fedavg, fedprox]
       seed: [0, 1, 2]
+      # or keys set together, one run directory per label:
+      # variant: [{label: gma, aggregator.name: gma}, {label: fot, method: {name: fot, eps: 0.96}}]
 
 Every combination is validated before the first run starts; runs whose ``results.json`` is complete
 are skipped, so an interrupted sweep resumes where it stopped.
@@ -37,6 +39,20 @@ def _slug(value: Any) -> str:
     return re.sub(r"[^A-Za-z0-9.+-]+", "_", text).strip("_") or "x"
 
 
+def _variant_items(value: Any, path: Path) -> list[tuple[str, Any]]:
+    """A ``variant`` grid entry: several dotted keys set together, named by its ``label``."""
+    if not isinstance(value, dict) or "label" not in value:
+        raise ConfigError(f"each 'variant' in '{path}' must be a mapping with a 'label' and dotted keys, got {value!r}")
+    return [(k, v) for k, v in value.items() if k != "label"]
+
+
+def _name_part(key: str, value: Any) -> str:
+    if key == "variant":
+        return _slug(value["label"])
+    short = key.split(".")[-2] if key.endswith(".name") else key.split(".")[-1]
+    return f"{short}={_slug(value)}"
+
+
 def load_sweep(path: str | Path, out: str | Path | None = None) -> list[SweepRun]:
     path = Path(path)
     spec = read_yaml(path)
@@ -62,10 +78,12 @@ def load_sweep(path: str | Path, out: str | Path | None = None) -> list[SweepRun
     keys = list(grid)
     for values in itertools.product(*(grid[k] for k in keys)):
         data = json.loads(json.dumps(base))
-        for key, value in [*fixed.items(), *zip(keys, values, strict=True)]:
+        settings = list(fixed.items())
+        for key, value in zip(keys, values, strict=True):
+            settings.extend(_variant_items(value, path) if key == "variant" else [(key, value)])
+        for key, value in settings:
             _set_dotted(data, key, value)
-        name = "__".join(f"{k.split('.')[-2] if k.endswith('.name') else k.split('.')[-1]}={_slug(v)}"
-                         for k, v in zip(keys, values, strict=True)) or "run"
+        name = "__".join(_name_part(k, v) for k, v in zip(keys, values, strict=True)) or "run"
         try:
             cfg = from_dict(data)
         except ConfigError as err:

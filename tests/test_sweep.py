@@ -40,3 +40,13 @@ def test_complete_runs_are_skipped(tmp_path, capsys):
     assert run_local(runs) == []
     assert "already complete, skipped" in capsys.readouterr().out
     assert (runs[0].out / "results.json").read_text() == before
+
+
+def test_variants_set_several_keys_together(tmp_path):
+    runs = load_sweep(_write(tmp_path, {"variant": [{"label": "gma", "aggregator.name": "gma"},
+                                                    {"label": "prox", "method": {"name": "fedprox", "mu": 0.1}}],
+                                        "seed": [0]}))
+    assert [r.name for r in runs] == ["seed=0__gma", "seed=0__prox"]  # the test writes keys sorted
+    assert runs[0].config.aggregator.name == "gma" and runs[1].config.method == {"name": "fedprox", "mu": 0.1}
+    with pytest.raises(ConfigError, match="label"):
+        load_sweep(_write(tmp_path, {"variant": [{"aggregator.name": "gma"}]}))
