@@ -71,11 +71,23 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     from cfl.report.table import report
     from cfl.sweep import load_sweep, run_local
 
+    if args.backend == "ray":  # before any config or data is read
+        from cfl.ray_support import require_ray
+
+        require_ray("'cfl sweep --backend ray'")
     runs = load_sweep(args.sweep, args.out)
     print(f"sweep: {len(runs)} runs under {runs[0].out.parent}/", flush=True)
-    run_local(runs, quiet=not args.verbose)
-    print(report([r.out for r in runs]))
-    return 0
+    failed: list[str] = []
+    if args.backend == "ray":
+        from cfl.sweep_ray import RayResources, run_ray
+
+        _, failed = run_ray(runs, RayResources(args.address, args.num_cpus, args.cpus_per_run, args.gpus_per_run))
+    else:
+        run_local(runs, quiet=not args.verbose)
+    print(report([r.out for r in runs if (r.out / "results.json").is_file()]))
+    if failed:
+        print(f"cfl: {len(failed)} run(s) failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -133,6 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
     swp.add_argument("sweep", help="sweep YAML: base, grid, optional set and out")
     swp.add_argument("--out", help="directory for the run directories (default: the sweep's out)")
     swp.add_argument("--verbose", action="store_true", help="progress bars for each run")
+    swp.add_argument("--backend", choices=("local", "ray"), default="local",
+                     help="local: one run after another here; ray: each run a Ray task (see docs/scaling.md)")
+    swp.add_argument("--address", help="--backend ray: address of an existing Ray cluster (default: a local one)")
+    swp.add_argument("--num-cpus", type=int, help="--backend ray: CPUs of the local Ray instance (default: all)")
+    swp.add_argument("--cpus-per-run", type=float, default=1.0, help="--backend ray: CPUs per run (default 1)")
+    swp.add_argument("--gpus-per-run", type=float, default=0.0, help="--backend ray: GPUs per run (default 0)")
     swp.set_defaults(func=_cmd_sweep)
     lst = sub.add_parser("list", help="list streams, models, partitioners and methods")
     lst.set_defaults(func=_cmd_list)

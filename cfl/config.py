@@ -87,6 +87,13 @@ class Config:
                                            "round's clients (0: off, else >= 2; one test evaluation each)", min=0)
     client_execution: str = field("batched", "batched (all sampled clients at once) or sequential",
                                   choices=("batched", "sequential"))
+    backend: str = field("local", "where clients train: local (this process) or ray (groups of the sampled clients "
+                         "on Ray workers; needs pip install 'cfl[ray]'; see docs/scaling.md)",
+                         choices=("local", "ray"))
+    ray_workers: int = field(2, "backend: ray: groups (Ray tasks, one CPU each) a round's clients are split into; "
+                             "also the CPUs of a local Ray instance", min=1)
+    ray_address: Optional[str] = field(None, "backend: ray: address of an existing Ray cluster (null: start a "
+                                       "local instance)")
     on_nonfinite: str = field("stop", "a NaN/inf loss or update: stop the run, or skip_client (drop it, warn)",
                               choices=("stop", "skip_client"))
     checkpoint_every: int = field(10, "also checkpoint every N rounds (0: only at task ends; see "
@@ -98,6 +105,17 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)
+
+    @property
+    def method_label(self) -> str:
+        """The method as reported: method + plugins, plus the aggregator and loss when not the defaults
+        (e.g. ``ewc+fedprox``, ``fedavg+gma``, ``fedavg+tce``)."""
+        parts = [self.method["name"], *(p["name"] for p in self.plugins)]
+        if self.aggregator.name != "mean":
+            parts.append(self.aggregator.name)
+        if self.loss != "ce":
+            parts.append(self.loss)
+        return "+".join(parts)
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -194,6 +212,13 @@ def validate_names(cfg: Config) -> Config:
     if cfg.client_forgetting_clients == 1:
         raise ConfigError("'client_forgetting_clients' is 1, but F_k averages over the other measured clients; "
                           "use 0 (off) or at least 2")
+    if cfg.backend == "ray":
+        from cfl.ray_support import require_ray
+
+        require_ray("'backend: ray'")
+        if cfg.device != "cpu":
+            raise ConfigError(f"'backend: ray' trains clients on CPU Ray workers, but 'device: {cfg.device}'; use "
+                              "device: cpu, or backend: local on a GPU")
     if not (cfg.device == "cpu" or cfg.device == "cuda" or cfg.device.startswith("cuda:")):
         raise ConfigError(f"'device' must be cpu, cuda or cuda:N, got {cfg.device!r}")
     method = _check_method_spec(cfg.method, "method")

@@ -29,7 +29,7 @@ EXIT_NONFINITE = 3
 
 
 def default_run_dir(cfg: Config) -> Path:
-    method = "+".join([cfg.method["name"], *(p["name"] for p in cfg.plugins)])
+    method = cfg.method_label
     return Path("runs") / f"{cfg.stream.name}-{method}-{cfg.partition.name}-s{cfg.seed}"
 
 
@@ -111,7 +111,7 @@ def execute(cfg: Config, out: Path | None = None, overwrite: bool = False, quiet
         torch.set_num_threads(cfg.threads)
     atomic_write_bytes(out / "config.yaml", dump_yaml(cfg).encode())
     stream = load_stream(cfg, device)
-    method = "+".join([cfg.method["name"], *(p["name"] for p in cfg.plugins)])
+    method = cfg.method_label
     bars = ProgressBars(stream.num_tasks, cfg.rounds_per_task, method, enabled=not quiet)
     w = cfg.wandb
     logger = WandbLogger(w.mode, w.project, w.entity, w.group,

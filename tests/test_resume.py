@@ -78,14 +78,14 @@ def saved_round(run_dir: Path) -> int:
 
 def test_sigkill_at_any_moment_then_resume_gives_the_same_run(setup, monkeypatch):
     out = setup / "killed"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CFL_TEST_ROUND_SLEEP": "0.3"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CFL_TEST_ROUND_SLEEP": "0.8"}
     cmd = [sys.executable, "-m", "cfl", "run", str(setup / "tiny.yaml"), "--out", str(out), "--quiet",
            "--plugin", str(setup / "slow.py")]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while saved_round(out) < 2 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    time.sleep(0.15)  # somewhere inside round 3: mid-training, mid-write or between writes
+    time.sleep(0.3)  # somewhere inside round 3: mid-training, mid-write or between writes
     proc.send_signal(signal.SIGKILL)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL, f"the run was not killed mid-run: {err}"

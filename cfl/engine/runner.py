@@ -97,6 +97,11 @@ class Runner:
         self._partitions: dict[int, list[torch.Tensor]] = {}
         self.should_stop: Callable[[], bool] = lambda: False
         self.after_round: Callable[[], None] = lambda: None
+        self.trainer: Callable[..., tuple[Params, list[ClientOutcome]]] = TRAINERS[cfg.client_execution]
+        if cfg.backend == "ray":  # groups of clients on Ray workers (cfl/engine/ray_backend.py)
+            from cfl.engine.ray_backend import RayClients
+
+            self.trainer = RayClients(cfg)
 
     @staticmethod
     def _params_of(spec: dict[str, Any]) -> Any:
@@ -133,8 +138,8 @@ class Runner:
         broadcasts = [m.broadcast(st.server) for m, st in zip(self.methods, self.states, strict=True)]
         plugins = Plugins(self.methods, self.states, broadcasts)
         start = time.perf_counter()
-        trained, outcomes = TRAINERS[cfg.client_execution](self.model, self.params, jobs, data.train_x,
-                                                           data.train_y, task, self.hyper, plugins)
+        trained, outcomes = self.trainer(self.model, self.params, jobs, data.train_x, data.train_y, task,
+                                         self.hyper, plugins)
         self.progress.train_seconds += time.perf_counter() - start
         keep = self._check_finite(trained, outcomes, task, rnd)
         deltas = {k: trained[k][keep] - self.params[k] for k in self.params}

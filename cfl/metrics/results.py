@@ -25,7 +25,7 @@ def build_results(runner: Any, wall_seconds: float) -> dict[str, Any]:
     results: dict[str, Any] = {
         "stream": stream.name,
         "scenario": stream.scenario,
-        "method": "+".join([cfg.method["name"], *(p["name"] for p in cfg.plugins)]),
+        "method": cfg.method_label,
         "partition": cfg.partition.name,
         "seed": cfg.seed,
         "num_tasks": stream.num_tasks,
