@@ -85,7 +85,8 @@ class Runner:
                                             shape).to(self.device)
         self.params: Params = {k: v.detach().clone() for k, v in self.model.named_parameters()}
         self.run_info = RunInfo(stream.num_tasks, stream.scenario, cfg.num_clients, cfg.clients_per_round,
-                                cfg.seed, self.model, protected_layers(self.model), stream.name)
+                                cfg.seed, self.model, protected_layers(self.model), stream.name,
+                                cfg.batch_size)
         specs = [cfg.method, *cfg.plugins]
         self.methods: list[Method] = [METHODS[s["name"]](self._params_of(s), self.run_info) for s in specs]
         self.states = [MethodState() for _ in self.methods]

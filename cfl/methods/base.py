@@ -62,6 +62,7 @@ class RunInfo:
     model: nn.Module  # a template module (parameters are not the live global model)
     protected: dict[str, str] = field(default_factory=dict)  # param name -> "linear" | "conv"
     stream_name: str = ""
+    batch_size: int = 0  # the local mini-batch size of the run
 
 
 @dataclass

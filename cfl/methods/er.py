@@ -14,7 +14,7 @@ task-incremental samples use their own head. Nothing is communicated.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -27,7 +27,8 @@ from cfl.schema import field
 @dataclass(frozen=True)
 class ERParams:
     mem_per_client: int = field(100, "replay memory slots per client (all earlier tasks together)", min=1)
-    replay_batch_size: int = field(64, "memory samples added to each local step (reference: = batch_size)", min=1)
+    replay_batch_size: Optional[int] = field(None, "memory samples added to each local step (null: the run's "
+                                             "batch_size, as in Chaudhry et al. 2019)", min=1)
 
 
 def balanced_quota(total: int, caps: list[int]) -> list[int]:
@@ -99,7 +100,7 @@ class ER(Method):
         filled = [s for s in states if "valid" in s]
         if not filled:
             return None
-        like, size = filled[0]["x"], self.p.replay_batch_size
+        like, size = filled[0]["x"], self.p.replay_batch_size or self.run.batch_size
         x = torch.zeros(len(states), size, *like.shape[1:], dtype=like.dtype, device=like.device)
         y = torch.zeros(len(states), size, dtype=torch.long, device=like.device)
         task = torch.zeros_like(y)
