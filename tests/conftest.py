@@ -38,3 +38,22 @@ def tiny_config(**overrides: object):
 @pytest.fixture
 def blobs() -> Stream:
     return make_stream()
+
+
+def run_both_paths(make_cfg, stream: Stream, **kw):
+    """Run ``make_cfg(client_execution=..., **kw)`` batched and sequential; assert they agree.
+
+    Parameters must match within float tolerance and the accuracy matrices exactly. Returns both runners.
+    """
+    from cfl.engine.runner import Runner
+
+    runs = []
+    for execution in ("batched", "sequential"):
+        runner = Runner(make_cfg(client_execution=execution, **kw), stream)
+        runner.run()
+        runs.append(runner)
+    batched, sequential = runs
+    for k in batched.params:
+        assert torch.allclose(batched.params[k], sequential.params[k], atol=1e-5, rtol=1e-4), k
+    assert batched.progress.acc_matrix == sequential.progress.acc_matrix
+    return batched, sequential

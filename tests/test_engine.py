@@ -5,7 +5,7 @@ import torch
 
 from cfl.config import from_dict
 from cfl.engine.runner import NonFiniteError, Runner, sample_clients
-from tests.conftest import make_stream
+from tests.conftest import make_stream, run_both_paths
 
 
 def _cfg(**kw):
@@ -35,11 +35,7 @@ CASES = [
 @pytest.mark.parametrize("scenario", ["task", "class", "domain"])
 def test_batched_equals_sequential(case, scenario):
     stream = make_stream(scenario)
-    batched = _run(_cfg(**case), stream)
-    sequential = _run(_cfg(client_execution="sequential", **case), stream)
-    for k in batched.params:
-        assert torch.allclose(batched.params[k], sequential.params[k], atol=1e-5, rtol=1e-4), k
-    assert batched.progress.acc_matrix == sequential.progress.acc_matrix
+    run_both_paths(_cfg, stream, **case)
 
 
 def test_same_seed_same_matrix_bit_for_bit_and_other_seed_differs():

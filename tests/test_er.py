@@ -12,7 +12,7 @@ from cfl.engine.runner import Runner
 from cfl.methods.base import ClientData, MethodState, RunInfo
 from cfl.methods.er import ER, ERParams, balanced_quota
 from cfl.models.mlp import MLP
-from tests.conftest import make_stream
+from tests.conftest import make_stream, run_both_paths
 
 
 def _er(mem=12, replay=5, model=None):
@@ -125,21 +125,13 @@ def _cfg(**kw):
                                                  ("domain", {"partition": {"name": "quantity", "beta": 0.3}})])
 def test_batched_equals_sequential(scenario, extra):
     stream = make_stream(scenario, num_tasks=3)
-    runs = []
-    for execution in ("batched", "sequential"):
-        runner = Runner(_cfg(client_execution=execution, **extra), stream)
-        runner.run()
-        runs.append(runner)
-    for k in runs[0].params:
-        assert torch.allclose(runs[0].params[k], runs[1].params[k], atol=1e-5, rtol=1e-4), k
-    assert runs[0].progress.acc_matrix == runs[1].progress.acc_matrix
+    runs = run_both_paths(_cfg, stream, **extra)
     filled = runs[0].methods[0].stats(runs[0].states[0])["memory_samples_per_client_mean"]
     assert filled == 10 if not extra else 0 < filled <= 10  # quantity skew: some clients hold fewer samples
 
 
 def test_er_task_end_downloads_nothing():
     from cfl.config import from_dict
-    from cfl.engine.runner import Runner
     from tests.conftest import make_stream
 
     def traffic(method):

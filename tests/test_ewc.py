@@ -11,7 +11,7 @@ from cfl.models.heads import SharedHead
 from cfl.models.mlp import MLP
 from cfl.ops.fisher import diagonal_fisher
 from cfl.schema import ConfigError
-from tests.conftest import make_stream
+from tests.conftest import make_stream, run_both_paths
 
 
 def _ewc(model, **kw):
@@ -177,14 +177,7 @@ CASES = [
 @pytest.mark.parametrize(("scenario", "case"), CASES, ids=["separate", "online-true", "with-fedprox"])
 def test_batched_equals_sequential(case, scenario):
     stream = make_stream(scenario, num_tasks=3)
-    runs = []
-    for execution in ("batched", "sequential"):
-        runner = Runner(_cfg(client_execution=execution, **case), stream)
-        runner.run()
-        runs.append(runner)
-    for k in runs[0].params:
-        assert torch.allclose(runs[0].params[k], runs[1].params[k], atol=1e-5, rtol=1e-4), k
-    assert runs[0].progress.acc_matrix == runs[1].progress.acc_matrix
+    runs = run_both_paths(_cfg, stream, **case)
     assert runs[0].methods[0].stats(runs[0].states[0])["clients_with_state"] == 5
 
 

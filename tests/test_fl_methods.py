@@ -15,7 +15,7 @@ from cfl.metrics.client_forgetting import forgetting_matrix, label_distribution,
 from cfl.metrics.results import build_results
 from cfl.ops.aggregate import aggregate, gradient_masked_mean
 from cfl.ops.losses import masked_cross_entropy
-from tests.conftest import make_stream
+from tests.conftest import make_stream, run_both_paths
 
 
 def _cfg(**kw):
@@ -125,12 +125,7 @@ CASES = [
 @pytest.mark.parametrize("scenario", ["task", "class"])
 def test_batched_equals_sequential(case, scenario):
     stream = make_stream(scenario)
-    batched, sequential = Runner(_cfg(**case), stream), Runner(_cfg(client_execution="sequential", **case), stream)
-    batched.run()
-    sequential.run()
-    for k in batched.params:
-        assert torch.allclose(batched.params[k], sequential.params[k], atol=1e-5, rtol=1e-4), k
-    assert batched.progress.acc_matrix == sequential.progress.acc_matrix
+    run_both_paths(_cfg, stream, **case)
 
 
 # ---------------- FedAdam / FedYogi (+ GMA) ----------------

@@ -11,7 +11,7 @@ from cfl.methods.base import ClientData, MethodState, RunInfo
 from cfl.methods.fot import FOT, FOTParams
 from cfl.ops.gpse import client_sketch, residual_ratio, server_extend
 from cfl.schema import ConfigError
-from tests.conftest import make_stream
+from tests.conftest import make_stream, run_both_paths
 
 
 def _low_rank(d: int, energies: list[float], n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,12 +117,7 @@ def _cfg(**kw):
 @pytest.mark.parametrize("scenario", ["task", "domain"])
 def test_batched_equals_sequential(scenario):
     stream = make_stream(scenario, num_tasks=3)
-    runs = [Runner(_cfg(client_execution=mode), stream) for mode in ("batched", "sequential")]
-    for r in runs:
-        r.run()
-    for k in runs[0].params:
-        assert torch.allclose(runs[0].params[k], runs[1].params[k], atol=1e-5, rtol=1e-4), k
-    assert runs[0].progress.acc_matrix == runs[1].progress.acc_matrix
+    run_both_paths(_cfg, stream)
 
 
 def test_run_counts_gpse_and_basis_traffic_and_reports_stats():

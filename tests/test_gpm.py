@@ -8,7 +8,7 @@ from cfl.config import from_dict
 from cfl.engine.runner import Runner
 from cfl.methods.base import ClientData, RunInfo
 from cfl.methods.gpm import GPM, GPMParams, extend_from_gram
-from tests.conftest import make_stream
+from tests.conftest import make_stream, run_both_paths
 
 
 def _low_rank(d: int, energies: list[float], n: int, seed: int = 0) -> torch.Tensor:
@@ -93,13 +93,7 @@ def _cfg(**kw):
 @pytest.mark.parametrize("scenario", ["task", "domain"])
 def test_batched_equals_sequential(scenario):
     stream = make_stream(scenario, num_tasks=3)
-    runs = [Runner(_cfg(client_execution=mode, partition={"name": "quantity", "beta": 0.5}), stream)
-            for mode in ("batched", "sequential")]
-    for r in runs:
-        r.run()
-    for k in runs[0].params:
-        assert torch.allclose(runs[0].params[k], runs[1].params[k], atol=1e-5, rtol=1e-4), k
-    assert runs[0].progress.acc_matrix == runs[1].progress.acc_matrix
+    runs = run_both_paths(_cfg, stream, partition={"name": "quantity", "beta": 0.5})
     widths = {s["body.1.weight"].shape[1] for s in runs[0].states[0].clients.values()}
     assert len(runs[0].states[0].clients) == 5 and max(widths) > 0
 
