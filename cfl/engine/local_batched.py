@@ -16,6 +16,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, client_schedule, replay_generator
+from cfl.engine.stacked_mlp import StackedMLP
 from cfl.methods.base import Params
 from cfl.ops.losses import masked_cross_entropy, weighted_mean
 
@@ -110,7 +111,12 @@ def _train_sorted(model: nn.Module, global_params: Params, jobs: list[ClientJob]
                   y: torch.Tensor, task: int, hp: Hyper, plugins: Plugins) -> tuple[Params, list[ClientOutcome]]:
     device = x.device
     C = len(jobs)
-    params = {k: _stacked_leaf(v, C) for k, v in global_params.items()}
+    stacked = StackedMLP(model, hp) if StackedMLP.supports(model, hp, plugins) else None
+    if stacked is not None:
+        params = stacked.stack(global_params, C)
+        token = torch.zeros((), device=device, requires_grad=True)
+    else:
+        params = {k: _stacked_leaf(v, C) for k, v in global_params.items()}
     buffers = dict(model.named_buffers())
     index, weight, client_steps = _padded_schedule(jobs, hp, device)
     steps_left = torch.tensor(client_steps, device=device)
@@ -143,7 +149,7 @@ def _train_sorted(model: nn.Module, global_params: Params, jobs: list[ClientJob]
                 xb, yb = torch.cat([xb, extra.x], 1), torch.cat([yb, extra.y], 1)
                 live = (wb.sum(1, keepdim=True) > 0).to(wb.dtype)  # no replay on a client's padded steps
                 tb, wb = torch.cat([tb, extra.task], 1), torch.cat([wb, extra.weight * live], 1)
-        logits = batched_forward(params, xb, tb)
+        logits = batched_forward(params, xb, tb) if stacked is None else stacked.forward(params, xb, tb, token)
         per_client = weighted_mean(masked_cross_entropy(logits, yb, None if allowed is None else allowed[:n]), wb)
         loss_sum[:n] += per_client.detach()
         for i, m in enumerate(plugins.methods):
@@ -155,6 +161,9 @@ def _train_sorted(model: nn.Module, global_params: Params, jobs: list[ClientJob]
                     params, global_params, plugins.broadcasts[i], step_states[i])
                 per_client = per_client + pen
         finite[:n] &= torch.isfinite(per_client.detach())
+        if stacked is not None:
+            stacked.backward_and_step(per_client.sum(), params, token)
+            continue
         grads = torch.autograd.grad(per_client.sum() * update.loss_scale, list(params.values()))
         with torch.no_grad():
             if s == 0 and n == C:

@@ -1,0 +1,77 @@
+"""The vmap-free MLP path (issue 7): a fused SGD step in each linear layer's backward, same results."""
+
+import pytest
+import torch
+
+from cfl.engine import local_batched
+from cfl.engine.jobs import ClientJob, Hyper, Plugins
+from cfl.engine.local_batched import train_batched
+from cfl.engine.stacked_mlp import FusedLinearSGD, StackedMLP
+from cfl.methods.base import MethodState
+from cfl.methods.er import ER, ERParams
+from cfl.methods.fedavg import FedAvg
+from cfl.methods.fedprox import FedProx
+from cfl.models.mlp import MLP
+
+
+def test_fused_linear_steps_weights_in_backward_by_hand():
+    x = torch.tensor([[[1.0, 2.0]]])  # one client, one sample, 2 inputs
+    w_t = torch.tensor([[[1.0], [3.0]]])  # (C, in, out): W = [[1, 3]]
+    b = torch.tensor([[0.5]])
+    token = torch.zeros((), requires_grad=True)
+    out = FusedLinearSGD.apply(x, w_t, b, token, 0.1, 0.9)  # lr 0.1, decay 1 - lr*wd = 0.9
+    assert out.item() == pytest.approx(1 + 6 + 0.5)
+    torch.autograd.grad((out * 2.0).sum(), [token], allow_unused=True)  # dL/dout = 2
+    # W <- 0.9 W - 0.1 * x^T * 2 = [0.9 - 0.2, 2.7 - 0.4]; b <- 0.9 * 0.5 - 0.1 * 2
+    assert torch.allclose(w_t, torch.tensor([[[0.7], [2.3]]]))
+    assert torch.allclose(b, torch.tensor([[0.25]]))
+
+
+def test_input_gradient_uses_the_weights_before_the_step():
+    x = torch.tensor([[[1.0, 2.0]]], requires_grad=True)
+    w_t = torch.tensor([[[1.0], [3.0]]])
+    token = torch.zeros((), requires_grad=True)
+    out = FusedLinearSGD.apply(x, w_t, None, token, 0.1, 1.0)
+    (grad_x,) = torch.autograd.grad(out.sum(), [x])
+    assert torch.allclose(grad_x, torch.tensor([[[1.0, 3.0]]]))  # W before the step, not after
+
+
+def _train(model, plugins, hp, jobs, x, y, stacked: bool, monkeypatch):
+    monkeypatch.setattr(StackedMLP, "supports", staticmethod(lambda *_: stacked))
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    return train_batched(model, params, jobs, x, y, 1, hp, plugins)
+
+
+@pytest.mark.parametrize("multi_head", [False, True])
+@pytest.mark.parametrize("replay", [False, True])
+def test_stacked_path_matches_vmap_path(multi_head, replay, monkeypatch):
+    torch.manual_seed(0)
+    model = MLP(6, [5, 4], 3, num_tasks=2, multi_head=multi_head)
+    x, y = torch.randn(40, 6), torch.randint(0, 3, (40,))
+    sizes = [13, 9, 18]  # ragged: clients sorted by steps, shorter ones stop early
+    parts = torch.arange(40).split(sizes)
+    jobs = [ClientJob(c, parts[c], None, 100 + c) for c in range(3)]
+    hp = Hyper(lr=0.2, momentum=0.0, weight_decay=0.01, local_epochs=2, batch_size=4)
+    method = ER(ERParams(mem_per_client=5, replay_batch_size=3), None) if replay else FedAvg(None, None)
+    states = [MethodState()]
+    if replay:  # memories of task 0 (the round trains task 1: a batch mixes both heads)
+        for c in range(3):
+            states[0].client(c).update(x=torch.randn(5, 6), y=torch.randint(0, 3, (5,)),
+                                       task=torch.zeros(5, dtype=torch.long), valid=torch.arange(5) < 4)
+    plugins = Plugins([method], states, [{}])
+    fast, fast_out = _train(model, plugins, hp, jobs, x, y, True, monkeypatch)
+    ref, ref_out = _train(model, plugins, hp, jobs, x, y, False, monkeypatch)
+    for k in ref:
+        assert torch.allclose(fast[k], ref[k], atol=1e-6, rtol=1e-5), k
+    assert [o.mean_loss for o in fast_out] == pytest.approx([o.mean_loss for o in ref_out], rel=1e-5)
+
+
+def test_stacked_path_only_for_plain_sgd_on_mlps():
+    model = MLP(6, [5], 3)
+    plain = Hyper(lr=0.1, momentum=0.0, weight_decay=0.0, local_epochs=1, batch_size=4)
+    fedavg = Plugins([FedAvg(None, None)], [MethodState()], [{}])
+    assert StackedMLP.supports(model, plain, fedavg)
+    assert not StackedMLP.supports(model, Hyper(0.1, 0.9, 0.0, 1, 4), fedavg)  # momentum
+    assert not StackedMLP.supports(model, plain, Plugins([FedProx(None, None)], [MethodState()], [{}]))
+    assert not StackedMLP.supports(torch.nn.Sequential(), plain, fedavg)
+    assert local_batched.StackedMLP is StackedMLP
