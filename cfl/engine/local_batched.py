@@ -16,7 +16,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, client_schedule, replay_generator
-from cfl.engine.stacked_mlp import StackedMLP
+from cfl.engine.stacked_net import StackedNet
 from cfl.methods.base import Params
 from cfl.ops.losses import masked_cross_entropy, weighted_mean
 
@@ -111,7 +111,7 @@ def _train_sorted(model: nn.Module, global_params: Params, jobs: list[ClientJob]
                   y: torch.Tensor, task: int, hp: Hyper, plugins: Plugins) -> tuple[Params, list[ClientOutcome]]:
     device = x.device
     C = len(jobs)
-    stacked = StackedMLP(model, hp) if StackedMLP.supports(model, hp, plugins) else None
+    stacked = StackedNet(model, hp) if StackedNet.supports(model, hp, plugins) else None
     if stacked is not None:
         params = stacked.stack(global_params, C)
         token = torch.zeros((), device=device, requires_grad=True)

@@ -28,3 +28,8 @@ class AlexNetLike(nn.Module):
 
     def forward(self, x: torch.Tensor, task: torch.Tensor) -> torch.Tensor:
         return self.head(self.classifier(self.features(x)), task)
+
+    def stack_layers(self) -> list[tuple[str, nn.Module]]:
+        """The layers before ``head`` in order, with their parameter prefixes (``cfl.engine.stacked_net``)."""
+        return [(f"{part}.{name}", m) for part in ("features", "classifier")
+                for name, m in getattr(self, part).named_children()]

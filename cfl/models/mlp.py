@@ -38,3 +38,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor, task: torch.Tensor) -> torch.Tensor:
         return self.head(self.body(x), task)
+
+    def stack_layers(self) -> list[tuple[str, nn.Module]]:
+        """The layers before ``head`` in order, with their parameter prefixes (``cfl.engine.stacked_net``)."""
+        return [(f"body.{name}", m) for name, m in self.body.named_children()]

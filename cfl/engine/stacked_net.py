@@ -1,8 +1,11 @@
-"""MLP clients trained as stacked matrix products, with each layer's SGD step fused into its backward.
+"""Clients trained as stacked tensor operations, with each linear layer's SGD step fused into its backward.
 
-For :class:`cfl.models.MLP` under plain SGD (no momentum, no method that adds a penalty, a batch loss or
-a gradient transform: FedAvg, FOT's clients, ER, TCE, the server-side methods) the batched engine skips
-``vmap`` and runs the stack of clients directly: activations ``(C, B, F)``, weights ``(C, in, out)``.
+For models that list their layers (``stack_layers()``: :class:`cfl.models.MLP` and the AlexNet-like net)
+under plain SGD (no momentum, no method that adds a penalty, a batch loss or a gradient transform:
+FedAvg, FOT's clients, ER, TCE, the server-side methods) the batched engine skips ``vmap`` and runs the
+stack of clients directly: linear activations ``(C, B, F)`` with weights ``(C, in, out)``; convolutions
+on ``(B, C*channels, H, W)`` as one grouped convolution (``groups=C``), so pooling, ReLU and dropout run
+on that layout too and the data moves between layouts only at the first convolution and the flatten.
 A linear layer's backward computes the gradient of its input, then applies the step to its own weights
 in place with one ``baddbmm_``::
 
@@ -15,8 +18,8 @@ from ~100 ms to ~45 ms per step at 64 clients on one core (``docs/performance.md
 
 Correctness: each layer's gradient depends on its saved input and on the gradient flowing in from the
 layers above, which compute their input gradients before they step, so every gradient is taken at the
-step's starting weights, as in the vmap path. Parameters outside the fused layers (a multi-head output
-layer) get ordinary autograd gradients and the same step afterwards.
+step's starting weights, as in the vmap path. Parameters outside the fused layers (convolutions, a
+multi-head output layer) get ordinary autograd gradients and the same step afterwards.
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ from cfl.engine.jobs import Hyper, Plugins
 from cfl.methods.base import Params
 from cfl.models.dropout import Dropout
 from cfl.models.heads import MultiHead, SharedHead
-from cfl.models.mlp import MLP
 
 
 class FusedLinearSGD(torch.autograd.Function):
@@ -58,37 +60,39 @@ class FusedLinearSGD(torch.autograd.Function):
         return grad_x, None, None, None, None, None
 
 
-class StackedMLP:
-    """The forward of an :class:`MLP` over ``C`` stacked clients, and its fused SGD step."""
+class StackedNet:
+    """The forward of a model with ``stack_layers()`` over ``C`` stacked clients, and its fused SGD step."""
 
-    def __init__(self, model: MLP, hp: Hyper) -> None:
+    KNOWN = (nn.Flatten, nn.Linear, nn.ReLU, Dropout, nn.Conv2d, nn.MaxPool2d)
+
+    def __init__(self, model: nn.Module, hp: Hyper) -> None:
         self.lr, self.decay = hp.lr, 1.0 - hp.lr * hp.weight_decay
-        self.body = [(f"body.{name}", module) for name, module in model.body.named_children()]
+        self.layers: list[tuple[str, nn.Module]] = model.stack_layers()
         self.head = model.head
-        self.fused = {f"{name}.{p}" for name, m in self.body if isinstance(m, nn.Linear) for p in ("weight", "bias")}
+        self.fused = {f"{name}.{p}" for name, m in self.layers if isinstance(m, nn.Linear) for p in ("weight", "bias")}
         if isinstance(self.head, SharedHead):
             self.fused |= {"head.weight", "head.bias"}
 
-    @staticmethod
-    def supports(model: nn.Module, hp: Hyper, plugins: Plugins) -> bool:
-        """Whether a round can take this path: an MLP of known layers trained by plain SGD."""
-        if type(model) is not MLP or hp.momentum != 0:
+    @classmethod
+    def supports(cls, model: nn.Module, hp: Hyper, plugins: Plugins) -> bool:
+        """Whether a round can take this path: a model of known layers trained by plain SGD."""
+        if not hasattr(model, "stack_layers") or hp.momentum != 0:
             return False
         if any(m.has_penalty or m.has_batch_loss or m.has_grad_transform for m in plugins.methods):
             return False
-        known = (nn.Flatten, nn.Linear, nn.ReLU, Dropout)
-        flatten_ok = all(m.start_dim == 1 and m.end_dim == -1 for m in model.body if isinstance(m, nn.Flatten))
-        return flatten_ok and all(isinstance(m, known) for m in model.body) and isinstance(
-            model.head, (SharedHead, MultiHead))
+        layers = [m for _, m in model.stack_layers()]
+        flatten_ok = all(m.start_dim == 1 and m.end_dim == -1 for m in layers if isinstance(m, nn.Flatten))
+        conv_ok = all(m.groups == 1 and m.padding_mode == "zeros" for m in layers if isinstance(m, nn.Conv2d))
+        return flatten_ok and conv_ok and all(isinstance(m, cls.KNOWN) for m in layers) and isinstance(
+            getattr(model, "head", None), (SharedHead, MultiHead))
 
     def stack(self, global_params: Params, C: int) -> Params:
         """The global parameters repeated over clients; fused weights lie in memory as (C, in, out)."""
         out = {}
         for k, v in global_params.items():
             v = v.detach()
-            if k in self.fused and v.dim() == 2:
-                out[k] = torch.empty(C, v.shape[1], v.shape[0], dtype=v.dtype, device=v.device).copy_(
-                    v.t().unsqueeze(0).expand(C, -1, -1)).transpose(1, 2)
+            if k in self.fused and v.dim() == 2:  # one transposed copy, then C contiguous ones
+                out[k] = v.t().contiguous().unsqueeze(0).repeat(C, 1, 1).transpose(1, 2)
             else:
                 out[k] = v.unsqueeze(0).repeat(C, *([1] * v.dim()))
                 if k not in self.fused:
@@ -97,16 +101,25 @@ class StackedMLP:
 
     def forward(self, params: Params, x: torch.Tensor, task: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
         """Logits ``(C, B, classes)`` of stacked inputs ``(C, B, ...)`` and task ids ``(C, B)``."""
-        h = x
-        for name, module in self.body:
-            if isinstance(module, nn.Flatten):
-                h = h.flatten(2)
+        C, B = x.shape[:2]
+        h, grouped = x, False  # grouped: h is (B, C*channels, H, W)
+        for name, module in self.layers:
+            if isinstance(module, nn.Conv2d):
+                if not grouped:
+                    h, grouped = h.transpose(0, 1).reshape(B, C * h.shape[2], *h.shape[3:]), True
+                w = params[f"{name}.weight"]
+                bias = params.get(f"{name}.bias")
+                h = nn.functional.conv2d(h, w.reshape(-1, *w.shape[2:]), None if bias is None else bias.reshape(-1),
+                                         module.stride, module.padding, module.dilation, groups=C)
+            elif isinstance(module, nn.Flatten):
+                h = h.reshape(B, C, -1).transpose(0, 1).contiguous() if grouped else h.flatten(2)
+                grouped = False
             elif isinstance(module, nn.Linear):
                 h = self._linear(params, name, h, token)
             elif isinstance(module, nn.ReLU):
                 h = torch.relu(h)
             else:
-                h = module(h)  # dropout: one independent mask over the whole stack
+                h = module(h)  # dropout (one independent mask over the whole stack) or max-pooling
         if isinstance(self.head, SharedHead):
             return self._linear(params, "head", h, token)
         logits = torch.einsum("cbf,ctkf->cbtk", h, params["head.weight"])

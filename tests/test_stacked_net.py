@@ -1,4 +1,4 @@
-"""The vmap-free MLP path (issue 7): a fused SGD step in each linear layer's backward, same results."""
+"""The vmap-free stacked path (issue 7): a fused SGD step in each linear layer's backward, same results."""
 
 import pytest
 import torch
@@ -6,11 +6,13 @@ import torch
 from cfl.engine import local_batched
 from cfl.engine.jobs import ClientJob, Hyper, Plugins
 from cfl.engine.local_batched import train_batched
-from cfl.engine.stacked_mlp import FusedLinearSGD, StackedMLP
+from cfl.engine.stacked_net import FusedLinearSGD, StackedNet
 from cfl.methods.base import MethodState
 from cfl.methods.er import ER, ERParams
 from cfl.methods.fedavg import FedAvg
 from cfl.methods.fedprox import FedProx
+from cfl.models.alexnet import AlexNetLike
+from cfl.models.dropout import Dropout
 from cfl.models.mlp import MLP
 
 
@@ -37,7 +39,7 @@ def test_input_gradient_uses_the_weights_before_the_step():
 
 
 def _train(model, plugins, hp, jobs, x, y, stacked: bool, monkeypatch):
-    monkeypatch.setattr(StackedMLP, "supports", staticmethod(lambda *_: stacked))
+    monkeypatch.setattr(StackedNet, "supports", staticmethod(lambda *_: stacked))
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     return train_batched(model, params, jobs, x, y, 1, hp, plugins)
 
@@ -66,12 +68,29 @@ def test_stacked_path_matches_vmap_path(multi_head, replay, monkeypatch):
     assert [o.mean_loss for o in fast_out] == pytest.approx([o.mean_loss for o in ref_out], rel=1e-5)
 
 
-def test_stacked_path_only_for_plain_sgd_on_mlps():
+def test_stacked_path_only_for_plain_sgd_on_listed_layers():
     model = MLP(6, [5], 3)
     plain = Hyper(lr=0.1, momentum=0.0, weight_decay=0.0, local_epochs=1, batch_size=4)
     fedavg = Plugins([FedAvg(None, None)], [MethodState()], [{}])
-    assert StackedMLP.supports(model, plain, fedavg)
-    assert not StackedMLP.supports(model, Hyper(0.1, 0.9, 0.0, 1, 4), fedavg)  # momentum
-    assert not StackedMLP.supports(model, plain, Plugins([FedProx(None, None)], [MethodState()], [{}]))
-    assert not StackedMLP.supports(torch.nn.Sequential(), plain, fedavg)
-    assert local_batched.StackedMLP is StackedMLP
+    assert StackedNet.supports(model, plain, fedavg)
+    assert not StackedNet.supports(model, Hyper(0.1, 0.9, 0.0, 1, 4), fedavg)  # momentum
+    assert not StackedNet.supports(model, plain, Plugins([FedProx(None, None)], [MethodState()], [{}]))
+    assert not StackedNet.supports(torch.nn.Sequential(), plain, fedavg)
+    assert local_batched.StackedNet is StackedNet
+
+
+def test_stacked_alexnet_grouped_convolutions_match_vmap_path(monkeypatch):
+    torch.manual_seed(0)
+    model = AlexNetLike(3, 32, 4, num_tasks=2, multi_head=True)
+    for m in model.modules():
+        if isinstance(m, Dropout):
+            m.p = 0.0  # the two paths draw dropout masks in different orders
+    x, y = torch.randn(14, 3, 32, 32), torch.randint(0, 4, (14,))
+    parts = torch.arange(14).split([5, 9])
+    jobs = [ClientJob(c, parts[c], None, 7 + c) for c in range(2)]
+    hp = Hyper(lr=0.05, momentum=0.0, weight_decay=0.01, local_epochs=1, batch_size=4)
+    plugins = Plugins([FedAvg(None, None)], [MethodState()], [{}])
+    fast, _ = _train(model, plugins, hp, jobs, x, y, True, monkeypatch)
+    ref, _ = _train(model, plugins, hp, jobs, x, y, False, monkeypatch)
+    for k in ref:
+        assert torch.allclose(fast[k], ref[k], atol=1e-5, rtol=1e-4), k
