@@ -6,7 +6,7 @@ import torch
 from cfl.engine import local_batched
 from cfl.engine.jobs import ClientJob, Hyper, Plugins
 from cfl.engine.local_batched import train_batched
-from cfl.engine.stacked_net import FusedLinearSGD, StackedNet
+from cfl.engine.stacked_net import FusedLinearSGD, ReluDropout, StackedNet
 from cfl.methods.base import MethodState
 from cfl.methods.er import ER, ERParams
 from cfl.methods.fedavg import FedAvg
@@ -94,3 +94,19 @@ def test_stacked_alexnet_grouped_convolutions_match_vmap_path(monkeypatch):
     ref, _ = _train(model, plugins, hp, jobs, x, y, False, monkeypatch)
     for k in ref:
         assert torch.allclose(fast[k], ref[k], atol=1e-5, rtol=1e-4), k
+
+
+@pytest.mark.parametrize("p", [0.2, 0.5])
+def test_fused_relu_dropout_equals_the_two_layers(p):
+    layer = Dropout(p).train()
+    x = torch.randn(3, 5, 70)
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    torch.manual_seed(4)
+    ref = layer(torch.relu(x1))
+    torch.manual_seed(4)
+    fused = ReluDropout.apply(x2, layer.keep_mask(x2), 1.0 / layer.keep_prob)
+    assert torch.equal(fused, ref)  # same draw, same values
+    g = torch.randn_like(ref)
+    ref.backward(g)
+    fused.backward(g)
+    assert torch.equal(x1.grad, x2.grad)

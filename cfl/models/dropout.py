@@ -41,14 +41,24 @@ class Dropout(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0.0:
             return x
+        mask = (self._noise(x) >= self.threshold).to(x.dtype).mul_(1.0 / self.keep_prob)
+        return x * mask
+
+    def keep_mask(self, x: torch.Tensor) -> torch.Tensor:
+        """The 0/1 keep mask of ``x`` in its dtype, from the same draw ``forward`` makes (unscaled).
+
+        The comparison writes floats directly (``out=``: ~5x faster than a bool mask then a cast), which
+        ``vmap`` does not support: for the stacked engine path, which runs outside vmap.
+        """
+        return torch.ge(self._noise(x), self.threshold, out=torch.empty_like(x))
+
+    def _noise(self, x: torch.Tensor) -> torch.Tensor:
         n = x.numel()
         per_word = 64 // self.bits
         flat = x.reshape(-1)
         # empty_like of a slice stays batched under vmap, so each client gets its own draw
         words = torch.empty_like(flat[: (n + per_word - 1) // per_word], dtype=torch.int64).random_(-(2**63), None)
-        noise = words.view(torch.int8 if self.bits == 8 else torch.int16)[:n].view_as(x)
-        mask = (noise >= self.threshold).to(x.dtype).mul_(1.0 / self.keep_prob)
-        return x * mask
+        return words.view(torch.int8 if self.bits == 8 else torch.int16)[:n].view_as(x)
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
