@@ -8,6 +8,10 @@ the ``*_counted`` fields use the FLOPs torch's ``FlopCounterMode`` counts for a 
 work of a conv net (for the MLP the two agree up to the first layer's unneeded input gradient).
 
     python benchmarks/perf_engine.py [--rounds 3] [--setup pmnist|cifar] [--threads N] [--ragged BETA]
+                                     [--device cpu|cuda]
+
+``--device cuda``: model, data and both loops on the GPU (the naive loop's DataLoader indexes GPU tensors),
+the peak a float32 batched product there (TF32 off, torch's default), every timing synchronised.
 
 ``--ragged BETA``: client sizes ~ Dirichlet(BETA) x total (as the ``quantity`` partitioner), same total and
 mean as the equal split; the JSON then also gives ``padded_step_fraction`` (share of the batched steps
@@ -67,16 +71,20 @@ def naive_round(model: nn.Module, x: torch.Tensor, y: torch.Tensor, parts: list[
 def timed(fn, repeats: int) -> tuple[float, float]:
     """Mean (wall, process CPU) seconds of ``fn``. On a shared machine the CPU time with one thread is
     the figure that other processes disturb least (it still counts memory-bandwidth contention)."""
+    sync = torch.cuda.synchronize if torch.cuda.is_initialized() else (lambda: None)
+    sync()
     wall, cpu = time.perf_counter(), time.process_time()
     for i in range(repeats):
         fn(i)
+    sync()
     return (time.perf_counter() - wall) / repeats, (time.process_time() - cpu) / repeats
 
 
-def peak_gflops(batch: int, m: int, k: int, n: int, repeats: int = 20, trials: int = 5) -> tuple[float, float]:
+def peak_gflops(batch: int, m: int, k: int, n: int, device: str, repeats: int = 20,
+                trials: int = 5) -> tuple[float, float]:
     """float32 batched matrix-product rate (GFLOP/s; by wall and by CPU time) measured in this process:
     the best of ``trials`` timings of ``repeats`` products (a peak, so noise only lowers the others)."""
-    a, b = torch.randn(batch, m, k), torch.randn(batch, k, n)
+    a, b = torch.randn(batch, m, k, device=device), torch.randn(batch, k, n, device=device)
     torch.bmm(a, b)
     wall, cpu = float("inf"), float("inf")
     for _ in range(trials):
@@ -92,7 +100,8 @@ def counted_flops_per_sample(model: nn.Module, shape: tuple[int, ...]) -> float:
     issue's ``6 x parameters`` rule for conv nets)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    x, task = torch.randn(8, *shape), torch.zeros(8, dtype=torch.long)
+    device = next(model.parameters()).device
+    x, task = torch.randn(8, *shape, device=device), torch.zeros(8, dtype=torch.long, device=device)
     with FlopCounterMode(display=False) as counter:
         copy.deepcopy(model).train()(x, task).sum().backward()
     return counter.get_total_flops() / 8
@@ -105,19 +114,22 @@ def main() -> None:
     parser.add_argument("--naive-rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--ragged", type=float, default=0.0, help="Dirichlet concentration of client sizes")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parser.parse_args()
+    dev = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
     s = SETUPS[args.setup]
     torch.manual_seed(0)
-    model = build_model(s["model"], ModelShape(s["shape"], s["classes"], s["tasks"], s["multi"]))
+    model = build_model(s["model"], ModelShape(s["shape"], s["classes"], s["tasks"], s["multi"])).to(dev)
     n = s["clients"] * s["per_client"]
-    x, y = torch.randn(n, *s["shape"]), torch.randint(0, s["classes"], (n,))
+    x, y = torch.randn(n, *s["shape"], device=dev), torch.randint(0, s["classes"], (n,), device=dev)
     parts = list(torch.arange(n).split(s["per_client"]))
     if args.ragged:
         shares = torch.distributions.Dirichlet(torch.full((s["clients"],), args.ragged)).sample()
         sizes = (shares * n).long().clamp(min=1)
         parts = list(torch.randperm(n)[: int(sizes.sum())].split(sizes.tolist()))
+    parts = [p.to(dev) for p in parts]
     hp = Hyper(lr=0.01, momentum=0.0, weight_decay=1e-5, local_epochs=1, batch_size=s["batch"])
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     num_params = sum(v.numel() for v in params.values())
@@ -137,11 +149,11 @@ def main() -> None:
     counted = counted_flops_per_sample(model, s["shape"]) * samples
     engine_gflops = flops / engine / 1e9
     if args.setup == "pmnist":
-        peak, peak_cpu = peak_gflops(s["sampled"], s["batch"], 784, 400)
+        peak, peak_cpu = peak_gflops(s["sampled"], s["batch"], 784, 400, args.device)
     else:
-        peak, peak_cpu = peak_gflops(s["sampled"], s["batch"] * 64, 576, 128)
+        peak, peak_cpu = peak_gflops(s["sampled"], s["batch"] * 64, 576, 128, args.device)
     print(json.dumps({
-        "setup": args.setup, "threads": torch.get_num_threads(), "params": num_params,
+        "setup": args.setup, "device": args.device, "threads": torch.get_num_threads(), "params": num_params,
         "clients_per_round": s["sampled"], "samples_per_client": s["per_client"], "batch_size": s["batch"],
         "engine_sec_per_round": round(engine, 4), "naive_sec_per_round": round(naive, 4),
         "speedup_vs_naive": round(naive / engine, 2), "engine_gflops": round(engine_gflops, 2),

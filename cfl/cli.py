@@ -69,19 +69,26 @@ def _cmd_list(_args: argparse.Namespace) -> int:
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from cfl.report.table import report
-    from cfl.sweep import load_sweep, run_local
+    from cfl.sweep import load_sweeps, run_local, run_parallel
 
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs must be at least 1, got {args.jobs}")
+    if args.jobs > 1 and args.backend == "ray":
+        raise ConfigError("--jobs is for the local backend; with --backend ray use --num-cpus and --cpus-per-run")
     if args.backend == "ray":  # before any config or data is read
         from cfl.ray_support import require_ray
 
         require_ray("'cfl sweep --backend ray'")
-    runs = load_sweep(args.sweep, args.out)
-    print(f"sweep: {len(runs)} runs under {runs[0].out.parent}/", flush=True)
+    runs = load_sweeps(args.sweep, args.out)
+    roots = sorted({str(r.out.parent) for r in runs})
+    print(f"sweep: {len(runs)} runs under {', '.join(r + '/' for r in roots)}", flush=True)
     failed: list[str] = []
     if args.backend == "ray":
         from cfl.sweep_ray import RayResources, run_ray
 
         _, failed = run_ray(runs, RayResources(args.address, args.num_cpus, args.cpus_per_run, args.gpus_per_run))
+    elif args.jobs > 1:
+        _, failed = run_parallel(runs, args.jobs)
     else:
         run_local(runs, quiet=not args.verbose)
     print(report([r.out for r in runs if (r.out / "results.json").is_file()]))
@@ -142,8 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--quiet", action="store_true", help="no progress bars or summary")
     run.set_defaults(func=_cmd_run)
     swp = sub.add_parser("sweep", help="run every combination of a base config and a grid (see cfl/sweep.py)")
-    swp.add_argument("sweep", help="sweep YAML: base, grid, optional set and out")
-    swp.add_argument("--out", help="directory for the run directories (default: the sweep's out)")
+    swp.add_argument("sweep", nargs="+", help="sweep YAML(s): base, grid, optional set and out")
+    swp.add_argument("--out", help="directory for the run directories (default: the sweep's out; one sweep only)")
+    swp.add_argument("--jobs", type=int, default=1,
+                     help="local backend: runs at a time, each in its own process (default 1: one after another)")
     swp.add_argument("--verbose", action="store_true", help="progress bars for each run")
     swp.add_argument("--backend", choices=("local", "ray"), default="local",
                      help="local: one run after another here; ray: each run a Ray task (see docs/scaling.md)")

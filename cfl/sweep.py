@@ -12,14 +12,18 @@ A sweep file::
       # variant: [{label: gma, aggregator.name: gma}, {label: fot, method: {name: fot, eps: 0.96}}]
 
 Every combination is validated before the first run starts; runs whose ``results.json`` is complete
-are skipped, so an interrupted sweep resumes where it stopped.
+are skipped, so an interrupted sweep resumes where it stopped. ``run_parallel`` runs them ``jobs`` at a
+time in worker processes (``cfl sweep --jobs N``); each run's results are the same as one after another.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import multiprocessing
+import os
 import re
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,6 +96,21 @@ def load_sweep(path: str | Path, out: str | Path | None = None) -> list[SweepRun
     return runs
 
 
+def load_sweeps(paths: list[str | Path], out: str | Path | None = None) -> list[SweepRun]:
+    """The runs of several sweep files, in order; ``out`` may only replace the directory of a single sweep."""
+    if out is not None and len(paths) > 1:
+        raise ConfigError(f"--out names the directory of one sweep; {len(paths)} sweep files were given "
+                          "(set 'out' in each sweep file instead)")
+    runs = [run for path in paths for run in load_sweep(path, out)]
+    seen: dict[Path, str] = {}
+    for run in runs:
+        if run.out in seen:
+            raise ConfigError(f"two sweep combinations write to the same directory '{run.out}'; "
+                              "give the sweep files different 'out' directories")
+        seen[run.out] = run.name
+    return runs
+
+
 def is_complete(run_dir: Path) -> bool:
     results = run_dir / "results.json"
     if not results.is_file():
@@ -113,6 +132,57 @@ def run_local(runs: list[SweepRun], quiet: bool = True) -> list[dict[str, Any]]:
             continue
         results = execute(run.config, run.out, overwrite=True, quiet=quiet)
         finished.append(results)
-        print(f"[{i}/{len(runs)}] {run.name}: ACC {results['acc']:.2f}  FGT {results['fgt']:.2f}  "
-              f"({results['wall_seconds']:.0f}s)", flush=True)
+        print(_report_line(i, len(runs), run.name, results), flush=True)
     return finished
+
+
+def _report_line(i: int, total: int, name: str, results: dict[str, Any]) -> str:
+    return (f"[{i}/{total}] {name}: ACC {results['acc']:.2f}  FGT {results['fgt']:.2f}  "
+            f"({results['wall_seconds']:.0f}s)")
+
+
+def _worker_threads(threads: int) -> None:
+    """Share the cores between workers for runs that ask for all of them (``threads: 0``)."""
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _execute_quiet(config: Config, out: Path) -> dict[str, Any]:
+    from cfl.run import execute
+
+    return execute(config, out, overwrite=True, quiet=True)
+
+
+def run_parallel(runs: list[SweepRun], jobs: int) -> tuple[list[dict[str, Any]], list[str]]:
+    """Run every incomplete combination, ``jobs`` at a time, each in a fresh (spawned) worker process.
+
+    A run that fails is reported by name and does not stop the others; returns (results, failed names).
+    Runs with ``threads: 0`` get ``cpu_count // jobs`` threads each so the workers do not oversubscribe.
+    """
+    pending = []
+    for i, run in enumerate(runs, 1):
+        if is_complete(run.out):
+            print(f"[{i}/{len(runs)}] {run.name}: already complete, skipped", flush=True)
+        else:
+            pending.append((i, run))
+    finished: list[dict[str, Any]] = []
+    failed: list[str] = []
+    if not pending:
+        return finished, failed
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    context = multiprocessing.get_context("spawn")  # no forked torch thread pools
+    with ProcessPoolExecutor(min(jobs, len(pending)), mp_context=context, initializer=_worker_threads,
+                             initargs=(threads,)) as pool:
+        futures = {pool.submit(_execute_quiet, run.config, run.out): (i, run) for i, run in pending}
+        for future in as_completed(futures):
+            i, run = futures[future]
+            try:
+                results = future.result()
+            except Exception as err:  # noqa: BLE001 - one failed run must not stop the sweep
+                failed.append(run.name)
+                print(f"[{i}/{len(runs)}] {run.name}: FAILED: {type(err).__name__}: {err}", flush=True)
+                continue
+            finished.append(results)
+            print(_report_line(i, len(runs), run.name, results), flush=True)
+    return finished, failed

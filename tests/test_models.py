@@ -88,3 +88,16 @@ def test_one_batched_step_under_vmap_matches_each_client(name, shape):
         expected = torch.autograd.grad(loss(own, x[c], y[c], t[c]), list(own.values()))
         for (k, g), e in zip(grads.items(), expected, strict=True):
             torch.testing.assert_close(g[c], e, atol=1e-5, rtol=1e-4, msg=lambda m, k=k: f"{k}: {m}")
+
+
+def test_dropout_noise_fields_match_the_words_bytes_without_view():
+    """The fallback for torches whose vmap cannot ``view(int8)``: same signed fields, same order."""
+    from cfl.models.dropout import split_words
+
+    word = torch.tensor([0x7F80_0102_FF00_8001], dtype=torch.int64)
+    assert split_words(word, 8).tolist() == [1, -128, 0, -1, 2, 1, -128, 127]
+    assert split_words(word, 16).tolist() == [-32767, -256, 258, 32640]
+    words = torch.empty(64, dtype=torch.int64).random_(-(2**63), None)
+    for bits, dtype in ((8, torch.int8), (16, torch.int16)):
+        batched = vmap(lambda w, b=bits: split_words(w, b), randomness="different")(words.view(4, 16))
+        assert torch.equal(batched, words.view(4, 16).view(dtype).long())

@@ -1,10 +1,12 @@
 """`cfl sweep`: grid expansion, validation before work, skipping complete runs."""
 
+import json
+
 import pytest
 import yaml
 
 from cfl.schema import ConfigError
-from cfl.sweep import is_complete, load_sweep, run_local
+from cfl.sweep import is_complete, load_sweep, load_sweeps, run_local, run_parallel
 
 BASE = {"stream": {"name": "split-digits", "num_tasks": 2}, "num_clients": 4, "clients_per_round": 2,
         "rounds_per_task": 1, "batch_size": 32, "wandb": {"mode": "disabled"}}
@@ -50,3 +52,25 @@ def test_variants_set_several_keys_together(tmp_path):
     assert runs[0].config.aggregator.name == "gma" and runs[1].config.method == {"name": "fedprox", "mu": 0.1}
     with pytest.raises(ConfigError, match="label"):
         load_sweep(_write(tmp_path, {"variant": [{"aggregator.name": "gma"}]}))
+
+
+def test_parallel_jobs_give_the_same_results_as_one_after_another(tmp_path, capsys):
+    serial = load_sweep(_write(tmp_path, {"seed": [0, 1]}), out=tmp_path / "serial")
+    parallel = load_sweep(_write(tmp_path, {"seed": [0, 1]}), out=tmp_path / "parallel")
+    run_local(serial)
+    results, failed = run_parallel(parallel, jobs=2)
+    assert failed == [] and len(results) == 2
+    for a, b in zip(serial, parallel, strict=True):
+        matrix = [json.loads((r.out / "results.json").read_text())["acc_matrix"] for r in (a, b)]
+        assert matrix[0] == matrix[1]
+    assert run_parallel(parallel, jobs=2) == ([], [])
+    assert "already complete, skipped" in capsys.readouterr().out
+
+
+def test_several_sweep_files_run_together_but_never_share_a_directory(tmp_path):
+    path = _write(tmp_path, {"seed": [0, 1]})
+    with pytest.raises(ConfigError, match="same directory"):
+        load_sweeps([path, path])
+    with pytest.raises(ConfigError, match="--out"):
+        load_sweeps([path, path], out=tmp_path / "x")
+    assert len(load_sweeps([path])) == 2

@@ -14,8 +14,31 @@ the kept units are scaled by the inverse of the exact keep probability, so the l
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
+
+
+@functools.cache
+def _vmap_can_view_dtype() -> bool:
+    """Whether this torch's ``vmap`` reinterprets int64 words as int8/int16 (``Tensor.view(dtype)``).
+
+    torch 2.14 does; torch 2.11 raises "Batching rule not implemented for aten::view.dtype".
+    """
+    try:
+        torch.func.vmap(lambda w: w.view(torch.int8))(torch.zeros(2, 1, dtype=torch.int64))
+    except RuntimeError:
+        return False
+    return True
+
+
+def split_words(words: torch.Tensor, bits: int) -> torch.Tensor:
+    """The signed ``bits``-bit fields of int64 ``words``, lowest first: ``words.view(int8/int16)`` on a
+    little-endian machine, by shifts and masks (for a ``vmap`` without a batching rule for ``view``)."""
+    shifts = torch.arange(0, 64, bits, device=words.device)
+    fields = (words.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
+    return (fields - (fields >= (1 << (bits - 1))).long() * (1 << bits)).flatten(-2)
 
 
 def _noise_bits(p: float) -> int:
@@ -58,7 +81,9 @@ class Dropout(nn.Module):
         flat = x.reshape(-1)
         # empty_like of a slice stays batched under vmap, so each client gets its own draw
         words = torch.empty_like(flat[: (n + per_word - 1) // per_word], dtype=torch.int64).random_(-(2**63), None)
-        return words.view(torch.int8 if self.bits == 8 else torch.int16)[:n].view_as(x)
+        if _vmap_can_view_dtype():
+            return words.view(torch.int8 if self.bits == 8 else torch.int16)[:n].view_as(x)
+        return split_words(words, self.bits)[:n].view_as(x)
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
