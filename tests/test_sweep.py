@@ -74,3 +74,14 @@ def test_several_sweep_files_run_together_but_never_share_a_directory(tmp_path):
     with pytest.raises(ConfigError, match="--out"):
         load_sweeps([path, path], out=tmp_path / "x")
     assert len(load_sweeps([path])) == 2
+
+
+@pytest.mark.parametrize("argv, words", [(["--jobs", "0"], "--jobs must be at least 1"),
+                                         (["--jobs", "2", "--backend", "ray"], "--num-cpus")])
+def test_bad_jobs_are_refused_before_any_run(tmp_path, capsys, argv, words):
+    from cfl.cli import main
+
+    path = _write(tmp_path, {"seed": [0]})
+    assert main(["sweep", str(path), *argv]) == 2
+    assert words in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
