@@ -18,22 +18,22 @@ from cfl.models.mlp import MLP
 
 def test_fused_linear_steps_weights_in_backward_by_hand():
     x = torch.tensor([[[1.0, 2.0]]])  # one client, one sample, 2 inputs
-    w_t = torch.tensor([[[1.0], [3.0]]])  # (C, in, out): W = [[1, 3]]
+    w = torch.tensor([[[1.0, 3.0]]])  # (C, out, in) as nn.Linear stores it: W = [[1, 3]]
     b = torch.tensor([[0.5]])
     token = torch.zeros((), requires_grad=True)
-    out = FusedLinearSGD.apply(x, w_t, b, token, 0.1, 0.9)  # lr 0.1, decay 1 - lr*wd = 0.9
+    out = FusedLinearSGD.apply(x, w, b, token, 0.1, 0.9)  # lr 0.1, decay 1 - lr*wd = 0.9
     assert out.item() == pytest.approx(1 + 6 + 0.5)
     torch.autograd.grad((out * 2.0).sum(), [token], allow_unused=True)  # dL/dout = 2
-    # W <- 0.9 W - 0.1 * x^T * 2 = [0.9 - 0.2, 2.7 - 0.4]; b <- 0.9 * 0.5 - 0.1 * 2
-    assert torch.allclose(w_t, torch.tensor([[[0.7], [2.3]]]))
+    # W <- 0.9 W - 0.1 * 2 * x = [0.9 - 0.2, 2.7 - 0.4]; b <- 0.9 * 0.5 - 0.1 * 2
+    assert torch.allclose(w, torch.tensor([[[0.7, 2.3]]]))
     assert torch.allclose(b, torch.tensor([[0.25]]))
 
 
 def test_input_gradient_uses_the_weights_before_the_step():
     x = torch.tensor([[[1.0, 2.0]]], requires_grad=True)
-    w_t = torch.tensor([[[1.0], [3.0]]])
+    w = torch.tensor([[[1.0, 3.0]]])
     token = torch.zeros((), requires_grad=True)
-    out = FusedLinearSGD.apply(x, w_t, None, token, 0.1, 1.0)
+    out = FusedLinearSGD.apply(x, w, None, token, 0.1, 1.0)
     (grad_x,) = torch.autograd.grad(out.sum(), [x])
     assert torch.allclose(grad_x, torch.tensor([[[1.0, 3.0]]]))  # W before the step, not after
 

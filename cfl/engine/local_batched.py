@@ -11,11 +11,21 @@ once per step); see :class:`SGDStep` and ``docs/performance.md``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, client_schedule, replay_generator
+from cfl.engine.jobs import (
+    ClientJob,
+    ClientOutcome,
+    Hyper,
+    Plugins,
+    client_schedule,
+    replay_generator,
+    stacked_copies,
+)
 from cfl.engine.stacked_net import StackedNet
 from cfl.methods.base import Params
 from cfl.ops.losses import masked_cross_entropy, weighted_mean
@@ -97,9 +107,16 @@ def train_batched(model: nn.Module, global_params: Params, jobs: list[ClientJob]
     cost no padded compute.
     """
     order = sorted(range(len(jobs)), key=lambda c: -len(jobs[c].indices))  # stable: ties keep job order
+    ordered = [jobs[c] for c in order]
+    if StackedNet.supports(model, hp, plugins):
+        stacked = StackedNet(model, hp)
+        params = stacked.stack(global_params, len(jobs))
+        outcomes = _train_sorted(model, global_params, ordered, x, y, task, hp, plugins,
+                                 (stacked, stacked.leaves(params)))
+    else:
+        params, outcomes = _train_sorted(model, global_params, ordered, x, y, task, hp, plugins, None)
     if order == list(range(len(jobs))):
-        return _train_sorted(model, global_params, jobs, x, y, task, hp, plugins)
-    params, outcomes = _train_sorted(model, global_params, [jobs[c] for c in order], x, y, task, hp, plugins)
+        return params, outcomes
     back = torch.empty(len(order), dtype=torch.long)
     back[torch.tensor(order)] = torch.arange(len(order))
     back_list = back.tolist()
@@ -108,12 +125,16 @@ def train_batched(model: nn.Module, global_params: Params, jobs: list[ClientJob]
 
 
 def _train_sorted(model: nn.Module, global_params: Params, jobs: list[ClientJob], x: torch.Tensor,
-                  y: torch.Tensor, task: int, hp: Hyper, plugins: Plugins) -> tuple[Params, list[ClientOutcome]]:
+                  y: torch.Tensor, task: int, hp: Hyper, plugins: Plugins,
+                  fused: tuple[StackedNet, Params] | None) -> Any:
+    """Train ``jobs`` (sorted by steps, most first) together. ``fused``: the stacked path's net and the
+    stacked parameters, trained in place (returns the outcomes); else the vmap path (returns the stacked
+    parameters and the outcomes)."""
     device = x.device
     C = len(jobs)
-    stacked = StackedNet(model, hp) if StackedNet.supports(model, hp, plugins) else None
-    if stacked is not None:
-        params = stacked.stack(global_params, C)
+    stacked = fused[0] if fused is not None else None
+    if fused is not None:
+        params = fused[1]
         token = torch.zeros((), device=device, requires_grad=True)
     else:
         params = {k: _stacked_leaf(v, C) for k, v in global_params.items()}
@@ -171,6 +192,8 @@ def _train_sorted(model: nn.Module, global_params: Params, jobs: list[ClientJob]
             update(s, params, dict(zip(params, grads, strict=True)), None, step_states, plugins)
     mean_loss = (loss_sum / steps_left.clamp(min=1)).tolist()
     outcomes = [ClientOutcome(job.cid, len(job.indices), mean_loss[c], bool(finite[c])) for c, job in enumerate(jobs)]
+    if fused is not None:
+        return outcomes
     return {k: v.detach().contiguous() for k, v in full_params.items()}, outcomes
 
 
@@ -189,7 +212,7 @@ def _empty_in_order(shape: torch.Size | tuple[int, ...], order: list[int], like:
 
 def _stacked_leaf(v: torch.Tensor, C: int) -> torch.Tensor:
     """``v`` repeated over a leading client dim, contiguous."""
-    return v.detach().unsqueeze(0).repeat(C, *([1] * v.dim())).requires_grad_()
+    return stacked_copies(v, C).requires_grad_()
 
 
 def _match_grad_layout(params: Params, grads: tuple[torch.Tensor, ...]) -> Params:

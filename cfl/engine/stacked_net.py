@@ -3,15 +3,16 @@
 For models that list their layers (``stack_layers()``: :class:`cfl.models.MLP` and the AlexNet-like net)
 under plain SGD (no momentum, no method that adds a penalty, a batch loss or a gradient transform:
 FedAvg, FOT's clients, ER, TCE, the server-side methods) the batched engine skips ``vmap`` and runs the
-stack of clients directly: linear activations ``(C, B, F)`` with weights ``(C, in, out)``; convolutions
-on ``(B, C*channels, H, W)`` as one grouped convolution (``groups=C``), so pooling, ReLU and dropout run
-on that layout too and the data moves between layouts only at the first convolution and the flatten.
+stack of clients directly: linear activations ``(C, B, F)`` with weights ``(C, out, in)`` (``nn.Linear``'s
+own layout, so stacking and returning the clients' weights copies nothing transposed); convolutions on
+``(B, C*channels, H, W)`` as one grouped convolution (``groups=C``), so pooling, ReLU and dropout run on
+that layout too and the data moves between layouts only at the first convolution and the flatten.
 A linear layer's backward computes the gradient of its input, then applies the step to its own weights
 in place with one ``baddbmm_``::
 
-    W <- (1 - lr*wd) W - lr * X^T dY          (torch.optim.SGD's step with weight decay)
+    W <- (1 - lr*wd) W - lr * dY^T X          (torch.optim.SGD's step with weight decay)
 
-so the weight gradient is never materialised. Writing a fresh (C, in, out) gradient and reading it back
+so the weight gradient is never materialised. Writing a fresh (C, out, in) gradient and reading it back
 in a separate update pass cost more than the product itself (fresh pages, three memory passes); the
 fused step writes into memory that is already mapped, and the weight gradient of the first layer drops
 from ~100 ms to ~45 ms per step at 64 clients on one core (``docs/performance.md``).
@@ -27,34 +28,35 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from cfl.engine.jobs import Hyper, Plugins
+from cfl.engine.jobs import Hyper, Plugins, stacked_copies
 from cfl.methods.base import Params
 from cfl.models.dropout import Dropout
 from cfl.models.heads import MultiHead, SharedHead
 
 
 class FusedLinearSGD(torch.autograd.Function):
-    """``x @ weight_t + bias`` over stacked clients; the backward steps ``weight_t`` and ``bias`` in place.
+    """``x @ weight^T + bias`` over stacked clients, ``weight`` (C, out, in) as ``nn.Linear`` stores it; the
+    backward steps ``weight`` and ``bias`` in place.
 
     ``token`` is a scalar that requires grad, so the backward also runs for the first layer (whose input
     does not). The returned gradients of the weights are None: they have been applied.
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None,  # noqa: ANN001
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,  # noqa: ANN001
                 token: torch.Tensor, lr: float, decay: float) -> torch.Tensor:  # noqa: ARG004
         ctx.save_for_backward(x)
-        ctx.weight_t, ctx.bias, ctx.lr, ctx.decay = weight_t, bias, lr, decay
+        ctx.weight, ctx.bias, ctx.lr, ctx.decay = weight, bias, lr, decay
         if bias is None:
-            return torch.bmm(x, weight_t)
-        return torch.baddbmm(bias.unsqueeze(1), x, weight_t)
+            return torch.bmm(x, weight.transpose(1, 2))
+        return torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor) -> tuple:  # noqa: ANN001
         (x,) = ctx.saved_tensors
-        weight_t, bias = ctx.weight_t, ctx.bias
-        grad_x = torch.bmm(grad_out, weight_t.transpose(1, 2)) if ctx.needs_input_grad[0] else None
-        weight_t.baddbmm_(x.transpose(1, 2), grad_out, beta=ctx.decay, alpha=-ctx.lr)
+        weight, bias = ctx.weight, ctx.bias
+        grad_x = torch.bmm(grad_out, weight) if ctx.needs_input_grad[0] else None
+        weight.baddbmm_(grad_out.transpose(1, 2), x, beta=ctx.decay, alpha=-ctx.lr)
         if bias is not None:
             bias.mul_(ctx.decay).add_(grad_out.sum(1), alpha=-ctx.lr)
         return grad_x, None, None, None, None, None
@@ -104,17 +106,13 @@ class StackedNet:
             getattr(model, "head", None), (SharedHead, MultiHead))
 
     def stack(self, global_params: Params, C: int) -> Params:
-        """The global parameters repeated over clients; fused weights lie in memory as (C, in, out)."""
-        out = {}
-        for k, v in global_params.items():
-            v = v.detach()
-            if k in self.fused and v.dim() == 2:  # one transposed copy, then C contiguous ones
-                out[k] = v.t().contiguous().unsqueeze(0).repeat(C, 1, 1).transpose(1, 2)
-            else:
-                out[k] = v.unsqueeze(0).repeat(C, *([1] * v.dim()))
-                if k not in self.fused:
-                    out[k].requires_grad_()
-        return out
+        """The global parameters repeated over clients, contiguous ``(C, ...)`` in their own layout."""
+        return {k: stacked_copies(v, C) for k, v in global_params.items()}
+
+    def leaves(self, params: Params) -> Params:
+        """The stacked parameters ready to train in place: those outside the fused layers become leaves
+        that require grad (sharing storage, so their steps land in ``params``)."""
+        return {k: v if k in self.fused else v.detach().requires_grad_() for k, v in params.items()}
 
     def forward(self, params: Params, x: torch.Tensor, task: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
         """Logits ``(C, B, classes)`` of stacked inputs ``(C, B, ...)`` and task ids ``(C, B)``."""
@@ -152,8 +150,8 @@ class StackedNet:
         return logits.gather(2, index).squeeze(2)
 
     def _linear(self, params: Params, name: str, h: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
-        return FusedLinearSGD.apply(h, params[f"{name}.weight"].transpose(1, 2), params.get(f"{name}.bias"),
-                                    token, self.lr, self.decay)
+        return FusedLinearSGD.apply(h, params[f"{name}.weight"], params.get(f"{name}.bias"), token, self.lr,
+                                    self.decay)
 
     def backward_and_step(self, loss: torch.Tensor, params: Params, token: torch.Tensor) -> None:
         """Back-propagate ``loss`` (the sum of the clients' losses) and take every parameter's step."""
