@@ -66,6 +66,14 @@ def overrides(method: Method, hook: str) -> bool:
     return getattr(type(method), hook) is not getattr(Method, hook)
 
 
+def client_deltas(trained: Params, global_params: Params, keep: torch.Tensor) -> Params:
+    """The kept clients' updates ``w_c - w``, computed in place in ``trained`` when every client is kept
+    (no fresh (C, ...) tensors: at 64 MLP clients each costs ~160 MB of new pages a round)."""
+    if bool(keep.all()):
+        return {k: trained[k].sub_(v) for k, v in global_params.items()}
+    return {k: trained[k][keep] - v for k, v in global_params.items()}
+
+
 def sample_clients(seed: int, task: int, rnd: int, num_clients: int, k: int) -> list[int]:
     """The clients of (task, round): k of num_clients without replacement, sorted."""
     rng = np.random.default_rng(derive_seed(seed, task, rnd, 0xC11E))
@@ -143,11 +151,11 @@ class Runner:
                                          self.hyper, plugins)
         self.progress.train_seconds += time.perf_counter() - start
         keep = self._check_finite(trained, outcomes, task, rnd)
-        deltas = {k: trained[k][keep] - self.params[k] for k in self.params}
         kept_jobs = [j for j, ok in zip(jobs, keep.tolist(), strict=True) if ok]
         payloads = self._round_payloads(trained, kept_jobs, keep, data)
         weights = torch.tensor([float(len(j.indices)) for j in kept_jobs], device=self.device)
         forgetting = client_forgetting.measure(self, task, kept_jobs, trained, keep)  # None when off
+        deltas = client_deltas(trained, self.params, keep)  # reuses ``trained``'s memory: used up from here
         delta, mask = aggregate(cfg.aggregator.name, deltas, weights, cfg.aggregator.tau)
         self.params = self._apply(delta, mask, task)
         for m, st, pl in zip(self.methods, self.states, payloads, strict=True):
@@ -165,8 +173,9 @@ class Runner:
 
     def _check_finite(self, trained: Params, outcomes: list[ClientOutcome], task: int, rnd: int) -> torch.Tensor:
         finite = torch.tensor([o.finite for o in outcomes], device=self.device)
-        for v in trained.values():
-            finite &= torch.isfinite(v.flatten(1)).all(1)
+        for v in trained.values():  # min and max are finite iff every entry is (NaN propagates); one pass
+            low, high = torch.aminmax(v.flatten(1), dim=1)
+            finite &= torch.isfinite(low) & torch.isfinite(high)
         if bool(finite.all()):
             return finite
         bad = [o.cid for o, ok in zip(outcomes, finite.tolist(), strict=True) if not ok]

@@ -137,7 +137,11 @@ class Method:
         return None
 
     def round_payload(self, model: nn.Module, params: Params, data: ClientData, state: State) -> State | None:
-        """After local training: what one client uploads besides its model (FedCurv)."""
+        """After local training: what one client uploads besides its model (FedCurv).
+
+        ``params`` are views of the round's stacked client models, whose memory the server reuses for the
+        updates after this call: keep computed tensors or ``.clone()``, never the views themselves.
+        """
         return None
 
     # ---- server side ----

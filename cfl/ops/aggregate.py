@@ -13,8 +13,12 @@ def _shares(weights: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def weighted_mean(deltas: Params, weights: torch.Tensor) -> Params:
-    """FedAvg: ``sum_n (s_n / sum s) d_n`` with ``s_n`` the clients' sample counts."""
-    return {k: (_shares(weights, d) * d).sum(0) for k, d in deltas.items()}
+    """FedAvg: ``sum_n (s_n / sum s) d_n`` with ``s_n`` the clients' sample counts.
+
+    One matrix-vector product per parameter: a single pass over the stacked updates, no (C, ...) temporary.
+    """
+    shares = weights / weights.sum()
+    return {k: torch.tensordot(shares.to(d.dtype), d, dims=1) for k, d in deltas.items()}
 
 
 def agreement_mask(deltas: Params, weights: torch.Tensor, tau: float) -> Params:
