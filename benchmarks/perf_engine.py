@@ -35,7 +35,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from cfl.engine.jobs import ClientJob, Hyper, Plugins, derive_seed  # noqa: E402
-from cfl.engine.local_batched import train_batched  # noqa: E402
+from cfl.engine.local_batched import BatchedTrainer  # noqa: E402
 from cfl.methods.base import MethodState  # noqa: E402
 from cfl.methods.fedavg import FedAvg  # noqa: E402
 from cfl.models import ModelShape, build_model  # noqa: E402
@@ -136,9 +136,11 @@ def main() -> None:
     plugins = Plugins([FedAvg(None, None)], [MethodState()], [{}])
     sampled = list(range(s["sampled"]))
 
+    trainer = BatchedTrainer()  # as the round engine runs it: one workspace kept across rounds
+
     def engine_round(r: int) -> None:
         jobs = [ClientJob(c, parts[c], None, derive_seed(0, 0, r, c)) for c in sampled]
-        train_batched(model, params, jobs, x, y, 0, hp, plugins)
+        trainer(model, params, jobs, x, y, 0, hp, plugins)
 
     engine_round(10_000)  # warm-up
     engine, engine_cpu = timed(engine_round, args.rounds)

@@ -164,8 +164,9 @@ wandb: {mode: disabled}
 
 def poison_round(monkeypatch, at_round, client_row=1):
     """Make one client's trained parameters NaN in global round ``at_round`` (1-based)."""
-    real = TRAINERS["batched"]
+    make_real = TRAINERS["batched"]
     calls = {"n": 0}
+    real = make_real()
 
     def trainer(*args, **kwargs):
         trained, outcomes = real(*args, **kwargs)
@@ -175,7 +176,7 @@ def poison_round(monkeypatch, at_round, client_row=1):
             next(iter(trained.values()))[client_row] = float("nan")
         return trained, outcomes
 
-    monkeypatch.setitem(TRAINERS, "batched", trainer)
+    monkeypatch.setitem(TRAINERS, "batched", lambda: trainer)
 
 
 def test_non_finite_update_stops_with_exit_3_and_keeps_the_last_checkpoint(tmp_path, monkeypatch, capsys):

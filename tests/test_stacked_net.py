@@ -110,3 +110,21 @@ def test_fused_relu_dropout_equals_the_two_layers(p):
     ref.backward(g)
     fused.backward(g)
     assert torch.equal(x1.grad, x2.grad)
+
+
+def test_a_kept_workspace_is_reused_and_changes_no_result():
+    torch.manual_seed(0)
+    model = MLP(6, [5, 4], 3)
+    x, y = torch.randn(40, 6), torch.randint(0, 3, (40,))
+    jobs = [ClientJob(c, part, None, 7 + c) for c, part in enumerate(torch.arange(40).split(10))]
+    hp = Hyper(lr=0.2, momentum=0.0, weight_decay=0.01, local_epochs=1, batch_size=4)
+    plugins = Plugins([FedAvg(None, None)], [MethodState()], [{}])
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    fresh, _ = train_batched(model, params, jobs, x, y, 0, hp, plugins)
+    trainer = local_batched.BatchedTrainer()
+    first = {k: v.clone() for k, v in trainer(model, params, jobs, x, y, 0, hp, plugins)[0].items()}
+    pointers = {k: v.data_ptr() for k, v in trainer.workspace.items()}
+    second, _ = trainer(model, params, jobs, x, y, 0, hp, plugins)
+    assert {k: v.data_ptr() for k, v in second.items()} == pointers  # the same buffers, overwritten
+    for k in fresh:
+        assert torch.equal(fresh[k], first[k]) and torch.equal(first[k], second[k]), k

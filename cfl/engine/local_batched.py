@@ -99,18 +99,21 @@ class SGDStep:
 
 
 def train_batched(model: nn.Module, global_params: Params, jobs: list[ClientJob], x: torch.Tensor,
-                  y: torch.Tensor, task: int, hp: Hyper, plugins: Plugins) -> tuple[Params, list[ClientOutcome]]:
+                  y: torch.Tensor, task: int, hp: Hyper, plugins: Plugins,
+                  workspace: Params | None = None) -> tuple[Params, list[ClientOutcome]]:
     """Run local SGD for every job at once; returns parameters stacked over clients (C, ...).
 
     Clients run sorted by their number of steps (most first), so the clients still training at step ``s``
     are a prefix of the stack and a step touches only that prefix (views, no copies): ragged client sizes
-    cost no padded compute.
+    cost no padded compute. ``workspace`` (a dict the caller keeps, e.g. :class:`BatchedTrainer`): the
+    stacked path trains in these buffers and returns them, so the result is valid until the next call
+    with the same workspace.
     """
     order = sorted(range(len(jobs)), key=lambda c: -len(jobs[c].indices))  # stable: ties keep job order
     ordered = [jobs[c] for c in order]
     if StackedNet.supports(model, hp, plugins):
         stacked = StackedNet(model, hp)
-        params = stacked.stack(global_params, len(jobs))
+        params = stacked.stack(global_params, len(jobs), workspace)
         outcomes = _train_sorted(model, global_params, ordered, x, y, task, hp, plugins,
                                  (stacked, stacked.leaves(params)))
     else:
@@ -122,6 +125,18 @@ def train_batched(model: nn.Module, global_params: Params, jobs: list[ClientJob]
     back_list = back.tolist()
     back = back.to(x.device)
     return {k: v.index_select(0, back) for k, v in params.items()}, [outcomes[i] for i in back_list]
+
+
+class BatchedTrainer:
+    """:func:`train_batched` with one workspace kept across calls: what the round engine uses, since it
+    consumes each round's client models before the next round starts."""
+
+    def __init__(self) -> None:
+        self.workspace: Params = {}
+
+    def __call__(self, model: nn.Module, global_params: Params, jobs: list[ClientJob], x: torch.Tensor,
+                 y: torch.Tensor, task: int, hp: Hyper, plugins: Plugins) -> tuple[Params, list[ClientOutcome]]:
+        return train_batched(model, global_params, jobs, x, y, task, hp, plugins, self.workspace)
 
 
 def _train_sorted(model: nn.Module, global_params: Params, jobs: list[ClientJob], x: torch.Tensor,

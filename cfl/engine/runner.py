@@ -21,7 +21,7 @@ from cfl.data.partition import partition
 from cfl.data.stream import Stream
 from cfl.engine.evaluate import accuracy
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, derive_seed
-from cfl.engine.local_batched import train_batched
+from cfl.engine.local_batched import BatchedTrainer
 from cfl.engine.local_sequential import train_sequential
 from cfl.methods import METHODS
 from cfl.methods.base import ClientData, Method, MethodState, Params, RunInfo
@@ -32,7 +32,8 @@ from cfl.models import ModelShape, build_model
 from cfl.models.layers import protected_layers
 from cfl.ops.aggregate import aggregate
 
-TRAINERS = {"batched": train_batched, "sequential": train_sequential}
+TRAINERS: dict[str, Callable[[], Callable[..., Any]]] = {  # a fresh trainer per runner
+    "batched": BatchedTrainer, "sequential": lambda: train_sequential}
 
 
 class NonFiniteError(RuntimeError):
@@ -106,7 +107,7 @@ class Runner:
         self._partitions: dict[int, list[torch.Tensor]] = {}
         self.should_stop: Callable[[], bool] = lambda: False
         self.after_round: Callable[[], None] = lambda: None
-        self.trainer: Callable[..., tuple[Params, list[ClientOutcome]]] = TRAINERS[cfg.client_execution]
+        self.trainer: Callable[..., tuple[Params, list[ClientOutcome]]] = TRAINERS[cfg.client_execution]()
         if cfg.backend == "ray":  # groups of clients on Ray workers (cfl/engine/ray_backend.py)
             from cfl.engine.ray_backend import RayClients
 
