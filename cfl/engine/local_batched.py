@@ -165,6 +165,7 @@ def _train_sorted(model: nn.Module, global_params: Params, jobs: list[ClientJob]
     loss_sum = torch.zeros(C, device=device)
     finite = torch.ones(C, dtype=torch.bool, device=device)
     task_ids = torch.full((C, hp.batch_size), task, dtype=y.dtype, device=device)
+    x_buffer = torch.empty((C * hp.batch_size, *x.shape[1:]), dtype=x.dtype, device=device)
 
     def forward(p: Params, xb: torch.Tensor, tb: torch.Tensor) -> torch.Tensor:
         return functional_call(model, (p, buffers), (xb, tb))
@@ -176,7 +177,9 @@ def _train_sorted(model: nn.Module, global_params: Params, jobs: list[ClientJob]
         n = sum(steps > s for steps in client_steps)  # clients still training: a prefix (sorted by steps)
         params = full_params if n == C else {k: v[:n] for k, v in full_params.items()}
         step_states = states if n == C else [{k: v[:n] for k, v in st.items()} for st in states]
-        xb, yb, wb, tb = x[index[:n, s]], y[index[:n, s]], weight[:n, s], task_ids[:n]
+        rows = index[:n, s].reshape(-1)  # gathered into one buffer per call: no fresh pages each step
+        xb = torch.index_select(x, 0, rows, out=x_buffer[: rows.numel()]).view(n, -1, *x.shape[1:])
+        yb, wb, tb = y[index[:n, s]], weight[:n, s], task_ids[:n]
         if hp.augment is not None:  # per sample, over the (clients x batch) samples at once
             xb = hp.augment(xb.flatten(0, 1), None).view_as(xb)
         for i, m in enumerate(plugins.methods):
