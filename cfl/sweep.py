@@ -102,12 +102,12 @@ def load_sweeps(paths: list[str | Path], out: str | Path | None = None) -> list[
         raise ConfigError(f"--out names the directory of one sweep; {len(paths)} sweep files were given "
                           "(set 'out' in each sweep file instead)")
     runs = [run for path in paths for run in load_sweep(path, out)]
-    seen: dict[Path, str] = {}
+    seen: set[Path] = set()
     for run in runs:
         if run.out in seen:
             raise ConfigError(f"two sweep combinations write to the same directory '{run.out}'; "
                               "give the sweep files different 'out' directories")
-        seen[run.out] = run.name
+        seen.add(run.out)
     return runs
 
 
@@ -121,15 +121,23 @@ def is_complete(run_dir: Path) -> bool:
         return False
 
 
+def _pending(runs: list[SweepRun]) -> list[tuple[int, SweepRun]]:
+    """The incomplete runs with their 1-based positions; complete ones are announced as skipped."""
+    pending = []
+    for i, run in enumerate(runs, 1):
+        if is_complete(run.out):
+            print(f"[{i}/{len(runs)}] {run.name}: already complete, skipped", flush=True)
+        else:
+            pending.append((i, run))
+    return pending
+
+
 def run_local(runs: list[SweepRun], quiet: bool = True) -> list[dict[str, Any]]:
     """Run every incomplete combination one after another in this process."""
     from cfl.run import execute
 
     finished = []
-    for i, run in enumerate(runs, 1):
-        if is_complete(run.out):
-            print(f"[{i}/{len(runs)}] {run.name}: already complete, skipped", flush=True)
-            continue
+    for i, run in _pending(runs):
         results = execute(run.config, run.out, overwrite=True, quiet=quiet)
         finished.append(results)
         print(_report_line(i, len(runs), run.name, results), flush=True)
@@ -160,12 +168,7 @@ def run_parallel(runs: list[SweepRun], jobs: int) -> tuple[list[dict[str, Any]],
     A run that fails is reported by name and does not stop the others; returns (results, failed names).
     Runs with ``threads: 0`` get ``cpu_count // jobs`` threads each so the workers do not oversubscribe.
     """
-    pending = []
-    for i, run in enumerate(runs, 1):
-        if is_complete(run.out):
-            print(f"[{i}/{len(runs)}] {run.name}: already complete, skipped", flush=True)
-        else:
-            pending.append((i, run))
+    pending = _pending(runs)
     finished: list[dict[str, Any]] = []
     failed: list[str] = []
     if not pending:

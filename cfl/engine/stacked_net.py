@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from cfl.engine.jobs import Hyper, Plugins, stacked_copies
+from cfl.engine.jobs import Hyper, Plugins
 from cfl.methods.base import Params
 from cfl.models.dropout import Dropout
 from cfl.models.heads import MultiHead, SharedHead
@@ -116,14 +116,13 @@ class StackedNet:
         stored in it, on first use or when a shape changes), so a round writes into memory that is
         already mapped instead of faulting in ~160 MB of fresh pages (64 MLP clients).
         """
-        if workspace is None:
-            return {k: stacked_copies(v, C) for k, v in global_params.items()}
+        workspace = {} if workspace is None else workspace
         out = {}
         for k, v in global_params.items():
             buf = workspace.get(k)
             if buf is None or buf.shape != (C, *v.shape) or buf.dtype != v.dtype or buf.device != v.device:
                 buf = workspace[k] = torch.empty((C, *v.shape), dtype=v.dtype, device=v.device)
-            out[k] = buf.copy_(v.detach().expand(C, *v.shape))
+            out[k] = buf.copy_(v.detach().expand(C, *v.shape))  # not Tensor.repeat: 70 ms against 9
         return out
 
     def leaves(self, params: Params) -> Params:
