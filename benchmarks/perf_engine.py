@@ -6,6 +6,9 @@ Permuted-MNIST reference setup by default: MLP 784-400-400-400-10 (dropout 0.2/0
 Prints a JSON object as its last line. ``peak_fraction`` counts 6 x parameters x samples (the issue's rule);
 the ``*_counted`` fields use the FLOPs torch's ``FlopCounterMode`` counts for a training step, the real
 work of a conv net (for the MLP the two agree up to the first layer's unneeded input gradient).
+For the MLP, ``products_floor_sec_per_round`` is the time of the round's float32 batched products alone
+(:func:`linear_products_floor`) and ``speedup_bound_vs_naive`` the speedup an engine would reach if
+everything else (activations, dropout, loss, data gathering) cost nothing.
 
     python benchmarks/perf_engine.py [--rounds 3] [--setup pmnist|cifar] [--threads N] [--ragged BETA]
                                      [--device cpu|cuda]
@@ -107,6 +110,31 @@ def counted_flops_per_sample(model: nn.Module, shape: tuple[int, ...]) -> float:
     return counter.get_total_flops() / 8
 
 
+def linear_products_floor(model: nn.Module, clients: int, batch: int, device: str, trials: int = 5) -> float:
+    """Seconds per batch-step of the float32 batched products alone that SGD on the model's linear layers
+    needs at this size: per layer the forward, the input gradient (not for the first layer) and the weight
+    gradient (with the step, as one ``baddbmm_``), each the best of ``trials``, in preallocated outputs and
+    in whichever weight layout ((C, out, in) or (C, in, out)) makes the three fastest together. A bound
+    for any engine built on torch's float32 batched products: no elementwise work, no data movement."""
+    total = 0.0
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    for i, layer in enumerate(linears):
+        o, n = layer.weight.shape
+        x, g = torch.randn(clients, batch, n, device=device), torch.randn(clients, batch, o, device=device)
+        h, gx = torch.empty(clients, batch, o, device=device), torch.empty(clients, batch, n, device=device)
+        best = float("inf")
+        for w in (torch.randn(clients, o, n, device=device) * 0.01,
+                  torch.randn(clients, n, o, device=device).mT * 0.01):
+            products = [(torch.bmm, (x, w.mT), {"out": h}),
+                        (w.baddbmm_, (g.mT, x), {"beta": 1.0, "alpha": -1e-6})]
+            if i > 0:
+                products.append((torch.bmm, (g, w), {"out": gx}))
+            best = min(best, sum(min(timed(lambda _, f=f, a=a, k=k: f(*a, **k), 5)[0] for _ in range(trials))
+                                 for f, a, k in products))
+        total += best
+    return total
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--setup", choices=list(SETUPS), default="pmnist")
@@ -152,8 +180,11 @@ def main() -> None:
     engine_gflops = flops / engine / 1e9
     if args.setup == "pmnist":
         peak, peak_cpu = peak_gflops(s["sampled"], s["batch"], 784, 400, args.device)
+        steps_per_client = samples / s["batch"] / len(sampled)
+        floor = linear_products_floor(model, s["sampled"], s["batch"], args.device) * steps_per_client
     else:
         peak, peak_cpu = peak_gflops(s["sampled"], s["batch"] * 64, 576, 128, args.device)
+        floor = None
     print(json.dumps({
         "setup": args.setup, "device": args.device, "threads": torch.get_num_threads(), "params": num_params,
         "clients_per_round": s["sampled"], "samples_per_client": s["per_client"], "batch_size": s["batch"],
@@ -170,6 +201,8 @@ def main() -> None:
         "naive_gflops_counted": round(counted / naive / 1e9, 2),
         "peak_fraction_counted": round(counted / engine / 1e9 / peak, 3),
         "naive_peak_fraction_counted": round(counted / naive / 1e9 / peak, 3),
+        "products_floor_sec_per_round": None if floor is None else round(floor, 4),
+        "speedup_bound_vs_naive": None if floor is None else round(naive / floor, 2),
         "load_average_1min": round(os.getloadavg()[0], 2),
     }))
 

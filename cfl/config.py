@@ -87,6 +87,9 @@ class Config:
                                            "round's clients (0: off, else >= 2; one test evaluation each)", min=0)
     client_execution: str = field("batched", "batched (all sampled clients at once) or sequential",
                                   choices=("batched", "sequential"))
+    client_block: int = field(0, "batched: clients trained together at a time (0: auto: all of them, but one at a "
+                              "time for convolutional nets on CPU, where that keeps the working set in cache; "
+                              "see docs/performance.md)", min=0)
     backend: str = field("local", "where clients train: local (this process) or ray (groups of the sampled clients "
                          "on Ray workers; needs pip install 'cfl[ray]'; see docs/scaling.md)",
                          choices=("local", "ray"))

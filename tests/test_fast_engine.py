@@ -77,3 +77,15 @@ def test_dropout_under_vmap_draws_different_masks_per_client():
     out = vmap(layer, randomness="different")(torch.ones(4, 3, 37))  # 111 elements: not a multiple of 8
     assert out.shape == (4, 3, 37)
     assert not torch.equal(out[0], out[1])
+
+
+def test_retaining_freed_memory_can_be_opted_out(monkeypatch):
+    from cfl.engine import heap
+
+    heap.retain_freed_memory.cache_clear()
+    monkeypatch.setenv("CFL_RETAIN_FREED_MEMORY", "0")
+    assert heap.retain_freed_memory() is False
+    heap.retain_freed_memory.cache_clear()
+    monkeypatch.delenv("CFL_RETAIN_FREED_MEMORY")
+    assert heap.retain_freed_memory() is True  # glibc (Linux): both mallopt calls accepted
+    heap.retain_freed_memory.cache_clear()

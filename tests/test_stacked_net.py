@@ -10,7 +10,7 @@ from cfl.engine.stacked_net import FusedLinearSGD, ReluDropout, StackedNet
 from cfl.methods.base import MethodState
 from cfl.methods.er import ER, ERParams
 from cfl.methods.fedavg import FedAvg
-from cfl.methods.fedprox import FedProx
+from cfl.methods.fedprox import FedProx, FedProxParams
 from cfl.models.alexnet import AlexNetLike
 from cfl.models.dropout import Dropout
 from cfl.models.mlp import MLP
@@ -129,3 +129,52 @@ def test_a_kept_workspace_is_reused_and_changes_no_result():
     assert {k: v.data_ptr() for k, v in second.items()} == pointers  # the same buffers, overwritten
     for k in fresh:
         assert torch.equal(fresh[k], first[k]) and torch.equal(first[k], second[k]), k
+
+
+@pytest.mark.parametrize("method", ["fedavg", "fedprox"])  # the stacked path and the vmap path
+def test_client_blocks_give_the_results_of_one_block(method):
+    torch.manual_seed(0)
+    model = MLP(6, [5, 4], 3)
+    x, y = torch.randn(40, 6), torch.randint(0, 3, (40,))
+    jobs = [ClientJob(c, part, None, 7 + c) for c, part in enumerate(torch.arange(40).split([13, 9, 18]))]
+    local = FedAvg(None, None) if method == "fedavg" else FedProx(FedProxParams(mu=0.5), None)
+    plugins = Plugins([local], [MethodState()], [{}])
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    results = {}
+    for block in (0, 1, 2):  # 0: auto, all three together for an MLP
+        hp = Hyper(lr=0.2, momentum=0.0, weight_decay=0.01, local_epochs=2, batch_size=4, client_block=block)
+        trained, outcomes = train_batched(model, params, jobs, x, y, 0, hp, plugins)
+        results[block] = ({k: v.clone() for k, v in trained.items()}, [o.cid for o in outcomes])
+    for block in (1, 2):
+        assert results[block][1] == [0, 1, 2]  # outcomes in job order
+        for k in params:
+            assert torch.allclose(results[block][0][k], results[0][0][k], atol=1e-6, rtol=1e-5), (block, k)
+
+
+def test_auto_client_block_is_one_for_conv_nets_on_cpu_only():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert local_batched.auto_client_block(AlexNetLike(3, 32, 4, 2, True), cpu, 25) == 1
+    assert local_batched.auto_client_block(AlexNetLike(3, 32, 4, 2, True), cuda, 25) == 25
+    assert local_batched.auto_client_block(MLP(6, [5], 3), cpu, 64) == 64
+
+
+def test_fused_relu_dropout_epilogue_and_folded_scale_match_autograd():
+    torch.manual_seed(0)
+    dropout = Dropout(0.5).train()
+    x, g = torch.randn(2, 6, 5), torch.randn(2, 6, 3)  # 2 clients, 6 samples
+    w1, b1, w2, b2 = torch.randn(2, 4, 5), torch.randn(2, 4), torch.randn(2, 3, 4), torch.randn(2, 3)
+    lr, decay = 0.1, 0.99
+    ref = [t.clone().requires_grad_() for t in (w1, b1, w2, b2)]
+    torch.manual_seed(4)
+    h = torch.relu(x @ ref[0].mT + ref[1].unsqueeze(1))
+    u = h * dropout.keep_mask(h.detach()) * 2.0  # inverted dropout, keep probability 1/2
+    out_ref = u @ ref[2].mT + ref[3].unsqueeze(1)
+    grads = torch.autograd.grad((out_ref * g).sum(), ref)
+    token = torch.zeros((), requires_grad=True)
+    torch.manual_seed(4)
+    hidden = FusedLinearSGD.apply(x, w1, b1, token, lr, decay, 1.0, True, dropout)  # handed over unscaled
+    out = FusedLinearSGD.apply(hidden, w2, b2, token, lr, decay, 1 / dropout.keep_prob)
+    assert torch.allclose(out, out_ref, atol=1e-5)
+    torch.autograd.grad((out * g).sum(), [token], allow_unused=True)
+    for stepped, before, grad in zip((w1, b1, w2, b2), ref, grads, strict=True):
+        assert torch.allclose(stepped, decay * before.detach() - lr * grad, atol=1e-5)

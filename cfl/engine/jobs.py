@@ -22,6 +22,8 @@ class Hyper:
     batch_size: int
     # the stream's train-time augmentation of a (N, *input_shape) batch (None: none); draws from torch's RNG
     augment: Callable[[torch.Tensor, torch.Generator | None], torch.Tensor] | None = None
+    # batched engine: clients trained together at a time (0: auto, see local_batched.auto_client_block)
+    client_block: int = 0
 
 
 @dataclass

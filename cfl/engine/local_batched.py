@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
+from cfl.engine.heap import retain_freed_memory
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, client_schedule, replay_generator
 from cfl.engine.stacked_net import StackedNet
 from cfl.methods.base import Params
@@ -27,13 +28,14 @@ def _padded_schedule(jobs: list[ClientJob], hp: Hyper,
     with weight 0."""
     schedules = [client_schedule(job, hp) for job in jobs]
     steps = max(len(s) for s in schedules)
+    lengths = torch.zeros(len(jobs), steps, dtype=torch.long)
+    for c, schedule in enumerate(schedules):
+        lengths[c, : len(schedule)] = torch.tensor([len(batch) for batch in schedule])
+    used = torch.arange(hp.batch_size) < lengths.unsqueeze(-1)  # (C, S, B): row-major = each client's batches in order
     # padding repeats the client's own first sample, so one client's data never enters another's graph
     index = torch.stack([job.indices[:1].expand(steps, hp.batch_size) for job in jobs]).clone()
-    weight = torch.zeros(len(jobs), steps, hp.batch_size)
-    for c, schedule in enumerate(schedules):
-        for s, batch in enumerate(schedule):
-            index[c, s, : len(batch)] = batch
-            weight[c, s, : len(batch)] = 1.0
+    index[used.to(index.device)] = torch.cat([batch for schedule in schedules for batch in schedule])
+    weight = used.to(torch.get_default_dtype())
     return index.to(device), weight.to(device), [len(s) for s in schedules]
 
 
@@ -95,18 +97,30 @@ def train_batched(model: nn.Module, global_params: Params, jobs: list[ClientJob]
 
     Clients run sorted by their number of steps (most first), so the clients still training at step ``s``
     are a prefix of the stack and a step touches only that prefix (views, no copies): ragged client sizes
-    cost no padded compute. ``workspace`` (a dict the caller keeps, e.g. :class:`BatchedTrainer`): the
+    cost no padded compute. They train in blocks of ``hp.client_block`` (:func:`auto_client_block` when 0),
+    one block after another. ``workspace`` (a dict the caller keeps, e.g. :class:`BatchedTrainer`): the
     stacked path trains in these buffers and returns them, so the result is valid until the next call
     with the same workspace.
     """
     order = sorted(range(len(jobs)), key=lambda c: -len(jobs[c].indices))  # stable: ties keep job order
     ordered = [jobs[c] for c in order]
+    block = hp.client_block or auto_client_block(model, x.device, len(jobs))
     stacked = StackedNet(model, hp) if StackedNet.supports(model, hp, plugins) else None
-    if stacked is not None:
-        params = stacked.leaves(stacked.stack(global_params, len(jobs), workspace))
+    full = stacked.stack(global_params, len(jobs), workspace) if stacked is not None else None
+    parts, outcomes = [], []
+    for start in range(0, len(ordered), block):
+        chunk = ordered[start : start + block]
+        if full is not None:  # the block trains in its slice of the stacked buffers
+            params = stacked.leaves({k: v[start : start + len(chunk)] for k, v in full.items()})
+        else:
+            params = {k: _stacked_leaf(v, len(chunk)) for k, v in global_params.items()}
+        trained, block_outcomes = _train_sorted(model, global_params, params, chunk, x, y, task, hp, plugins, stacked)
+        parts.append(trained)
+        outcomes += block_outcomes
+    if full is not None:
+        params = {k: v.detach() for k, v in full.items()}
     else:
-        params = {k: _stacked_leaf(v, len(jobs)) for k, v in global_params.items()}
-    params, outcomes = _train_sorted(model, global_params, params, ordered, x, y, task, hp, plugins, stacked)
+        params = parts[0] if len(parts) == 1 else {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
     if order == list(range(len(jobs))):
         return params, outcomes
     back = torch.empty(len(order), dtype=torch.long)
@@ -116,12 +130,25 @@ def train_batched(model: nn.Module, global_params: Params, jobs: list[ClientJob]
     return {k: v.index_select(0, back) for k, v in params.items()}, [outcomes[i] for i in back_list]
 
 
+def auto_client_block(model: nn.Module, device: torch.device, clients: int) -> int:
+    """Clients trained together when the config leaves it to the engine: all of them, except for
+    convolutional nets on CPU, which train one client at a time. There the stacked activations of all
+    clients (the AlexNet-like net: ~10 MB per client at batch 16) and their fully connected weights (25 MB
+    per client) overflow the caches, and a grouped convolution is no faster than one client's: a Split
+    CIFAR-100 round of 25 clients took 19-21 s in one block against 15-16 s one client at a time
+    (``docs/performance.md``)."""
+    if device.type == "cpu" and any(isinstance(m, nn.Conv2d) for m in model.modules()):
+        return 1
+    return max(clients, 1)
+
+
 class BatchedTrainer:
     """:func:`train_batched` with one workspace kept across calls: what the round engine uses, since it
     consumes each round's client models before the next round starts."""
 
     def __init__(self) -> None:
         self.workspace: Params = {}
+        retain_freed_memory()
 
     def __call__(self, model: nn.Module, global_params: Params, jobs: list[ClientJob], x: torch.Tensor,
                  y: torch.Tensor, task: int, hp: Hyper, plugins: Plugins) -> tuple[Params, list[ClientOutcome]]:

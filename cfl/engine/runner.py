@@ -102,7 +102,7 @@ class Runner:
         self.comm = CommLedger()
         self.progress = Progress(acc_matrix=empty_matrix(stream.num_tasks))
         self.hyper = Hyper(cfg.lr, cfg.momentum, cfg.weight_decay, cfg.local_epochs, cfg.batch_size,
-                           augment=stream.augment)
+                           augment=stream.augment, client_block=cfg.client_block)
         self.model_bytes = nbytes(self.params)
         self._partitions: dict[int, list[torch.Tensor]] = {}
         self.should_stop: Callable[[], bool] = lambda: False

@@ -12,7 +12,10 @@ in place with one ``baddbmm_``::
 
     W <- (1 - lr*wd) W - lr * dY^T X          (torch.optim.SGD's step with weight decay)
 
-so the weight gradient is never materialised. Writing a fresh (C, out, in) gradient and reading it back
+so the weight gradient is never materialised. A ReLU and dropout that follow a linear layer run inside
+it, in place on its fresh output (the bias add and the ReLU as one pass); the layer hands its
+activations over without the dropout scale, which the next linear layer applies as its products'
+``alpha`` (:class:`FusedLinearSGD`). Writing a fresh (C, out, in) gradient and reading it back
 in a separate update pass cost more than the product itself (fresh pages, three memory passes); the
 fused step writes into memory that is already mapped, and the weight gradient of the first layer drops
 from ~100 ms to ~45 ms per step at 64 clients on one core (``docs/performance.md``).
@@ -35,31 +38,64 @@ from cfl.models.heads import MultiHead, SharedHead
 
 
 class FusedLinearSGD(torch.autograd.Function):
-    """``x @ weight^T + bias`` over stacked clients, ``weight`` (C, out, in) as ``nn.Linear`` stores it; the
-    backward steps ``weight`` and ``bias`` in place.
+    """``act(in_scale * x @ weight^T + bias)`` over stacked clients, ``weight`` (C, out, in) as ``nn.Linear``
+    stores it; the backward steps ``weight`` and ``bias`` in place.
 
+    ``in_scale``: the inverted-dropout scale ``1/keep_prob`` of the layer below, which hands its activations
+    over unscaled (``relu(h) * keep``); the scale rides in the products' ``alpha`` instead of costing a pass
+    over the activations each way. ``relu``: the ReLU that follows the layer, fused with the bias add, then
+    ``dropout``'s 0/1 keep mask (or None), both in place on the fresh output; the backward takes the gradient
+    through them where the output is positive, in place on the incoming gradient when that is not a view.
     ``token`` is a scalar that requires grad, so the backward also runs for the first layer (whose input
     does not). The returned gradients of the weights are None: they have been applied.
     """
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,  # noqa: ANN001
-                token: torch.Tensor, lr: float, decay: float) -> torch.Tensor:  # noqa: ARG004
-        ctx.save_for_backward(x)
-        ctx.weight, ctx.bias, ctx.lr, ctx.decay = weight, bias, lr, decay
-        if bias is None:
-            return torch.bmm(x, weight.transpose(1, 2))
-        return torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
+                token: torch.Tensor, lr: float, decay: float, in_scale: float = 1.0,  # noqa: ARG004
+                relu: bool = False, dropout: Dropout | None = None) -> torch.Tensor:
+        h = _scaled_bmm(x, weight.mT, in_scale)
+        if relu:
+            _add_relu_(h, bias)
+            if dropout is not None:
+                h.mul_(dropout.keep_mask(h))
+        elif bias is not None:
+            h.add_(bias.unsqueeze(1))
+        ctx.save_for_backward(x, h if relu else None)
+        ctx.weight, ctx.bias, ctx.lr, ctx.decay, ctx.in_scale = weight, bias, lr, decay, in_scale
+        return h
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor) -> tuple:  # noqa: ANN001
-        (x,) = ctx.saved_tensors
-        weight, bias = ctx.weight, ctx.bias
-        grad_x = torch.bmm(grad_out, weight) if ctx.needs_input_grad[0] else None
-        weight.baddbmm_(grad_out.transpose(1, 2), x, beta=ctx.decay, alpha=-ctx.lr)
+        x, out = ctx.saved_tensors
+        weight, bias, scale = ctx.weight, ctx.bias, ctx.in_scale
+        grad = grad_out
+        if out is not None:  # the gradient passes where relu(h) * keep > 0
+            into = grad_out if grad_out._base is None and grad_out.is_contiguous() else torch.empty_like(grad_out)
+            grad = torch.ops.aten.threshold_backward.grad_input(grad_out, out, 0, grad_input=into)
+        grad_x = _scaled_bmm(grad, weight, scale) if ctx.needs_input_grad[0] else None
+        weight.baddbmm_(grad.mT, x, beta=ctx.decay, alpha=-ctx.lr * scale)
         if bias is not None:
-            bias.mul_(ctx.decay).add_(grad_out.sum(1), alpha=-ctx.lr)
-        return grad_x, None, None, None, None, None
+            bias.mul_(ctx.decay).add_(grad.sum(1), alpha=-ctx.lr)
+        return grad_x, None, None, None, None, None, None, None, None
+
+
+def _scaled_bmm(a: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
+    """``scale * a @ b`` batched, the scale applied by the product itself (``beta=0``: no read of ``out``)."""
+    if scale == 1.0:
+        return torch.bmm(a, b)
+    out = a.new_empty((a.shape[0], a.shape[1], b.shape[2]))
+    return torch.baddbmm(out, a, b, beta=0.0, alpha=scale, out=out)
+
+
+def _add_relu_(h: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """``h <- relu(h + bias)`` in one pass where torch has the fused kernel (CPU), else two."""
+    if bias is None:
+        h.clamp_min_(0)
+    elif h.is_cpu:
+        torch.ops.aten._add_relu_(h, bias.unsqueeze(1))
+    else:
+        h.add_(bias.unsqueeze(1)).clamp_min_(0)
 
 
 class ReluDropout(torch.autograd.Function):
@@ -134,13 +170,20 @@ class StackedNet:
         """Logits ``(C, B, classes)`` of stacked inputs ``(C, B, ...)`` and task ids ``(C, B)``."""
         C, B = x.shape[:2]
         h, grouped = x, False  # grouped: h is (B, C*channels, H, W)
-        layers = iter(range(len(self.layers)))
-        for i in layers:
+        scale = 1.0  # dropout scale still owed by ``h`` (a fused linear layer hands its output over unscaled)
+        i = 0
+        while i < len(self.layers):
             name, module = self.layers[i]
-            after = self.layers[i + 1][1] if i + 1 < len(self.layers) else None
-            if isinstance(module, nn.ReLU) and isinstance(after, Dropout) and after.training and after.p > 0:
-                h = ReluDropout.apply(h, after.keep_mask(h), 1.0 / after.keep_prob)
-                next(layers)  # the dropout is done
+            relu, dropout = self._activation_after(i)
+            if isinstance(module, nn.Linear):
+                h = self._linear(params, name, h, token, scale, relu, dropout)
+                scale = 1.0 / dropout.keep_prob if dropout is not None else 1.0
+                i += 1 + relu + (dropout is not None)
+                continue
+            h, scale = (h if scale == 1.0 else h * scale), 1.0  # out of place: h is saved for the backward
+            if isinstance(module, nn.ReLU) and dropout is not None:
+                h = ReluDropout.apply(h, dropout.keep_mask(h), 1.0 / dropout.keep_prob)
+                i += 1  # the dropout is done
             elif isinstance(module, nn.Conv2d):
                 if not grouped:
                     h, grouped = h.transpose(0, 1).reshape(B, C * h.shape[2], *h.shape[3:]), True
@@ -151,23 +194,36 @@ class StackedNet:
             elif isinstance(module, nn.Flatten):
                 h = h.reshape(B, C, -1).transpose(0, 1).contiguous() if grouped else h.flatten(2)
                 grouped = False
-            elif isinstance(module, nn.Linear):
-                h = self._linear(params, name, h, token)
             elif isinstance(module, nn.ReLU):
                 h = torch.relu(h)
             else:
                 h = module(h)  # dropout (one independent mask over the whole stack) or max-pooling
+            i += 1
         if isinstance(self.head, SharedHead):
-            return self._linear(params, "head", h, token)
+            return self._linear(params, "head", h, token, scale)
         logits = torch.einsum("cbf,ctkf->cbtk", h, params["head.weight"])
+        if scale != 1.0:
+            logits = logits * scale
         if "head.bias" in params:
             logits = logits + params["head.bias"].unsqueeze(1)
         index = task.view(*task.shape, 1, 1).expand(-1, -1, 1, logits.shape[-1])
         return logits.gather(2, index).squeeze(2)
 
-    def _linear(self, params: Params, name: str, h: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    def _activation_after(self, i: int) -> tuple[bool, Dropout | None]:
+        """Whether layer ``i`` (a linear layer) is followed by a ReLU, and the training dropout after that."""
+        after = [m for _, m in self.layers[i + 1 : i + 3]]
+        relu = bool(after) and isinstance(after[0], nn.ReLU)
+        if isinstance(self.layers[i][1], nn.ReLU):  # layer i is the ReLU itself: is a dropout next?
+            relu, after = True, [None, *after]
+        dropout = after[1] if relu and len(after) > 1 else None
+        if not isinstance(dropout, Dropout) or not dropout.training or dropout.p == 0:
+            dropout = None
+        return relu, dropout
+
+    def _linear(self, params: Params, name: str, h: torch.Tensor, token: torch.Tensor, scale: float = 1.0,
+                relu: bool = False, dropout: Dropout | None = None) -> torch.Tensor:
         return FusedLinearSGD.apply(h, params[f"{name}.weight"], params.get(f"{name}.bias"), token, self.lr,
-                                    self.decay)
+                                    self.decay, scale, relu, dropout)
 
     def backward_and_step(self, loss: torch.Tensor, params: Params, token: torch.Tensor) -> None:
         """Back-propagate ``loss`` (the sum of the clients' losses) and take every parameter's step."""
