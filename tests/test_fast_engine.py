@@ -89,3 +89,14 @@ def test_retaining_freed_memory_can_be_opted_out(monkeypatch):
     monkeypatch.delenv("CFL_RETAIN_FREED_MEMORY")
     assert heap.retain_freed_memory() is True  # glibc (Linux): both mallopt calls accepted
     heap.retain_freed_memory.cache_clear()
+
+
+def test_dropout_noise_follows_a_channels_last_layout():
+    layer = Dropout(0.5).train()
+    x = torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
+    torch.manual_seed(1)
+    mask = layer.keep_mask(x)
+    torch.manual_seed(1)
+    nhwc = layer.keep_mask(x.permute(0, 2, 3, 1))  # the same memory, read as a contiguous (N, H, W, C) tensor
+    assert mask.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(mask, nhwc.permute(0, 3, 1, 2))

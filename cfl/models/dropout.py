@@ -76,14 +76,22 @@ class Dropout(nn.Module):
         return torch.ge(self._noise(x), self.threshold, out=torch.empty_like(x))
 
     def _noise(self, x: torch.Tensor) -> torch.Tensor:
+        """Signed integer noise of ``x``'s shape, drawn in ``x``'s memory order (contiguous or channels-last,
+        so the mask needs no layout change)."""
         n = x.numel()
         per_word = 64 // self.bits
-        flat = x.reshape(-1)
+        channels_last = x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+        flat = x.permute(0, 2, 3, 1).reshape(-1) if channels_last else x.reshape(-1)  # views, no copies
         # empty_like of a slice stays batched under vmap, so each client gets its own draw
         words = torch.empty_like(flat[: (n + per_word - 1) // per_word], dtype=torch.int64).random_(-(2**63), None)
         if _vmap_can_view_dtype():
-            return words.view(torch.int8 if self.bits == 8 else torch.int16)[:n].view_as(x)
-        return split_words(words, self.bits)[:n].view_as(x)
+            noise = words.view(torch.int8 if self.bits == 8 else torch.int16)[:n]
+        else:
+            noise = split_words(words, self.bits)[:n]
+        if channels_last:
+            b, c, h, w = x.shape
+            return noise.view(b, h, w, c).permute(0, 3, 1, 2)
+        return noise.view_as(x)
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
