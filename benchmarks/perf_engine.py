@@ -11,7 +11,7 @@ For the MLP, ``products_floor_sec_per_round`` is the time of the round's float32
 everything else (activations, dropout, loss, data gathering) cost nothing.
 
     python benchmarks/perf_engine.py [--rounds 3] [--setup pmnist|cifar] [--threads N] [--ragged BETA]
-                                     [--device cpu|cuda]
+                                     [--device cpu|cuda] [--method fedavg|fedprox|ewc] [--vmap]
 
 ``--device cuda``: model, data and both loops on the GPU (the naive loop's DataLoader indexes GPU tensors),
 the peak a float32 batched product there (TF32 off, torch's default), every timing synchronised.
@@ -39,8 +39,11 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from cfl.engine.jobs import ClientJob, Hyper, Plugins, derive_seed  # noqa: E402
 from cfl.engine.local_batched import BatchedTrainer  # noqa: E402
+from cfl.engine.stacked_net import StackedNet  # noqa: E402
 from cfl.methods.base import MethodState  # noqa: E402
+from cfl.methods.ewc import EWC, EWCParams  # noqa: E402
 from cfl.methods.fedavg import FedAvg  # noqa: E402
+from cfl.methods.fedprox import FedProx, FedProxParams  # noqa: E402
 from cfl.models import ModelShape, build_model  # noqa: E402
 
 SETUPS = {
@@ -135,6 +138,21 @@ def linear_products_floor(model: nn.Module, clients: int, batch: int, device: st
     return total
 
 
+def method_plugins(name: str, params: dict[str, torch.Tensor], clients: int) -> Plugins:
+    """The engine's method; EWC's clients get a random diagonal Fisher and anchor (state after a task end)."""
+    if name == "fedavg":
+        return Plugins([FedAvg(None, None)], [MethodState()], [{}])
+    if name == "fedprox":
+        return Plugins([FedProx(FedProxParams(mu=0.01), None)], [MethodState()], [{}])
+    state = MethodState()
+    for c in range(clients):
+        st = state.client(c)
+        st.update({f"fisher.{k}": torch.rand_like(v) for k, v in params.items()})
+        st.update({f"anchor.{k}": v + 0.01 * torch.randn_like(v) for k, v in params.items()})
+        st["offset"] = torch.zeros((), device=next(iter(params.values())).device)
+    return Plugins([EWC(EWCParams(lam=10.0), None)], [state], [{}])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--setup", choices=list(SETUPS), default="pmnist")
@@ -143,6 +161,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--ragged", type=float, default=0.0, help="Dirichlet concentration of client sizes")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--method", choices=["fedavg", "fedprox", "ewc"], default="fedavg",
+                        help="the engine's method (the naive loop stays plain SGD): fedprox mu 0.01, ewc with "
+                             "a synthetic per-client Fisher and anchor, as after a finished task")
+    parser.add_argument("--vmap", action="store_true", help="force the vmap path (what penalties took before)")
     args = parser.parse_args()
     dev = torch.device(args.device)
     if args.threads:
@@ -161,7 +183,9 @@ def main() -> None:
     hp = Hyper(lr=0.01, momentum=0.0, weight_decay=1e-5, local_epochs=1, batch_size=s["batch"])
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     num_params = sum(v.numel() for v in params.values())
-    plugins = Plugins([FedAvg(None, None)], [MethodState()], [{}])
+    plugins = method_plugins(args.method, params, s["clients"])
+    if args.vmap:
+        StackedNet.supports = staticmethod(lambda *_: False)
     sampled = list(range(s["sampled"]))
 
     trainer = BatchedTrainer()  # as the round engine runs it: one workspace kept across rounds
@@ -186,7 +210,8 @@ def main() -> None:
         peak, peak_cpu = peak_gflops(s["sampled"], s["batch"] * 64, 576, 128, args.device)
         floor = None
     print(json.dumps({
-        "setup": args.setup, "device": args.device, "threads": torch.get_num_threads(), "params": num_params,
+        "setup": args.setup, "method": args.method, "path": "vmap" if args.vmap else "auto", "device": args.device,
+        "threads": torch.get_num_threads(), "params": num_params,
         "clients_per_round": s["sampled"], "samples_per_client": s["per_client"], "batch_size": s["batch"],
         "engine_sec_per_round": round(engine, 4), "naive_sec_per_round": round(naive, 4),
         "speedup_vs_naive": round(naive / engine, 2), "engine_gflops": round(engine_gflops, 2),

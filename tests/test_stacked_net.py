@@ -9,7 +9,9 @@ from cfl.engine.local_batched import train_batched
 from cfl.engine.stacked_net import FusedLinearSGD, ReluDropout, StackedNet
 from cfl.methods.base import MethodState
 from cfl.methods.er import ER, ERParams
+from cfl.methods.ewc import EWC, EWCParams
 from cfl.methods.fedavg import FedAvg
+from cfl.methods.fedcurv import FedCurv, FedCurvParams
 from cfl.methods.fedprox import FedProx, FedProxParams
 from cfl.models.alexnet import AlexNetLike
 from cfl.models.dropout import Dropout
@@ -74,7 +76,12 @@ def test_stacked_path_only_for_plain_sgd_on_listed_layers():
     fedavg = Plugins([FedAvg(None, None)], [MethodState()], [{}])
     assert StackedNet.supports(model, plain, fedavg)
     assert not StackedNet.supports(model, Hyper(0.1, 0.9, 0.0, 1, 4), fedavg)  # momentum
-    assert not StackedNet.supports(model, plain, Plugins([FedProx(None, None)], [MethodState()], [{}]))
+    assert StackedNet.supports(model, plain, Plugins([FedProx(None, None)], [MethodState()], [{}]))  # by its gradient
+
+    class NoGradient(FedProx):
+        has_penalty_gradient = False
+
+    assert not StackedNet.supports(model, plain, Plugins([NoGradient(None, None)], [MethodState()], [{}]))
     assert not StackedNet.supports(torch.nn.Sequential(), plain, fedavg)
     assert local_batched.StackedNet is StackedNet
 
@@ -178,3 +185,80 @@ def test_fused_relu_dropout_epilogue_and_folded_scale_match_autograd():
     torch.autograd.grad((out * g).sum(), [token], allow_unused=True)
     for stepped, before, grad in zip((w1, b1, w2, b2), ref, grads, strict=True):
         assert torch.allclose(stepped, decay * before.detach() - lr * grad, atol=1e-5)
+
+
+def _penalty_plugins(name: str, params: dict, clients: int) -> Plugins:
+    """The method with states (and broadcast) as they are after a finished task / a FedCurv round."""
+    g = torch.Generator().manual_seed(3)
+    rand = lambda v: torch.rand(v.shape, generator=g)  # noqa: E731
+    state, broadcast = MethodState(), {}
+    if name == "fedprox":
+        method = FedProx(FedProxParams(mu=0.7), None)
+    elif name == "ewc":
+        method = EWC(EWCParams(lam=3.0), None)
+        for c in range(clients):
+            st = state.client(c)
+            st.update({f"fisher.{k}": rand(v) for k, v in params.items()})
+            st.update({f"anchor.{k}": v + rand(v) - 0.5 for k, v in params.items()})
+            st["offset"] = torch.tensor(0.1)
+    else:
+        method = FedCurv(FedCurvParams(lam=0.5), None)
+        broadcast = {"u": {k: 3 * rand(v) for k, v in params.items()}, "v": {k: rand(v) for k, v in params.items()},
+                     "round": torch.tensor(4, dtype=torch.int32)}
+        for c in range(clients - 1):  # the last client has no contribution yet
+            st = state.client(c)
+            st.update({f"I.{k}": rand(v) for k, v in params.items()})
+            st.update({f"Iw.{k}": rand(v) for k, v in params.items()})
+            st["round"] = torch.tensor(3 if c == 0 else 1, dtype=torch.int32)  # client 0's is inside u, v
+    return Plugins([method], [state], [broadcast])
+
+
+@pytest.mark.parametrize("name", ["fedprox", "ewc", "fedcurv"])
+def test_penalty_gradient_is_the_gradient_of_the_penalty(name):
+    torch.manual_seed(0)
+    params = {k: v.detach() for k, v in MLP(6, [5], 3).named_parameters()}
+    plugins = _penalty_plugins(name, params, 2)
+    method, broadcast = plugins.methods[0], plugins.broadcasts[0]
+    w = {k: (v + torch.randn_like(v)).requires_grad_() for k, v in params.items()}
+    for c in range(2):
+        state = plugins.states[0].client(c)
+        grads = torch.autograd.grad(method.penalty(w, params, broadcast, state), list(w.values()))
+        terms = method.penalty_gradient(params, broadcast, state)
+        for (k, v), grad in zip(w.items(), grads, strict=True):
+            a, b = terms[k]
+            assert torch.allclose(a * v.detach() - b, grad, atol=1e-5), (name, c, k)
+
+
+@pytest.mark.parametrize("name", ["fedprox", "ewc", "fedcurv"])
+@pytest.mark.parametrize("multi_head", [False, True])  # multi: the head's parameters take the unfused step
+def test_stacked_path_takes_quadratic_penalties_like_the_vmap_path(name, multi_head, monkeypatch):
+    torch.manual_seed(0)
+    model = MLP(6, [5, 4], 3, num_tasks=2, multi_head=multi_head)
+    x, y = torch.randn(40, 6), torch.randint(0, 3, (40,))
+    parts = torch.arange(40).split([13, 9, 18])  # ragged
+    jobs = [ClientJob(c, parts[c], None, 100 + c) for c in range(3)]
+    hp = Hyper(lr=0.2, momentum=0.0, weight_decay=0.01, local_epochs=2, batch_size=4)
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    plugins = _penalty_plugins(name, params, 3)
+    fast, _ = _train(model, plugins, hp, jobs, x, y, True, monkeypatch)
+    ref, _ = _train(model, plugins, hp, jobs, x, y, False, monkeypatch)
+    plain, _ = _train(model, Plugins([FedAvg(None, None)], [MethodState()], [{}]), hp, jobs, x, y, True, monkeypatch)
+    for k in ref:
+        assert torch.allclose(fast[k], ref[k], atol=1e-5, rtol=1e-4), k
+    assert any(not torch.allclose(plain[k], ref[k], atol=1e-3) for k in ref)  # the penalty mattered
+
+
+def test_stacked_alexnet_takes_fedprox_on_its_convolutions_like_the_vmap_path(monkeypatch):
+    torch.manual_seed(0)
+    model = AlexNetLike(3, 32, 4, num_tasks=2, multi_head=True)
+    for m in model.modules():
+        if isinstance(m, Dropout):
+            m.p = 0.0
+    x, y = torch.randn(10, 3, 32, 32), torch.randint(0, 4, (10,))
+    jobs = [ClientJob(c, part, None, 7 + c) for c, part in enumerate(torch.arange(10).split([4, 6]))]
+    hp = Hyper(lr=0.05, momentum=0.0, weight_decay=0.01, local_epochs=1, batch_size=4)
+    plugins = Plugins([FedProx(FedProxParams(mu=5.0), None)], [MethodState()], [{}])
+    fast, _ = _train(model, plugins, hp, jobs, x, y, True, monkeypatch)
+    ref, _ = _train(model, plugins, hp, jobs, x, y, False, monkeypatch)
+    for k in ref:
+        assert torch.allclose(fast[k], ref[k], atol=1e-5, rtol=1e-4), k

@@ -172,6 +172,8 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
     raw_states = [plugins.client_states(i, cids) for i in range(len(plugins.methods))]
     generators = [replay_generator(job) for job in jobs]
     update = SGDStep(hp, params, plugins)
+    # the stacked path takes quadratic penalties' steps from their gradients (no penalty in the loss)
+    penalty = stacked.penalty_steps(plugins, states, global_params, params) if stacked is not None else {}
     loss_sum = torch.zeros(C, device=device)
     finite = torch.ones(C, dtype=torch.bool, device=device)
     task_ids = torch.full((C, hp.batch_size), task, dtype=y.dtype, device=device)
@@ -198,14 +200,19 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
                 xb, yb = torch.cat([xb, extra.x], 1), torch.cat([yb, extra.y], 1)
                 live = (wb.sum(1, keepdim=True) > 0).to(wb.dtype)  # no replay on a client's padded steps
                 tb, wb = torch.cat([tb, extra.task], 1), torch.cat([wb, extra.weight * live], 1)
-        logits = batched_forward(params, xb, tb) if stacked is None else stacked.forward(params, xb, tb, token)
+        if stacked is None:
+            logits = batched_forward(params, xb, tb)
+        else:
+            step_penalty = penalty if n == C else {k: tuple(t if t is None or t.shape[0] == 1 else t[:n] for t in mn)
+                                                   for k, mn in penalty.items()}
+            logits = stacked.forward(params, xb, tb, token, step_penalty)
         per_client = weighted_mean(masked_cross_entropy(logits, yb, None if allowed is None else allowed[:n]), wb)
         loss_sum[:n] += per_client.detach()
         for i, m in enumerate(plugins.methods):
             if m.has_batch_loss:
                 per_client = per_client + vmap(m.batch_loss, in_dims=(0, 0, 0, 0, None, 0), randomness="different")(
                     params, xb, tb, wb, plugins.broadcasts[i], step_states[i])
-            if m.has_penalty:
+            if m.has_penalty and stacked is None:
                 pen = vmap(m.penalty, in_dims=(0, None, None, 0), randomness="different")(
                     params, global_params, plugins.broadcasts[i], step_states[i])
                 per_client = per_client + pen

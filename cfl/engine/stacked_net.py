@@ -1,8 +1,9 @@
 """Clients trained as stacked tensor operations, with each linear layer's SGD step fused into its backward.
 
 For models that list their layers (``stack_layers()``: :class:`cfl.models.MLP` and the AlexNet-like net)
-under plain SGD (no momentum, no method that adds a penalty, a batch loss or a gradient transform:
-FedAvg, FOT's clients, ER, TCE, the server-side methods) the batched engine skips ``vmap`` and runs the
+under SGD without momentum (no method that adds a batch loss or a gradient transform, penalties only with
+their gradient: FedAvg, FOT's clients, ER, TCE, EWC, FedProx, FedCurv, the server-side methods) the
+batched engine skips ``vmap`` and runs the
 stack of clients directly: linear activations ``(C, B, F)`` with weights ``(C, out, in)`` (``nn.Linear``'s
 own layout, so stacking and returning the clients' weights copies nothing transposed); convolutions on
 ``(B, C*channels, H, W)`` as one grouped convolution (``groups=C``), so pooling, ReLU and dropout run on
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.func import vmap
 
 from cfl.engine.jobs import Hyper, Plugins
 from cfl.methods.base import Params
@@ -55,7 +57,8 @@ class FusedLinearSGD(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,  # noqa: ANN001
                 token: torch.Tensor, lr: float, decay: float, in_scale: float = 1.0,  # noqa: ARG004
-                relu: bool = False, dropout: Dropout | None = None) -> torch.Tensor:
+                relu: bool = False, dropout: Dropout | None = None,
+                penalty: tuple[PenaltyStep | None, PenaltyStep | None] = (None, None)) -> torch.Tensor:
         h = _scaled_bmm(x, weight.mT, in_scale)
         if relu:
             _add_relu_(h, bias)
@@ -65,6 +68,7 @@ class FusedLinearSGD(torch.autograd.Function):
             h.add_(bias.unsqueeze(1))
         ctx.save_for_backward(x, h if relu else None)
         ctx.weight, ctx.bias, ctx.lr, ctx.decay, ctx.in_scale = weight, bias, lr, decay, in_scale
+        ctx.penalty = penalty
         return h
 
     @staticmethod
@@ -76,10 +80,29 @@ class FusedLinearSGD(torch.autograd.Function):
             into = grad_out if grad_out._base is None and grad_out.is_contiguous() else torch.empty_like(grad_out)
             grad = torch.ops.aten.threshold_backward.grad_input(grad_out, out, 0, grad_input=into)
         grad_x = _scaled_bmm(grad, weight, scale) if ctx.needs_input_grad[0] else None
+        weight_penalty, bias_penalty = ctx.penalty
+        penalty_pre_step(weight, weight_penalty)
         weight.baddbmm_(grad.mT, x, beta=ctx.decay, alpha=-ctx.lr * scale)
         if bias is not None:
+            penalty_pre_step(bias, bias_penalty)
             bias.mul_(ctx.decay).add_(grad.sum(1), alpha=-ctx.lr)
-        return grad_x, None, None, None, None, None, None, None, None
+        return grad_x, None, None, None, None, None, None, None, None, None
+
+
+PenaltyStep = tuple[torch.Tensor, torch.Tensor | None]  # (M, N) of :func:`penalty_pre_step`
+
+
+def penalty_pre_step(p: torch.Tensor, step: PenaltyStep | None) -> None:
+    """``p <- M * p + N`` in place, so that the SGD step ``decay * p - lr * g`` that follows lands on
+    ``decay * p - lr * (g + A * p - B)``: a quadratic penalty's gradient ``A * p - B`` taken at the step's
+    starting weights, in one pass (``M = 1 - lr/decay * A``, ``N = lr/decay * B``; :meth:`StackedNet.penalty_steps`)."""
+    if step is None:
+        return
+    m, n = step
+    if n is None:
+        p.mul_(m)
+    else:
+        torch.addcmul(n, p, m, out=p)
 
 
 def _scaled_bmm(a: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
@@ -136,11 +159,15 @@ class StackedNet:
 
     @classmethod
     def supports(cls, model: nn.Module, hp: Hyper, plugins: Plugins) -> bool:
-        """Whether a round can take this path: a model of known layers trained by plain SGD."""
+        """Whether a round can take this path: a model of known layers trained by SGD without momentum, with
+        penalties only where the method gives their gradient (:meth:`Method.penalty_gradient`)."""
         if not hasattr(model, "stack_layers") or hp.momentum != 0:
             return False
-        if any(m.has_penalty or m.has_batch_loss or m.has_grad_transform for m in plugins.methods):
+        if any(m.has_batch_loss or m.has_grad_transform or (m.has_penalty and not m.has_penalty_gradient)
+               for m in plugins.methods):
             return False
+        if any(m.has_penalty for m in plugins.methods) and hp.lr * hp.weight_decay == 1.0:
+            return False  # decay 0: the penalty's pre-step would divide by it
         layers = [m for _, m in model.stack_layers()]
         flatten_ok = all(m.start_dim == 1 and m.end_dim == -1 for m in layers if isinstance(m, nn.Flatten))
         conv_ok = all(m.groups == 1 and m.padding_mode == "zeros" for m in layers if isinstance(m, nn.Conv2d))
@@ -168,8 +195,39 @@ class StackedNet:
         that require grad (sharing storage, so their steps land in ``params``)."""
         return {k: v if k in self.fused else v.detach().requires_grad_() for k, v in params.items()}
 
-    def forward(self, params: Params, x: torch.Tensor, task: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
-        """Logits ``(C, B, classes)`` of stacked inputs ``(C, B, ...)`` and task ids ``(C, B)``."""
+    def penalty_steps(self, plugins: Plugins, states: list[dict[str, torch.Tensor]], global_params: Params,
+                      params: Params) -> dict[str, PenaltyStep]:
+        """Per parameter, the ``(M, N)`` of :func:`penalty_pre_step` for the round's quadratic penalties (the
+        methods' ``penalty_gradient``, vmapped over the stacked client ``states``), each with as many
+        dims as the stacked parameter (client dim 1 where it is the same for every client)."""
+        coeff = self.lr / self.decay
+        total: dict[str, list] = {}
+        for method, broadcast, state in zip(plugins.methods, plugins.broadcasts, states, strict=True):
+            if not method.has_penalty:
+                continue
+            if state:
+                terms = vmap(method.penalty_gradient, in_dims=(None, None, 0))(global_params, broadcast, state)
+            else:
+                terms = {k: tuple(t.unsqueeze(0) if t is not None else None for t in ab)
+                         for k, ab in method.penalty_gradient(global_params, broadcast, state).items()}
+            for k, (a, b) in terms.items():
+                acc = total.setdefault(k, [0.0, None])
+                acc[0] = acc[0] + a
+                if b is not None:
+                    acc[1] = b if acc[1] is None else acc[1] + b
+        steps = {}
+        for k, (a, b) in total.items():
+            dims = params[k].dim()
+            m = 1.0 - coeff * a
+            n = None if b is None else coeff * b
+            steps[k] = (m.reshape(_client_first(m, dims)), None if n is None else n.reshape(_client_first(n, dims)))
+        return steps
+
+    def forward(self, params: Params, x: torch.Tensor, task: torch.Tensor, token: torch.Tensor,
+                penalty: dict[str, PenaltyStep] | None = None) -> torch.Tensor:
+        """Logits ``(C, B, classes)`` of stacked inputs ``(C, B, ...)`` and task ids ``(C, B)``; ``penalty``:
+        :meth:`penalty_steps` for these clients, applied in each fused layer's step."""
+        self.penalty = penalty or {}
         C, B = x.shape[:2]
         h, grouped = x, False  # grouped: h is (B, C*channels, H, W)
         scale = 1.0  # dropout scale still owed by ``h`` (a fused linear layer hands its output over unscaled)
@@ -226,8 +284,9 @@ class StackedNet:
 
     def _linear(self, params: Params, name: str, h: torch.Tensor, token: torch.Tensor, scale: float = 1.0,
                 relu: bool = False, dropout: Dropout | None = None) -> torch.Tensor:
+        penalty = (self.penalty.get(f"{name}.weight"), self.penalty.get(f"{name}.bias"))
         return FusedLinearSGD.apply(h, params[f"{name}.weight"], params.get(f"{name}.bias"), token, self.lr,
-                                    self.decay, scale, relu, dropout)
+                                    self.decay, scale, relu, dropout, penalty)
 
     def backward_and_step(self, loss: torch.Tensor, params: Params, token: torch.Tensor) -> None:
         """Back-propagate ``loss`` (the sum of the clients' losses) and take every parameter's step."""
@@ -235,6 +294,13 @@ class StackedNet:
         grads = torch.autograd.grad(loss, [token] + [params[k] for k in rest], allow_unused=True)[1:]
         with torch.no_grad():
             for k, g in zip(rest, grads, strict=True):
+                penalty_pre_step(params[k], self.penalty.get(k))
                 params[k].mul_(self.decay)
                 if g is not None:
                     params[k].add_(g, alpha=-self.lr)
+
+
+def _client_first(t: torch.Tensor, dims: int) -> tuple[int, ...]:
+    """The shape of ``t`` (clients or 1 first, then a parameter's trailing dims) with 1s inserted after the
+    client dim up to ``dims`` dims, so that it broadcasts against the stacked parameter."""
+    return (t.shape[0],) + (1,) * (dims - t.dim()) + tuple(t.shape[1:])

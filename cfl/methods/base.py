@@ -104,6 +104,14 @@ class Method:
         """Extra scalar loss for one client (EWC, FedProx, FedCurv). Must be a pure tensor function."""
         return None
 
+    def penalty_gradient(self, global_params: Params, broadcast: State,
+                         state: State) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """For a quadratic ``penalty`` (``has_penalty_gradient = True``): its gradient as ``A * w - B`` per
+        parameter, ``{name: (A, B)}`` with tensors broadcastable to one client's parameter (names left out
+        carry no penalty). With it the stacked engine path takes the penalty's share of each SGD step in
+        one elementwise pass instead of differentiating ``penalty`` under ``vmap``. One client; pure, vmapped."""
+        raise NotImplementedError
+
     def batch_loss(self, params: Params, x: torch.Tensor, task: torch.Tensor, weight: torch.Tensor,
                    broadcast: State, state: State) -> torch.Tensor | None:
         """Extra scalar loss that needs the step's inputs (distillation, e.g. LwF). Pure, vmapped.
@@ -120,6 +128,8 @@ class Method:
     has_penalty: ClassVar[bool] = False
     has_batch_loss: ClassVar[bool] = False
     has_grad_transform: ClassVar[bool] = False
+    #: set True where ``penalty_gradient`` gives the gradient of ``penalty`` (a quadratic penalty)
+    has_penalty_gradient: ClassVar[bool] = False
 
     def stack_states(self, states: list[State]) -> State:
         """Stack per-client states for the batched engine (override to pad ragged tensors)."""

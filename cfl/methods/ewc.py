@@ -45,6 +45,7 @@ class EWC(Method):
     about = "EWC+FL: per-client diagonal-Fisher penalty lambda/2 sum F (w - w*)^2 on finished tasks"
     Params = EWCParams
     has_penalty = True
+    has_penalty_gradient = True
     task_end_participants = "all"
 
     def penalty(self, params: Params, global_params: Params, broadcast: State, state: State) -> torch.Tensor:
@@ -54,6 +55,15 @@ class EWC(Method):
         for k, w in params.items():
             total = total + (state[f"fisher.{k}"] * (w - state[f"anchor.{k}"]) ** 2).sum()
         return 0.5 * self.p.lam * total
+
+    def penalty_gradient(self, global_params: Params, broadcast: State,
+                         state: State) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """``lambda * F * (w - w*)``; none before the first finished task."""
+        if "offset" not in state:
+            return {}
+        lam = self.p.lam
+        return {k: (lam * state[f"fisher.{k}"], lam * state[f"fisher.{k}"] * state[f"anchor.{k}"])
+                for k in global_params}
 
     def task_end_client(self, model: nn.Module, params: Params, data: ClientData, state: State,
                         broadcast: State, generator: torch.Generator) -> None:

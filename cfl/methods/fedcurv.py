@@ -35,6 +35,7 @@ class FedCurv(Method):
     about = "FedCurv: Fisher-weighted penalty towards the previous round's other clients (u, v broadcast)"
     Params = FedCurvParams
     has_penalty = True
+    has_penalty_gradient = True
 
     def __init__(self, params: Any, run: Any) -> None:
         super().__init__(params, run)
@@ -79,16 +80,32 @@ class FedCurv(Method):
     def penalty(self, params: Params, global_params: Params, broadcast: State, state: State) -> torch.Tensor:
         first = next(iter(params.values()))
         total = torch.zeros((), device=first.device, dtype=first.dtype)
+        for k, (u, v) in self._others(params, broadcast, state).items():
+            w = params[k]
+            total = total + (u * w * w - 2.0 * w * v).sum()
+        return self.p.lam * total
+
+    def penalty_gradient(self, global_params: Params, broadcast: State,
+                         state: State) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """``2 lambda (u w - v)``, with ``u``, ``v`` the other clients' sums."""
+        return {k: (2.0 * self.p.lam * u, 2.0 * self.p.lam * v)
+                for k, (u, v) in self._others(global_params, broadcast, state).items()}
+
+    def _others(self, params: Params, broadcast: State, state: State) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Per parameter, ``u = sum I_j`` and ``v = sum I_j w_j`` over the other clients (empty before the first
+        broadcast): the server's sums less this client's own last contribution, if they contain it."""
         if "u" not in broadcast:
-            return total
+            return {}
+        first = next(iter(params.values()))
         # 1 if this client's last contribution is inside u, v (it took part in the previous round)
         mine = (state["round"] == broadcast["round"] - 1).to(first.dtype) if "round" in state else None
-        for k, w in params.items():
+        out = {}
+        for k in params:
             u, v = broadcast["u"][k], broadcast["v"][k]
             if mine is not None:
                 u, v = u - mine * state[f"I.{k}"], v - mine * state[f"Iw.{k}"]
-            total = total + (u * w * w - 2.0 * w * v).sum()
-        return self.p.lam * total
+            out[k] = (u, v)
+        return out
 
     def stats(self, state: MethodState) -> dict[str, Any]:
         return {"fisher": self.p.fisher, **client_state_bytes(state)}

@@ -20,7 +20,14 @@ class FedProx(Method):
     about = "FedProx: proximal term mu/2 ||w - w_global||^2 in the local loss"
     Params = FedProxParams
     has_penalty = True
+    has_penalty_gradient = True
 
     def penalty(self, params: Params, global_params: Params, broadcast: State, state: State) -> torch.Tensor:
         total = sum(((params[k] - global_params[k]) ** 2).sum() for k in params)
         return 0.5 * self.p.mu * total
+
+    def penalty_gradient(self, global_params: Params, broadcast: State,
+                         state: State) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """``mu * (w - w_global)``."""
+        return {k: (torch.full((), self.p.mu, dtype=w.dtype, device=w.device), self.p.mu * w)
+                for k, w in global_params.items()}
