@@ -117,12 +117,13 @@ def test_signal_stops_after_the_round_with_a_checkpoint_and_resume_finishes(setu
     out = setup / f"stopped-{signum}"
     monkeypatch.setitem(METHODS, "slow", type("Slow", (Method,), {"name": "slow"}))
     stop_with(monkeypatch, signum, after_round)
+    before = signal.getsignal(signal.SIGINT)  # SIG_IGN where the tests run in a background job
     assert main(["run", str(setup / "tiny.yaml"), "--out", str(out), "--quiet"]) == code
     err = capsys.readouterr().err
     assert f"stopped by {signal.Signals(signum).name} after round {after_round}" in err
     assert f"cfl run --resume {out}" in err
     assert saved_round(out) == after_round and not (out / "results.json").exists()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers are put back
+    assert signal.getsignal(signal.SIGINT) is before  # handlers are put back
     monkeypatch.undo()
     monkeypatch.setitem(METHODS, "slow", type("Slow", (Method,), {"name": "slow"}))
     assert main(["run", "--resume", str(out), "--quiet"]) == 0
