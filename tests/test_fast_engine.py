@@ -1,5 +1,7 @@
 """Issue 7 speed-ups keep the results: folded weight decay, gradient-layout parameters, bit-noise dropout."""
 
+import platform
+
 import pytest
 import torch
 from torch.func import vmap
@@ -87,7 +89,8 @@ def test_retaining_freed_memory_can_be_opted_out(monkeypatch):
     assert heap.retain_freed_memory() is False
     heap.retain_freed_memory.cache_clear()
     monkeypatch.delenv("CFL_RETAIN_FREED_MEMORY")
-    assert heap.retain_freed_memory() is True  # glibc (Linux): both mallopt calls accepted
+    if platform.libc_ver()[0] == "glibc":
+        assert heap.retain_freed_memory() is True  # both mallopt calls accepted
     heap.retain_freed_memory.cache_clear()
 
 
