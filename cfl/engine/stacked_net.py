@@ -210,16 +210,17 @@ class StackedNet:
             else:
                 terms = {k: tuple(t.unsqueeze(0) if t is not None else None for t in ab)
                          for k, ab in method.penalty_gradient(global_params, broadcast, state).items()}
-            for k, (a, b) in terms.items():
-                acc = total.setdefault(k, [0.0, None])
-                acc[0] = acc[0] + a
-                if b is not None:
-                    acc[1] = b if acc[1] is None else acc[1] + b
+            for k, (a, b) in terms.items():  # summed over methods; each (C, ...) op below is a fresh ~160 MB
+                if k not in total:
+                    total[k] = [a, b]
+                else:
+                    total[k] = [total[k][0] + a, b if total[k][1] is None else total[k][1] if b is None
+                                else total[k][1] + b]
         steps = {}
         for k, (a, b) in total.items():
             dims = params[k].dim()
-            m = 1.0 - coeff * a
-            n = None if b is None else coeff * b
+            m = torch.mul(a, -coeff).add_(1.0)
+            n = None if b is None else torch.mul(b, coeff)
             steps[k] = (m.reshape(_client_first(m, dims)), None if n is None else n.reshape(_client_first(n, dims)))
         return steps
 

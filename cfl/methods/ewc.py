@@ -61,9 +61,8 @@ class EWC(Method):
         """``lambda * F * (w - w*)``; none before the first finished task."""
         if "offset" not in state:
             return {}
-        lam = self.p.lam
-        return {k: (lam * state[f"fisher.{k}"], lam * state[f"fisher.{k}"] * state[f"anchor.{k}"])
-                for k in global_params}
+        scaled = {k: self.p.lam * state[f"fisher.{k}"] for k in global_params}
+        return {k: (a, a * state[f"anchor.{k}"]) for k, a in scaled.items()}
 
     def task_end_client(self, model: nn.Module, params: Params, data: ClientData, state: State,
                         broadcast: State, generator: torch.Generator) -> None:
