@@ -7,7 +7,7 @@ from cfl.engine import local_batched
 from cfl.engine.jobs import ClientJob, Hyper, Plugins
 from cfl.engine.local_batched import train_batched
 from cfl.engine.stacked_net import FusedLinearSGD, ReluDropout, StackedNet
-from cfl.methods.base import MethodState
+from cfl.methods.base import Method, MethodState
 from cfl.methods.er import ER, ERParams
 from cfl.methods.ewc import EWC, EWCParams
 from cfl.methods.fedavg import FedAvg
@@ -79,7 +79,7 @@ def test_stacked_path_only_for_plain_sgd_on_listed_layers():
     assert StackedNet.supports(model, plain, Plugins([FedProx(None, None)], [MethodState()], [{}]))  # by its gradient
 
     class NoGradient(FedProx):
-        has_penalty_gradient = False
+        penalty_gradient = Method.penalty_gradient  # the penalty without its gradient
 
     assert not StackedNet.supports(model, plain, Plugins([NoGradient(None, None)], [MethodState()], [{}]))
     assert not StackedNet.supports(torch.nn.Sequential(), plain, fedavg)

@@ -79,4 +79,3 @@ class ClientOutcome:
     num_samples: int
     mean_loss: float
     finite: bool
-

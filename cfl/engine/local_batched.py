@@ -200,11 +200,12 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
                 xb, yb = torch.cat([xb, extra.x], 1), torch.cat([yb, extra.y], 1)
                 live = (wb.sum(1, keepdim=True) > 0).to(wb.dtype)  # no replay on a client's padded steps
                 tb, wb = torch.cat([tb, extra.task], 1), torch.cat([wb, extra.weight * live], 1)
+        # the clients' prefix of the penalty steps (a client dim of 1, shared by all, stays 1)
+        step_penalty = penalty if n == C else {k: (m[:n], None if b is None else b[:n])
+                                               for k, (m, b) in penalty.items()}
         if stacked is None:
             logits = batched_forward(params, xb, tb)
         else:
-            step_penalty = penalty if n == C else {k: tuple(t if t is None or t.shape[0] == 1 else t[:n] for t in mn)
-                                                   for k, mn in penalty.items()}
             logits = stacked.forward(params, xb, tb, token, step_penalty)
         per_client = weighted_mean(masked_cross_entropy(logits, yb, None if allowed is None else allowed[:n]), wb)
         loss_sum[:n] += per_client.detach()
@@ -218,7 +219,7 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
                 per_client = per_client + pen
         finite[:n] &= torch.isfinite(per_client.detach())
         if stacked is not None:
-            stacked.backward_and_step(per_client.sum(), params, token)
+            stacked.backward_and_step(per_client.sum(), params, token, step_penalty)
             continue
         grads = torch.autograd.grad(per_client.sum() * update.loss_scale, list(params.values()))
         with torch.no_grad():

@@ -24,7 +24,7 @@ from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, derive_see
 from cfl.engine.local_batched import BatchedTrainer
 from cfl.engine.local_sequential import train_sequential
 from cfl.methods import METHODS
-from cfl.methods.base import ClientData, Method, MethodState, Params, RunInfo
+from cfl.methods.base import ClientData, Method, MethodState, Params, RunInfo, overrides
 from cfl.metrics import client_forgetting
 from cfl.metrics.comm import CommLedger, nbytes
 from cfl.metrics.matrix import Matrix, empty_matrix
@@ -61,10 +61,6 @@ class Progress:
     train_seconds: float = 0.0
     task_end_seconds: float = 0.0
     wall_seconds: float = 0.0
-
-
-def overrides(method: Method, hook: str) -> bool:
-    return getattr(type(method), hook) is not getattr(Method, hook)
 
 
 def client_deltas(trained: Params, global_params: Params, keep: torch.Tensor) -> Params:

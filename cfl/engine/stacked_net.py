@@ -36,7 +36,7 @@ from torch import nn
 from torch.func import vmap
 
 from cfl.engine.jobs import Hyper, Plugins
-from cfl.methods.base import Params
+from cfl.methods.base import Params, overrides
 from cfl.models.dropout import Dropout
 from cfl.models.heads import MultiHead, SharedHead
 
@@ -75,10 +75,7 @@ class FusedLinearSGD(torch.autograd.Function):
     def backward(ctx, grad_out: torch.Tensor) -> tuple:  # noqa: ANN001
         x, out = ctx.saved_tensors
         weight, bias, scale = ctx.weight, ctx.bias, ctx.in_scale
-        grad = grad_out
-        if out is not None:  # the gradient passes where relu(h) * keep > 0
-            into = grad_out if grad_out._base is None and grad_out.is_contiguous() else torch.empty_like(grad_out)
-            grad = torch.ops.aten.threshold_backward.grad_input(grad_out, out, 0, grad_input=into)
+        grad = grad_out if out is None else _through_positive(grad_out, out)
         grad_x = _scaled_bmm(grad, weight, scale) if ctx.needs_input_grad[0] else None
         weight_penalty, bias_penalty = ctx.penalty
         penalty_pre_step(weight, weight_penalty)
@@ -105,6 +102,13 @@ def penalty_pre_step(p: torch.Tensor, step: PenaltyStep | None) -> None:
         torch.addcmul(n, p, m, out=p)
 
 
+def _through_positive(grad_out: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """The gradient of ``relu(h) * keep`` (``out``): ``grad_out`` where ``out > 0``, else 0; written into
+    ``grad_out`` itself when it is a tensor of its own (the layer above made it for this layer alone)."""
+    into = grad_out if grad_out._base is None and grad_out.is_contiguous() else torch.empty_like(grad_out)
+    return torch.ops.aten.threshold_backward.grad_input(grad_out, out, 0, grad_input=into)
+
+
 def _scaled_bmm(a: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
     """``scale * a @ b`` batched, the scale applied by the product itself (``beta=0``: no read of ``out``)."""
     if scale == 1.0:
@@ -129,7 +133,7 @@ class ReluDropout(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:  # noqa: ANN001
-        # in place: ``x`` is a fused linear layer's output, which nothing else keeps (fresh (C, B, F)
+        # in place: ``x`` is a convolution's output, which nothing else keeps (fresh activation-sized
         # tensors cost page faults: the out-of-place version took ~4x as long)
         out = x.clamp_min_(0).mul_(keep).mul_(scale)
         ctx.mark_dirty(x)
@@ -140,8 +144,7 @@ class ReluDropout(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor) -> tuple:  # noqa: ANN001
         (out,) = ctx.saved_tensors
-        grad = torch.ops.aten.threshold_backward.grad_input(grad_out, out, 0, grad_input=torch.empty_like(grad_out))
-        return grad.mul_(ctx.scale), None, None
+        return _through_positive(grad_out, out).mul_(ctx.scale), None, None
 
 
 class StackedNet:
@@ -163,7 +166,7 @@ class StackedNet:
         penalties only where the method gives their gradient (:meth:`Method.penalty_gradient`)."""
         if not hasattr(model, "stack_layers") or hp.momentum != 0:
             return False
-        if any(m.has_batch_loss or m.has_grad_transform or (m.has_penalty and not m.has_penalty_gradient)
+        if any(m.has_batch_loss or m.has_grad_transform or (m.has_penalty and not overrides(m, "penalty_gradient"))
                for m in plugins.methods):
             return False
         if any(m.has_penalty for m in plugins.methods) and hp.lr * hp.weight_decay == 1.0:
@@ -201,7 +204,7 @@ class StackedNet:
         methods' ``penalty_gradient``, vmapped over the stacked client ``states``), each with as many
         dims as the stacked parameter (client dim 1 where it is the same for every client)."""
         coeff = self.lr / self.decay
-        total: dict[str, list] = {}
+        total: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
         for method, broadcast, state in zip(plugins.methods, plugins.broadcasts, states, strict=True):
             if not method.has_penalty:
                 continue
@@ -211,11 +214,8 @@ class StackedNet:
                 terms = {k: tuple(t.unsqueeze(0) if t is not None else None for t in ab)
                          for k, ab in method.penalty_gradient(global_params, broadcast, state).items()}
             for k, (a, b) in terms.items():  # summed over methods; each (C, ...) op below is a fresh ~160 MB
-                if k not in total:
-                    total[k] = [a, b]
-                else:
-                    total[k] = [total[k][0] + a, b if total[k][1] is None else total[k][1] if b is None
-                                else total[k][1] + b]
+                a0, b0 = total.get(k, (None, None))
+                total[k] = (_plus(a0, a), _plus(b0, b))
         steps = {}
         for k, (a, b) in total.items():
             dims = params[k].dim()
@@ -228,7 +228,7 @@ class StackedNet:
                 penalty: dict[str, PenaltyStep] | None = None) -> torch.Tensor:
         """Logits ``(C, B, classes)`` of stacked inputs ``(C, B, ...)`` and task ids ``(C, B)``; ``penalty``:
         :meth:`penalty_steps` for these clients, applied in each fused layer's step."""
-        self.penalty = penalty or {}
+        penalty = penalty or {}
         C, B = x.shape[:2]
         h, grouped = x, False  # grouped: h is (B, C*channels, H, W)
         scale = 1.0  # dropout scale still owed by ``h`` (a fused linear layer hands its output over unscaled)
@@ -237,7 +237,7 @@ class StackedNet:
             name, module = self.layers[i]
             relu, dropout = self._activation_after(i)
             if isinstance(module, nn.Linear):
-                h = self._linear(params, name, h, token, scale, relu, dropout)
+                h = self._linear(params, name, h, token, penalty, scale, relu, dropout)
                 scale = 1.0 / dropout.keep_prob if dropout is not None else 1.0
                 i += 1 + relu + (dropout is not None)
                 continue
@@ -263,7 +263,7 @@ class StackedNet:
                 h = module(h)  # dropout (one independent mask over the whole stack) or max-pooling
             i += 1
         if isinstance(self.head, SharedHead):
-            return self._linear(params, "head", h, token, scale)
+            return self._linear(params, "head", h, token, penalty, scale)
         logits = torch.einsum("cbf,ctkf->cbtk", h, params["head.weight"])
         if scale != 1.0:
             logits = logits * scale
@@ -283,19 +283,23 @@ class StackedNet:
             dropout = None
         return relu, dropout
 
-    def _linear(self, params: Params, name: str, h: torch.Tensor, token: torch.Tensor, scale: float = 1.0,
-                relu: bool = False, dropout: Dropout | None = None) -> torch.Tensor:
-        penalty = (self.penalty.get(f"{name}.weight"), self.penalty.get(f"{name}.bias"))
+    def _linear(self, params: Params, name: str, h: torch.Tensor, token: torch.Tensor,
+                penalty: dict[str, PenaltyStep], scale: float = 1.0, relu: bool = False,
+                dropout: Dropout | None = None) -> torch.Tensor:
         return FusedLinearSGD.apply(h, params[f"{name}.weight"], params.get(f"{name}.bias"), token, self.lr,
-                                    self.decay, scale, relu, dropout, penalty)
+                                    self.decay, scale, relu, dropout,
+                                    (penalty.get(f"{name}.weight"), penalty.get(f"{name}.bias")))
 
-    def backward_and_step(self, loss: torch.Tensor, params: Params, token: torch.Tensor) -> None:
-        """Back-propagate ``loss`` (the sum of the clients' losses) and take every parameter's step."""
+    def backward_and_step(self, loss: torch.Tensor, params: Params, token: torch.Tensor,
+                          penalty: dict[str, PenaltyStep] | None = None) -> None:
+        """Back-propagate ``loss`` (the sum of the clients' losses) and take every parameter's step (with
+        the :meth:`penalty_steps` given to :meth:`forward`)."""
+        penalty = penalty or {}
         rest = [k for k in params if k not in self.fused]
         grads = torch.autograd.grad(loss, [token] + [params[k] for k in rest], allow_unused=True)[1:]
         with torch.no_grad():
             for k, g in zip(rest, grads, strict=True):
-                penalty_pre_step(params[k], self.penalty.get(k))
+                penalty_pre_step(params[k], penalty.get(k))
                 params[k].mul_(self.decay)
                 if g is not None:
                     params[k].add_(g, alpha=-self.lr)
@@ -305,3 +309,8 @@ def _client_first(t: torch.Tensor, dims: int) -> tuple[int, ...]:
     """The shape of ``t`` (clients or 1 first, then a parameter's trailing dims) with 1s inserted after the
     client dim up to ``dims`` dims, so that it broadcasts against the stacked parameter."""
     return (t.shape[0],) + (1,) * (dims - t.dim()) + tuple(t.shape[1:])
+
+
+def _plus(x: torch.Tensor | None, y: torch.Tensor | None) -> torch.Tensor | None:
+    """``x + y``, where None stands for 0."""
+    return y if x is None else x if y is None else x + y

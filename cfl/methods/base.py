@@ -105,12 +105,13 @@ class Method:
         return None
 
     def penalty_gradient(self, global_params: Params, broadcast: State,
-                         state: State) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """For a quadratic ``penalty`` (``has_penalty_gradient = True``): its gradient as ``A * w - B`` per
-        parameter, ``{name: (A, B)}`` with tensors broadcastable to one client's parameter (names left out
-        carry no penalty). With it the stacked engine path takes the penalty's share of each SGD step in
-        one elementwise pass instead of differentiating ``penalty`` under ``vmap``. One client; pure, vmapped."""
-        raise NotImplementedError
+                         state: State) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
+        """Override for a quadratic ``penalty``: its gradient as ``A * w - B`` per parameter, ``{name: (A, B)}``
+        with tensors broadcastable to one client's parameter (names left out carry no penalty). A method
+        that overrides it trains on the stacked engine path, which takes the penalty's share of each SGD
+        step in one elementwise pass instead of differentiating ``penalty`` under ``vmap``. One client;
+        pure, vmapped. Not overridden (None): the penalty is differentiated."""
+        return None
 
     def batch_loss(self, params: Params, x: torch.Tensor, task: torch.Tensor, weight: torch.Tensor,
                    broadcast: State, state: State) -> torch.Tensor | None:
@@ -128,8 +129,6 @@ class Method:
     has_penalty: ClassVar[bool] = False
     has_batch_loss: ClassVar[bool] = False
     has_grad_transform: ClassVar[bool] = False
-    #: set True where ``penalty_gradient`` gives the gradient of ``penalty`` (a quadratic penalty)
-    has_penalty_gradient: ClassVar[bool] = False
 
     def stack_states(self, states: list[State]) -> State:
         """Stack per-client states for the batched engine (override to pad ragged tensors)."""
@@ -189,3 +188,8 @@ class Method:
     def stats(self, state: MethodState) -> dict[str, Any]:
         """Method-specific figures for ``results.json`` (``method_stats``)."""
         return {}
+
+
+def overrides(method: Method, hook: str) -> bool:
+    """Whether ``method``'s class replaces the base class's ``hook``."""
+    return getattr(type(method), hook) is not getattr(Method, hook)

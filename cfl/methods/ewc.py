@@ -45,7 +45,6 @@ class EWC(Method):
     about = "EWC+FL: per-client diagonal-Fisher penalty lambda/2 sum F (w - w*)^2 on finished tasks"
     Params = EWCParams
     has_penalty = True
-    has_penalty_gradient = True
     task_end_participants = "all"
 
     def penalty(self, params: Params, global_params: Params, broadcast: State, state: State) -> torch.Tensor:

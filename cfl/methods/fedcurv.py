@@ -35,7 +35,6 @@ class FedCurv(Method):
     about = "FedCurv: Fisher-weighted penalty towards the previous round's other clients (u, v broadcast)"
     Params = FedCurvParams
     has_penalty = True
-    has_penalty_gradient = True
 
     def __init__(self, params: Any, run: Any) -> None:
         super().__init__(params, run)

@@ -20,7 +20,6 @@ class FedProx(Method):
     about = "FedProx: proximal term mu/2 ||w - w_global||^2 in the local loss"
     Params = FedProxParams
     has_penalty = True
-    has_penalty_gradient = True
 
     def penalty(self, params: Params, global_params: Params, broadcast: State, state: State) -> torch.Tensor:
         total = sum(((params[k] - global_params[k]) ** 2).sum() for k in params)
