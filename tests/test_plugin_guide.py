@@ -4,6 +4,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from cfl.config import from_dict
@@ -21,6 +22,16 @@ def _load_example():
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(autouse=True)
+def _registry_restored():
+    """Loading the example registers ``lwf`` in the global registry; later tests (the configuration
+    reference) must not see it."""
+    before = dict(METHODS)
+    yield
+    METHODS.clear()
+    METHODS.update(before)
 
 
 def test_guide_shows_the_example_file_verbatim():
