@@ -31,7 +31,8 @@ class StreamConfig:
     num_tasks: Optional[int] = field(None, "use the first N tasks of the stream (null: all)", min=1)
     scenario: str = field("auto", "auto (the stream's default), domain, task or class incremental",
                           choices=("auto", "domain", "task", "class"))
-    seed: Optional[int] = field(None, "seed of the task permutations (null: the run seed)", min=0, max=SEED_MAX)
+    seed: Optional[int] = field(None, "seed of the task permutations (null: the run seed); below 2**32",
+                                 min=0, max=SEED_MAX)
     download: bool = field(False, "download missing data files (needs network)")
 
 
@@ -71,8 +72,8 @@ class WandbConfig:
 
 @dataclass(frozen=True)
 class Config:
-    seed: int = field(0, "seed of sampling, partitions, initialisation, data order and dropout", min=0,
-                      max=SEED_MAX)
+    seed: int = field(0, "seed of sampling, partitions, initialisation, data order and dropout; below 2**32 "
+                      "(numpy's RandomState draws the Avalanche permutations)", min=0, max=SEED_MAX)
     stream: StreamConfig = field(StreamConfig(), "")
     model: ModelConfig = field(ModelConfig(), "")
     partition: PartitionConfig = field(PartitionConfig(), "")
@@ -80,8 +81,8 @@ class Config:
     clients_per_round: int = field(10, "clients sampled (without replacement) each round", min=1)
     rounds_per_task: int = field(20, "communication rounds per task", min=1)
     local_epochs: int = field(1, "local epochs per round", min=1)
-    batch_size: int = field(32, "local mini-batch size (the batched engine sizes its step masks by it)", min=1,
-                            max=BATCH_SIZE_MAX)
+    batch_size: int = field(32, "local mini-batch size, at most 2**20 (the batched engine sizes its step masks "
+                            "by it)", min=1, max=BATCH_SIZE_MAX)
     lr: float = field(0.01, "local SGD learning rate", gt=0)
     momentum: float = field(0.0, "local SGD momentum (fresh each round)", min=0.0, max=0.999)
     weight_decay: float = field(0.0, "local SGD weight decay", min=0.0)
