@@ -52,7 +52,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             try:
                 return _coerce(value, option, key)
             except ConfigError as err:
-                errors.append(err)
+                if option is not type(None):
+                    errors.append(err)
+        if len(errors) == 1 and isinstance(value, (int, float)):  # Optional number: why (not finite, too large)
+            raise errors[0]
         raise ConfigError(f"'{key}' must be {_type_name(tp)}, got {value!r}")
     if tp is type(None):
         if value is None:

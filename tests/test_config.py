@@ -52,6 +52,9 @@ BAD = [
     ({"client_execution": "parallel"}, "'client_execution' must be one of"),
     ({"on_nonfinite": "ignore"}, "'on_nonfinite' must be one of"),
     ({"seed": -3}, "'seed' must be >= 0"),
+    ({"stream": {"seed": 2**70}}, "'stream.seed' must be a 64-bit integer"),
+    ({"stream": {"seed": "x"}}, "'stream.seed' must be int or null"),
+    ({"method": {"name": "er", "replay_batch_size": 2**64}}, "'method.replay_batch_size' must be a 64-bit integer"),
 ]
 
 
