@@ -1,6 +1,7 @@
 """End to end through the `cfl` command: outputs, their agreement with the definitions, refusals."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -94,6 +95,25 @@ def test_the_model_used_is_recorded(run_dir):
     """`model: auto` is resolved at validation: config.yaml and results.json name the model that ran."""
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["model"]["name"] == "digits-mlp"
     assert json.loads((run_dir / "results.json").read_text())["config"]["model"]["name"] == "digits-mlp"
+
+
+def test_a_run_saved_with_model_auto_still_resumes(run_dir, tmp_path):
+    """Runs from before `auto` was resolved at validation hold `model: {name: auto}` in config.yaml and in the
+    checkpoint; they resume (here from the final checkpoint) and record the model that ran."""
+    from cfl.cli import main
+    from cfl.engine import checkpoint
+
+    old = tmp_path / "old"
+    shutil.copytree(run_dir, old, ignore=shutil.ignore_patterns("wandb"))
+    (old / "results.json").unlink()
+    config = yaml.safe_load((old / "config.yaml").read_text())
+    config["model"]["name"] = "auto"
+    (old / "config.yaml").write_text(yaml.safe_dump(config))
+    payload = checkpoint.load(old)
+    payload["config"]["model"]["name"] = "auto"
+    checkpoint.save(old, payload)
+    assert main(["run", "--resume", str(old), "--set", "wandb.mode=disabled", "--quiet"]) == 0
+    assert json.loads((old / "results.json").read_text())["config"]["model"]["name"] == "digits-mlp"
 
 
 @pytest.mark.parametrize(("sweep", "words"), [
