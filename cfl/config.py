@@ -156,8 +156,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
             if isinstance(key, typing.Hashable) and key in seen:
-                raise ConfigError(f"key '{key}' is given twice in one mapping (lines {seen[key]} and {line}); "
-                                  "keep one")
+                where = f"lines {seen[key]} and {line}" if seen[key] != line else f"line {line}"
+                raise ConfigError(f"key '{key}' is given twice in one mapping ({where}); keep one")
             if isinstance(key, typing.Hashable):
                 seen[key] = line
         return super().construct_mapping(node, deep=deep)
@@ -257,6 +257,10 @@ def validate_names(cfg: Config) -> Config:
     if cfg.clients_per_round > cfg.num_clients:
         raise ConfigError(f"'clients_per_round' ({cfg.clients_per_round}) exceeds 'num_clients' "
                           f"({cfg.num_clients}); lower clients_per_round or raise num_clients")
+    if cfg.client_forgetting_clients > cfg.clients_per_round:
+        raise ConfigError(f"'client_forgetting_clients' ({cfg.client_forgetting_clients}) exceeds "
+                          f"'clients_per_round' ({cfg.clients_per_round}): it measures that many of each round's "
+                          "clients; lower it")
     if cfg.client_forgetting_clients == 1:
         raise ConfigError("'client_forgetting_clients' is 1, but F_k averages over the other measured clients; "
                           "use 0 (off) or at least 2")

@@ -107,6 +107,8 @@ CASES = [
      ["--set method", "key 'mu' is given twice"]),
     ("parameters of a method without any", ["{cfg}", "--set", "method.lam=3"],
      ["'method.lam'", "method 'fedavg' takes no parameters"]),
+    ("client forgetting on more clients than a round has", ["{cfg}", "--set", "client_forgetting_clients=4"],
+     ["'client_forgetting_clients' (4)", "'clients_per_round' (3)"]),
 ]
 #: refusals that depend on the data (the training set sizes): made after loading it, before any round
 AFTER_DATA_LOADS = {"shards: a client gets no data"}
