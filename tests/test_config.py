@@ -9,6 +9,8 @@ from cfl.data.load import load_stream
 from cfl.data.streams import STREAMS
 from cfl.engine.checkpoint import check_config
 from cfl.schema import ConfigError
+from tests import fake_data
+from tests.test_streams import WRITERS
 
 BAD = [
     ({"nope": 1}, "unknown config key 'nope'"),
@@ -132,11 +134,17 @@ def test_every_streams_reference_model_fits_it_in_every_scenario(name):
         assert model_fit_error(entry.default_model, name, scenario, None) is None
 
 
-@pytest.mark.parametrize(("name", "scenario"), [("split-digits", "task"), ("split-digits", "class"),
-                                                ("permuted-digits", "auto")])
-def test_stream_metadata_matches_the_built_stream(name, scenario):
-    """The shape facts the validation uses without data agree with the stream as loaded."""
-    cfg = from_dict({"stream": {"name": name, "scenario": scenario, "num_tasks": 2}})
+#: writers of small generated data files for every stream that needs files (the digits are bundled)
+FAKE_FILES = {**WRITERS, "permuted-digits": lambda _: None, "split-digits": lambda _: None,
+              "permuted-fmnist": lambda r: fake_data.write_idx_dataset(r / "fashion-mnist", gz=False),
+              "split-fmnist": lambda r: fake_data.write_idx_dataset(r / "fashion-mnist", gz=False)}
+
+
+@pytest.mark.parametrize(("name", "scenario"), [(n, s) for n, e in STREAMS.items() for s in e.scenarios])
+def test_stream_metadata_matches_the_built_stream(name, scenario, tmp_path):
+    """The shape facts the validation uses without data agree with every stream as loaded."""
+    FAKE_FILES[name](tmp_path)
+    cfg = from_dict({"stream": {"name": name, "scenario": scenario, "num_tasks": 2}, "data_root": str(tmp_path)})
     stream, entry = load_stream(cfg), STREAMS[name]
     assert stream.input_shape == entry.input_shape and tuple(stream.tasks[0].train_x.shape[1:]) == entry.input_shape
     assert stream.classes_per_head == entry.head_classes(stream.scenario)
