@@ -282,7 +282,7 @@ def validate_names(cfg: Config) -> Config:
     check_methods(cfg, [method, *plugins])
     check_threads(cfg.threads)
     cfg = dataclasses.replace(cfg, method=method, plugins=plugins,
-                              model=ModelConfig(resolve_model(cfg.stream.name, cfg.model.name)))
+                              model=dataclasses.replace(cfg.model, name=resolve_model(cfg.stream.name, cfg.model.name)))
     check_model_fits(cfg)
     return cfg
 
