@@ -42,9 +42,16 @@ def load_plugins(paths: list[str]) -> None:
         if not file.is_file():
             raise ConfigError(f"plugin file '{file}' does not exist")
         spec = importlib.util.spec_from_file_location(f"cfl_plugin_{file.stem}", file)
+        if spec is None or spec.loader is None:
+            raise ConfigError(f"plugin file '{file}' is not a Python file (name it FILE.py)")
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except SyntaxError as err:  # also binary files (NUL bytes, not UTF-8)
+            del sys.modules[spec.name]
+            where = f" at line {err.lineno}" if err.lineno else ""
+            raise ConfigError(f"plugin file '{file}' is not valid Python{where}: {err.msg}") from None
 
 
 def _cmd_list(_args: argparse.Namespace) -> int:

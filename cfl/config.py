@@ -7,15 +7,22 @@ validated against the chosen method's own ``Params`` dataclass.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 import yaml
 
+from cfl.cross_checks import check_methods, check_model_fits, check_threads, resolve_model
 from cfl.schema import ConfigError, build, field, to_dict
 
 __all__ = ["Config", "ConfigError", "load_config", "parse_overrides", "validate_names"]
+
+#: numpy's RandomState (Avalanche's task permutations) takes seeds below 2**32
+SEED_MAX = 2**32 - 1
+#: above any bundled task's training set (the largest, SVHN's, has 73,257 samples)
+BATCH_SIZE_MAX = 2**20
 
 
 @dataclass(frozen=True)
@@ -24,13 +31,15 @@ class StreamConfig:
     num_tasks: Optional[int] = field(None, "use the first N tasks of the stream (null: all)", min=1)
     scenario: str = field("auto", "auto (the stream's default), domain, task or class incremental",
                           choices=("auto", "domain", "task", "class"))
-    seed: Optional[int] = field(None, "seed of the task permutations (null: the run seed)", min=0)
+    seed: Optional[int] = field(None, "seed of the task permutations (null: the run seed); below 2**32",
+                                 min=0, max=SEED_MAX)
     download: bool = field(False, "download missing data files (needs network)")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    name: str = field("auto", "model name (see `cfl list`); auto picks the stream's reference model")
+    name: str = field("auto", "model name (see `cfl list`); auto: the stream's reference model, written as its "
+                      "name into the resolved config.yaml and results.json")
 
 
 @dataclass(frozen=True)
@@ -63,7 +72,8 @@ class WandbConfig:
 
 @dataclass(frozen=True)
 class Config:
-    seed: int = field(0, "seed of sampling, partitions, initialisation, data order and dropout", min=0)
+    seed: int = field(0, "seed of sampling, partitions, initialisation, data order and dropout; below 2**32 "
+                      "(numpy's RandomState draws the Avalanche permutations)", min=0, max=SEED_MAX)
     stream: StreamConfig = field(StreamConfig(), "")
     model: ModelConfig = field(ModelConfig(), "")
     partition: PartitionConfig = field(PartitionConfig(), "")
@@ -71,7 +81,8 @@ class Config:
     clients_per_round: int = field(10, "clients sampled (without replacement) each round", min=1)
     rounds_per_task: int = field(20, "communication rounds per task", min=1)
     local_epochs: int = field(1, "local epochs per round", min=1)
-    batch_size: int = field(32, "local mini-batch size", min=1)
+    batch_size: int = field(32, "local mini-batch size, at most 2**20 (the batched engine sizes its step masks "
+                            "by it)", min=1, max=BATCH_SIZE_MAX)
     lr: float = field(0.01, "local SGD learning rate", gt=0)
     momentum: float = field(0.0, "local SGD momentum (fresh each round)", min=0.0, max=0.999)
     weight_decay: float = field(0.0, "local SGD weight decay", min=0.0)
@@ -102,7 +113,7 @@ class Config:
     checkpoint_every: int = field(10, "also checkpoint every N rounds (0: only at task ends; see "
                                   "docs/reliability.md)", min=0)
     device: str = field("cpu", "cpu, cuda or cuda:N", choices=None)
-    threads: int = field(0, "torch CPU threads (0: torch's default)", min=0)
+    threads: int = field(0, "torch CPU threads (0: torch's default; at most 4 per CPU of the machine)", min=0)
     data_root: Optional[str] = field(None, "data directory (null: $CFL_DATA, else the user cache)")
     wandb: WandbConfig = field(WandbConfig(), "")
 
@@ -134,6 +145,29 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     node[keys[-1]] = value
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (plain YAML keeps the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` then overriding a key is fine
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, typing.Hashable) and key in seen:
+                where = f"lines {seen[key]} and {line}" if seen[key] != line else f"line {line}"
+                raise ConfigError(f"key '{key}' is given twice in one mapping ({where}); keep one")
+            if isinstance(key, typing.Hashable):
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_yaml(text: str) -> Any:
+    """YAML text to plain data, refusing duplicate keys (:class:`ConfigError` naming key and lines)."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 -- a SafeLoader subclass
+
+
 def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
     """Parse ``key=value`` strings (values read as YAML, so 0.1 is a number and [1,2] a list)."""
     out = []
@@ -142,9 +176,11 @@ def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
         if not sep or not key or any(not part for part in key.split(".")):
             raise ConfigError(f"malformed --set '{item}': expected dotted.key=value, e.g. --set lr=0.05")
         try:
-            value = yaml.safe_load(raw) if raw != "" else ""
+            value = parse_yaml(raw) if raw != "" else ""
         except yaml.YAMLError as err:
             raise ConfigError(f"--set {key}: value {raw!r} is not valid YAML ({err})") from None
+        except ConfigError as err:
+            raise ConfigError(f"--set {key}: {err}") from None
         out.append((key.strip(), value))
     return out
 
@@ -154,9 +190,14 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file '{path}' does not exist; pass a YAML file such as configs/quickstart.yaml")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = parse_yaml(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config file '{path}' is not UTF-8 text ({err.reason} at byte {err.start}); "
+                          "pass a YAML file such as configs/quickstart.yaml") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"config file '{path}' is not valid YAML: {err}") from None
+    except ConfigError as err:
+        raise ConfigError(f"config file '{path}': {err}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -185,7 +226,11 @@ def _check_method_spec(spec: dict[str, Any], key: str) -> dict[str, Any]:
         raise ConfigError(f"'{key}.name' is required; available methods: {', '.join(METHODS)}")
     if name not in METHODS:
         raise ConfigError(f"unknown method '{key}.name: {name}'; available: {', '.join(METHODS)}")
-    params = build(METHODS[name].Params, {k: v for k, v in spec.items() if k != "name"}, key)
+    given = {k: v for k, v in spec.items() if k != "name"}
+    if given and not dataclasses.fields(METHODS[name].Params):
+        keys = ", ".join(f"'{key}.{k}'" for k in sorted(given))
+        raise ConfigError(f"unknown config key {keys}: method '{name}' takes no parameters; remove it")
+    params = build(METHODS[name].Params, given, key)
     return {"name": name, **to_dict(params)}
 
 
@@ -212,6 +257,10 @@ def validate_names(cfg: Config) -> Config:
     if cfg.clients_per_round > cfg.num_clients:
         raise ConfigError(f"'clients_per_round' ({cfg.clients_per_round}) exceeds 'num_clients' "
                           f"({cfg.num_clients}); lower clients_per_round or raise num_clients")
+    if cfg.client_forgetting_clients > cfg.clients_per_round:
+        raise ConfigError(f"'client_forgetting_clients' ({cfg.client_forgetting_clients}) exceeds "
+                          f"'clients_per_round' ({cfg.clients_per_round}): it measures that many of each round's "
+                          "clients; lower it")
     if cfg.client_forgetting_clients == 1:
         raise ConfigError("'client_forgetting_clients' is 1, but F_k averages over the other measured clients; "
                           "use 0 (off) or at least 2")
@@ -230,7 +279,22 @@ def validate_names(cfg: Config) -> Config:
     names = [method["name"]] + [p["name"] for p in plugins]
     if len(set(names)) != len(names):
         raise ConfigError(f"a method appears twice in method + plugins: {names}")
-    return dataclasses.replace(cfg, method=method, plugins=plugins)
+    check_methods(cfg, [method, *plugins])
+    check_threads(cfg.threads)
+    cfg = dataclasses.replace(cfg, method=method, plugins=plugins,
+                              model=dataclasses.replace(cfg.model, name=resolve_model(cfg.stream.name, cfg.model.name)))
+    check_model_fits(cfg)
+    return cfg
+
+
+def resolve_saved_model(saved: dict[str, Any]) -> dict[str, Any]:
+    """A config mapping saved before ``model: auto`` was resolved at validation, with the model it ran."""
+    from cfl.data.streams import STREAMS
+
+    model = saved.get("model") or {}
+    if model.get("name") != "auto" or saved.get("stream", {}).get("name") not in STREAMS:
+        return saved
+    return {**saved, "model": {**model, "name": resolve_model(saved["stream"]["name"], "auto")}}
 
 
 def _raise(message: str) -> Any:

@@ -8,12 +8,15 @@ keys, types and ranges and raises :class:`ConfigError` naming the dotted key and
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
 from typing import Any, Union
 
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+#: integers must fit a signed 64-bit value (numpy, torch and checkpoints store them as such)
+INT_LIMIT = 2**63
 
 
 class ConfigError(ValueError):
@@ -49,7 +52,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             try:
                 return _coerce(value, option, key)
             except ConfigError as err:
-                errors.append(err)
+                if option is not type(None):
+                    errors.append(err)
+        if len(errors) == 1 and isinstance(value, (int, float)):  # Optional number: why (not finite, too large)
+            raise errors[0]
         raise ConfigError(f"'{key}' must be {_type_name(tp)}, got {value!r}")
     if tp is type(None):
         if value is None:
@@ -76,19 +82,35 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         raise ConfigError(f"'{key}' must be true or false, got {value!r}")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
+            if not -INT_LIMIT <= value < INT_LIMIT:
+                raise ConfigError(f"'{key}' must be a 64-bit integer (below 2**63 in size), got {value}")
             return value
         raise ConfigError(f"'{key}' must be an integer, got {value!r}")
     if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):  # YAML 1.1 reads 1e-3 as a string
-            return float(value)
-        raise ConfigError(f"'{key}' must be a number, got {value!r}")
+        return _finite_float(value, key)
     if tp is str:
         if isinstance(value, str):
             return value
         raise ConfigError(f"'{key}' must be a string, got {value!r}")
     raise TypeError(f"unsupported config type {tp!r} for {key}")
+
+
+def _finite_float(value: Any, key: str) -> float:
+    """A finite number; YAML 1.1 reads ``1e-3`` (no dot) as a string, which is accepted as 0.001.
+
+    NaN and infinities are refused: they train to nothing, and a NaN config never equals itself on resume.
+    """
+    if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
+        value = float(value)
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ConfigError(f"'{key}' must be a number, got {value!r}")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise ConfigError(f"'{key}' must be a finite number, got {value!r}; NaN and infinities are refused")
+    return number
 
 
 def _names(cls: type) -> list[str]:

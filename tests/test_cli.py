@@ -1,6 +1,7 @@
 """End to end through the `cfl` command: outputs, their agreement with the definitions, refusals."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -88,3 +89,55 @@ def test_config_errors_exit_2_before_work(tmp_path):
     proc = cfl("run", str(config), "--set", "clients_per_round=60", "--out", str(tmp_path / "y"))
     assert proc.returncode == 2 and "clients_per_round" in proc.stderr
     assert not (tmp_path / "y").exists()
+
+
+def test_the_model_used_is_recorded(run_dir):
+    """`model: auto` is resolved at validation: config.yaml and results.json name the model that ran."""
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["model"]["name"] == "digits-mlp"
+    assert json.loads((run_dir / "results.json").read_text())["config"]["model"]["name"] == "digits-mlp"
+
+
+def test_a_run_saved_with_model_auto_still_resumes(run_dir, tmp_path):
+    """Runs from before `auto` was resolved at validation hold `model: {name: auto}` in config.yaml and in the
+    checkpoint; they resume (here from the final checkpoint) and record the model that ran."""
+    from cfl.cli import main
+    from cfl.engine import checkpoint
+
+    old = tmp_path / "old"
+    shutil.copytree(run_dir, old, ignore=shutil.ignore_patterns("wandb"))
+    (old / "results.json").unlink()
+    config = yaml.safe_load((old / "config.yaml").read_text())
+    config["model"]["name"] = "auto"
+    (old / "config.yaml").write_text(yaml.safe_dump(config))
+    payload = checkpoint.load(old)
+    payload["config"]["model"]["name"] = "auto"
+    checkpoint.save(old, payload)
+    assert main(["run", "--resume", str(old), "--set", "wandb.mode=disabled", "--quiet"]) == 0
+    assert json.loads((old / "results.json").read_text())["config"]["model"]["name"] == "digits-mlp"
+
+
+@pytest.mark.parametrize(("sweep", "words"), [
+    ("base: {base}\ngrid:\n  method: [{{name: fot, gpse_clients: 4}}, {{name: fot, gpse_clients: 1000}}]\n",
+     ["combination method=name_fot_gpse_clients_1000", "'method.gpse_clients' (1000)"]),
+    ("base: {base}\ngrid:\n  model.name: [auto, alexnet]\n", ["combination model=alexnet", "does not fit"]),
+    ("base: {base}\ngrid:\n  seed: [0, 1]\n  seed: [2]\n", ["sweep.yaml", "key 'seed' is given twice"]),
+])
+def test_sweep_validates_every_combination_before_running_any(sweep, words, tmp_path, monkeypatch, capsys):
+    import cfl.run
+    from cfl.cli import main
+
+    monkeypatch.setattr(cfl.run, "load_stream", lambda *_: pytest.fail("a run started before the refusal"))
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump({**TINY, "wandb": {"mode": "disabled"}}))
+    (tmp_path / "sweep.yaml").write_text(sweep.format(base=tmp_path / "base.yaml"))
+    assert main(["sweep", str(tmp_path / "sweep.yaml"), "--out", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert all(word in err for word in words), err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_binary_sweep_file_exits_2(tmp_path, capsys):
+    from cfl.cli import main
+
+    (tmp_path / "sweep.yaml").write_bytes(bytes(range(256)))
+    assert main(["sweep", str(tmp_path / "sweep.yaml")]) == 2
+    assert "sweep.yaml' is not UTF-8" in capsys.readouterr().err

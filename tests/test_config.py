@@ -1,7 +1,16 @@
+import os
+from pathlib import Path
+
 import pytest
 
-from cfl.config import Config, from_dict, load_config, parse_overrides
+from cfl.config import Config, from_dict, load_config, parse_overrides, read_yaml
+from cfl.cross_checks import THREADS_PER_CPU, model_fit_error
+from cfl.data.load import load_stream
+from cfl.data.streams import STREAMS
+from cfl.engine.checkpoint import check_config
 from cfl.schema import ConfigError
+from tests import fake_data
+from tests.test_streams import WRITERS
 
 BAD = [
     ({"nope": 1}, "unknown config key 'nope'"),
@@ -45,6 +54,9 @@ BAD = [
     ({"client_execution": "parallel"}, "'client_execution' must be one of"),
     ({"on_nonfinite": "ignore"}, "'on_nonfinite' must be one of"),
     ({"seed": -3}, "'seed' must be >= 0"),
+    ({"stream": {"seed": 2**70}}, "'stream.seed' must be a 64-bit integer"),
+    ({"stream": {"seed": "x"}}, "'stream.seed' must be int or null"),
+    ({"method": {"name": "er", "replay_batch_size": 2**64}}, "'method.replay_batch_size' must be a 64-bit integer"),
 ]
 
 
@@ -85,3 +97,66 @@ def test_missing_and_broken_yaml(tmp_path):
     scalar.write_text("3\n")
     with pytest.raises(ConfigError, match="must hold a mapping"):
         load_config(scalar)
+
+
+def test_non_finite_floats_are_refused_and_1e_minus_3_is_a_number():
+    assert from_dict({"lr": "1e-3"}).lr == 0.001  # YAML 1.1 reads 1e-3 as a string
+    for value in (float("nan"), float("inf"), "1e400", 10**400):
+        with pytest.raises(ConfigError, match="'lr' must be a finite number"):
+            from_dict({"lr": value})
+
+
+def test_bounds_are_inclusive():
+    cfg = from_dict({"seed": 2**32 - 1, "stream": {"seed": 2**32 - 1}, "batch_size": 2**20,
+                     "threads": THREADS_PER_CPU * (os.cpu_count() or 1)})
+    assert cfg.seed == 2**32 - 1 and cfg.batch_size == 2**20
+
+
+def test_model_auto_is_resolved_to_the_streams_reference_model():
+    assert from_dict({"stream": {"name": "split-digits"}}).model.name == "digits-mlp"
+    assert from_dict({"stream": {"name": "split-cifar100"}}).to_dict()["model"]["name"] == "alexnet"
+
+
+def test_a_checkpoint_saved_with_model_auto_still_resumes():
+    cfg = from_dict({"stream": {"name": "split-digits"}})
+    saved = cfg.to_dict()
+    saved["model"]["name"] = "auto"
+    check_config(saved, cfg, Path("run"))  # no "no longer matches"
+    saved["model"]["name"] = "mlp"
+    with pytest.raises(ConfigError, match="model.name: 'mlp' in the checkpoint"):
+        check_config(saved, cfg, Path("run"))
+
+
+@pytest.mark.parametrize("name", list(STREAMS))
+def test_every_streams_reference_model_fits_it_in_every_scenario(name):
+    entry = STREAMS[name]
+    for scenario in entry.scenarios:
+        assert model_fit_error(entry.default_model, name, scenario, None) is None
+
+
+#: writers of small generated data files for every stream that needs files (the digits are bundled)
+FAKE_FILES = {**WRITERS, "permuted-digits": lambda _: None, "split-digits": lambda _: None,
+              "permuted-fmnist": lambda r: fake_data.write_idx_dataset(r / "fashion-mnist", gz=False),
+              "split-fmnist": lambda r: fake_data.write_idx_dataset(r / "fashion-mnist", gz=False)}
+
+
+@pytest.mark.parametrize(("name", "scenario"), [(n, s) for n, e in STREAMS.items() for s in e.scenarios])
+def test_stream_metadata_matches_the_built_stream(name, scenario, tmp_path):
+    """The shape facts the validation uses without data agree with every stream as loaded."""
+    FAKE_FILES[name](tmp_path)
+    cfg = from_dict({"stream": {"name": name, "scenario": scenario, "num_tasks": 2}, "data_root": str(tmp_path)})
+    stream, entry = load_stream(cfg), STREAMS[name]
+    assert stream.input_shape == entry.input_shape and tuple(stream.tasks[0].train_x.shape[1:]) == entry.input_shape
+    assert stream.classes_per_head == entry.head_classes(stream.scenario)
+    assert stream.default_model == entry.default_model
+
+
+def test_duplicate_keys_are_refused_but_merge_keys_may_override(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("stream:\n  name: split-digits\n  name: permuted-digits\n")
+    with pytest.raises(ConfigError, match="key 'name' is given twice in one mapping \\(lines 2 and 3\\)"):
+        load_config(path)
+    path.write_text("defaults: &d {lr: 0.1, seed: 3}\n")
+    assert read_yaml(path) == {"defaults": {"lr": 0.1, "seed": 3}}
+    path.write_text("a: &d {lr: 0.1, seed: 3}\nb:\n  <<: *d\n  lr: 0.2\n")
+    assert read_yaml(path)["b"] == {"lr": 0.2, "seed": 3}

@@ -73,11 +73,25 @@ PARTITIONERS: dict[str, tuple[Callable[..., list[np.ndarray]], str]] = {
 }
 
 
+def check_sizes(name: str, task_sizes: dict[int, int], num_clients: int, shards_per_client: int = 2,
+                **_: float) -> None:
+    """Refuse, before any round, a split that would leave a client without data (``task_sizes``: training
+    samples per task): fewer samples than clients, or for ``shards`` fewer than ``shards_per_client * num_clients``
+    (empty shards). The Dirichlet split is random and checked when drawn."""
+    for task, n in task_sizes.items():
+        if n < num_clients:
+            raise ConfigError(f"task {task} has {n} training samples, fewer than num_clients={num_clients}; "
+                              "lower num_clients")
+        if name == "shards" and n < shards_per_client * num_clients:
+            raise ConfigError(f"partition 'shards': task {task} has {n} training samples, fewer than the "
+                              f"{shards_per_client * num_clients} shards of partition.shards_per_client="
+                              f"{shards_per_client} x num_clients={num_clients}, so some clients would get no data; "
+                              "lower partition.shards_per_client or num_clients")
+
+
 def partition(name: str, labels: np.ndarray, num_clients: int, seed: int, task: int,
               **params: float) -> list[np.ndarray]:
     """Split one task's labels over ``num_clients``; the result depends only on (seed, task)."""
     rng = np.random.default_rng([seed, task, 0x9A27])
-    if len(labels) < num_clients:
-        raise ConfigError(f"task {task} has {len(labels)} training samples, fewer than num_clients="
-                          f"{num_clients}; lower num_clients")
+    check_sizes(name, {task: len(labels)}, num_clients, **params)
     return PARTITIONERS[name][0](labels, num_clients, rng, **params)

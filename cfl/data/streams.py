@@ -30,6 +30,14 @@ class StreamEntry:
     full_tasks: int
     scenarios: tuple[str, ...]  # first is the default
     about: str
+    # what a model must fit, known without loading data (checked against the built streams in the tests)
+    input_shape: tuple[int, ...]
+    classes_per_task: int  # the class-incremental head has classes_per_task * full_tasks outputs
+    default_model: str  # what `model: auto` resolves to
+
+    def head_classes(self, scenario: str) -> int:
+        """Outputs of a head under ``scenario`` (the stream's own default when ``auto``)."""
+        return self.classes_per_task * self.full_tasks if scenario == "class" else self.classes_per_task
 
 
 def _permuted_digits(req: StreamRequest) -> Stream:
@@ -60,19 +68,24 @@ def _split_fmnist(req: StreamRequest) -> Stream:
 
 STREAMS: dict[str, StreamEntry] = {
     "permuted-digits": StreamEntry(_permuted_digits, 10, ("domain",),
-                                   "sklearn 8x8 digits, one pixel permutation per task (offline)"),
+                                   "sklearn 8x8 digits, one pixel permutation per task (offline)",
+                                   (64,), 10, "digits-mlp"),
     "split-digits": StreamEntry(_split_digits, 5, ("task", "class"),
-                                "sklearn 8x8 digits, 5 tasks of 2 classes (offline)"),
+                                "sklearn 8x8 digits, 5 tasks of 2 classes (offline)", (1, 8, 8), 2, "digits-mlp"),
     "permuted-fmnist": StreamEntry(_permuted_fmnist, 10, ("domain",),
-                                   "Fashion-MNIST, one pixel permutation per task, 784 inputs, shared head"),
+                                   "Fashion-MNIST, one pixel permutation per task, 784 inputs, shared head",
+                                   (784,), 10, "mlp"),
     "split-fmnist": StreamEntry(_split_fmnist, 5, ("task", "class"),
-                                "Fashion-MNIST, 5 tasks of 2 classes in label order"),
+                                "Fashion-MNIST, 5 tasks of 2 classes in label order", (1, 28, 28), 2, "mlp"),
     "permuted-mnist": StreamEntry(benchmarks.permuted_mnist, 10, ("domain",),
-                                  "MNIST, Avalanche PermutedMNIST permutations, 784 inputs, shared head"),
+                                  "MNIST, Avalanche PermutedMNIST permutations, 784 inputs, shared head",
+                                  (784,), 10, "mlp"),
     "split-cifar100": StreamEntry(benchmarks.split_cifar100, 10, ("task", "class"),
-                                  "CIFAR-100, 10 tasks of 10 classes in label order"),
+                                  "CIFAR-100, 10 tasks of 10 classes in label order", (3, 32, 32), 10, "alexnet"),
     "five-datasets": StreamEntry(benchmarks.five_datasets, 5, ("task",),
-                                 "CIFAR-10, MNIST, SVHN, Fashion-MNIST, notMNIST; 32x32x3, one task each"),
+                                 "CIFAR-10, MNIST, SVHN, Fashion-MNIST, notMNIST; 32x32x3, one task each",
+                                 (3, 32, 32), 10, "resnet18-reduced"),
     "mini-imagenet": StreamEntry(benchmarks.mini_imagenet, 20, ("task",),
-                                 "Mini-ImageNet 84x84, 20 tasks of 5 classes, train-time crop+flip"),
+                                 "Mini-ImageNet 84x84, 20 tasks of 5 classes, train-time crop+flip",
+                                 (3, 84, 84), 5, "resnet18-mini"),
 }

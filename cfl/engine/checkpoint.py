@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from cfl.config import Config
+from cfl.config import Config, resolve_saved_model
 from cfl.report.files import atomic_write_bytes
 from cfl.schema import ConfigError
 
@@ -159,7 +159,7 @@ def is_resume_safe(key: str) -> bool:
 
 def check_config(saved: dict[str, Any], cfg: Config, run_dir: Path) -> None:
     """Refuse to resume with a config that would change results (edited config.yaml)."""
-    old, new = _flat(saved), _flat(cfg.to_dict())
+    old, new = _flat(resolve_saved_model(saved)), _flat(cfg.to_dict())
     changed = sorted(k for k in old.keys() | new.keys() if not is_resume_safe(k) and old.get(k) != new.get(k))
     if changed:
         diffs = "; ".join(f"{k}: {old.get(k)!r} in the checkpoint, {new.get(k)!r} now" for k in changed)

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from cfl.config import Config
-from cfl.data.partition import partition
+from cfl.data.partition import check_sizes, partition
 from cfl.data.stream import Stream
 from cfl.engine.evaluate import accuracy
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, derive_seed
@@ -97,6 +97,8 @@ class Runner:
         self.states = [MethodState() for _ in self.methods]
         self.comm = CommLedger()
         self.progress = Progress(acc_matrix=empty_matrix(stream.num_tasks))
+        check_sizes(cfg.partition.name, {t: len(task.train_y) for t, task in enumerate(stream.tasks)},
+                    cfg.num_clients, shards_per_client=cfg.partition.shards_per_client)  # before any round
         self.hyper = Hyper(cfg.lr, cfg.momentum, cfg.weight_decay, cfg.local_epochs, cfg.batch_size,
                            augment=stream.augment, client_block=cfg.client_block)
         self.model_bytes = nbytes(self.params)

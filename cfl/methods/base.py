@@ -99,6 +99,11 @@ class Method:
         self.p = params
         self.run = run
 
+    @classmethod
+    def check_config(cls, params: Any, cfg: Any) -> None:
+        """Raise ``ConfigError`` if ``params`` cannot work with the run config ``cfg``; called when the config
+        is validated, before any file is written or data loaded."""
+
     # ---- client side, for one client (vmapped by the batched engine) ----
     def penalty(self, params: Params, global_params: Params, broadcast: State, state: State) -> torch.Tensor | None:
         """Extra scalar loss for one client (EWC, FedProx, FedCurv). Must be a pure tensor function."""

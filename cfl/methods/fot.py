@@ -48,11 +48,15 @@ class FOT(Method):
     Params = FOTParams
     task_end_participants = "sampled"
 
+    @classmethod
+    def check_config(cls, params: FOTParams, cfg: Any) -> None:
+        if params.gpse_clients is not None and params.gpse_clients > cfg.num_clients:
+            raise ConfigError(f"'method.gpse_clients' ({params.gpse_clients}) exceeds 'num_clients' "
+                              f"({cfg.num_clients}); lower it or leave it null (= clients_per_round)")
+
     def __init__(self, params: FOTParams, run: RunInfo) -> None:
         super().__init__(params, run)
-        if params.gpse_clients is not None and params.gpse_clients > run.num_clients:
-            raise ConfigError(f"'method.gpse_clients' ({params.gpse_clients}) exceeds 'num_clients' "
-                              f"({run.num_clients}); lower it or leave it null (= clients_per_round)")
+        self.check_config(params, run)  # also when built directly (RunInfo carries num_clients too)
         self._client_seconds: list[float] = []  # GPSE compute time of this task end's clients
 
     def widths(self) -> dict[str, int]:

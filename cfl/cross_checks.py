@@ -1,0 +1,83 @@
+"""Checks between config keys that need the registries but no data: the model against the stream, the
+methods against the rest of the config, the thread count against this machine.
+
+Called by :func:`cfl.config.validate_names`, so every run and every sweep combination is checked before
+any file is written or any data is loaded.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+import torch
+
+from cfl.schema import ConfigError
+
+#: most torch CPU threads per CPU core a run may ask for (each is an OS thread)
+THREADS_PER_CPU = 4
+
+
+def stream_entry(name: str) -> Any:
+    from cfl.data.streams import STREAMS
+
+    return STREAMS[name]
+
+
+def resolve_model(stream_name: str, model_name: str) -> str:
+    """``auto`` -> the stream's reference model; any other name is returned unchanged."""
+    return stream_entry(stream_name).default_model if model_name == "auto" else model_name
+
+
+def model_fit_error(model_name: str, stream_name: str, scenario: str, num_tasks: int | None) -> str | None:
+    """Why ``model_name`` cannot take the stream's inputs (None if it can), found by building it with
+    uninitialised weights (no init cost) and running a two-sample forward pass of zeros (no data)."""
+    from cfl.models import ModelShape, build_model
+
+    entry = stream_entry(stream_name)
+    scenario = entry.scenarios[0] if scenario == "auto" else scenario
+    shape = ModelShape(entry.input_shape, entry.head_classes(scenario), num_tasks or entry.full_tasks,
+                       scenario == "task")
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")  # torch warns of zero-sized layers, which the forward then refuses
+            with torch.device("meta"):
+                model = build_model(model_name, shape)
+            model.to_empty(device="cpu").eval()(torch.zeros(2, *entry.input_shape), torch.zeros(2, dtype=torch.long))
+    except (RuntimeError, ValueError) as err:
+        return str(err).splitlines()[0]
+    return None
+
+
+def check_model_fits(cfg: Any) -> None:
+    """Refuse a model whose layers do not fit the stream's input shape (e.g. alexnet on 8x8 digits)."""
+    from cfl.models import MODELS
+
+    stream = cfg.stream
+    if cfg.model.name == stream_entry(stream.name).default_model:  # the reference model (tests check it fits)
+        return
+    reason = model_fit_error(cfg.model.name, stream.name, stream.scenario, stream.num_tasks)
+    if reason is None:
+        return
+    fitting = [m for m in MODELS if model_fit_error(m, stream.name, stream.scenario, stream.num_tasks) is None]
+    raise ConfigError(f"'model.name: {cfg.model.name}' does not fit stream '{stream.name}' (inputs "
+                      f"{stream_entry(stream.name).input_shape}): {reason}; use model.name: auto or one of: "
+                      f"{', '.join(fitting)}")
+
+
+def check_methods(cfg: Any, specs: list[dict[str, Any]]) -> None:
+    """Each method's own constraints against the rest of the config (``Method.check_config``)."""
+    from cfl.methods import METHODS
+
+    for spec in specs:
+        cls = METHODS[spec["name"]]
+        cls.check_config(cls.Params(**{k: v for k, v in spec.items() if k != "name"}), cfg)
+
+
+def check_threads(threads: int) -> None:
+    """Refuse more torch threads than ``THREADS_PER_CPU`` per CPU of this machine."""
+    cpus = os.cpu_count() or 1
+    if threads > THREADS_PER_CPU * cpus:
+        raise ConfigError(f"'threads' is {threads}, but this machine has {cpus} CPUs; use 0 (torch's default) "
+                          f"or at most {THREADS_PER_CPU * cpus}")
