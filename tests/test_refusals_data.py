@@ -154,3 +154,60 @@ def test_data_refusal(tmp_path, capsys, stream, num_tasks, spoil, words):
     for word in [str(bad), "To get them", *words]:
         assert word in err, (word, err)
     assert not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+# ---- resuming on other data (the checkpoint's data fingerprint) ----
+def _finished_run(tmp_path: Path) -> tuple[Path, Path]:
+    """A finished 2-task permuted-mnist run on generated files in ``tmp_path/a``; returns (data root, run)."""
+    root = tmp_path / "a"
+    fake_data.write_idx_dataset(root / "mnist")
+    config = {"stream": {"name": "permuted-mnist", "num_tasks": 2}, "data_root": str(root), "num_clients": 2,
+              "clients_per_round": 1, "rounds_per_task": 1, "batch_size": 4, "threads": 1,
+              "wandb": {"mode": "disabled"}}
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(config))
+    assert main(["run", str(tmp_path / "cfg.yaml"), "--out", str(tmp_path / "run"), "--quiet"]) == 0
+    return root, tmp_path / "run"
+
+
+def test_resume_on_other_data_is_refused(tmp_path, capsys):
+    root, run = _finished_run(tmp_path)
+    other = tmp_path / "b"
+    fake_data.write_idx_dataset(other / "mnist", n_train=50)  # other data: 50 training images instead of 60
+    before = {p: p.stat().st_mtime_ns for p in run.iterdir() if p.name != "config.yaml"}
+    capsys.readouterr()
+    code = main(["run", "--resume", str(run), "--set", f"data_root={other}", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    for word in ["not the data this run was trained on", "task 0: 'perm-mnist-0', 60 train / 20 test samples",
+                 "50 train / 20 test samples", f"data_root: '{root}'", f"'{other}'", "--out"]:
+        assert word in err, (word, err)
+    assert {p: p.stat().st_mtime_ns for p in run.iterdir() if p.name != "config.yaml"} == before
+
+
+def test_resume_on_a_replaced_file_of_the_same_size_is_refused(tmp_path, capsys):
+    root, run = _finished_run(tmp_path)
+    labels = root / "mnist" / "t10k-labels-idx1-ubyte.gz"
+    fake_data.write_idx(labels, np.arange(20) % 3, gz=True)  # same sizes, other labels
+    capsys.readouterr()
+    assert main(["run", "--resume", str(run), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "task 0: 'perm-mnist-0', 60 train / 20 test samples, hash" in err and "task 1:" in err, err
+
+
+def test_resume_on_a_copy_of_the_data_is_accepted(tmp_path, capsys):
+    root, run = _finished_run(tmp_path)
+    fake_data.write_idx_dataset(tmp_path / "copy" / "mnist")  # same content, another place, new mtimes
+    assert main(["run", "--resume", str(run), "--set", f"data_root={tmp_path / 'copy'}", "--quiet"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_checkpoint_without_fingerprint_resumes_with_a_warning(tmp_path, capsys):
+    import torch
+
+    _, run = _finished_run(tmp_path)
+    payload = torch.load(run / "checkpoint.pt", weights_only=True)
+    del payload["data"]  # as written before checkpoints held a data fingerprint
+    torch.save(payload, run / "checkpoint.pt")
+    capsys.readouterr()
+    assert main(["run", "--resume", str(run), "--quiet"]) == 0
+    assert "holds no data fingerprint" in capsys.readouterr().err
