@@ -157,12 +157,21 @@ def test_svhn_mat_files(tmp_path):
 
 def test_notmnist_png_folders(tmp_path):
     fake_data.write_notmnist(tmp_path, per_letter=6)
-    raw = read_notmnist(notmnist_files(tmp_path))
+    with pytest.warns(UserWarning, match=r"skipped 10 unreadable PNG files \(e.g. .*A/broken.png\)"):
+        raw = read_notmnist(notmnist_files(tmp_path))
     # 6 readable PNGs per letter (the empty file is skipped): indices 0 and 5 of each sorted list are test
     assert raw["train_x"].shape == (40, 28, 28) and raw["test_x"].shape == (20, 28, 28)
     assert raw["test_y"].tolist() == [c for c in range(10) for _ in range(2)]
     bright = [raw["train_x"][raw["train_y"] == c].float().mean().item() for c in range(10)]
     assert bright == sorted(bright)
+
+
+def test_notmnist_letter_without_two_readable_images_is_refused(tmp_path):
+    fake_data.write_notmnist(tmp_path, per_letter=6)
+    for png in (tmp_path / "notMNIST_small" / "C").glob("img*.png"):
+        png.unlink()
+    with pytest.raises(ConfigError, match=r"0 readable PNG files for the letter C[\s\S]*notMNIST_small/C"):
+        read_notmnist(notmnist_files(tmp_path))
 
 
 def test_notmnist_missing_says_where(tmp_path):
