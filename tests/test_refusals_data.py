@@ -37,6 +37,12 @@ def _idx_rewrite(folder: str, name: str, array: np.ndarray) -> Callable[[Path], 
     return spoil
 
 
+def _fmnist_six_classes(root: Path) -> Path:
+    """Labels all in range, but classes 6..9 absent from the test file: tasks 3 and 4 would be empty."""
+    _idx_rewrite("fashion-mnist", "t10k-labels-idx1-ubyte.gz", np.arange(20) % 6)(root)
+    return root / "fashion-mnist"
+
+
 def _pickle_instead(sub: str, name: str, obj: object, write: Callable[[Path], object]) -> Callable[[Path], Path]:
     def spoil(root: Path) -> Path:
         write(root)
@@ -116,6 +122,7 @@ CASES = [
     ("IDX labels out of range (split)", "split-fmnist", 2,
      _idx_rewrite("fashion-mnist", "train-labels-idx1-ubyte.gz", np.arange(60) % 12), ["0..9"]),
     ("IDX labels out of range, test file", "permuted-mnist", 1, _plain_gzip_garbage, ["0..9"]),
+    ("IDX labels lack the classes of a task", "split-fmnist", 5, _fmnist_six_classes, ["task 3", "Lower"]),
     ("CIFAR-100 pickle is a list", "split-cifar100", 2,
      _pickle_instead("cifar-100-python", "train", [1, 2, 3], fake_data.write_cifar100), ["list"]),
     ("CIFAR-100 pickle without labels", "split-cifar100", 2,
@@ -151,8 +158,9 @@ def test_data_refusal(tmp_path, capsys, stream, num_tasks, spoil, words):
     err = capsys.readouterr().err
     assert code == 2, err
     assert err.startswith("cfl: config error: "), err
-    for word in [str(bad), "To get them", *words]:
+    for word in [str(bad), *words]:
         assert word in err, (word, err)
+    assert "To get them" in err or "lack these classes" in err, err  # the fix
     assert not (tmp_path / "run" / "checkpoint.pt").exists()
 
 

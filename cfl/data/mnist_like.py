@@ -49,8 +49,8 @@ def _download(ds: IdxDataset, root: Path) -> None:
         cls(str(root), train=train, download=True)
 
 
-def load_idx_raw(ds: IdxDataset, root: Path, download: bool = False) -> dict[str, torch.Tensor]:
-    """The uint8 images ``(N, 28, 28)`` and int64 labels of both splits, decoded once then cached."""
+def idx_folder(ds: IdxDataset, root: Path, download: bool = False) -> Path:
+    """The first folder holding the four IDX files (downloaded first when allowed); fails clearly."""
     folder = first_with(ds.candidates(root), IDX_FILES.values())
     if folder is None and download:
         try:
@@ -60,6 +60,12 @@ def load_idx_raw(ds: IdxDataset, root: Path, download: bool = False) -> dict[str
         folder = first_with(ds.candidates(root), IDX_FILES.values())
     if folder is None:
         raise missing_data(ds.name, ds.candidates(root), _how(ds, root))
+    return folder
+
+
+def load_idx_raw(ds: IdxDataset, root: Path, download: bool = False) -> dict[str, torch.Tensor]:
+    """The uint8 images ``(N, 28, 28)`` and int64 labels of both splits, decoded once then cached."""
+    folder = idx_folder(ds, root, download)
     sources = {k: find_one(folder, names) for k, names in IDX_FILES.items()}
 
     def build() -> dict[str, torch.Tensor]:
