@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # raised whenever the readers or their checks change, so that older cache files are rebuilt
 Tensors = dict[str, torch.Tensor]
 SPLIT_KEYS = ("train_x", "train_y", "test_x", "test_y")
 
