@@ -67,6 +67,20 @@ def test_idx_cache_is_written_reused_and_keyed_by_the_files(tmp_path):
     assert len(list((tmp_path / "cache").glob("mnist-*.pt"))) == 2
 
 
+@pytest.mark.parametrize("bad", [{"images": torch.zeros(2)}, [torch.zeros(2)],
+                                 {"train_x": torch.zeros(3, 28, 28), "train_y": torch.zeros(2), "test_x": 1,
+                                  "test_y": torch.zeros(1)}])
+def test_cache_with_wrong_content_is_rebuilt_with_a_warning(tmp_path, bad):
+    fake_data.write_idx_dataset(tmp_path / "mnist")
+    first = load_idx_raw(MNIST, tmp_path)
+    (cache,) = (tmp_path / "cache").glob("mnist-*.pt")
+    torch.save(bad, cache)
+    with pytest.warns(UserWarning, match=f"{cache}.*rebuilding"):
+        again = load_idx_raw(MNIST, tmp_path)
+    assert set(again) == set(first) and all(torch.equal(again[k], first[k]) for k in first)
+    assert set(torch.load(cache, weights_only=True)) == set(first)  # the cache file was rewritten
+
+
 def test_cache_builds_once(tmp_path):
     src = tmp_path / "src"
     src.write_text("x")
@@ -77,7 +91,7 @@ def test_cache_builds_once(tmp_path):
         return {"a": torch.arange(3)}
 
     for _ in range(2):
-        assert cached_tensors(tmp_path / "cache", "demo", [src], build)["a"].tolist() == [0, 1, 2]
+        assert cached_tensors(tmp_path / "cache", "demo", [src], build, keys=("a",))["a"].tolist() == [0, 1, 2]
     assert len(calls) == 1
 
 
@@ -143,12 +157,21 @@ def test_svhn_mat_files(tmp_path):
 
 def test_notmnist_png_folders(tmp_path):
     fake_data.write_notmnist(tmp_path, per_letter=6)
-    raw = read_notmnist(notmnist_files(tmp_path))
+    with pytest.warns(UserWarning, match=r"skipped 10 unreadable PNG files \(e.g. .*A/broken.png\)"):
+        raw = read_notmnist(notmnist_files(tmp_path))
     # 6 readable PNGs per letter (the empty file is skipped): indices 0 and 5 of each sorted list are test
     assert raw["train_x"].shape == (40, 28, 28) and raw["test_x"].shape == (20, 28, 28)
     assert raw["test_y"].tolist() == [c for c in range(10) for _ in range(2)]
     bright = [raw["train_x"][raw["train_y"] == c].float().mean().item() for c in range(10)]
     assert bright == sorted(bright)
+
+
+def test_notmnist_letter_without_two_readable_images_is_refused(tmp_path):
+    fake_data.write_notmnist(tmp_path, per_letter=6)
+    for png in (tmp_path / "notMNIST_small" / "C").glob("img*.png"):
+        png.unlink()
+    with pytest.raises(ConfigError, match=r"0 readable PNG files for the letter C[\s\S]*notMNIST_small/C"):
+        read_notmnist(notmnist_files(tmp_path))
 
 
 def test_notmnist_missing_says_where(tmp_path):

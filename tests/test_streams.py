@@ -1,5 +1,6 @@
-"""Streams built from real Fashion-MNIST (skipped where absent) and from generated files in every format:
-tasks, shapes, classes per task, label ranges, permutation determinism, normalisation, and `cfl run`."""
+"""Streams built from real Fashion-MNIST (skipped where absent), from generated files in every format and
+from the offline digits: exact task contents (permutations, classes, labels), augmentation (a known image
+under a fixed generator; applied to training inputs only), and the outputs of a run."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torch.func import functional_call
 
 from cfl.config import from_dict
 from cfl.data.augment import CropFlip
+from cfl.data.digits import load_digits_tensors
 from cfl.data.load import load_stream
 from cfl.engine.runner import Runner
 from cfl.run import execute
@@ -96,7 +99,8 @@ def write_five(root: Path) -> None:
 
 def test_five_datasets_tasks(tmp_path):
     write_five(tmp_path)
-    stream = load_stream(cfg(tmp_path, "five-datasets", 5))
+    with pytest.warns(UserWarning, match="notMNIST: skipped 10 unreadable PNG files"):  # the empty ones
+        stream = load_stream(cfg(tmp_path, "five-datasets", 5))
     assert [t.name for t in stream.tasks] == ["5d-cifar-10", "5d-mnist", "5d-svhn", "5d-fashion-mnist", "5d-notmnist"]
     assert [len(t.train_x) for t in stream.tasks] == [100, 30, 30, 40, 40]
     for t, task in enumerate(stream.tasks):
@@ -126,29 +130,45 @@ WRITERS = {"permuted-mnist": lambda r: fake_data.write_idx_dataset(r / "mnist"),
            "mini-imagenet": lambda r: fake_data.write_mini_imagenet(r, 10, 6)}
 
 
+def recomputed_accuracy(runner: Runner, j: int) -> float:
+    """Task j's test accuracy of the runner's global model, computed here from the logits."""
+    task = runner.stream.tasks[j]
+    runner.model.eval()
+    with torch.no_grad():
+        logits = functional_call(runner.model, runner.params, (task.test_x, torch.full_like(task.test_y, j)))
+    return 100.0 * (logits.argmax(1) == task.test_y).sum().item() / len(task.test_y)
+
+
+def assert_final_row_is_the_final_model(runner: Runner) -> None:
+    """The accuracy matrix is lower triangular and its last row is the final model's accuracy on each task."""
+    matrix, n = runner.progress.acc_matrix, runner.stream.num_tasks
+    assert all(matrix[i][j] is None for i in range(n) for j in range(i + 1, n)), matrix
+    assert all(isinstance(matrix[i][j], float) for i in range(n) for j in range(i + 1)), matrix
+    assert matrix[n - 1] == pytest.approx([recomputed_accuracy(runner, j) for j in range(n)], abs=1e-9)
+
+
 @pytest.mark.parametrize("name", ["split-cifar100", "five-datasets", "mini-imagenet"])
 def test_reference_model_trains_on_generated_stream(tmp_path, name):
     """One round per task with the stream's reference model (alexnet, resnet18-reduced, resnet18-mini)."""
     WRITERS[name](tmp_path)
     config = cfg(tmp_path, name, 2)
     runner = Runner(config, load_stream(config))
+    initial = {k: v.clone() for k, v in runner.params.items()}
     runner.run()
-    matrix = runner.progress.acc_matrix
-    assert all(0 <= matrix[1][j] <= 100 for j in range(2))
+    assert_final_row_is_the_final_model(runner)
+    assert runner.progress.global_round == 2
+    assert any(not torch.equal(initial[k], runner.params[k]) for k in initial)  # it trained
 
 
 def test_cfl_run_end_to_end_on_generated_files(tmp_path):
     WRITERS["permuted-mnist"](tmp_path)
-    results = execute(cfg(tmp_path, "permuted-mnist", 2), out=tmp_path / "run", quiet=True)
-    assert len(results["acc_matrix"]) == 2 and (tmp_path / "run" / "results.json").is_file()
-
-
-def test_augmentation_runs_in_the_sequential_trainer_too(tmp_path):
-    WRITERS["mini-imagenet"](tmp_path)
-    config = cfg(tmp_path, "mini-imagenet", 1, client_execution="sequential")
-    runner = Runner(config, load_stream(config))
-    runner.run()
-    assert len(runner.progress.acc_matrix) == 1
+    results = execute(cfg(tmp_path, "permuted-mnist", 2, rounds_per_task=2), out=tmp_path / "run", quiet=True)
+    matrix = results["acc_matrix"]
+    assert matrix[0][1] is None and all(isinstance(matrix[i][j], float) for i, j in ((0, 0), (1, 0), (1, 1)))
+    assert all((matrix[i][j] / 5).is_integer() for i, j in ((0, 0), (1, 0), (1, 1)))  # 20 test images each
+    assert results["rounds"] == 4 and results["acc"] == pytest.approx((matrix[1][0] + matrix[1][1]) / 2)
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 2  # one evaluation at the end of each task
 
 
 @pytest.mark.parametrize("name,dataset", [("split-cifar100", "CIFAR-100"), ("permuted-mnist", "MNIST"),
@@ -159,3 +179,107 @@ def test_missing_files_fail_before_training(tmp_path, name, dataset):
     text = str(err.value)
     assert text.startswith(dataset) and str(tmp_path) in text and "To get them" in text
     assert not (tmp_path / "run" / "metrics.jsonl").exists() or not (tmp_path / "run" / "metrics.jsonl").read_text()
+
+
+# ---- exact contents of the offline streams ----
+def test_permuted_stream_tasks_are_permutations_of_the_same_images(tmp_path):
+    (train_x, train_y), (test_x, test_y) = load_digits_tensors()
+    stream = load_stream(cfg(tmp_path, "permuted-digits", 3, seed=7))
+    gen = torch.Generator().manual_seed(7)  # the documented draw: successive randperm(64) of a seeded generator
+    perms = [torch.randperm(64, generator=gen) for _ in range(3)]
+    assert len({tuple(p.tolist()) for p in perms}) == 3
+    t0 = stream.tasks[0]
+    for t, (task, perm) in enumerate(zip(stream.tasks, perms, strict=True)):
+        assert torch.equal(task.train_x, train_x.flatten(1)[:, perm])
+        assert torch.equal(task.test_x, test_x.flatten(1)[:, perm])
+        # task t is task 0's images with task 0's permutation undone and task t's applied
+        assert torch.equal(task.train_x, t0.train_x[:, torch.argsort(perms[0])][:, perm])
+        assert torch.equal(task.train_y, train_y) and torch.equal(task.test_y, test_y)
+        assert task.classes == list(range(10)) and task.name == f"perm-digits-{t}"
+    assert stream.classes_per_head == 10 and stream.class_mask(2) is None
+
+
+@pytest.mark.parametrize("scenario", ["task", "class"])
+def test_split_stream_tasks_hold_exactly_their_classes(tmp_path, scenario):
+    (train_x, train_y), (test_x, test_y) = load_digits_tensors()
+    stream = load_stream(cfg(tmp_path, "split-digits", 5, stream={"scenario": scenario}))
+    assert stream.classes_per_head == (10 if scenario == "class" else 2)
+    for t, task in enumerate(stream.tasks):
+        assert task.classes == [2 * t, 2 * t + 1]
+        for x, y, all_x, all_y in ((task.train_x, task.train_y, train_x, train_y),
+                                   (task.test_x, task.test_y, test_x, test_y)):
+            mine = (all_y == 2 * t) | (all_y == 2 * t + 1)  # every sample of the two classes, in file order
+            assert torch.equal(x, all_x[mine])
+            expected = all_y[mine] if scenario == "class" else all_y[mine] - 2 * t
+            assert torch.equal(y, expected)
+    total = sum(len(task.train_y) for task in stream.tasks)
+    assert total == len(train_y)  # no sample dropped, none in two tasks
+    if scenario == "class":
+        assert stream.class_mask(1).tolist() == [True] * 4 + [False] * 6
+
+
+# ---- augmentation: what it does, and that it reaches training but not evaluation ----
+def test_crop_flip_on_a_known_image():
+    """Pad 1 with black (-1), then per image a crop offset (dy, dx) in 0..2 and a flip with probability 1/2.
+
+    Padded image 0:  -1 -1 -1 -1     seed 0 draws dy = (2, 0), dx = (2, 0), flip = (yes, no):
+                     -1  1  2 -1     image 0: rows 2..3, cols 2..3 = [[4, -1], [-1, -1]], mirrored;
+                     -1  3  4 -1     image 1: rows 0..1, cols 0..1 = [[-1, -1], [-1, 5]].
+                     -1 -1 -1 -1     seed 5 draws dy = (2, 0), dx = (1, 0), flip = (no, yes).
+    """
+    x = torch.tensor([[[[1.0, 2.0], [3.0, 4.0]]], [[[5.0, 6.0], [7.0, 8.0]]]])
+    augment = CropFlip(1, torch.tensor([-1.0]))
+    out = augment(x, torch.Generator().manual_seed(0))
+    assert out.tolist() == [[[[-1.0, 4.0], [-1.0, -1.0]]], [[[-1.0, -1.0], [-1.0, 5.0]]]]
+    out = augment(x, torch.Generator().manual_seed(5))
+    assert out.tolist() == [[[[3.0, 4.0], [-1.0, -1.0]]], [[[-1.0, -1.0], [5.0, -1.0]]]]
+    assert torch.equal(x, torch.tensor([[[[1.0, 2.0], [3.0, 4.0]]], [[[5.0, 6.0], [7.0, 8.0]]]]))  # input kept
+
+
+def test_crop_flip_draws_every_offset_and_flips_half():
+    x = torch.tensor([[[[1.0, 2.0], [3.0, 4.0]]]]).repeat(3600, 1, 1, 1)
+    out = CropFlip(1, torch.tensor([-1.0]))(x, torch.Generator().manual_seed(1))
+    kinds, counts = torch.unique(out.flatten(1), dim=0, return_counts=True)
+    assert len(kinds) == 18  # 9 crops x (plain, mirrored): all distinct for this image
+    assert counts.min() > 3600 / 18 * 0.7 and counts.max() < 3600 / 18 * 1.3
+
+
+class RecordingAugment:
+    """The stream's CropFlip, recording every batch it gets and gives."""
+
+    def __init__(self, inner: CropFlip) -> None:
+        self.inner, self.seen, self.given = inner, [], []
+
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        out = self.inner(x, generator)
+        self.seen.append(x.clone())
+        self.given.append(out.clone())
+        return out
+
+
+@pytest.mark.parametrize("execution", ["batched", "sequential"])
+def test_augmentation_changes_training_inputs_and_never_evaluation_inputs(tmp_path, monkeypatch, execution):
+    import cfl.engine.runner as runner_module
+
+    config = cfg(tmp_path, "split-digits", 2, client_execution=execution, rounds_per_task=2)
+    plain = Runner(config, load_stream(config))
+    plain.run()
+    stream = load_stream(config)
+    stream.augment = augment = RecordingAugment(CropFlip(2, torch.tensor([-9.0])))
+    evaluated = []
+    real_accuracy = runner_module.accuracy
+    monkeypatch.setattr(runner_module, "accuracy",
+                        lambda model, params, x, y, *a: evaluated.append(x) or real_accuracy(model, params, x, y, *a))
+    runner = Runner(config, stream)
+    runner.run()
+    train_rows = torch.cat([t.train_x for t in stream.tasks]).flatten(1)
+    seen = torch.cat(augment.seen).flatten(1)
+    # one local epoch per round: every sampled client's whole share, in 2 tasks x 2 rounds x 2 clients
+    assert [len(t.train_y) for t in stream.tasks] == [288, 288] and len(seen) == 2 * 2 * 2 * 72
+    assert ((seen[:, None] == train_rows[None]).all(-1).any(1)).all()  # only training images are augmented
+    given = torch.cat(augment.given).flatten(1)
+    assert (given == -9.0).any(1).float().mean() > 0.5  # most crops show the black padding
+    assert any(not torch.equal(runner.params[k], plain.params[k]) for k in plain.params)  # trained on them
+    tests = [t.test_x for t in stream.tasks]
+    assert len(evaluated) == 3 and all(any(torch.equal(x, t) for t in tests) for x in evaluated)
+    assert not (torch.cat([x.flatten(1) for x in evaluated]) == -9.0).any()

@@ -13,8 +13,10 @@ import torch.nn.functional as F
 
 from cfl.data.augment import CropFlip
 from cfl.data.cache import cached_tensors
-from cfl.data.cifar import cifar10_files, cifar100_files, read_cifar10, read_cifar100
+from cfl.data.cifar import cifar10_files, cifar100_files, how_to_get, read_cifar10, read_cifar100
 from cfl.data.derive import avalanche_permutations, permuted_tasks, split_tasks
+from cfl.data.files import require_classes
+from cfl.data.mini_imagenet import how_to_get as mini_imagenet_how
 from cfl.data.mini_imagenet import mini_imagenet_sources, read_mini_imagenet_folder, read_mini_imagenet_pickles
 from cfl.data.mnist_like import FASHION_MNIST, MNIST, load_idx, load_idx_raw
 from cfl.data.notmnist import notmnist_files, read_notmnist
@@ -56,6 +58,7 @@ def split_cifar100(req: StreamRequest) -> Stream:
     """Avalanche's SplitCIFAR100 with a fixed label-order class split: 10 tasks of 10 classes."""
     files = cifar100_files(req.data_root, req.download)
     raw = cached_tensors(req.data_root / "cache", "cifar-100", files, lambda: read_cifar100(files))
+    require_classes("CIFAR-100", files, raw, 10 * req.num_tasks, how_to_get(files[0].parent, "cifar-100-python.tar.gz"))
     train, test, _ = channel_normalise(raw)
     tasks = split_tasks(train, test, 10, req.num_tasks, req.scenario == "class", "split-cifar100")
     classes = 100 if req.scenario == "class" else 10
@@ -104,6 +107,7 @@ def mini_imagenet(req: StreamRequest) -> Stream:
     read = (lambda: read_mini_imagenet_pickles(files)) if kind == "pickle" else (
         lambda: read_mini_imagenet_folder(files[0]))
     raw = cached_tensors(req.data_root / "cache", f"mini-imagenet-{kind}", files, read)
+    require_classes("Mini-ImageNet", files, raw, 5 * req.num_tasks, mini_imagenet_how(req.data_root))
     train, test, black = channel_normalise(raw)
     tasks = split_tasks(train, test, 5, req.num_tasks, False, "mini-imagenet")
     return Stream("mini-imagenet", "task", tasks, 5, (3, 84, 84), "resnet18-mini", augment=CropFlip(4, black))

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import torch
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # raised whenever the readers or their checks change, so that older cache files are rebuilt
 Tensors = dict[str, torch.Tensor]
+SPLIT_KEYS = ("train_x", "train_y", "test_x", "test_y")
 
 
 def cache_key(name: str, sources: Iterable[Path]) -> str:
@@ -27,15 +28,36 @@ def cache_key(name: str, sources: Iterable[Path]) -> str:
     return digest.hexdigest()[:16]
 
 
-def cached_tensors(cache_dir: Path, name: str, sources: Iterable[Path], build: Callable[[], Tensors]) -> Tensors:
-    """``build()``'s tensors, stored as ``cache_dir/<name>-<key>.pt`` the first time and loaded afterwards."""
+def cache_problem(loaded: object, keys: tuple[str, ...]) -> str | None:
+    """Why a loaded cache file cannot be used (None: it can): it must map exactly ``keys`` to tensors, and
+    each split's images and labels must be equally many."""
+    if not isinstance(loaded, dict) or set(loaded) != set(keys):
+        found = sorted(map(str, loaded)) if isinstance(loaded, dict) else type(loaded).__name__
+        return f"holds {found}, expected the keys {', '.join(keys)}"
+    if not all(isinstance(v, torch.Tensor) for v in loaded.values()):
+        return "holds values that are not tensors"
+    for k in keys:
+        if k.endswith("_x") and k[:-1] + "y" in loaded and len(loaded[k]) != len(loaded[k[:-1] + "y"]):
+            return f"holds {len(loaded[k])} {k} but {len(loaded[k[:-1] + 'y'])} {k[:-1]}y"
+    return None
+
+
+def cached_tensors(cache_dir: Path, name: str, sources: Iterable[Path], build: Callable[[], Tensors],
+                   keys: tuple[str, ...] = SPLIT_KEYS) -> Tensors:
+    """``build()``'s tensors, stored as ``cache_dir/<name>-<key>.pt`` the first time and loaded afterwards.
+
+    A cache file that cannot be read or does not hold ``keys`` is rebuilt, with a warning."""
     sources = list(sources)
     path = cache_dir / f"{name}-{cache_key(name, sources)}.pt"
     if path.is_file():
         try:
-            return torch.load(path, weights_only=True)
-        except Exception:  # noqa: BLE001 - a damaged cache is rebuilt, never fatal
-            pass
+            loaded = torch.load(path, weights_only=True)
+            problem = cache_problem(loaded, keys)
+        except Exception as err:  # noqa: BLE001 - a damaged cache is rebuilt, never fatal
+            problem = f"is unreadable ({type(err).__name__}: {err})"
+        if problem is None:
+            return loaded
+        warnings.warn(f"tensor cache {path} {problem}; rebuilding it from the data files", stacklevel=2)
     tensors = build()
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)

@@ -7,12 +7,12 @@ CIFAR-100: ``cifar-100-python/train`` and ``test`` (keys ``data``, ``fine_labels
 
 from __future__ import annotations
 
-import pickle
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from cfl.data.checks import check_images, check_labels, load_pickle
 from cfl.data.files import first_with, missing_data
 
 CIFAR10_FILES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch",)
@@ -20,19 +20,21 @@ CIFAR100_FILES = ("train", "test")
 Split = tuple[torch.Tensor, torch.Tensor]
 
 
-def read_cifar_batch(path: Path, label_key: str) -> Split:
-    """One pickle -> uint8 images ``(N, 3, 32, 32)`` and int64 labels."""
-    with open(path, "rb") as fh:
-        batch = pickle.load(fh, encoding="bytes")
-    batch = {k.decode() if isinstance(k, bytes) else k: v for k, v in batch.items()}
-    data = np.asarray(batch["data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
-    labels = np.asarray(batch[label_key], dtype=np.int64)
-    if len(data) != len(labels):
-        raise ValueError(f"{path}: {len(data)} images but {len(labels)} labels")
-    return torch.from_numpy(data.copy()), torch.from_numpy(labels)
+def read_cifar_batch(path: Path, label_key: str, num_classes: int) -> Split:
+    """One pickle -> uint8 images ``(N, 3, 32, 32)`` and int64 labels in ``0..num_classes-1``."""
+    batch = load_pickle(path, ("data", label_key), encoding="bytes")
+    data = np.asarray(batch["data"])
+    check_images(path, data, (3072,))
+    if data.dtype != np.uint8:
+        raise ValueError(f"{path}: data of type {data.dtype}, expected uint8 pixels")
+    labels = np.asarray(batch[label_key])
+    if not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(f"{path}: {label_key} of type {labels.dtype}, expected integers")
+    check_labels(path, labels, len(data), 0, num_classes - 1)
+    return torch.from_numpy(data.reshape(-1, 3, 32, 32).copy()), torch.from_numpy(labels.astype(np.int64))
 
 
-def _how(folder: Path, archive: str) -> str:
+def how_to_get(folder: Path, archive: str) -> str:
     return (f"set `stream.download: true` (needs network), or unpack {archive} (the CIFAR 'python version' "
             f"from https://www.cs.toronto.edu/~kriz/cifar.html) so that {folder} exists")
 
@@ -48,18 +50,20 @@ def _locate(name: str, root: Path, sub: str, files: tuple[str, ...], archive: st
             for train in (True, False):
                 getattr(torchvision.datasets, tv_class)(str(root), train=train, download=True)
         except Exception as err:  # noqa: BLE001 - reported as the data error
-            raise missing_data(name, candidates, _how(candidates[0], archive), f"download failed: {err}") from err
+            raise missing_data(name, candidates, how_to_get(candidates[0], archive), f"download failed: {err}") from err
         folder = first_with(candidates, files)
     if folder is None:
-        raise missing_data(name, candidates, _how(candidates[0], archive))
+        raise missing_data(name, candidates, how_to_get(candidates[0], archive))
     return folder
 
 
 def _read(name: str, files: list[Path], label_key: str, how: str) -> Split:
-    try:
-        parts = [read_cifar_batch(f, label_key) for f in files]
-    except (OSError, ValueError, KeyError, pickle.UnpicklingError, EOFError) as err:
-        raise missing_data(name, files, how, f"cannot read: {err}") from err
+    parts = []
+    for f in files:
+        try:
+            parts.append(read_cifar_batch(f, label_key, 100 if label_key == "fine_labels" else 10))
+        except (OSError, ValueError) as err:
+            raise missing_data(name, [f], how, f"cannot read: {err}") from err
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
@@ -79,14 +83,14 @@ def cifar100_files(root: Path, download: bool = False) -> list[Path]:
 
 def read_cifar10(files: list[Path]) -> dict[str, torch.Tensor]:
     """uint8 ``train_x``/``test_x`` ``(N, 3, 32, 32)`` and labels from :func:`cifar10_files`' list."""
-    how = _how(files[0].parent, "cifar-10-python.tar.gz")
+    how = how_to_get(files[0].parent, "cifar-10-python.tar.gz")
     train = _read("CIFAR-10", files[:5], "labels", how)
     test = _read("CIFAR-10", files[5:], "labels", how)
     return {"train_x": train[0], "train_y": train[1], "test_x": test[0], "test_y": test[1]}
 
 
 def read_cifar100(files: list[Path]) -> dict[str, torch.Tensor]:
-    how = _how(files[0].parent, "cifar-100-python.tar.gz")
+    how = how_to_get(files[0].parent, "cifar-100-python.tar.gz")
     train = _read("CIFAR-100", files[:1], "fine_labels", how)
     test = _read("CIFAR-100", files[1:], "fine_labels", how)
     return {"train_x": train[0], "train_y": train[1], "test_x": test[0], "test_y": test[1]}

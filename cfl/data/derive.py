@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from cfl.data.stream import Task
+from cfl.schema import ConfigError
 
 
 def permuted_tasks(
@@ -40,6 +41,7 @@ def split_tasks(
     num_tasks: int,
     global_labels: bool,
     prefix: str = "split",
+    source: str = "the data files",
 ) -> list[Task]:
     """Split recipe: classes in label order, ``classes_per_task`` per task.
 
@@ -50,10 +52,15 @@ def split_tasks(
     tasks = []
     for t in range(num_tasks):
         classes = list(range(t * classes_per_task, (t + 1) * classes_per_task))
-        lookup = torch.full((int(max(train_y.max(), test_y.max())) + 1,), -1, dtype=torch.long)
+        size = max(int(train_y.max()), int(test_y.max()), classes[-1]) + 1
+        lookup = torch.full((size,), -1, dtype=torch.long)
         for i, c in enumerate(classes):
             lookup[c] = c if global_labels else i
         tr, te = lookup[train_y] >= 0, lookup[test_y] >= 0
+        if not tr.any() or not te.any():
+            raise ConfigError(f"{prefix}: task {t} (classes {classes[0]}..{classes[-1]}) has {int(tr.sum())} "
+                              f"training and {int(te.sum())} test samples: {source} lack these classes. "
+                              f"Lower stream.num_tasks or use complete data files (see docs/data.md)")
         tasks.append(Task(f"{prefix}-{t}", train_x[tr].contiguous(), lookup[train_y[tr]],
                           test_x[te].contiguous(), lookup[test_y[te]], classes))
     return tasks

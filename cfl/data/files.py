@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+import torch
+
 from cfl.schema import ConfigError
 
 
@@ -12,7 +14,7 @@ def missing_data(dataset: str, looked: Iterable[Path], how: str, detail: str = "
     """The one message for absent or unreadable data: dataset, paths looked at, how to get the files."""
     where = "\n".join(f"  - {p}" for p in looked)
     extra = f" ({detail})" if detail else ""
-    return ConfigError(f"{dataset}: data files not found or unreadable{extra}. Looked in:\n{where}\n"
+    return ConfigError(f"{dataset}: data files not found, unreadable or invalid{extra}. Looked in:\n{where}\n"
                        f"To get them: {how}\n(data root: config `data_root`, else $CFL_DATA, else ~/.cache/cfl; "
                        f"see docs/data.md)")
 
@@ -33,3 +35,14 @@ def find_one(folder: Path, name: str) -> Path | None:
         if path.is_file():
             return path
     return None
+
+
+def require_classes(dataset: str, files: list[Path], raw: dict[str, torch.Tensor], needed: int, how: str) -> None:
+    """Refuse decoded data whose train or test split lacks one of the classes ``0..needed-1`` a stream cuts."""
+    for split in ("train", "test"):
+        present = set(torch.unique(raw[f"{split}_y"]).tolist())
+        missing = sorted(set(range(needed)) - present)
+        if missing:
+            raise missing_data(dataset, files, how, f"the {split} images hold {len(present)} classes, the stream's "
+                                                    f"tasks need {needed} (class {missing[0]} is absent); lower "
+                                                    f"stream.num_tasks or use the complete files")

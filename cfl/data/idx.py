@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,10 @@ def read_idx(path: Path) -> torch.Tensor:
     """
     raw = Path(path).read_bytes()
     if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as err:
+            raise ValueError(f"{path}: damaged gzip data ({err})") from err
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in IDX_TYPES:
         raise ValueError(f"{path}: not an IDX file (bad magic number)")
     ndim = raw[3]

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from cfl.config import Config
+from cfl.data.fingerprint import fingerprint
 from cfl.data.stream import Stream
 from cfl.data.streams import STREAMS, StreamRequest
 
@@ -33,6 +34,7 @@ def load_stream(cfg: Config, device: torch.device | str = "cpu") -> Stream:
         download=cfg.stream.download,
     )
     stream = entry.build(request)
+    fingerprint(stream)  # on the CPU tensors, before they move to the device
     for task in stream.tasks:
         task.train_x, task.train_y = task.train_x.to(device), task.train_y.to(device)
         task.test_x, task.test_y = task.test_x.to(device), task.test_y.to(device)

@@ -15,19 +15,19 @@ is the test set, the rest train.
 
 from __future__ import annotations
 
-import pickle
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from cfl.data.checks import check_images, load_pickle
 from cfl.data.files import missing_data
 
 PICKLES = tuple(f"mini-imagenet-cache-{s}.pkl" for s in ("train", "val", "test"))
 TEST_FRACTION_DENOMINATOR = 6  # 100 of each class's 600 images
 
 
-def _how(root: Path) -> str:
+def how_to_get(root: Path) -> str:
     return (f"put mini-imagenet-cache-train.pkl, -val.pkl and -test.pkl in {root / 'mini-imagenet'}, or a full "
             f"ImageNet 2012 train folder (train/<wnid>/*.JPEG) in {root / 'imagenet'} (no automatic download "
             f"exists; see docs/data.md)")
@@ -41,7 +41,7 @@ def mini_imagenet_sources(root: Path) -> tuple[str, list[Path]]:
     imagenet = root / "imagenet"
     if (imagenet / "train").is_dir() or any(imagenet.glob("n0*")):
         return "imagenet", [imagenet]
-    raise missing_data("Mini-ImageNet", [folder / p for p in PICKLES] + [imagenet], _how(root))
+    raise missing_data("Mini-ImageNet", [folder / p for p in PICKLES] + [imagenet], how_to_get(root))
 
 
 def class_order(wnids: list[str]) -> list[str]:
@@ -59,14 +59,30 @@ def read_mini_imagenet_pickles(files: list[Path]) -> dict[str, torch.Tensor]:
     per_class: dict[str, np.ndarray] = {}
     for path in files:
         try:
-            with open(path, "rb") as fh:
-                data = pickle.load(fh)
-            images = np.asarray(data["image_data"], dtype=np.uint8)
-            for wnid, rows in data["class_dict"].items():
-                per_class[wnid] = images[np.asarray(rows, dtype=np.int64)]
-        except (OSError, KeyError, ValueError, IndexError, pickle.UnpicklingError, EOFError) as err:
-            raise missing_data("Mini-ImageNet", [path], _how(path.parent.parent), f"cannot read: {err}") from err
+            per_class.update(_read_pickle(path))
+        except (OSError, ValueError) as err:
+            raise missing_data("Mini-ImageNet", [path], how_to_get(path.parent.parent), f"cannot read: {err}") from err
     return _split(per_class)
+
+
+def _read_pickle(path: Path) -> dict[str, np.ndarray]:
+    """One pickle's images per wnid, each class holding at least two images (one train, one test)."""
+    data = load_pickle(path, ("image_data", "class_dict"))
+    images, class_dict = np.asarray(data["image_data"]), data["class_dict"]
+    check_images(path, images, (84, 84, 3))
+    if images.dtype != np.uint8:
+        raise ValueError(f"{path}: image_data of type {images.dtype}, expected uint8 pixels")
+    if not isinstance(class_dict, dict) or not class_dict:
+        raise ValueError(f"{path}: class_dict is a {type(class_dict).__name__}, expected a dict wnid -> row indices")
+    out = {}
+    for wnid, rows in class_dict.items():
+        rows = np.asarray(rows)
+        if rows.ndim != 1 or len(rows) < 2 or not np.issubdtype(rows.dtype, np.integer):
+            raise ValueError(f"{path}: class {wnid!r} lists {rows.shape} rows; expected at least 2 image indices")
+        if rows.min() < 0 or rows.max() >= len(images):
+            raise ValueError(f"{path}: class {wnid!r} lists rows {rows.min()}..{rows.max()} of {len(images)} images")
+        out[str(wnid)] = images[rows]
+    return out
 
 
 def read_mini_imagenet_folder(imagenet: Path) -> dict[str, torch.Tensor]:
@@ -80,9 +96,9 @@ def read_mini_imagenet_folder(imagenet: Path) -> dict[str, torch.Tensor]:
             img, target = ds[i]
             per_class_lists.setdefault(ds.wnids[target], []).append(np.asarray(img.convert("RGB"), dtype=np.uint8))
     except (OSError, ValueError, KeyError, IndexError) as err:
-        raise missing_data("Mini-ImageNet", [imagenet], _how(imagenet.parent), f"cannot read: {err}") from err
+        raise missing_data("Mini-ImageNet", [imagenet], how_to_get(imagenet.parent), f"cannot read: {err}") from err
     if not per_class_lists:
-        raise missing_data("Mini-ImageNet", [imagenet], _how(imagenet.parent), "no Mini-ImageNet image found")
+        raise missing_data("Mini-ImageNet", [imagenet], how_to_get(imagenet.parent), "no Mini-ImageNet image found")
     return _split({w: np.stack(v) for w, v in per_class_lists.items()})
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from cfl.data.cache import cached_tensors
+from cfl.data.checks import check_images, check_labels
 from cfl.data.files import find_one, first_with, missing_data
 from cfl.data.idx import read_idx
 
@@ -48,8 +49,8 @@ def _download(ds: IdxDataset, root: Path) -> None:
         cls(str(root), train=train, download=True)
 
 
-def load_idx_raw(ds: IdxDataset, root: Path, download: bool = False) -> dict[str, torch.Tensor]:
-    """The uint8 images ``(N, 28, 28)`` and int64 labels of both splits, decoded once then cached."""
+def idx_folder(ds: IdxDataset, root: Path, download: bool = False) -> Path:
+    """The first folder holding the four IDX files (downloaded first when allowed); fails clearly."""
     folder = first_with(ds.candidates(root), IDX_FILES.values())
     if folder is None and download:
         try:
@@ -59,20 +60,28 @@ def load_idx_raw(ds: IdxDataset, root: Path, download: bool = False) -> dict[str
         folder = first_with(ds.candidates(root), IDX_FILES.values())
     if folder is None:
         raise missing_data(ds.name, ds.candidates(root), _how(ds, root))
+    return folder
+
+
+def load_idx_raw(ds: IdxDataset, root: Path, download: bool = False) -> dict[str, torch.Tensor]:
+    """The uint8 images ``(N, 28, 28)`` and int64 labels of both splits, decoded once then cached."""
+    folder = idx_folder(ds, root, download)
     sources = {k: find_one(folder, names) for k, names in IDX_FILES.items()}
 
     def build() -> dict[str, torch.Tensor]:
-        try:
-            out = {k: read_idx(p) for k, p in sources.items()}  # type: ignore[arg-type]
-        except (OSError, ValueError, EOFError) as err:
-            raise missing_data(ds.name, [folder], _how(ds, root), str(err)) from err
-        for split in ("train", "test"):
-            x, y = out[f"{split}_x"], out[f"{split}_y"]
-            if x.dim() != 3 or y.dim() != 1 or len(x) != len(y):
-                raise missing_data(ds.name, [folder], _how(ds, root),
-                                   f"{split} images {tuple(x.shape)} do not match labels {tuple(y.shape)}")
-            out[f"{split}_y"] = y.long()
-        return out
+        out = {}
+        for key, path in sources.items():  # images before their labels
+            images = key.replace("_y", "_x")
+            try:
+                out[key] = read_idx(path)  # type: ignore[arg-type]
+                if key == images:
+                    check_images(path, out[key], (28, 28))  # type: ignore[arg-type]
+                else:
+                    check_labels(path, out[key], len(out[images]), 0, 9)  # type: ignore[arg-type]
+            except (OSError, ValueError) as err:
+                files = sorted({sources[images], path}, key=str)
+                raise missing_data(ds.name, files, _how(ds, root), str(err)) from err  # type: ignore[arg-type]
+        return {k: v if k.endswith("_x") else v.long() for k, v in out.items()}
 
     return cached_tensors(root / "cache", ds.name.lower(), sources.values(), build)  # type: ignore[arg-type]
 

@@ -7,6 +7,7 @@ couple of empty files) are skipped.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +48,7 @@ def read_notmnist(letter_folders: list[Path]) -> dict[str, torch.Tensor]:
     how = _how(folder)
     xs: dict[str, list[np.ndarray]] = {"train": [], "test": []}
     ys: dict[str, list[int]] = {"train": [], "test": []}
+    skipped: list[Path] = []
     for label, letter in enumerate(LETTERS):
         readable = 0
         for png in sorted((folder / letter).glob("*.png")):
@@ -54,13 +56,18 @@ def read_notmnist(letter_folders: list[Path]) -> dict[str, torch.Tensor]:
                 with Image.open(png) as img:
                     pixels = np.asarray(img.convert("L").resize((28, 28)), dtype=np.uint8)
             except (OSError, ValueError):
+                skipped.append(png)
                 continue
             split = "test" if readable % TEST_EVERY == 0 else "train"
             readable += 1
             xs[split].append(pixels)
             ys[split].append(label)
-    if not xs["train"] or not xs["test"]:
-        raise missing_data("notMNIST", [folder], how, "no readable PNG files in the letter folders")
+        if readable < 2:
+            raise missing_data("notMNIST", [folder / letter], how,
+                               f"{readable} readable PNG files for the letter {letter}; at least 2 are needed "
+                               f"(one test, one train image)")
+    if skipped:
+        warnings.warn(f"notMNIST: skipped {len(skipped)} unreadable PNG files (e.g. {skipped[0]})", stacklevel=2)
 
     return {f"{split}_{kind}": (torch.from_numpy(np.stack(xs[split])) if kind == "x"
                                  else torch.tensor(ys[split], dtype=torch.long))

@@ -9,7 +9,7 @@ from pathlib import Path
 from cfl.data import benchmarks
 from cfl.data.derive import permuted_tasks, split_tasks
 from cfl.data.digits import load_digits_tensors
-from cfl.data.mnist_like import FASHION_MNIST, load_idx
+from cfl.data.mnist_like import FASHION_MNIST, idx_folder, load_idx
 from cfl.data.stream import Stream
 
 
@@ -61,7 +61,8 @@ def _permuted_fmnist(req: StreamRequest) -> Stream:
 
 def _split_fmnist(req: StreamRequest) -> Stream:
     train, test = load_idx(FASHION_MNIST, req.data_root, req.download)
-    tasks = split_tasks(train, test, 2, req.num_tasks, req.scenario == "class", "split-fmnist")
+    source = f"the IDX files in {idx_folder(FASHION_MNIST, req.data_root)}"
+    tasks = split_tasks(train, test, 2, req.num_tasks, req.scenario == "class", "split-fmnist", source)
     classes = 10 if req.scenario == "class" else 2
     return Stream("split-fmnist", req.scenario, tasks, classes, (1, 28, 28), "mlp")
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from cfl.data.checks import check_images, check_labels
 from cfl.data.files import first_with, missing_data
 
 SVHN_FILES = ("train_32x32.mat", "test_32x32.mat")
@@ -20,12 +21,19 @@ def read_svhn_mat(path: Path) -> Split:
     """uint8 images ``(N, 3, 32, 32)`` and int64 labels 0..9."""
     from scipy.io import loadmat
 
-    mat = loadmat(str(path))
-    x = np.ascontiguousarray(np.transpose(mat["X"], (3, 2, 0, 1))).astype(np.uint8)
-    y = mat["y"].reshape(-1).astype(np.int64) % 10
-    if len(x) != len(y):
-        raise ValueError(f"{path}: {len(x)} images but {len(y)} labels")
-    return torch.from_numpy(x), torch.from_numpy(y)
+    try:
+        mat = loadmat(str(path))
+    except OSError:
+        raise
+    except Exception as err:  # noqa: BLE001 - scipy fails in many ways on a damaged file
+        raise ValueError(f"{path}: not a readable MATLAB file ({type(err).__name__}: {err})") from err
+    if "X" not in mat or "y" not in mat:
+        raise ValueError(f"{path}: lacks the variables X and y")
+    x = np.transpose(mat["X"], (3, 2, 0, 1)) if mat["X"].ndim == 4 else mat["X"]
+    check_images(path, x, (3, 32, 32))
+    y = mat["y"].reshape(-1).astype(np.int64)
+    check_labels(path, y, len(x), 1, 10)  # the digit 0 is stored as 10
+    return torch.from_numpy(np.ascontiguousarray(x).astype(np.uint8)), torch.from_numpy(y % 10)
 
 
 def svhn_files(root: Path, download: bool = False) -> list[Path]:
@@ -49,7 +57,7 @@ def svhn_files(root: Path, download: bool = False) -> list[Path]:
 def read_svhn(files: list[Path]) -> dict[str, torch.Tensor]:
     try:
         (train_x, train_y), (test_x, test_y) = (read_svhn_mat(f) for f in files)
-    except (OSError, ValueError, KeyError) as err:
+    except (OSError, ValueError) as err:
         raise missing_data("SVHN", files, _how(files[0].parent), f"cannot read: {err}") from err
     return {"train_x": train_x, "train_y": train_y, "test_x": test_x, "test_y": test_y}
 

@@ -4,8 +4,9 @@ The runner derives client sampling, partitions, data order, replay draws and tas
 (seed, task, round, client), so a checkpoint only has to hold what the run has *accumulated*: the global
 parameters, every method's server and per-client state (server optimisers live there), the
 communication ledger, the progress (position, accuracy matrix, evaluations, timings), the global random
-generators (torch CPU/CUDA for dropout; numpy and python for completeness), the W&B run id and the
-config the run was started with. ``checkpoint.pt`` is replaced atomically (temp file, fsync, rename,
+generators (torch CPU/CUDA for dropout; numpy and python for completeness), the W&B run id, the
+config the run was started with and the fingerprint of the stream's data (resuming on other data is
+refused, :mod:`cfl.data.fingerprint`). ``checkpoint.pt`` is replaced atomically (temp file, fsync, rename,
 fsync of the directory), so a crash while writing leaves the previous checkpoint valid.
 """
 
@@ -15,6 +16,7 @@ import dataclasses
 import io
 import os
 import random
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,8 @@ import numpy as np
 import torch
 
 from cfl.config import Config, resolve_saved_model
+from cfl.data.fingerprint import differences, fingerprint
+from cfl.data.stream import Stream
 from cfl.report.files import atomic_write_bytes
 from cfl.schema import ConfigError
 
@@ -98,6 +102,7 @@ def capture(runner: Any, wandb_run_id: str | None) -> dict[str, Any]:
         "progress": progress,
         "rng": rng_state(),
         "wandb_run_id": wandb_run_id,
+        "data": fingerprint(runner.stream),
     }
 
 
@@ -179,8 +184,25 @@ def _to(obj: Any, device: torch.device) -> Any:
     return obj
 
 
+def check_data(payload: dict[str, Any], stream: Stream, cfg: Config) -> None:
+    """Refuse to resume on data whose fingerprint differs from the checkpoint's; a checkpoint written before
+    fingerprints existed is resumed with a printed warning (its data cannot be checked)."""
+    saved = payload.get("data")
+    if saved is None:
+        print("cfl: warning: this checkpoint holds no data fingerprint (written by an older cfl); the data cannot "
+              "be checked against the data the run was trained on", file=sys.stderr)
+        return
+    diffs = differences(saved, fingerprint(stream))
+    if diffs:
+        raise ConfigError(f"--resume: the data is not the data this run was trained on ({'; '.join(diffs)}). "
+                          f"The run started with data_root: {payload['config'].get('data_root')!r}, now "
+                          f"{cfg.data_root!r} (null: $CFL_DATA, else ~/.cache/cfl). Point data_root "
+                          f"(--set data_root=DIR) or $CFL_DATA at the run's data, or start a new run with --out")
+
+
 def restore(runner: Any, payload: dict[str, Any]) -> None:
     """Put ``runner`` (freshly built from the same config) back into the checkpointed state."""
+    check_data(payload, runner.stream, runner.cfg)
     if set(payload["params"]) != set(runner.params) or len(payload["states"]) != len(runner.states):
         raise ConfigError("the checkpoint's model or methods do not match this config; start a new run with --out")
     runner.params = {k: v.to(runner.device) for k, v in payload["params"].items()}
