@@ -90,8 +90,10 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     elif args.jobs > 1:
         _, failed = run_parallel(runs, args.jobs)
     else:
-        run_local(runs, quiet=not args.verbose)
-    print(report([r.out for r in runs if (r.out / "results.json").is_file()]))
+        _, failed = run_local(runs, quiet=not args.verbose)
+    done = [r.out for r in runs if (r.out / "results.json").is_file()]
+    if done:  # when every run failed there is no table, only the failures below
+        print(report(done))
     if failed:
         print(f"cfl: {len(failed)} run(s) failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0

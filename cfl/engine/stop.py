@@ -23,6 +23,10 @@ class RunStopped(Exception):
         super().__init__(message)
         self.exit_code = exit_code
 
+    def __reduce__(self) -> tuple[type[RunStopped], tuple[str, int]]:
+        """Rebuilt with its exit code when it crosses a process boundary (``cfl sweep --jobs``, Ray)."""
+        return type(self), (str(self), self.exit_code)
+
 
 class StopRequest:
     """A callable flag for ``Runner.should_stop``, raised by SIGINT/SIGTERM while ``installed``."""
