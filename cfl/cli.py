@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
-from cfl.engine.stop import RunStopped
+from cfl.engine.stop import RunStopped, StopRequest, signal_exit_code
 from cfl.schema import ConfigError
 
 EXIT_CONFIG = 2
@@ -176,7 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        with StopRequest().installed():  # a signal before a run has started stops at once, with a message
+            return args.func(args)
     except ConfigError as err:
         print(f"cfl: config error: {err}", file=sys.stderr)
         return EXIT_CONFIG
@@ -186,9 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     except RunStopped as stop:
         print(f"cfl: {stop}", file=sys.stderr)
         return stop.exit_code
-    except KeyboardInterrupt:
-        print("cfl: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:
+        code = signal_exit_code(err)
+        print(f"cfl: stopped by {signal.Signals(code - 128).name}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":
