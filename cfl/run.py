@@ -122,6 +122,7 @@ class Attempt:
     def __init__(self, out: Path, resume: bool, created: bool) -> None:
         self.out, self.resume, self.created = out, resume, created
         self.saved_round = -1  # the round of the last checkpoint this process wrote or restored
+        self.writing = False  # this process has started writing the directory's outputs
 
     def kept(self, full: bool = False) -> str:
         if self.saved_round < 0:
@@ -136,8 +137,9 @@ class Attempt:
         """A new run that failed before its round-0 checkpoint: remove what it wrote."""
         if self.resume or self.saved_round >= 0:
             return
-        for name in ("config.yaml", "metrics.jsonl"):
-            (self.out / name).unlink(missing_ok=True)
+        if self.writing:
+            for name in ("config.yaml", "metrics.jsonl"):
+                (self.out / name).unlink(missing_ok=True)
         if self.created:
             rundir.remove_if_empty(self.out)
 
@@ -162,6 +164,7 @@ def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quie
     method = cfg.method_label
     bars = ProgressBars(stream.num_tasks, cfg.rounds_per_task, method, enabled=not quiet)
     runner = Runner(cfg, stream, [], device)
+    attempt.writing = True
     if saved is None:
         rundir.clear_outputs(out)  # --overwrite: only now that data and model are there
     else:

@@ -31,8 +31,10 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError) and err.filename is None:  # a failed write or fsync: name the file
+            raise OSError(err.errno, err.strerror, str(path)) from err
         raise
 
 
