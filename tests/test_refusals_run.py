@@ -41,7 +41,8 @@ CASES = [
                                    "method={{name: fedadam, server_lr: 1.0e39}}"], "", 3,
      ["after the server step", "server optimiser of fedadam"]),
     ("disk full", ["{cfg}", "--out", "{tmp}/full"], "disk", 4,
-     ["disk full (OSError 28", "after round 2", "still valid", "free some space", "cfl run --resume {tmp}/full"]),
+     ["disk full (OSError 28", "while writing {tmp}/full", "after round 2", "still valid", "free some space",
+      "cfl run --resume {tmp}/full"]),
     ("disk full before the first round", ["{cfg}", "--out", "{tmp}/full0"], "disk0", 4,
      ["disk full (OSError 28", "config.yaml", "nothing was trained"]),
 ]

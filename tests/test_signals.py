@@ -91,7 +91,8 @@ def no_default_sigterm():
     signal.signal(signal.SIGTERM, before)
 
 
-def test_a_second_sigterm_stops_at_once_with_143(config, monkeypatch, capsys, no_default_sigterm):
+@pytest.mark.usefixtures("no_default_sigterm")
+def test_a_second_sigterm_stops_at_once_with_143(config, monkeypatch, capsys):
     out = config.parent / "twice"
     signals_after_round(monkeypatch, [signal.SIGTERM, signal.SIGTERM], after_round=3)
     assert main(["run", str(config), "--out", str(out), "--quiet"]) == 143
@@ -102,8 +103,9 @@ def test_a_second_sigterm_stops_at_once_with_143(config, monkeypatch, capsys, no
     assert main(["run", "--resume", str(out), "--quiet"]) == 0
 
 
+@pytest.mark.usefixtures("no_default_sigterm")
 @pytest.mark.parametrize("count", [1, 2])
-def test_sigterm_while_the_plots_are_written(config, monkeypatch, capsys, no_default_sigterm, count):
+def test_sigterm_while_the_plots_are_written(config, monkeypatch, capsys, count):
     """One signal: the outputs are completed (exit 0). Two: no results.json claims a complete run."""
     out = config.parent / f"plots{count}"
     real = cfl.run.write_plots

@@ -33,8 +33,8 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         os.replace(tmp, path)
     except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
-        if isinstance(err, OSError) and err.filename is None:  # a failed write or fsync: name the file
-            raise OSError(err.errno, err.strerror, str(path)) from err
+        if isinstance(err, OSError) and err.errno is not None and err.filename is None:  # name the file
+            err.filename = str(path)
         raise
 
 
