@@ -88,12 +88,15 @@ def test_bad_jobs_are_refused_before_any_run(tmp_path, capsys, argv, words):
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize("jobs", [1, 2])
-def test_a_diverging_run_fails_alone_and_the_sweep_exits_1(tmp_path, capsys, jobs):
+@pytest.mark.parametrize("mode", [["--jobs", "1"], ["--jobs", "2"], ["--backend", "ray", "--num-cpus", "2"]],
+                         ids=["sequential", "jobs", "ray"])
+def test_a_diverging_run_fails_alone_and_the_sweep_exits_1(tmp_path, capsys, mode):
     from cfl.cli import main
 
+    if "ray" in mode:
+        pytest.importorskip("ray", reason="Ray is not installed (pip install 'cfl[ray]')")
     path = _write(tmp_path, {"variant": [{"label": "diverges", "lr": 1.0e30}, {"label": "fine", "lr": 0.05}]})
-    assert main(["sweep", str(path), "--jobs", str(jobs)]) == 1
+    assert main(["sweep", str(path), *mode]) == 1
     out, err = capsys.readouterr()
     assert "diverges: FAILED: non-finite loss or update" in out and "(exit code 3)" in out
     assert is_complete(tmp_path / "runs" / "fine") and not is_complete(tmp_path / "runs" / "diverges")
