@@ -168,3 +168,50 @@ def test_the_lock_is_released_when_the_run_ends(files):
     with locked(out):  # would refuse if the finished run still held it
         pass
     assert "pid" in (out / ".cfl.lock").read_text()
+
+
+SLOW_PLUGIN = '''
+import time
+from cfl.methods import register
+from cfl.methods.base import Method
+
+
+@register
+class Slow(Method):
+    name = "slow"
+    about = "test helper: FedAvg that sleeps 2 s per round (the test kills it long before its end)"
+
+    def round_end(self, payloads, server):
+        time.sleep(2)
+'''
+
+
+def test_a_second_process_is_refused_while_a_run_holds_the_directory_and_not_after_it_was_killed(files, monkeypatch,
+                                                                                                  capsys):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from cfl.methods import METHODS
+    from cfl.methods.base import Method
+
+    tmp = Path(files["tmp"])
+    (tmp / "slow.py").write_text(SLOW_PLUGIN)
+    out = tmp / "held"
+    cmd = [sys.executable, "-m", "cfl", "run", files["cfg"], "--out", str(out), "--quiet", "--plugin",
+           str(tmp / "slow.py"), "--set", "plugins=[{name: slow}]"]
+    proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (out / "checkpoint.pt").is_file() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        monkeypatch.setitem(METHODS, "slow", type("Slow", (Method,), {"name": "slow"}))
+        for argv in (["run", files["cfg"], "--out", str(out), "--overwrite"], ["run", "--resume", str(out)]):
+            assert main([*argv, "--quiet"]) == 2
+            err = capsys.readouterr().err
+            assert f"is in use by another cfl run (pid {proc.pid} on host" in err, err
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=30)
+    assert main(["run", "--resume", str(out), "--quiet"]) == 0  # the kernel released the dead run's lock
