@@ -170,22 +170,6 @@ def test_the_lock_is_released_when_the_run_ends(files):
     assert "pid" in (out / ".cfl.lock").read_text()
 
 
-SLOW_PLUGIN = '''
-import time
-from cfl.methods import register
-from cfl.methods.base import Method
-
-
-@register
-class Slow(Method):
-    name = "slow"
-    about = "test helper: FedAvg that sleeps 2 s per round (the test kills it long before its end)"
-
-    def round_end(self, payloads, server):
-        time.sleep(2)
-'''
-
-
 def test_a_second_process_is_refused_while_a_run_holds_the_directory_and_not_after_it_was_killed(files, monkeypatch,
                                                                                                   capsys):
     import signal
@@ -195,13 +179,15 @@ def test_a_second_process_is_refused_while_a_run_holds_the_directory_and_not_aft
 
     from cfl.methods import METHODS
     from cfl.methods.base import Method
+    from tests.test_resume import SLOW_PLUGIN
 
     tmp = Path(files["tmp"])
     (tmp / "slow.py").write_text(SLOW_PLUGIN)
     out = tmp / "held"
     cmd = [sys.executable, "-m", "cfl", "run", files["cfg"], "--out", str(out), "--quiet", "--plugin",
            str(tmp / "slow.py"), "--set", "plugins=[{name: slow}]"]
-    proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE, text=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CFL_TEST_ROUND_SLEEP": "2"}  # killed long before its end
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
         while not (out / "checkpoint.pt").is_file() and proc.poll() is None and time.monotonic() < deadline:
