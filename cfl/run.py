@@ -104,10 +104,9 @@ def execute(cfg: Config, out: Path | None = None, overwrite: bool = False, quiet
         code = signal_exit_code(err)
         raise RunStopped(f"stopped at once by {signal.Signals(code - 128).name}; {attempt.kept()}", code) from None
     except OSError as err:
-        if err.errno != errno.ENOSPC:
-            attempt.clean_up()
-            raise
         attempt.clean_up()
+        if err.errno != errno.ENOSPC:
+            raise
         raise RunStopped(f"disk full (OSError {err.errno}: {err.strerror}) while writing {err.filename or out}. "
                          f"Stopped; {attempt.kept(full=True)}", EXIT_DISK_FULL) from None
     except BaseException:

@@ -22,7 +22,11 @@ LOCK_FILE = ".cfl.lock"
 @contextmanager
 def locked(run_dir: Path) -> Iterator[None]:
     """Hold ``run_dir``'s lock while the block runs; refuse (exit code 2) when another process holds it."""
-    fd = os.open(Path(run_dir) / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(Path(run_dir) / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        raise ConfigError(f"--out {run_dir}: cannot create its lock file {LOCK_FILE} ({err.strerror}); "
+                          f"choose a writable --out") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
