@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
-from cfl.engine.stop import RunStopped
+from cfl.engine.stop import RunStopped, StopRequest, signal_exit_code
 from cfl.schema import ConfigError
 
 EXIT_CONFIG = 2
@@ -97,8 +98,10 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     elif args.jobs > 1:
         _, failed = run_parallel(runs, args.jobs)
     else:
-        run_local(runs, quiet=not args.verbose)
-    print(report([r.out for r in runs if (r.out / "results.json").is_file()]))
+        _, failed = run_local(runs, quiet=not args.verbose)
+    done = [r.out for r in runs if (r.out / "results.json").is_file()]
+    if done:  # when every run failed there is no table, only the failures below
+        print(report(done))
     if failed:
         print(f"cfl: {len(failed)} run(s) failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
@@ -181,7 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        with StopRequest().installed():  # a signal before a run has started stops at once, with a message
+            return args.func(args)
     except ConfigError as err:
         print(f"cfl: config error: {err}", file=sys.stderr)
         return EXIT_CONFIG
@@ -191,9 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     except RunStopped as stop:
         print(f"cfl: {stop}", file=sys.stderr)
         return stop.exit_code
-    except KeyboardInterrupt:
-        print("cfl: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:
+        code = signal_exit_code(err)
+        print(f"cfl: stopped by {signal.Signals(code - 128).name}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

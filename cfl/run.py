@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import shutil
+import errno
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -13,9 +12,10 @@ import torch
 
 from cfl.config import Config, ConfigError, dump_yaml, load_config, parse_overrides
 from cfl.data.load import load_stream
-from cfl.engine import checkpoint
+from cfl.engine import checkpoint, rundir
+from cfl.engine.lock import locked
 from cfl.engine.runner import NonFiniteError, Runner
-from cfl.engine.stop import RunStopped, StopRequest
+from cfl.engine.stop import RunStopped, StopRequest, signal_exit_code
 from cfl.metrics.results import build_results
 from cfl.report.files import atomic_write_bytes, atomic_write_json, json_line
 from cfl.report.jsonl import MetricsWriter
@@ -23,9 +23,8 @@ from cfl.report.plots import write_plots
 from cfl.report.progress import ProgressBars
 from cfl.report.wandb_log import WandbLogger
 
-OUTPUT_FILES = ("results.json", "metrics.jsonl", "config.yaml", "acc_matrix.png", "accuracy_curve.png",
-                checkpoint.CHECKPOINT)
 EXIT_NONFINITE = 3
+EXIT_DISK_FULL = 4
 
 
 def default_run_dir(cfg: Config) -> Path:
@@ -37,20 +36,6 @@ def resolve_device(cfg: Config) -> torch.device:
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"'device: {cfg.device}' but no CUDA device is available to torch; use device: cpu")
     return torch.device(cfg.device)
-
-
-def prepare_run_dir(out: Path, overwrite: bool) -> None:
-    """Refuse to clobber an earlier run's outputs unless ``overwrite``."""
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            unfinished = (out / checkpoint.CHECKPOINT).is_file() and not (out / "results.json").is_file()
-            hint = f", or continue that unfinished run with: cfl run --resume {out}" if unfinished else ""
-            raise ConfigError(f"run directory '{out}' already holds outputs; pass --overwrite to replace them "
-                              f"or --out to choose another directory{hint}")
-        for name in OUTPUT_FILES:
-            (out / name).unlink(missing_ok=True)
-        shutil.rmtree(out / "wandb", ignore_errors=True)
-    out.mkdir(parents=True, exist_ok=True)
 
 
 def resume_config(run_dir: Path, overrides: list[str]) -> Config:
@@ -75,13 +60,13 @@ def resume_config(run_dir: Path, overrides: list[str]) -> Config:
 class Checkpointer:
     """``Runner.after_round``: checkpoint at task ends, every ``checkpoint_every`` rounds and when stopping."""
 
-    def __init__(self, runner: Runner, out: Path, stop: StopRequest, wandb_run_id: str | None) -> None:
-        self.runner, self.out, self.stop, self.wandb_run_id = runner, out, stop, wandb_run_id
-        self.saved_round = -1
+    def __init__(self, runner: Runner, out: Path, stop: StopRequest, wandb_run_id: str | None,
+                 attempt: Attempt) -> None:
+        self.runner, self.out, self.stop, self.wandb_run_id, self.attempt = runner, out, stop, wandb_run_id, attempt
 
     def save(self) -> None:
         checkpoint.save(self.out, checkpoint.capture(self.runner, self.wandb_run_id))
-        self.saved_round = self.runner.progress.global_round
+        self.attempt.saved_round = self.runner.progress.global_round
 
     def __call__(self) -> None:
         prog, every = self.runner.progress, self.runner.cfg.checkpoint_every
@@ -94,48 +79,112 @@ def execute(cfg: Config, out: Path | None = None, overwrite: bool = False, quiet
     """Run ``cfg`` and write results.json, metrics.jsonl, config.yaml, plots and checkpoints into ``out``.
 
     ``resume``: continue the run in ``out`` from its checkpoint (``cfg`` from :func:`resume_config`).
-    Raises :class:`RunStopped` after SIGINT/SIGTERM or non-finite values, with the last checkpoint kept.
+    Everything that can refuse (the directory, its lock, the data, the model) runs before an earlier run's
+    outputs are replaced; a run that fails before its round-0 checkpoint leaves nothing behind.
+    Raises :class:`RunStopped` after SIGINT/SIGTERM, non-finite values or a full disk, with the last
+    checkpoint kept.
     """
     started = time.perf_counter()
     device = resolve_device(cfg)
     out = Path(out) if out is not None else default_run_dir(cfg)
-    saved = None
-    if resume:
-        saved = checkpoint.load(out)
-        checkpoint.check_config(saved["config"], cfg, out)
-        started -= saved["progress"]["wall_seconds"]
-        checkpoint.remove_stale_temp_files(out)
+    rundir.check_writable(out)
+    saved = _checked_checkpoint(out, cfg) if resume else None
+    if not resume:
+        rundir.refuse_outputs(out, overwrite)
+    created = rundir.make(out)
+    attempt = Attempt(out, resume, created)
+    stop = StopRequest()
+    try:
+        with stop.installed(), locked(out):
+            return _execute(cfg, out, device, overwrite, quiet, saved, started, stop, attempt)
+    except NonFiniteError as err:
+        raise RunStopped(f"{err}. Stopped; {attempt.kept()}", EXIT_NONFINITE) from None
+    except KeyboardInterrupt as err:
+        attempt.clean_up()
+        code = signal_exit_code(err)
+        raise RunStopped(f"stopped at once by {signal.Signals(code - 128).name}; {attempt.kept()}", code) from None
+    except OSError as err:
+        attempt.clean_up()
+        if err.errno != errno.ENOSPC:
+            raise
+        raise RunStopped(f"disk full (OSError {err.errno}: {err.strerror}) while writing {err.filename or out}. "
+                         f"Stopped; {attempt.kept(full=True)}", EXIT_DISK_FULL) from None
+    except BaseException:
+        attempt.clean_up()
+        raise
+
+
+class Attempt:
+    """How far this process got with a run directory: for the stop messages and to undo a run that never
+    trained (so that a fixed re-run is not blocked by its config.yaml)."""
+
+    def __init__(self, out: Path, resume: bool, created: bool) -> None:
+        self.out, self.resume, self.created = out, resume, created
+        self.saved_round = -1  # the round of the last checkpoint this process wrote or restored
+        self.writing = False  # this process has started writing the directory's outputs
+
+    def kept(self, full: bool = False) -> str:
+        if self.saved_round < 0:
+            return "nothing was trained, so nothing is kept" + ("; free some space and run it again" if full else "")
+        valid = (" and still valid (a checkpoint is replaced atomically, so a failed write leaves the previous one)"
+                 if full else "")
+        action = "free some space, then resume" if full else "resume"
+        return (f"the last checkpoint (after round {self.saved_round}) is kept in "
+                f"{self.out}/{checkpoint.CHECKPOINT}{valid}; {action} with: cfl run --resume {self.out}")
+
+    def clean_up(self) -> None:
+        """A new run that failed before its round-0 checkpoint: remove what it wrote."""
+        if self.resume or self.saved_round >= 0:
+            return
+        if self.writing:
+            for name in ("config.yaml", "metrics.jsonl"):
+                (self.out / name).unlink(missing_ok=True)
+        if self.created:
+            rundir.remove_if_empty(self.out)
+
+
+def _checked_checkpoint(out: Path, cfg: Config) -> dict[str, Any]:
+    saved = checkpoint.load(out)
+    checkpoint.check_config(saved["config"], cfg, out)
+    return saved
+
+
+def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quiet: bool,
+             saved: dict[str, Any] | None, started: float, stop: StopRequest, attempt: Attempt) -> dict[str, Any]:
+    """The run itself, in a locked directory: build everything, replace old outputs, train, write outputs."""
+    if saved is None:
+        rundir.refuse_outputs(out, overwrite)  # again: another run may have written here before the lock
     else:
-        prepare_run_dir(out, overwrite)
+        saved = _checked_checkpoint(out, cfg)  # the run may have moved on since the first look
+        started -= saved["progress"]["wall_seconds"]
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    atomic_write_bytes(out / "config.yaml", dump_yaml(cfg).encode())
     stream = load_stream(cfg, device)
     method = cfg.method_label
     bars = ProgressBars(stream.num_tasks, cfg.rounds_per_task, method, enabled=not quiet)
+    runner = Runner(cfg, stream, [], device)
+    attempt.writing = True
+    if saved is None:
+        rundir.clear_outputs(out)  # --overwrite: only now that data and model are there
+    else:
+        checkpoint.remove_stale_temp_files(out)
+    atomic_write_bytes(out / "config.yaml", dump_yaml(cfg).encode())
     w = cfg.wandb
     logger = WandbLogger(w.mode, w.project, w.entity, w.group,
                          w.name or f"{cfg.stream.name}-{method}-{cfg.partition.name}-s{cfg.seed}",
                          w.tags, cfg.to_dict(), out, run_id=saved["wandb_run_id"] if saved else None)
-    runner = Runner(cfg, stream, [bars, MetricsWriter(out / "metrics.jsonl"), logger], device)
-    stop = StopRequest()
-    saver = Checkpointer(runner, out, stop, logger.run_id)
+    runner.observers = [bars, MetricsWriter(out / "metrics.jsonl"), logger]
+    saver = Checkpointer(runner, out, stop, logger.run_id, attempt)
     if saved is not None:
         checkpoint.restore(runner, saved)
-        saver.saved_round = runner.progress.global_round
+        attempt.saved_round = runner.progress.global_round
         keep_metrics_lines(out / "metrics.jsonl", runner.progress.evaluations)
     else:
         saver.save()  # round 0: a run killed at any later moment can be resumed
+    stop.defer()
     runner.after_round, runner.should_stop = saver, stop
     try:
-        with stop.installed():
-            runner.run()
-    except NonFiniteError as err:
-        raise RunStopped(f"{err}. Stopped; the last checkpoint (after round {saver.saved_round}) is kept in "
-                         f"{out}/{checkpoint.CHECKPOINT}", EXIT_NONFINITE) from None
-    except KeyboardInterrupt:
-        raise RunStopped(f"interrupted; the last checkpoint (after round {saver.saved_round}) is kept. Resume with: "
-                         f"cfl run --resume {out}", 128 + signal.SIGINT) from None
+        runner.run()
     finally:
         bars.close()
     prog = runner.progress
@@ -145,13 +194,12 @@ def execute(cfg: Config, out: Path | None = None, overwrite: bool = False, quiet
                          128 + int(stop.signum))
     results = build_results(runner, time.perf_counter() - started)
     results["wandb_run_id"] = logger.run_id
-    atomic_write_json(out / "results.json", results)
     plots = write_plots(results, runner.progress.evaluations, cfg.rounds_per_task, out)
     logger.finish(results, plots)
     results["wall_seconds"] = time.perf_counter() - started
-    atomic_write_json(out / "results.json", results)
+    atomic_write_json(out / "results.json", results)  # last: a complete results.json means complete outputs
     if not quiet:
-        print(summary(results, out), file=sys.stderr if quiet else sys.stdout)
+        print(summary(results, out))
     return results
 
 

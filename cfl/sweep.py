@@ -132,16 +132,41 @@ def _pending(runs: list[SweepRun]) -> list[tuple[int, SweepRun]]:
     return pending
 
 
-def run_local(runs: list[SweepRun], quiet: bool = True) -> list[dict[str, Any]]:
-    """Run every incomplete combination one after another in this process."""
+def run_local(runs: list[SweepRun], quiet: bool = True) -> tuple[list[dict[str, Any]], list[str]]:
+    """Run every incomplete combination one after another in this process; returns (results, failed names).
+
+    A run that fails is reported by name and the next one starts; a signal (Ctrl-C, SIGTERM) stops the sweep.
+    """
+    finished: list[dict[str, Any]] = []
+    failed: list[str] = []
+    for i, run in _pending(runs):
+        _record(run_job(run.config, run.out, quiet), i, len(runs), run.name, finished, failed)
+    return finished, failed
+
+
+def run_job(config: Config, out: Path, quiet: bool = True) -> dict[str, Any] | str:
+    """One sweep run: its results, or why it failed (a plain string, so it crosses process boundaries)."""
+    from cfl.engine.stop import RunStopped
     from cfl.run import execute
 
-    finished = []
-    for i, run in _pending(runs):
-        results = execute(run.config, run.out, overwrite=True, quiet=quiet)
-        finished.append(results)
-        print(_report_line(i, len(runs), run.name, results), flush=True)
-    return finished
+    try:
+        return execute(config, out, overwrite=True, quiet=quiet)
+    except RunStopped as err:
+        if err.exit_code >= 128:  # stopped by a signal: the sweep stops too
+            raise
+        return f"{err} (exit code {err.exit_code})"
+    except Exception as err:  # noqa: BLE001 - one failed run must not stop the sweep
+        return f"{type(err).__name__}: {err}"
+
+
+def _record(outcome: dict[str, Any] | str, i: int, total: int, name: str, finished: list[dict[str, Any]],
+            failed: list[str]) -> None:
+    if isinstance(outcome, str):
+        failed.append(name)
+        print(f"[{i}/{total}] {name}: FAILED: {outcome}", flush=True)
+    else:
+        finished.append(outcome)
+        print(_report_line(i, total, name, outcome), flush=True)
 
 
 def _report_line(i: int, total: int, name: str, results: dict[str, Any]) -> str:
@@ -154,12 +179,6 @@ def _worker_threads(threads: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
-
-
-def _execute_quiet(config: Config, out: Path) -> dict[str, Any]:
-    from cfl.run import execute
-
-    return execute(config, out, overwrite=True, quiet=True)
 
 
 def run_parallel(runs: list[SweepRun], jobs: int) -> tuple[list[dict[str, Any]], list[str]]:
@@ -177,15 +196,12 @@ def run_parallel(runs: list[SweepRun], jobs: int) -> tuple[list[dict[str, Any]],
     context = multiprocessing.get_context("spawn")  # no forked torch thread pools
     with ProcessPoolExecutor(min(jobs, len(pending)), mp_context=context, initializer=_worker_threads,
                              initargs=(threads,)) as pool:
-        futures = {pool.submit(_execute_quiet, run.config, run.out): (i, run) for i, run in pending}
+        futures = {pool.submit(run_job, run.config, run.out): (i, run) for i, run in pending}
         for future in as_completed(futures):
             i, run = futures[future]
             try:
-                results = future.result()
-            except Exception as err:  # noqa: BLE001 - one failed run must not stop the sweep
-                failed.append(run.name)
-                print(f"[{i}/{len(runs)}] {run.name}: FAILED: {type(err).__name__}: {err}", flush=True)
-                continue
-            finished.append(results)
-            print(_report_line(i, len(runs), run.name, results), flush=True)
+                outcome = future.result()
+            except Exception as err:  # noqa: BLE001 - a worker that died: this run failed, the others go on
+                outcome = f"{type(err).__name__}: {err}"
+            _record(outcome, i, len(runs), run.name, finished, failed)
     return finished, failed

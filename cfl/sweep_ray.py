@@ -16,7 +16,7 @@ from typing import Any
 from cfl.config import Config
 from cfl.ray_support import init_ray, require_ray
 from cfl.schema import ConfigError
-from cfl.sweep import SweepRun, is_complete
+from cfl.sweep import SweepRun, is_complete, run_job
 
 
 @dataclass(frozen=True)
@@ -29,17 +29,16 @@ class RayResources:
     gpus_per_run: float = 0.0
 
 
-def run_one(config: Config, out: str, cwd: str, threads: int) -> dict[str, Any]:
-    """One sweep run on a Ray worker: ``cfl.run.execute`` into ``out``; its headline numbers."""
+def run_one(config: Config, out: str, cwd: str, threads: int) -> dict[str, Any] | str:
+    """One sweep run on a Ray worker (:func:`cfl.sweep.run_job` into ``out``): its headline numbers, or
+    why it failed."""
     import torch
-
-    from cfl.run import execute
 
     if Path(cwd).is_dir():  # relative paths in configs (data_root) mean what they meant on the driver
         os.chdir(cwd)
     torch.set_num_threads(config.threads or threads)
-    results = execute(config, Path(out), overwrite=True, quiet=True)
-    return {k: results[k] for k in ("acc", "fgt", "wall_seconds")}
+    outcome = run_job(config, Path(out))
+    return outcome if isinstance(outcome, str) else {k: outcome[k] for k in ("acc", "fgt", "wall_seconds")}
 
 
 def _check_resources(ray: Any, res: RayResources) -> None:
@@ -82,10 +81,11 @@ def run_ray(runs: list[SweepRun], res: RayResources) -> tuple[list[dict[str, Any
             done = len(todo) - len(pending)
             try:
                 r = ray.get(ref)
-            except Exception as err:  # a failed run is reported; the other runs go on
+            except Exception as err:  # a worker that died: reported, the other runs go on
+                r = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+            if isinstance(r, str):
                 failed.append(run.name)
-                reason = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
-                print(f"[{done}/{len(todo)} done] {run.name}: FAILED: {reason}", flush=True)
+                print(f"[{done}/{len(todo)} done] {run.name}: FAILED: {r}", flush=True)
                 continue
             finished.append(r)
             print(f"[{done}/{len(todo)} done] {run.name}: ACC {r['acc']:.2f}  FGT {r['fgt']:.2f}  "

@@ -37,9 +37,10 @@ def test_a_bad_combination_is_refused_before_any_run(tmp_path):
 
 def test_complete_runs_are_skipped(tmp_path, capsys):
     runs = load_sweep(_write(tmp_path, {"seed": [0, 1]}))
-    assert len(run_local(runs)) == 2 and all(is_complete(r.out) for r in runs)
+    finished, failed = run_local(runs)
+    assert len(finished) == 2 and failed == [] and all(is_complete(r.out) for r in runs)
     before = (runs[0].out / "results.json").read_text()
-    assert run_local(runs) == []
+    assert run_local(runs) == ([], [])
     assert "already complete, skipped" in capsys.readouterr().out
     assert (runs[0].out / "results.json").read_text() == before
 
@@ -85,3 +86,28 @@ def test_bad_jobs_are_refused_before_any_run(tmp_path, capsys, argv, words):
     assert main(["sweep", str(path), *argv]) == 2
     assert words in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("mode", [["--jobs", "1"], ["--jobs", "2"], ["--backend", "ray", "--num-cpus", "2"]],
+                         ids=["sequential", "jobs", "ray"])
+def test_a_diverging_run_fails_alone_and_the_sweep_exits_1(tmp_path, capsys, mode):
+    from cfl.cli import main
+
+    if "ray" in mode:
+        pytest.importorskip("ray", reason="Ray is not installed (pip install 'cfl[ray]')")
+    path = _write(tmp_path, {"variant": [{"label": "diverges", "lr": 1.0e30}, {"label": "fine", "lr": 0.05}]})
+    assert main(["sweep", str(path), *mode]) == 1
+    out, err = capsys.readouterr()
+    assert "diverges: FAILED: non-finite loss or update" in out and "(exit code 3)" in out
+    assert is_complete(tmp_path / "runs" / "fine") and not is_complete(tmp_path / "runs" / "diverges")
+    assert "| fedavg |" in out  # the report of the runs that finished
+    assert "1 run(s) failed: diverges" in err
+
+
+def test_a_sweep_whose_runs_all_fail_names_them_and_exits_1(tmp_path, capsys):
+    from cfl.cli import main
+
+    path = _write(tmp_path, {"variant": [{"label": "diverges", "lr": 1.0e30}]})
+    assert main(["sweep", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "1 run(s) failed: diverges" in err and "no results.json" not in err

@@ -156,7 +156,7 @@ class Runner:
         forgetting = client_forgetting.measure(self, task, kept_jobs, trained, keep)  # None when off
         deltas = client_deltas(trained, self.params, keep)  # reuses ``trained``'s memory: used up from here
         delta, mask = aggregate(cfg.aggregator.name, deltas, weights, cfg.aggregator.tau)
-        self.params = self._apply(delta, mask, task)
+        self.params = self._check_server_step(self._apply(delta, mask, task), task, rnd)
         for m, st, pl in zip(self.methods, self.states, payloads, strict=True):
             m.round_end(pl, st.server)
         self.comm.down(len(cids) * (self.model_bytes + nbytes(broadcasts)))
@@ -186,6 +186,19 @@ class Runner:
             return finite
         raise NonFiniteError(f"non-finite loss or update at {where}; lower lr (now {self.cfg.lr}) or check "
                              f"the method's parameters")
+
+    def _check_server_step(self, new: Params, task: int, rnd: int) -> Params:
+        """Refuse a global model made non-finite by the server step (every client update was finite)."""
+        bad = [k for k, v in new.items() if not bool(torch.isfinite(v).all())]
+        if not bad:
+            return new
+        server = [m.name for m in self.methods if overrides(m, "server_update")]
+        raise NonFiniteError(
+            f"non-finite global model after the server step at task {task} (0-based), round {rnd + 1} of the task "
+            f"(parameter(s) {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}; every client update was finite): "
+            f"lower server_lr (now {self.cfg.server_lr})"
+            + (f" or check the server optimiser of {', '.join(server)}" if server else "")
+            + f", or the aggregator ({self.cfg.aggregator.name})")
 
     def _round_payloads(self, trained: Params, jobs: list[ClientJob], keep: torch.Tensor,
                         data: Any) -> list[dict[int, Any]]:

@@ -31,8 +31,10 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError) and err.errno is not None and err.filename is None:  # name the file
+            err.filename = str(path)
         raise
 
 
