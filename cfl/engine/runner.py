@@ -26,7 +26,7 @@ from cfl.engine.local_sequential import train_sequential
 from cfl.methods import METHODS
 from cfl.methods.base import ClientData, Method, MethodState, Params, RunInfo, overrides
 from cfl.metrics import client_forgetting
-from cfl.metrics.comm import CommLedger, nbytes
+from cfl.metrics.comm import CommLedger, nbytes, task_end_model_line
 from cfl.metrics.matrix import Matrix, empty_matrix
 from cfl.models import ModelShape, build_model
 from cfl.models.layers import protected_layers
@@ -248,8 +248,9 @@ class Runner:
                 if result is not None:
                     payloads[c] = result
             m.task_end_server(payloads, st.server, task)
-            model_bytes = self.model_bytes if m.task_end_needs_model else 0
-            self.comm.down(len(cids) * (model_bytes + nbytes(broadcast)))
+            if m.task_end_needs_model:
+                self.comm.down(len(cids) * self.model_bytes, line=task_end_model_line(m.name))
+            self.comm.down(len(cids) * nbytes(broadcast))
             self.comm.up(nbytes(payloads))
         self.progress.task_end_seconds += time.perf_counter() - start
 
