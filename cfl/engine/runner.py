@@ -157,11 +157,14 @@ class Runner:
         self.params = self._apply(delta, mask, task)
         for m, st, pl in zip(self.methods, self.states, payloads, strict=True):
             m.round_end(pl, st.server)
-        self.comm.down(len(cids) * (self.model_bytes + nbytes(broadcasts)))
-        self.comm.up(len(kept_jobs) * self.model_bytes + nbytes(payloads))
+        down = len(cids) * (self.model_bytes + nbytes(broadcasts))
+        up = len(kept_jobs) * self.model_bytes + nbytes(payloads)
+        self.comm.down(down)
+        self.comm.up(up)
         losses = [o.mean_loss for o in outcomes if o.finite]
         record = {"task": task, "round": self.progress.global_round + 1, "clients": len(kept_jobs),
                   "train_loss": float(np.mean(losses)) if losses else float("nan"),
+                  "round_upload_bytes": up, "round_download_bytes": down,
                   "upload_bytes": self.comm.upload_bytes, "download_bytes": self.comm.download_bytes}
         if forgetting is not None:
             self.progress.client_forgetting.append(forgetting)
