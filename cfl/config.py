@@ -92,7 +92,8 @@ class Config:
     plugins: list[dict[str, Any]] = field([], "extra methods combined with `method` (e.g. fedprox)")
     aggregator: AggregatorConfig = field(AggregatorConfig(), "")
     eval_every: int = field(0, "evaluate all seen tasks every N rounds (0: only at task ends)", min=0)
-    target_accuracies: list[float] = field([], "report the first round reaching each mean accuracy (%)",
+    target_accuracies: list[float] = field([], "per task, the first round (from the task's start) at which that "
+                                           "task's own test accuracy reaches each value (%)",
                                            min=0.0, max=100.0)
     client_forgetting_clients: int = field(0, "TCE paper's local client forgetting F_ki/F_k on this many of each "
                                            "round's clients (0: off, else >= 2; one test evaluation each)", min=0)

@@ -17,8 +17,8 @@ from cfl.engine.lock import locked
 from cfl.engine.runner import NonFiniteError, Runner
 from cfl.engine.stop import RunStopped, StopRequest, signal_exit_code
 from cfl.metrics.results import build_results
-from cfl.report.files import atomic_write_bytes, atomic_write_json, json_line
-from cfl.report.jsonl import MetricsWriter
+from cfl.report.files import atomic_write_bytes, atomic_write_json
+from cfl.report.jsonl import MetricsWriter, keep_lines_up_to
 from cfl.report.plots import write_plots
 from cfl.report.progress import ProgressBars
 from cfl.report.wandb_log import WandbLogger
@@ -178,7 +178,7 @@ def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quie
     if saved is not None:
         checkpoint.restore(runner, saved)
         attempt.saved_round = runner.progress.global_round
-        keep_metrics_lines(out / "metrics.jsonl", runner.progress.evaluations)
+        keep_metrics_lines(out / "metrics.jsonl", runner.progress.global_round, runner.progress.evaluations)
     else:
         saver.save()  # round 0: a run killed at any later moment can be resumed
     stop.defer()
@@ -203,15 +203,9 @@ def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quie
     return results
 
 
-def keep_metrics_lines(path: Path, evaluations: list[dict[str, Any]]) -> None:
-    """After a resume, metrics.jsonl holds exactly the checkpoint's evaluations (later lines are redone)."""
-    lines = path.read_text().splitlines(keepends=True) if path.is_file() else []
-    complete = [line for line in lines if line.endswith("\n")]
-    if len(complete) >= len(evaluations):
-        text = "".join(complete[: len(evaluations)])
-    else:
-        text = "".join(json_line(e) for e in evaluations)
-    atomic_write_bytes(path, text.encode())
+def keep_metrics_lines(path: Path, rounds: int, evaluations: list[dict[str, Any]]) -> None:
+    """After a resume, metrics.jsonl holds exactly the lines up to the checkpoint (later lines are redone)."""
+    atomic_write_bytes(path, keep_lines_up_to(path, rounds, evaluations).encode())
 
 
 def summary(results: dict[str, Any], out: Path) -> str:

@@ -83,12 +83,16 @@ def test_edited_config_is_refused_but_result_neutral_keys_may_change():
 
 def test_metrics_file_is_cut_back_to_the_checkpoint(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    path.write_text('{"round": 1}\n{"round": 2}\n{"round": 3}\n{"rou')  # 3rd line after the checkpoint, 4th torn
-    keep_metrics_lines(path, [{"round": 1}, {"round": 2}])
-    assert path.read_text() == '{"round": 1}\n{"round": 2}\n'
-    path.write_text("")  # lost lines are rebuilt from the checkpoint's evaluations
-    keep_metrics_lines(path, [{"round": 1}])
-    assert path.read_text() == '{"round": 1}\n'
+    lines = ['{"kind": "round", "round": 1}\n', '{"kind": "evaluation", "round": 2}\n',
+             '{"kind": "round", "round": 2}\n', '{"kind": "evaluation", "round": 2}\n',
+             '{"kind": "round", "round": 3}\n', '{"kind": "ro']
+    path.write_text("".join(lines))  # checkpoint after round 2 and its task-end evaluation; round 3 after it, torn
+    keep_metrics_lines(path, 2, [{"round": 2}, {"round": 2}])
+    assert path.read_text() == "".join(lines[:4])
+    path.write_text("")  # lost lines: the evaluations are rebuilt from the checkpoint, with a warning
+    with pytest.warns(UserWarning, match="per-round lines up to round 1 are lost"):
+        keep_metrics_lines(path, 1, [{"round": 1}])
+    assert path.read_text() == '{"kind": "evaluation", "round": 1}\n'
 
 
 def run_to_end(cfg, stream, stop_after=None, payload=None):

@@ -5,6 +5,7 @@ import torch
 
 from cfl.config import from_dict
 from cfl.engine.runner import Runner
+from cfl.methods import METHODS
 from cfl.methods.base import ClientData, MethodState, RunInfo
 from cfl.methods.ewc import EWC, EWCParams
 from cfl.models.heads import SharedHead
@@ -188,3 +189,52 @@ def test_penalty_changes_training_after_the_first_task():
     plain.run()
     ewc.run()
     assert not torch.allclose(plain.params["body.1.weight"], ewc.params["body.1.weight"])
+
+
+class _BatchStatNet(torch.nn.Module):
+    """conv -> BatchNorm with batch statistics only (as the Mini-ImageNet ResNet) -> linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 2, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(2, track_running_stats=False)
+        self.head = torch.nn.Linear(2 * 4 * 4, 3)
+
+    def forward(self, x: torch.Tensor, task: torch.Tensor) -> torch.Tensor:  # noqa: ARG002
+        return self.head(torch.relu(self.bn(self.conv(x))).flatten(1))
+
+
+def _batch_mode_fisher_by_hand(model, x, y, batch, kind):
+    """Autograd, one sample at a time, through the forward of its whole batch (as training sees it)."""
+    params = list(model.parameters())
+    total = [torch.zeros_like(p) for p in params]
+    for start in range(0, len(x), batch):
+        logp = torch.log_softmax(model(x[start : start + batch], None), -1)
+        for i, label in enumerate(y[start : start + batch].tolist()):
+            probs = logp[i].detach().exp().tolist()
+            classes = [(label, 1.0)] if kind == "empirical" else list(enumerate(probs))
+            for c, weight in classes:
+                grads = torch.autograd.grad(logp[i, c], params, retain_graph=True)
+                total = [t + weight * g**2 for t, g in zip(total, grads, strict=True)]
+    return {name: t / len(x) for (name, _), t in zip(model.named_parameters(), total, strict=True)}
+
+
+@pytest.mark.parametrize("kind", ["empirical", "true"])
+def test_fisher_of_a_batch_statistics_model_is_taken_through_its_training_batches(kind):
+    torch.manual_seed(0)
+    model = _BatchStatNet()
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    x, y = torch.randn(7, 1, 4, 4), torch.tensor([0, 1, 2, 0, 1, 2, 0])
+    expected = _batch_mode_fisher_by_hand(model, x, y, 3, kind)  # batches of 3, 3 and 1 samples
+    ewc = EWC(EWCParams(fisher=kind), RunInfo(3, "domain", 4, 2, 0, model, batch_size=3))
+    state = {}
+    ewc.task_end_client(model, params, ClientData(x, y, 0), state, {}, torch.Generator().manual_seed(0))
+    for k, v in expected.items():
+        assert torch.allclose(state[f"fisher.{k}"], v, rtol=1e-4, atol=1e-7), k
+    fedcurv = METHODS["fedcurv"](METHODS["fedcurv"].Params(fisher=kind), RunInfo(3, "domain", 4, 2, 0, model,
+                                                                                  batch_size=3))
+    payload = fedcurv.round_payload(model, params, ClientData(x, y, 0), {})
+    assert all(torch.allclose(payload["I"][k], v, rtol=1e-4, atol=1e-7) for k, v in expected.items())
+    assert not torch.allclose(expected["conv.weight"], _batch_mode_fisher_by_hand(model, x, y, 1, kind)["conv.weight"])
+    with pytest.raises(ValueError, match="batch_size"):
+        diagonal_fisher(model, params, x, y, 0, kind)

@@ -30,6 +30,18 @@ def _method(name, **params):
     return METHODS[name](METHODS[name].Params(**params), run)
 
 
+# ---------------- FedProx ----------------
+
+def test_fedprox_penalty_and_its_gradient_match_hand_values():
+    prox = _method("fedprox", mu=0.5)
+    w = {"a": torch.tensor([1.0, 2.0]), "b": torch.tensor([[3.0]])}
+    g = {"a": torch.tensor([0.0, 4.0]), "b": torch.tensor([[1.0]])}
+    # mu/2 * ||w - g||^2 = 0.25 * (1 + 4 + 4) = 2.25; gradient mu * (w - g) = [0.5, -1], [[1]]
+    assert float(prox.penalty(w, g, {}, {})) == pytest.approx(2.25)
+    grads = {k: a * w[k] - b for k, (a, b) in prox.penalty_gradient(g, {}, {}).items()}
+    assert torch.allclose(grads["a"], torch.tensor([0.5, -1.0])) and torch.allclose(grads["b"], torch.tensor([[1.0]]))
+
+
 # ---------------- FedCurv ----------------
 
 def _fedcurv_round(method, gen):

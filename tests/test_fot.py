@@ -9,6 +9,8 @@ from cfl.config import from_dict
 from cfl.engine.runner import Runner
 from cfl.methods.base import ClientData, MethodState, RunInfo
 from cfl.methods.fot import FOT, FOTParams
+from cfl.models import MODELS, ModelShape, build_model
+from cfl.models.layers import protected_layers
 from cfl.ops.gpse import client_sketch, residual_ratio, server_extend
 from cfl.schema import ConfigError
 from tests.conftest import make_stream, run_both_paths
@@ -84,7 +86,7 @@ def test_conv_outputs_on_old_task_patches_stay_unchanged_after_a_projected_updat
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     base = torch.randn(12, 1, 8, 8)
     x_old = torch.cat([base, 2.0 * base], 1)  # channel 1 = 2 x channel 0: patches span 9 of 18 dims
-    fot = FOT(FOTParams(eps=0.99999, sketch_factor=5.0), _run_info(model))
+    fot = FOT(FOTParams(eps=0.99999, sketch_factor=5.0, conv_sketch_factor=5.0), _run_info(model))
     state = MethodState()
     broadcast = fot.task_end_broadcast(state.server)
     payloads = {c: fot.task_end_client(model, params, ClientData(x, torch.zeros(len(x)), 0), {}, broadcast,
@@ -142,3 +144,35 @@ def test_run_counts_gpse_and_basis_traffic_and_reports_stats():
             assert 0 < layer["fraction"] <= 1
     k0 = stats["tasks"][0]["layers"]["body.1.weight"]["k"]
     assert stats["tasks"][1]["layers"]["body.1.weight"]["k"] >= k0
+
+
+#: the FOT spec's sketch widths m / d per model and layer kind: m = d for the MLP and the small AlexNet
+#: convs, m = 5d for the fully connected layers of AlexNet/ResNet and for ResNet convs
+SPEC_FACTORS = {"mlp": {"linear": 1}, "digits-mlp": {"linear": 1}, "alexnet": {"linear": 5, "conv": 1},
+                "resnet18-reduced": {"linear": 5, "conv": 5}, "resnet18-mini": {"linear": 5, "conv": 5}}
+
+
+@pytest.mark.parametrize("model_name", sorted(MODELS))
+def test_default_sketch_widths_follow_the_spec_per_model_and_layer_kind(model_name):
+    assert model_name in SPEC_FACTORS, f"registered model '{model_name}' has no spec sketch width in this test"
+    kinds = set()
+    for multi_head in (True, False):  # a single shared head is protected, per-task heads are not
+        model = build_model(model_name, ModelShape((3, 32, 32), 10, 2, multi_head))
+        protected = protected_layers(model)
+        info = RunInfo(num_tasks=2, scenario="task" if multi_head else "domain", num_clients=3,
+                       clients_per_round=3, seed=0, model=model, protected=protected)
+        widths = FOT(FOTParams(), info).widths()
+        shapes = dict(model.named_parameters())
+        assert set(widths) == set(protected)
+        for name, kind in protected.items():
+            assert widths[name] == SPEC_FACTORS[model_name][kind] * shapes[name][0].numel(), name
+        kinds |= set(protected.values())
+    assert kinds == set(SPEC_FACTORS[model_name])  # every layer kind of the spec was checked
+
+
+def test_explicit_sketch_factors_override_the_reference_and_unknown_models_must_set_them():
+    model = _ConvNet()
+    fot = FOT(FOTParams(sketch_factor=2.0, conv_sketch_factor=3.0), _run_info(model))
+    assert fot.widths() == {"conv.weight": 3 * 18, "head.weight": 2 * 48}
+    with pytest.raises(ConfigError, match="conv_sketch_factor"):
+        FOT(FOTParams(sketch_factor=2.0), _run_info(model))

@@ -1,6 +1,8 @@
 import pytest
 
+from cfl.config import Config
 from cfl.metrics.matrix import average_accuracy, backward_transfer, forgetting, rounds_to_targets
+from cfl.metrics.results import targets_per_task
 
 MATRIX = [
     [90.0, None, None],
@@ -28,3 +30,21 @@ def test_metrics_after_an_intermediate_task():
 def test_rounds_to_targets():
     curve = [(5, 40.0), (10, 86.0), (15, 91.0), (20, 89.0)]
     assert rounds_to_targets(curve, [85, 90, 95]) == {"85": 10, "90": 15, "95": None}
+
+
+def _evaluation(task, rnd, *accs):
+    return {"task": task, "round": rnd, "acc": {str(j): a for j, a in enumerate(accs)}}
+
+
+def test_rounds_to_target_counts_each_task_from_its_start_on_its_own_accuracy():
+    evaluations = [_evaluation(0, 5, 70.0), _evaluation(0, 10, 92.0),
+                   _evaluation(1, 15, 88.0, 55.0), _evaluation(1, 20, 85.0, 91.0)]
+    # task 1's own curve is (5, 55) (10, 91); task 0's accuracy (88 then 85) and the mean (71.5 then 88)
+    # would reach 60 at round 5 and 90 never
+    assert targets_per_task(evaluations, [60, 90], rounds_per_task=10) == {
+        "0": {"60": 5, "90": 10}, "1": {"60": 10, "90": 10}}
+
+
+def test_target_accuracies_documented_as_each_tasks_own_accuracy():
+    doc = Config.__dataclass_fields__["target_accuracies"].metadata["doc"]
+    assert "own test accuracy" in doc and "mean" not in doc

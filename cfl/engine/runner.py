@@ -26,7 +26,7 @@ from cfl.engine.local_sequential import train_sequential
 from cfl.methods import METHODS
 from cfl.methods.base import ClientData, Method, MethodState, Params, RunInfo, overrides
 from cfl.metrics import client_forgetting
-from cfl.metrics.comm import CommLedger, nbytes
+from cfl.metrics.comm import CommLedger, nbytes, task_end_model_line
 from cfl.metrics.matrix import Matrix, empty_matrix
 from cfl.models import ModelShape, build_model
 from cfl.models.layers import protected_layers
@@ -159,11 +159,14 @@ class Runner:
         self.params = self._check_server_step(self._apply(delta, mask, task), task, rnd)
         for m, st, pl in zip(self.methods, self.states, payloads, strict=True):
             m.round_end(pl, st.server)
-        self.comm.down(len(cids) * (self.model_bytes + nbytes(broadcasts)))
-        self.comm.up(len(kept_jobs) * self.model_bytes + nbytes(payloads))
+        down = len(cids) * (self.model_bytes + nbytes(broadcasts))
+        up = len(kept_jobs) * self.model_bytes + nbytes(payloads)
+        self.comm.down(down)
+        self.comm.up(up)
         losses = [o.mean_loss for o in outcomes if o.finite]
         record = {"task": task, "round": self.progress.global_round + 1, "clients": len(kept_jobs),
                   "train_loss": float(np.mean(losses)) if losses else float("nan"),
+                  "round_upload_bytes": up, "round_download_bytes": down,
                   "upload_bytes": self.comm.upload_bytes, "download_bytes": self.comm.download_bytes}
         if forgetting is not None:
             self.progress.client_forgetting.append(forgetting)
@@ -263,8 +266,9 @@ class Runner:
                 if result is not None:
                     payloads[c] = result
             m.task_end_server(payloads, st.server, task)
-            model_bytes = self.model_bytes if m.task_end_needs_model else 0
-            self.comm.down(len(cids) * (model_bytes + nbytes(broadcast)))
+            if m.task_end_needs_model:
+                self.comm.down(len(cids) * self.model_bytes, line=task_end_model_line(m.name))
+            self.comm.down(len(cids) * nbytes(broadcast))
             self.comm.up(nbytes(payloads))
         self.progress.task_end_seconds += time.perf_counter() - start
 

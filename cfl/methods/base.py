@@ -92,7 +92,8 @@ class Method:
     Params: ClassVar[type] = NoParams
     #: which clients run ``task_end_client``: "all" clients, or the "sampled" GPSE-style participants
     task_end_participants: ClassVar[str] = "all"
-    #: whether ``task_end_client`` needs the task's final global model (counted as a download if so)
+    #: whether ``task_end_client`` needs the task's final global model: if so each participant downloads it,
+    #: counted in ``download_bytes`` and on its own line ``method_stats.<name>.task_end_model_download_bytes``
     task_end_needs_model: ClassVar[bool] = True
 
     def __init__(self, params: Any, run: RunInfo) -> None:

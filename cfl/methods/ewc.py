@@ -69,7 +69,7 @@ class EWC(Method):
         if self.p.fisher_samples is not None and len(y) > self.p.fisher_samples:
             keep = torch.randperm(len(y), generator=generator)[: self.p.fisher_samples].to(y.device)
             x, y = x[keep], y[keep]
-        new = diagonal_fisher(model, params, x, y, data.task, self.p.fisher)
+        new = diagonal_fisher(model, params, x, y, data.task, self.p.fisher, batch_size=self.run.batch_size)
         anchor = {k: v.detach() for k, v in params.items()}
         if "offset" not in state or self.p.mode == "online":
             decay = self.p.gamma if "offset" in state else 0.0

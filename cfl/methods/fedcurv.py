@@ -61,7 +61,8 @@ class FedCurv(Method):
     # ---- client ----
     def round_payload(self, model: nn.Module, params: Params, data: ClientData, state: State) -> State:
         """Diagonal Fisher at the client's trained weights on its local data; kept in its state as well."""
-        fisher = diagonal_fisher(model, params, data.x, data.y, data.task, self.p.fisher)
+        fisher = diagonal_fisher(model, params, data.x, data.y, data.task, self.p.fisher,
+                                 batch_size=self.run.batch_size)
         weighted = {k: fisher[k] * params[k].detach() for k in fisher}
         for k in fisher:
             state[f"I.{k}"], state[f"Iw.{k}"] = fisher[k], weighted[k]

@@ -21,10 +21,21 @@ from torch import nn
 
 from cfl.methods.base import ClientData, Method, MethodState, Params, RunInfo, State
 from cfl.metrics.comm import nbytes
+from cfl.models.alexnet import AlexNetLike
+from cfl.models.mlp import MLP
+from cfl.models.resnet import ReducedResNet18
 from cfl.ops.gpse import client_sketch, server_extend
 from cfl.ops.layer_inputs import iter_layer_inputs
 from cfl.ops.subspace import project_out
 from cfl.schema import ConfigError, field
+
+#: The FOT reference code's sketch widths, ``m = factor * d``, per model class and layer kind: m = d for the
+#: MLP and the small AlexNet convs, m = 5d for the fully connected layers of AlexNet/ResNet and for ResNet convs.
+REFERENCE_SKETCH_FACTORS: dict[type, dict[str, float]] = {
+    MLP: {"linear": 1.0},
+    AlexNetLike: {"linear": 5.0, "conv": 1.0},
+    ReducedResNet18: {"linear": 5.0, "conv": 5.0},
+}
 
 
 @dataclass(frozen=True)
@@ -33,10 +44,10 @@ class FOTParams:
     eps_inc: float = field(0.0, "added to eps after each task (0.001 for the CIFAR/5-Datasets/MiniImageNet refs)",
                            min=0.0)
     gpse_clients: Optional[int] = field(None, "clients taking part in GPSE (null: clients_per_round)", min=1)
-    sketch_factor: float = field(1.0, "sketch width m = factor * d for linear layers (reference: 1 for the "
-                                 "MLP, 5 for the FC layers of AlexNet/ResNet)", gt=0.0)
-    conv_sketch_factor: float = field(1.0, "sketch width factor for conv layers (reference: 1 for the small "
-                                      "AlexNet convs, 5 for ResNet convs)", gt=0.0)
+    sketch_factor: Optional[float] = field(None, "sketch width m = factor * d for linear layers (null: the "
+                                           "reference's, 1 for MLPs, 5 for the FC layers of AlexNet/ResNet)", gt=0.0)
+    conv_sketch_factor: Optional[float] = field(None, "sketch width factor for conv layers (null: the reference's, "
+                                                "1 for the small AlexNet convs, 5 for ResNet convs)", gt=0.0)
     chunk: int = field(256, "samples per forward pass when collecting layer inputs (bounds memory)", min=1)
     reference_quirks: bool = field(False, "reproduce the reference code's deviations: unsquared norm ratio "
                                    "averaged per client, >= 1 new vector per task, train-mode activations")
@@ -58,16 +69,29 @@ class FOT(Method):
         super().__init__(params, run)
         self.check_config(params, run)  # also when built directly (RunInfo carries num_clients too)
         self._client_seconds: list[float] = []  # GPSE compute time of this task end's clients
+        self._widths = self._sketch_widths()
+
+    def sketch_factor(self, kind: str) -> float:
+        """``m / d`` for a protected layer of ``kind`` ("linear" or "conv"): the parameter, else the reference's."""
+        chosen = self.p.conv_sketch_factor if kind == "conv" else self.p.sketch_factor
+        if chosen is not None:
+            return chosen
+        model = type(self.run.model)
+        reference = REFERENCE_SKETCH_FACTORS.get(model, {}).get(kind)
+        if reference is None:
+            key = "conv_sketch_factor" if kind == "conv" else "sketch_factor"
+            raise ConfigError(f"FOT has no reference sketch width for the {kind} layers of {model.__name__}; "
+                              f"set 'method.{key}' (m = factor * d)")
+        return reference
+
+    def _sketch_widths(self) -> dict[str, int]:
+        shapes = dict(self.run.model.named_parameters())
+        return {name: max(1, round(self.sketch_factor(kind) * shapes[name][0].numel()))
+                for name, kind in self.run.protected.items()}
 
     def widths(self) -> dict[str, int]:
         """Sketch width m per protected layer."""
-        shapes = dict(self.run.model.named_parameters())
-        out = {}
-        for name, kind in self.run.protected.items():
-            d = shapes[name][0].numel()
-            factor = self.p.conv_sketch_factor if kind == "conv" else self.p.sketch_factor
-            out[name] = max(1, round(factor * d))
-        return out
+        return dict(self._widths)
 
     # ---- FedProject ----
     def transform_update(self, delta: Params, server: State, task: int) -> Params:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from cfl.methods.base import Method, MethodState, overrides
 from cfl.metrics import client_forgetting
+from cfl.metrics.comm import task_end_model_line
 from cfl.metrics.matrix import average_accuracy, backward_transfer, forgetting, rounds_to_targets
 
 
@@ -16,6 +18,15 @@ def targets_per_task(evaluations: list[dict[str, Any]], targets: list[float],
         curve = [(e["round"] - t * rounds_per_task, e["acc"][str(t)]) for e in evaluations if e["task"] == t]
         out[str(t)] = rounds_to_targets(curve, targets)
     return out
+
+
+def method_stats(runner: Any, method: Method, state: MethodState) -> dict[str, Any]:
+    """The method's own figures, plus the bytes of the final global models its task-end hook had sent to
+    clients (a line of ``download_bytes`` of its own, so communication tables can compare with or without)."""
+    stats = method.stats(state)
+    if overrides(method, "task_end_client"):
+        stats["task_end_model_download_bytes"] = runner.comm.lines.get(task_end_model_line(method.name), 0)
+    return stats
 
 
 def build_results(runner: Any, wall_seconds: float) -> dict[str, Any]:
@@ -42,7 +53,8 @@ def build_results(runner: Any, wall_seconds: float) -> dict[str, Any]:
         "upload_bytes": runner.comm.upload_bytes,
         "download_bytes": runner.comm.download_bytes,
         "model_bytes": runner.model_bytes,
-        "method_stats": {m.name: m.stats(st) for m, st in zip(runner.methods, runner.states, strict=True)},
+        "method_stats": {m.name: method_stats(runner, m, st) for m, st in zip(runner.methods, runner.states,
+                                                                               strict=True)},
         "config": cfg.to_dict(),
     }
     if cfg.target_accuracies:

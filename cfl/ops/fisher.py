@@ -3,10 +3,16 @@
 ``F_i = mean_n E_c[(d/dw_i log p(c | x_n, w))^2]`` where the expectation over the label ``c`` is either
 the observed label (``empirical`` Fisher: ``c = y_n``) or the model's own predictive distribution
 (``true`` Fisher, computed exactly as ``sum_c p(c|x_n) g_{n,c}^2``, no label sampling). Per-sample
-gradients come from ``torch.func`` (``vmap`` of ``grad``/``jacrev`` over samples, in chunks), so any
-model whose forward treats samples independently works (no BatchNorm batch statistics); networks made
-only of linear layers (MLPs, heads) take the exact shortcut of :mod:`cfl.ops.fisher_linear` instead.
+gradients come from ``torch.func`` (``vmap`` of ``grad``/``jacrev`` over samples, in chunks); networks
+made only of linear layers (MLPs, heads) take the exact shortcut of :mod:`cfl.ops.fisher_linear` instead.
 The model runs in eval mode (dropout off), so the Fisher is deterministic.
+
+A model whose forward couples the samples of a batch (BatchNorm with batch statistics only, as the
+Mini-ImageNet ResNet) is trained as a function of whole mini-batches: each sample's logits depend on its
+batch's statistics. Its Fisher is taken of that same function: the samples go through in consecutive
+batches of the run's ``batch_size`` (stored order), and ``g_n`` is the gradient of sample n's
+log-likelihood through the batch forward, statistics included (one Jacobian row per sample). Running the
+samples one at a time instead would normalise each by its own statistics, a function never trained.
 """
 
 from __future__ import annotations
@@ -28,13 +34,19 @@ FLOAT_BUDGET = 1 << 24
 LINEAR_CHUNK = 1024
 
 
+def batch_coupled(model: nn.Module) -> bool:
+    """Whether the model's forward mixes the samples of a batch (BatchNorm without running statistics)."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) and not m.track_running_stats for m in model.modules())
+
+
 def diagonal_fisher(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor, task: int,
                     kind: str = "empirical", allowed: torch.Tensor | None = None,
-                    per_sample: bool = False) -> Params:
+                    per_sample: bool = False, batch_size: int = 0) -> Params:
     """Diagonal Fisher at ``params`` over samples ``x`` (with labels ``y``, head ``task``); zeros if no samples.
 
     ``allowed`` (K,) bool restricts the softmax to those classes (class-incremental seen classes).
     ``per_sample`` forces the generic per-sample-gradient path (the linear shortcut's reference).
+    ``batch_size``: the run's mini-batch size, required by batch-coupled models (see the module's notes).
     """
     if kind not in ("empirical", "true"):
         raise ValueError(f"Fisher kind must be 'empirical' or 'true', got {kind!r}")
@@ -42,6 +54,10 @@ def diagonal_fisher(model: nn.Module, params: Params, x: torch.Tensor, y: torch.
     was_training = model.training
     model.eval()
     try:
+        if batch_coupled(model):
+            if batch_size < 1:
+                raise ValueError("this model normalises with batch statistics: its Fisher needs the run's batch_size")
+            return _batch_mode_fisher(model, params, x, y, task, kind, allowed, batch_size)
         layers = None if per_sample else linear_layers(model, set(params))
         if layers is not None:
             total = {k: torch.zeros_like(v) for k, v in params.items()}
@@ -96,5 +112,36 @@ def _per_sample_fisher(model: nn.Module, params: Params, x: torch.Tensor, y: tor
             for k, j in jac.items():
                 weight = probs.view(*probs.shape, *([1] * (j.dim() - 2)))
                 fisher[k] += torch.nan_to_num(weight * j.pow(2)).sum((0, 1))
+    n = max(len(x), 1)
+    return {k: v / n for k, v in fisher.items()}
+
+
+def _batch_mode_fisher(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor, task: int, kind: str,
+                       allowed: torch.Tensor | None, batch_size: int) -> Params:
+    """The Fisher of a batch-coupled model: per-sample gradients through each batch's forward."""
+    buffers = dict(model.named_buffers())
+    fisher = {k: torch.zeros_like(v) for k, v in params.items()}
+    for start in range(0, len(x), batch_size):
+        xb, yb = x[start : start + batch_size], y[start : start + batch_size]
+        tb = torch.full_like(yb, task)
+
+        def log_probs(p: Params, xb: torch.Tensor = xb, tb: torch.Tensor = tb) -> torch.Tensor:
+            logits = functional_call(model, (p, buffers), (xb, tb))
+            if allowed is not None:
+                logits = logits.masked_fill(~allowed, float("-inf"))
+            return F.log_softmax(logits, dim=-1)
+
+        if kind == "empirical":
+            rows = jacrev(lambda p, yb=yb: log_probs(p).gather(1, yb.unsqueeze(1)).squeeze(1))(params)
+            for k, g in rows.items():  # (B, *shape): sample n's gradient in row n
+                fisher[k] += g.pow(2).sum(0)
+            continue
+        with torch.no_grad():
+            probs = log_probs(params).exp()  # (B, K)
+        for c in range(probs.shape[1]):
+            rows = jacrev(lambda p, c=c: log_probs(p)[:, c])(params)
+            for k, g in rows.items():
+                weight = probs[:, c].view(-1, *([1] * (g.dim() - 1)))
+                fisher[k] += torch.nan_to_num(weight * g.pow(2)).sum(0)
     n = max(len(x), 1)
     return {k: v / n for k, v in fisher.items()}

@@ -1,26 +1,80 @@
-"""``metrics.jsonl``: one JSON object per evaluation, appended and flushed as the run goes."""
+"""``metrics.jsonl``: one JSON object per round and per evaluation, appended and flushed as the run goes.
+
+Each line has a ``kind``: ``"round"`` (``task``, ``round``, ``clients``, ``train_loss``, this round's
+``round_upload_bytes`` / ``round_download_bytes`` and the running ``upload_bytes`` / ``download_bytes``, as
+W&B receives them) or ``"evaluation"`` (``acc`` per seen task, ``mean_acc``, ``final``). An evaluation
+made in a round comes just before that round's line.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
 from cfl.report.files import json_line
+
+ROUND, EVALUATION = "round", "evaluation"
+
+
+def line_kind(obj: dict[str, Any]) -> str:
+    """A line's kind (lines without one are evaluations, as every line once was)."""
+    return obj.get("kind", EVALUATION)
+
+
+def metrics_line(kind: str, record: dict[str, Any]) -> str:
+    return json_line({"kind": kind, **record})
+
+
+def lines_before_checkpoint(lines: list[str], rounds: int, evaluations: int) -> list[str] | None:
+    """The prefix of ``lines`` holding exactly ``rounds`` round lines and ``evaluations`` evaluation lines
+    (what was written up to a checkpoint taken after global round ``rounds``); None if the file is short."""
+    want = {ROUND: rounds, EVALUATION: evaluations}
+    seen = {ROUND: 0, EVALUATION: 0}
+    for i, line in enumerate(lines):
+        if seen == want:
+            return lines[:i]
+        kind = line_kind(json.loads(line))
+        seen[kind] += 1
+        if seen[kind] > want[kind]:
+            return None
+    return lines if seen == want else None
+
+
+def keep_lines_up_to(path: Path, rounds: int, evaluations: list[dict[str, Any]]) -> str:
+    """The text of ``path`` cut back to a checkpoint after ``rounds`` global rounds with these evaluations.
+
+    If lines written before the checkpoint are missing (a file deleted or cut by hand), the evaluation
+    lines are rebuilt from the checkpoint and a warning says that round lines are lost.
+    """
+    lines = path.read_text().splitlines(keepends=True) if path.is_file() else []
+    complete = [line for line in lines if line.endswith("\n")]
+    kept = lines_before_checkpoint(complete, rounds, len(evaluations))
+    if kept is not None:
+        return "".join(kept)
+    warnings.warn(f"{path} lacks lines written before the checkpoint (after round {rounds}); its evaluation "
+                  f"lines are rebuilt from the checkpoint, the per-round lines up to round {rounds} are lost",
+                  stacklevel=2)
+    return "".join(metrics_line(EVALUATION, e) for e in evaluations)
 
 
 class MetricsWriter:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
 
-    def round_end(self, record: dict[str, Any]) -> None:
-        pass
-
-    def evaluation(self, record: dict[str, Any]) -> None:
+    def _append(self, text: str) -> None:
         with self.path.open("a") as fh:
-            fh.write(json_line(record))
+            fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
+
+    def round_end(self, record: dict[str, Any]) -> None:
+        self._append(metrics_line(ROUND, record))
+
+    def evaluation(self, record: dict[str, Any]) -> None:
+        self._append(metrics_line(EVALUATION, record))
 
     def task_end(self, task: int, record: dict[str, Any]) -> None:
         pass

@@ -1,0 +1,41 @@
+"""Task-end model downloads: counted for methods that need the final global model, shown as their own line."""
+
+import pytest
+
+from cfl.config import from_dict
+from cfl.engine.runner import Runner
+from cfl.methods import METHODS
+from cfl.methods.base import Method
+from cfl.metrics.results import build_results
+from tests.conftest import make_stream
+
+TASK_END_METHODS = sorted(name for name, cls in METHODS.items() if cls.task_end_client is not Method.task_end_client)
+
+
+def _run(method: str) -> tuple[Runner, dict]:
+    cfg = from_dict({"num_clients": 5, "clients_per_round": 3, "rounds_per_task": 1, "batch_size": 8, "lr": 0.1,
+                     "wandb": {"mode": "disabled"}, "method": {"name": method}})
+    runner = Runner(cfg, make_stream("domain", num_tasks=3))
+    runner.run()
+    return runner, build_results(runner, 0.0)
+
+
+@pytest.mark.parametrize("method", TASK_END_METHODS)
+def test_task_end_model_downloads_are_a_line_of_their_own(method):
+    runner, results = _run(method)
+    cls = METHODS[method]
+    participants = 5 if cls.task_end_participants == "all" else 3
+    expected = 2 * participants * runner.model_bytes if cls.task_end_needs_model else 0  # 2 task ends of 3 tasks
+    line = results["method_stats"][method]["task_end_model_download_bytes"]
+    assert line == expected
+    rounds = 3 * 3 * runner.model_bytes  # 3 rounds, 3 clients, nothing else broadcast before the task ends
+    assert results["download_bytes"] >= rounds + line
+    if method == "ewc":  # nothing else is sent: the totals are the rounds' models plus this line exactly
+        assert results["download_bytes"] == rounds + line
+
+
+def test_ledger_lines_survive_a_checkpoint():
+    runner, _ = _run("ewc")
+    again = Runner(runner.cfg, runner.stream)
+    again.comm.load_state_dict(runner.comm.state_dict())
+    assert again.comm.lines == runner.comm.lines and again.comm.lines
