@@ -160,6 +160,8 @@ def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quie
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     stream = load_stream(cfg, device)
+    if saved is not None:
+        checkpoint.check_data(saved, stream, cfg)  # before config.yaml is rewritten
     method = cfg.method_label
     bars = ProgressBars(stream.num_tasks, cfg.rounds_per_task, method, enabled=not quiet)
     runner = Runner(cfg, stream, [], device)
