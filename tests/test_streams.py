@@ -4,6 +4,7 @@ under a fixed generator; applied to training inputs only), and the outputs of a 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -167,8 +168,8 @@ def test_cfl_run_end_to_end_on_generated_files(tmp_path):
     assert matrix[0][1] is None and all(isinstance(matrix[i][j], float) for i, j in ((0, 0), (1, 0), (1, 1)))
     assert all((matrix[i][j] / 5).is_integer() for i, j in ((0, 0), (1, 0), (1, 1)))  # 20 test images each
     assert results["rounds"] == 4 and results["acc"] == pytest.approx((matrix[1][0] + matrix[1][1]) / 2)
-    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-    assert len(lines) == 2  # one evaluation at the end of each task
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [line["kind"] for line in lines] == ["round", "round", "evaluation"] * 2  # evaluated at each task end
 
 
 @pytest.mark.parametrize("name,dataset", [("split-cifar100", "CIFAR-100"), ("permuted-mnist", "MNIST"),
