@@ -5,6 +5,9 @@ generator in a different order, so with dropout on they train on different masks
 compute the same sums in a different order (stacked/grouped products against one client's), so parameters
 agree within float rounding: ``atol=1e-5, rtol=1e-4`` (measured largest differences after the two steps
 below: ~1e-8 without BatchNorm, 8e-6 on resnet18-mini, whose batch statistics amplify the rounding).
+The end-to-end grid (every model x method, two tasks, aggregation and server optimisers included) runs
+in float64, where the same rounding stays far below ``atol=1e-9, rtol=1e-7`` (float32 differed by up
+to 2e-3 on resnet18-mini with ER after two tasks; float64 by 5e-16).
 """
 
 from __future__ import annotations
@@ -134,7 +137,7 @@ def _round_with(runner: Runner, trainer: object, task: int) -> tuple[dict, list[
 def test_every_model_and_method_run_alike_end_to_end(model, method):
     """A round of each task (aggregation and server hooks included) from the same state with either trainer,
     the real task-end state of task 0 in between (computed once). Client sizes (quantity split) are ragged."""
-    cfg = from_dict({"num_clients": 3, "clients_per_round": 3, "rounds_per_task": 1, "batch_size": 4,
+    cfg = from_dict({"num_clients": 2, "clients_per_round": 2, "rounds_per_task": 1, "batch_size": 4,
                      "lr": 0.05, "partition": {"name": "quantity", "beta": 0.5}, "model": {"name": model},
                      "method": {"name": method}, "wandb": {"mode": "disabled"}})
     runner = Runner(cfg, image_stream(smallest_image(model)))
