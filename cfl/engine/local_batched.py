@@ -1,10 +1,10 @@
 """Train all sampled clients at once: stacked parameters, ``torch.func.vmap`` over one-client code.
 
 Each client keeps its own data order, step count and (per-client-seeded) replay draws, so results
-match the sequential trainer up to float rounding (dropout masks aside: both draw from torch's global
-generator, in a different order). Clients train sorted by step count, so the clients still training at
-a step are a prefix of the stack; a short batch (a client's last of an epoch) is padded with weight-0 copies
-of its first sample. On a model whose layers mix samples (BatchNorm on batch statistics:
+match the sequential trainer up to float rounding (dropout masks and augmentation aside: both draw from
+torch's global generator, in a different order). Clients train sorted by step count, so the clients still
+training at a step are a prefix of the stack; a short batch (a client's last of an epoch) is padded with
+weight-0 copies of its first sample. On a model whose layers mix samples (BatchNorm on batch statistics:
 :func:`couples_samples`) padding would enter the statistics, so there each step instead groups its clients
 by real batch size and runs every group unpadded (:func:`_size_groups`).
 
