@@ -76,11 +76,34 @@ def test_sampling_is_seeded_and_without_replacement():
     assert a != sample_clients(0, 1, 3, 50, 25)
 
 
-def test_task_incremental_heads_are_separate():
+@pytest.mark.parametrize("execution", ["batched", "sequential"])
+def test_task_incremental_heads_are_separate(execution):
+    """Training a task moves only its own head; each task's logits come from its own head."""
     stream = make_stream("task")
-    runner = _run(_cfg(rounds_per_task=4), stream)
-    assert len(runner.progress.acc_matrix) == 2 and runner.progress.acc_matrix[0][1] is None
-    assert runner.params["head.weight"].shape == (2, 3, 128)
+    runner = Runner(_cfg(rounds_per_task=2, client_execution=execution), stream)
+    start = {k: v.clone() for k, v in runner.params.items()}
+    for task in range(2):
+        for rnd in range(2):
+            runner.run_round(task, rnd)
+        after = runner.params
+        trained = task
+        other = 1 - task
+        for k in ("head.weight", "head.bias"):
+            assert not torch.equal(after[k][trained], start[k][trained]), (k, task)  # the task's head learnt
+            assert torch.equal(after[k][other], start[k][other]), (k, task)  # the other head: bit for bit
+        start = {k: v.clone() for k, v in after.items()}
+    # each task's logits are its head applied to the shared features, and the two heads answer differently
+    x = stream.tasks[0].test_x
+    model = runner.model.eval()
+    features = torch.func.functional_call(model.body, {k[5:]: v for k, v in after.items() if k.startswith("body.")},
+                                          (x,))
+    logits = [torch.func.functional_call(model, after, (x, torch.full((len(x),), t))) for t in range(2)]
+    for t in range(2):
+        expected = features @ after["head.weight"][t].T + after["head.bias"][t]
+        assert torch.allclose(logits[t], expected, atol=1e-5)
+    assert not torch.allclose(logits[0], logits[1], atol=1e-3)
+    mixed = torch.func.functional_call(model, after, (x[:2], torch.tensor([0, 1])))  # per-sample heads
+    assert torch.allclose(mixed, torch.stack([logits[0][0], logits[1][1]]), atol=1e-5)
 
 
 def test_diverging_loss_stops_with_task_round_and_client():

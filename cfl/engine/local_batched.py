@@ -1,15 +1,20 @@
 """Train all sampled clients at once: stacked parameters, ``torch.func.vmap`` over one-client code.
 
 Each client keeps its own data order, step count and (per-client-seeded) replay draws, so results
-match the sequential trainer up to float rounding (dropout masks aside: both draw from torch's global
-generator, in a different order). Clients with fewer samples than others are padded: their extra
-steps carry weight 0 and leave parameters untouched, which costs the padded compute.
+match the sequential trainer up to float rounding (dropout masks and augmentation aside: both draw from
+torch's global generator, in a different order). Clients train sorted by step count, so the clients still
+training at a step are a prefix of the stack; a short batch (a client's last of an epoch) is padded with
+weight-0 copies of its first sample. On a model whose layers mix samples (BatchNorm on batch statistics:
+:func:`couples_samples`) padding would enter the statistics, so there each step instead groups its clients
+by real batch size and runs every group unpadded (:func:`_size_groups`).
 
 The parameter update is the memory-bound part of a step (the stacked parameters are read and written
 once per step); see :class:`SGDStep` and ``docs/performance.md``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -18,14 +23,14 @@ from torch.func import functional_call, vmap
 from cfl.engine.heap import retain_freed_memory
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, client_schedule, replay_generator
 from cfl.engine.stacked_net import StackedNet
-from cfl.methods.base import Params
+from cfl.methods.base import Batch, Params
 from cfl.ops.losses import masked_cross_entropy, weighted_mean
 
 
 def _padded_schedule(jobs: list[ClientJob], hp: Hyper,
-                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """(C, S, B) sample indices and 0/1 weights, and each client's step count; shorter clients are padded
-    with weight 0."""
+                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(C, S, B) sample indices and 0/1 weights, and the (C, S) real batch sizes (CPU; 0 past a client's
+    last step); short batches are padded with weight 0."""
     schedules = [client_schedule(job, hp) for job in jobs]
     steps = max(len(s) for s in schedules)
     lengths = torch.zeros(len(jobs), steps, dtype=torch.long)
@@ -36,7 +41,7 @@ def _padded_schedule(jobs: list[ClientJob], hp: Hyper,
     index = torch.stack([job.indices[:1].expand(steps, hp.batch_size) for job in jobs]).clone()
     index[used.to(index.device)] = torch.cat([batch for schedule in schedules for batch in schedule])
     weight = used.to(torch.get_default_dtype())
-    return index.to(device), weight.to(device), [len(s) for s in schedules]
+    return index.to(device), weight.to(device), lengths
 
 
 class SGDStep:
@@ -164,7 +169,9 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
     C = len(jobs)
     token = torch.zeros((), device=device, requires_grad=True) if stacked is not None else None
     buffers = dict(model.named_buffers())
-    index, weight, client_steps = _padded_schedule(jobs, hp, device)
+    index, weight, sizes = _padded_schedule(jobs, hp, device)
+    client_steps = (sizes > 0).sum(1).tolist()
+    coupled = couples_samples(model)
     steps_left = torch.tensor(client_steps, device=device)
     allowed = _stack_allowed(jobs)
     cids = [job.cid for job in jobs]
@@ -194,25 +201,22 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
         yb, wb, tb = y[index[:n, s]], weight[:n, s], task_ids[:n]
         if hp.augment is not None:  # per sample, over the (clients x batch) samples at once
             xb = hp.augment(xb.flatten(0, 1), None).view_as(xb)
-        for i, m in enumerate(plugins.methods):
-            extra = m.replay_batch(raw_states[i][:n], generators[:n])
-            if extra is not None:
-                xb, yb = torch.cat([xb, extra.x], 1), torch.cat([yb, extra.y], 1)
-                live = (wb.sum(1, keepdim=True) > 0).to(wb.dtype)  # no replay on a client's padded steps
-                tb, wb = torch.cat([tb, extra.task], 1), torch.cat([wb, extra.weight * live], 1)
+        extras = [m.replay_batch(raw_states[i][:n], generators[:n]) for i, m in enumerate(plugins.methods)]
         # the clients' prefix of the penalty steps (a client dim of 1, shared by all, stays 1)
         step_penalty = penalty if n == C else {k: (m[:n], None if b is None else b[:n])
                                                for k, (m, b) in penalty.items()}
-        if stacked is None:
-            logits = batched_forward(params, xb, tb)
-        else:
+        step_allowed = None if allowed is None else allowed[:n]
+        if stacked is not None:  # no layer couples samples (StackedNet.supports): padding is inert
+            xb, yb, tb, wb = _with_replay((xb, yb, tb, wb), extras)
             logits = stacked.forward(params, xb, tb, token, step_penalty)
-        per_client = weighted_mean(masked_cross_entropy(logits, yb, None if allowed is None else allowed[:n]), wb)
-        loss_sum[:n] += per_client.detach()
+            cross_entropy = weighted_mean(masked_cross_entropy(logits, yb, step_allowed), wb)
+            per_client = cross_entropy
+        else:
+            groups = _size_groups(sizes[:n, s], hp.batch_size, coupled, device)
+            cross_entropy, per_client = _grouped_losses(groups, (xb, yb, tb, wb), extras, params, step_allowed,
+                                                        step_states, batched_forward, plugins)
+        loss_sum[:n] += cross_entropy.detach()
         for i, m in enumerate(plugins.methods):
-            if m.has_batch_loss:
-                per_client = per_client + vmap(m.batch_loss, in_dims=(0, 0, 0, 0, None, 0), randomness="different")(
-                    params, xb, tb, wb, plugins.broadcasts[i], step_states[i])
             if m.has_penalty and stacked is None:
                 pen = vmap(m.penalty, in_dims=(0, None, None, 0), randomness="different")(
                     params, global_params, plugins.broadcasts[i], step_states[i])
@@ -259,6 +263,72 @@ def _match_grad_layout(params: Params, grads: tuple[torch.Tensor, ...]) -> Param
             p = _empty_in_order(p.shape, order, p).copy_(p).requires_grad_()
         out[k] = p
     return out
+
+
+def couples_samples(model: nn.Module) -> bool:
+    """Whether a sample's output depends on the other samples of its batch (BatchNorm on batch statistics):
+    then no padding sample may reach the model, or a client's short batch is normalised with copies of one
+    sample (e.g. Mini-ImageNet's last step of 2 real images in a batch of 16)."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+StepBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # x, y, task, weight: (n, width, ...)
+
+
+def _size_groups(sizes: torch.Tensor, width: int, coupled: bool,
+                 device: torch.device) -> list[tuple[torch.Tensor | None, int]]:
+    """The step's client groups as ``(client indices or None for all, batch width)``.
+
+    Samples independent of each other: one group at the padded width. Coupled: one group per real batch
+    size among the clients' (CPU) ``sizes``, each at that size, so every client's forward sees exactly its
+    real samples, as in the sequential trainer; one group, unindexed, when all sizes agree."""
+    if not coupled:
+        return [(None, width)]
+    distinct = torch.unique(sizes).tolist()
+    if len(distinct) == 1:
+        return [(None, distinct[0])]
+    return [(torch.nonzero(sizes == b).flatten().to(device), b) for b in distinct]
+
+
+def _with_replay(data: StepBatch, extras: list[Batch | None]) -> StepBatch:
+    """The step's data with each method's replay samples appended after it, per client."""
+    x, y, t, w = data
+    for extra in extras:
+        if extra is not None:
+            x, y = torch.cat([x, extra.x], 1), torch.cat([y, extra.y], 1)
+            t, w = torch.cat([t, extra.task], 1), torch.cat([w, extra.weight], 1)
+    return x, y, t, w
+
+
+def _grouped_losses(groups: list[tuple[torch.Tensor | None, int]], data: StepBatch, extras: list[Batch | None],
+                    params: Params, allowed: torch.Tensor | None, states: list[dict[str, torch.Tensor]],
+                    forward: Callable, plugins: Plugins) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per client (n,): the weighted cross-entropy of the step, and it plus the methods' batch losses; each
+    group of :func:`_size_groups` runs its own ``vmap``-ed forward on its clients' first ``width`` samples."""
+    ce_parts, loss_parts = [], []
+    for idx, width in groups:
+        def pick(v: torch.Tensor, idx: torch.Tensor | None = idx) -> torch.Tensor:
+            return v if idx is None else v.index_select(0, idx)
+
+        batch = _with_replay(tuple(pick(v)[:, :width] for v in data),
+                             [None if e is None else Batch(*map(pick, (e.x, e.y, e.task, e.weight))) for e in extras])
+        xb, yb, tb, wb = batch
+        p = {k: pick(v) for k, v in params.items()}
+        cross_entropy = weighted_mean(masked_cross_entropy(forward(p, xb, tb), yb, None if allowed is None
+                                                           else pick(allowed)), wb)
+        loss = cross_entropy
+        for i, m in enumerate(plugins.methods):
+            if m.has_batch_loss:
+                loss = loss + vmap(m.batch_loss, in_dims=(0, 0, 0, 0, None, 0), randomness="different")(
+                    p, xb, tb, wb, plugins.broadcasts[i], {k: pick(v) for k, v in states[i].items()})
+        ce_parts.append(cross_entropy)
+        loss_parts.append(loss)
+    if len(groups) == 1:
+        return ce_parts[0], loss_parts[0]
+    order = torch.cat([idx for idx, _ in groups])
+    back = torch.empty_like(order)
+    back[order] = torch.arange(len(order), device=order.device)
+    return torch.cat(ce_parts)[back], torch.cat(loss_parts)[back]
 
 
 def _stack_allowed(jobs: list[ClientJob]) -> torch.Tensor | None:

@@ -150,6 +150,8 @@ class ReluDropout(torch.autograd.Function):
 class StackedNet:
     """The forward of a model with ``stack_layers()`` over ``C`` stacked clients, and its fused SGD step."""
 
+    # layers that treat samples independently only: the stack's weight-0 padding samples (a client's short
+    # batch) must not change the real ones' outputs, so no BatchNorm on batch statistics here
     KNOWN = (nn.Flatten, nn.Linear, nn.ReLU, Dropout, nn.Conv2d, nn.MaxPool2d)
 
     def __init__(self, model: nn.Module, hp: Hyper) -> None:
