@@ -110,7 +110,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from cfl.report.table import report
 
-    print(report(args.runs))
+    print(report(args.runs, args.format))
     return 0
 
 
@@ -173,8 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
     swp.set_defaults(func=_cmd_sweep)
     lst = sub.add_parser("list", help="list streams, models, partitioners and methods")
     lst.set_defaults(func=_cmd_list)
-    rep = sub.add_parser("report", help="Markdown table of ACC/FGT (mean ± std over seeds) of run directories")
+    rep = sub.add_parser("report", help="table of ACC/FGT/BWT (mean ± std over seeds), one row per config "
+                                        "(runs equal but for seed and result-neutral keys)")
     rep.add_argument("runs", nargs="+", help="run directories (searched recursively for results.json)")
+    rep.add_argument("--format", choices=("md", "csv", "latex"), default="md",
+                     help="md (Markdown, default), csv (mean, std and n columns) or latex (a tabular)")
     rep.set_defaults(func=_cmd_report)
     ref = sub.add_parser("config-reference", help="print every config key with its type, default and meaning")
     ref.set_defaults(func=_cmd_config_reference)
