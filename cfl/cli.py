@@ -115,7 +115,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         from cfl.report.compare_plots import check_out_dir, write_figures
 
         check_out_dir(Path(args.plots))
-    print(report(args.runs))
+    print(report(args.runs, args.format))
     if args.plots:
         write_figures(args.runs, Path(args.plots))
     return 0
@@ -180,8 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
     swp.set_defaults(func=_cmd_sweep)
     lst = sub.add_parser("list", help="list streams, models, partitioners and methods")
     lst.set_defaults(func=_cmd_list)
-    rep = sub.add_parser("report", help="Markdown table of ACC/FGT (mean ± std over seeds) of run directories")
+    rep = sub.add_parser("report", help="table of ACC/FGT/BWT (mean ± std over seeds), one row per config "
+                                        "(runs equal but for seed and result-neutral keys)")
     rep.add_argument("runs", nargs="+", help="run directories (searched recursively for results.json)")
+    rep.add_argument("--format", choices=("md", "csv", "latex"), default="md",
+                     help="md (Markdown, default), csv (mean, std and n columns) or latex (a tabular)")
     rep.add_argument("--plots", metavar="DIR", help="also write comparison figures (PNG) and their data (CSV) to "
                      "DIR: ACC and FGT per group, ACC against FGT, accuracy over rounds, final accuracy matrices")
     rep.set_defaults(func=_cmd_report)
