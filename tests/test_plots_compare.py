@@ -12,8 +12,7 @@ import pytest
 import yaml
 
 from cfl.cli import main
-
-FILES = ["acc_fgt", "acc_vs_fgt", "accuracy_curves", "acc_matrices"]
+from cfl.report.compare_plots import FIGURES
 
 
 def write_run(path: Path, method: dict[str, Any], seed: int, acc: float, fgt: float,
@@ -63,7 +62,7 @@ def by_method(rows: list[dict[str, str]], method: str) -> list[dict[str, float]]
 def test_report_plots_writes_every_png_and_csv(runs: Path, tmp_path: Path, capsys):
     out = tmp_path / "figures" / "new"
     assert main(["report", str(runs), "--plots", str(out)]) == 0
-    for name in FILES:
+    for name in FIGURES:
         assert (out / f"{name}.png").stat().st_size > 1000, name
         assert (out / f"{name}.csv").is_file(), name
     printed = capsys.readouterr().out
@@ -115,6 +114,6 @@ def test_sweep_writes_the_figures_of_its_grid(tmp_path: Path, capsys):
     assert main(["sweep", str(sweep)]) == 0
     rows = read_csv(tmp_path / "runs" / "acc_fgt.csv")
     assert [(r["method"], r["seeds"], r["runs"]) for r in rows] == [("fedavg", "0 1", "2"), ("fedprox", "0 1", "2")]
-    for name in FILES:
+    for name in FIGURES:
         assert (tmp_path / "runs" / f"{name}.png").is_file(), name
     assert f"figures: {tmp_path / 'runs'}/" in capsys.readouterr().out

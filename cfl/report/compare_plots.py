@@ -18,7 +18,7 @@ from typing import Any
 
 from cfl.report.compare_data import Row, curve_rows, group_names, matrix_rows, summary_rows, task_layout, write_csv
 from cfl.report.groups import Group, group_runs, load_runs
-from cfl.report.plots import as_matrix, draw_matrix, mark_tasks, plt, save, task_colors, wrapped_title
+from cfl.report.plots import as_matrix, draw_matrix, mark_tasks, plt, save, palette, wrapped_title
 from cfl.schema import ConfigError
 
 FIGURES = ("acc_fgt", "acc_vs_fgt", "accuracy_curves", "acc_matrices")
@@ -44,7 +44,7 @@ def common_title(groups: list[Group]) -> str:
 
 
 def plot_acc_fgt(groups: list[Group], rows: list[Row], path: Path) -> Path:
-    names, colors = [wrap(r["group"]) for r in rows], task_colors(len(rows))
+    names, colors = [wrap(r["group"]) for r in rows], palette(len(rows))
     height = 1.6 + 0.25 * sum(n.count("\n") + 2 for n in names)
     fig, axes = plt.subplots(1, 2, figsize=(9, height), layout="constrained", sharey=True)
     for ax, key, title in zip(axes, ("acc", "fgt"), ("ACC (%)", "FGT (%)"), strict=True):
@@ -66,7 +66,7 @@ def plot_acc_fgt(groups: list[Group], rows: list[Row], path: Path) -> Path:
 
 def plot_acc_vs_fgt(groups: list[Group], rows: list[Row], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7.5, legend_height([r["group"] for r in rows], 4.2)), layout="constrained")
-    for r, color in zip(rows, task_colors(len(rows)), strict=True):
+    for r, color in zip(rows, palette(len(rows)), strict=True):
         ax.errorbar(r["fgt_mean"], r["acc_mean"], xerr=r["fgt_std"], yerr=r["acc_std"], fmt="o", color=color,
                     capsize=4, label=wrap(r["group"]))
     ax.set_xlabel("FGT (%): forgetting, lower is better")
@@ -79,7 +79,7 @@ def plot_acc_vs_fgt(groups: list[Group], rows: list[Row], path: Path) -> Path:
 
 def plot_curves(groups: list[Group], rows: list[Row], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(8, legend_height(group_names(groups), 4.0)), layout="constrained")
-    for name, color in zip(group_names(groups), task_colors(len(groups)), strict=True):
+    for name, color in zip(group_names(groups), palette(len(groups)), strict=True):
         mine = [r for r in rows if r["group"] == name]
         rounds = [r["round"] for r in mine]
         ax.plot(rounds, [r["mean"] for r in mine], color=color, lw=1.3, label=wrap(name))

@@ -83,7 +83,8 @@ def mark_tasks(ax: Axes, num_tasks: int, rounds_per_task: int) -> None:
     ax.grid(alpha=0.3)
 
 
-def task_colors(n: int) -> list[Any]:
+def palette(n: int) -> list[Any]:
+    """``n`` distinct colours: tab10 up to 10, else evenly spaced along viridis."""
     cmap = plt.get_cmap("tab10" if n <= 10 else "viridis")
     return [cmap(i if n <= 10 else i / max(1, n - 1)) for i in range(n)]
 
@@ -112,7 +113,7 @@ def plot_task_curves(evaluations: list[dict[str, Any]], rounds_per_task: int, nu
                      path: Path) -> Path:
     """Each task's test accuracy over rounds, from the round it is first trained on."""
     fig, ax = plt.subplots(figsize=(7.5, 3.8), layout="constrained")
-    for t, ((rounds, accs), color) in enumerate(zip(task_curves(evaluations, num_tasks), task_colors(num_tasks),
+    for t, ((rounds, accs), color) in enumerate(zip(task_curves(evaluations, num_tasks), palette(num_tasks),
                                                      strict=True)):
         ax.plot(rounds, accs, marker="." if len(rounds) < 60 else None, ms=3, lw=1.2, color=color,
                 label=f"task {t + 1}")
