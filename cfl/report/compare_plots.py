@@ -18,7 +18,7 @@ from typing import Any
 
 from cfl.report.compare_data import Row, curve_rows, group_names, matrix_rows, summary_rows, task_layout, write_csv
 from cfl.report.groups import Group, group_runs, load_runs
-from cfl.report.plots import as_matrix, draw_matrix, mark_tasks, plt, save, palette, wrapped_title
+from cfl.report.plots import as_matrix, draw_matrix, mark_tasks, palette, plt, save, wrapped_title
 from cfl.schema import ConfigError
 
 FIGURES = ("acc_fgt", "acc_vs_fgt", "accuracy_curves", "acc_matrices")
