@@ -77,7 +77,7 @@ def _cmd_list(_args: argparse.Namespace) -> int:
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from cfl.report.table import report
-    from cfl.sweep import load_sweeps, run_local, run_parallel
+    from cfl.sweep import load_sweeps, run_local, run_parallel, write_sweep_figures
 
     if args.jobs < 1:
         raise ConfigError(f"--jobs must be at least 1, got {args.jobs}")
@@ -102,6 +102,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     done = [r.out for r in runs if (r.out / "results.json").is_file()]
     if done:  # when every run failed there is no table, only the failures below
         print(report(done))
+        write_sweep_figures(runs)
     if failed:
         print(f"cfl: {len(failed)} run(s) failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
@@ -110,7 +111,13 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from cfl.report.table import report
 
-    print(report(args.runs))
+    if args.plots:  # refuse a bad directory before any work
+        from cfl.report.compare_plots import check_out_dir, write_figures
+
+        check_out_dir(Path(args.plots))
+    print(report(args.runs, args.format))
+    if args.plots:
+        write_figures(args.runs, Path(args.plots))
     return 0
 
 
@@ -173,8 +180,13 @@ def build_parser() -> argparse.ArgumentParser:
     swp.set_defaults(func=_cmd_sweep)
     lst = sub.add_parser("list", help="list streams, models, partitioners and methods")
     lst.set_defaults(func=_cmd_list)
-    rep = sub.add_parser("report", help="Markdown table of ACC/FGT (mean ± std over seeds) of run directories")
+    rep = sub.add_parser("report", help="table of ACC/FGT/BWT (mean ± std over seeds), one row per config "
+                                        "(runs equal but for seed and result-neutral keys)")
     rep.add_argument("runs", nargs="+", help="run directories (searched recursively for results.json)")
+    rep.add_argument("--format", choices=("md", "csv", "latex"), default="md",
+                     help="md (Markdown, default), csv (mean, std and n columns) or latex (a tabular)")
+    rep.add_argument("--plots", metavar="DIR", help="also write comparison figures (PNG) and their data (CSV) to "
+                     "DIR: ACC and FGT per group, ACC against FGT, accuracy over rounds, final accuracy matrices")
     rep.set_defaults(func=_cmd_report)
     ref = sub.add_parser("config-reference", help="print every config key with its type, default and meaning")
     ref.set_defaults(func=_cmd_config_reference)

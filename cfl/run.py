@@ -216,4 +216,5 @@ def summary(results: dict[str, Any], out: Path) -> str:
             f"ACC {results['acc']:.2f}%  FGT {results['fgt']:.2f}%  BWT {results['bwt']:.2f}%  "
             f"{results['rounds']} rounds, {results['wall_seconds']:.1f}s, "
             f"up {results['upload_bytes'] / mb:.1f} MiB, down {results['download_bytes'] / mb:.1f} MiB\n"
-            f"outputs: {out}/ (results.json, metrics.jsonl, config.yaml, acc_matrix.png, accuracy_curve.png)")
+            f"outputs: {out}/ (results.json, metrics.jsonl, config.yaml, acc_matrix.png, accuracy_curve.png, "
+            "task_accuracy.png)")

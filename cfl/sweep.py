@@ -14,6 +14,8 @@ A sweep file::
 Every combination is validated before the first run starts; runs whose ``results.json`` is complete
 are skipped, so an interrupted sweep resumes where it stopped. ``run_parallel`` runs them ``jobs`` at a
 time in worker processes (``cfl sweep --jobs N``); each run's results are the same as one after another.
+Then the comparison figures of each sweep directory's complete runs go into that directory (as
+``cfl report DIR --plots DIR`` writes them).
 """
 
 from __future__ import annotations
@@ -130,6 +132,19 @@ def _pending(runs: list[SweepRun]) -> list[tuple[int, SweepRun]]:
         else:
             pending.append((i, run))
     return pending
+
+
+def write_sweep_figures(runs: list[SweepRun]) -> list[Path]:
+    """The comparison figures (:mod:`cfl.report.compare_plots`) of each sweep directory's complete runs,
+    written into that directory; returns the files written."""
+    from cfl.report.compare_plots import write_figures
+
+    files: list[Path] = []
+    for root in sorted({run.out.parent for run in runs}):
+        done = [run.out for run in runs if run.out.parent == root and is_complete(run.out)]
+        if done:
+            files += write_figures(done, root)
+    return files
 
 
 def run_local(runs: list[SweepRun], quiet: bool = True) -> tuple[list[dict[str, Any]], list[str]]:

@@ -33,7 +33,8 @@ def run_dir(tmp_path_factory):
 
 
 def test_every_output_is_written(run_dir):
-    for name in ("results.json", "metrics.jsonl", "config.yaml", "acc_matrix.png", "accuracy_curve.png"):
+    for name in ("results.json", "metrics.jsonl", "config.yaml", "acc_matrix.png", "accuracy_curve.png",
+                 "task_accuracy.png"):
         assert (run_dir / name).stat().st_size > 0, name
     assert (run_dir / "wandb").is_dir()  # offline W&B run
 

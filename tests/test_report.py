@@ -1,44 +1,143 @@
-"""`cfl report`: mean ± std (sample std) checked by hand, damaged results skipped, duplicates counted once."""
+"""`cfl report`: rows are configs less seed (labels say what differs), mean ± sample std checked by hand per
+column, CSV and LaTeX that parse, damaged or incomplete results skipped with a warning, duplicates counted once."""
 
+import csv
+import io
 import json
+import re
 
 import pytest
 
 from cfl.cli import main
+from cfl.report.groups import group_runs, load_runs
 from cfl.report.table import report
 
+GIB = 1024 ** 3
 
-def write_results(path, seed, acc, fgt, **extra):
+
+def write_results(path, seed, acc, fgt, config=None, **extra):
     path.mkdir(parents=True)
     body = {"stream": "split-digits", "partition": "iid", "method": "fedavg", "seed": seed, "acc": acc,
-            "fgt": fgt, "complete": True, **extra}
+            "fgt": fgt, "complete": True, "config": {"seed": seed, "lr": 0.05, **(config or {})}, **extra}
     (path / "results.json").write_text(json.dumps(body))
 
 
-def row(table: str) -> list[str]:
+def rows(table: str) -> list[dict[str, str]]:
+    """The Markdown table as one dict (column title -> cell) per row."""
     lines = table.splitlines()
-    assert len(lines) == 3, table  # header, rule, one row
-    return [c.strip() for c in lines[2].strip("|").split("|")]
+    assert lines[1].startswith("|---"), table
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    return [dict(zip(cells[0], r, strict=True)) for r in cells[2:]]
 
 
-def test_mean_and_sample_std_by_hand(tmp_path):
+def row(table: str) -> dict[str, str]:
+    found = rows(table)
+    assert len(found) == 1, table
+    return found[0]
+
+
+def test_runs_that_differ_in_lr_are_two_rows_labelled_by_lr(tmp_path):
+    for seed in (0, 1):
+        write_results(tmp_path / f"a{seed}", seed, 60.0 + seed, 1.0, config={"lr": 0.05})
+        write_results(tmp_path / f"b{seed}", seed, 80.0 + seed, 1.0, config={"lr": 0.5})
+    found = rows(report([tmp_path]))
+    assert [(r["method"], r["seeds"], r["ACC (%)"]) for r in found] == [
+        ("fedavg lr=0.05", "0,1", "60.50 ± 0.71"), ("fedavg lr=0.5", "0,1", "80.50 ± 0.71")]
+
+
+def test_result_neutral_keys_do_not_split_but_device_does(tmp_path):
+    neutral = [{"threads": 1, "wandb": {"mode": "offline"}, "checkpoint_every": 10, "data_root": "/a"},
+               {"threads": 4, "wandb": {"mode": "disabled", "tags": ["x"]}, "checkpoint_every": 0, "data_root": None}]
+    for seed, keys in enumerate(neutral):
+        write_results(tmp_path / f"s{seed}", seed, 70.0, 1.0, config={"device": "cpu", **keys})
+    write_results(tmp_path / "gpu", 0, 70.0, 1.0, config={"device": "cuda"})
+    found = rows(report([tmp_path]))
+    assert [(r["method"], r["runs"], r["seeds"]) for r in found] == [("fedavg device=cpu", "2", "0,1"),
+                                                                    ("fedavg device=cuda", "1", "0")]
+
+
+def test_labels_name_method_and_plugin_parameters_not_names_already_shown(tmp_path):
+    write_results(tmp_path / "a", 0, 70.0, 1.0, config={"method": {"name": "fedavg"}, "plugins": []})
+    write_results(tmp_path / "b", 0, 70.0, 1.0, method="ewc+fedprox",
+                  config={"method": {"name": "ewc", "lam": 100}, "plugins": [{"name": "fedprox", "mu": 0.01}]})
+    labels = [g.label for g in group_runs(load_runs([tmp_path]))]
+    assert labels == ["ewc+fedprox method.lam=100 plugins.0.mu=0.01", "fedavg"]
+
+
+def test_every_column_by_hand(tmp_path):
     # ACC 70, 80, 90: mean 80, sample std sqrt((100 + 0 + 100) / 2) = 10 (population std would be 8.16)
     # FGT 1, 2, 6: mean 3, sample std sqrt((4 + 1 + 9) / 2) = sqrt(7) = 2.6458 (population: 2.16)
-    for seed, (acc, fgt) in enumerate([(70.0, 1.0), (80.0, 2.0), (90.0, 6.0)]):
-        write_results(tmp_path / f"s{seed}", seed, acc, fgt)
-    assert row(report([tmp_path])) == ["split-digits", "iid", "fedavg", "0,1,2", "80.00 ± 10.00", "3.00 ± 2.65"]
+    # BWT -1, -2, -6: -3 ± 2.65. Upload 1, 2, 3 GiB: 2 ± 1. Wall 10, 20, 60 s: 30 ± sqrt((400+100+900)/2) = 26.5
+    # Rounds to 50%: per run the mean over its tasks: (2+4)/2 = 3, (1+3)/2 = 2, (5+5)/2 = 5 -> 3.33 ± 1.53.
+    # Rounds to 90%: the third run never reached it on task 1, so over two runs: (4+6)/2 = 5, 3 -> 4.0 ± 1.4.
+    reached = [{"0": {"50": 2, "90": 4}, "1": {"50": 4, "90": 6}}, {"0": {"50": 1, "90": 3}, "1": {"50": 3, "90": 3}},
+               {"0": {"50": 5, "90": 8}, "1": {"50": 5, "90": None}}]
+    for seed, (acc, fgt, wall) in enumerate([(70.0, 1.0, 10.0), (80.0, 2.0, 20.0), (90.0, 6.0, 60.0)]):
+        write_results(tmp_path / f"s{seed}", seed, acc, fgt, bwt=-fgt, upload_bytes=(seed + 1) * GIB,
+                      wall_seconds=wall, rounds_to_target=reached[seed])
+    assert row(report([tmp_path])) == {
+        "stream": "split-digits", "partition": "iid", "method": "fedavg", "runs": "3", "seeds": "0,1,2",
+        "ACC (%)": "80.00 ± 10.00", "FGT (%)": "3.00 ± 2.65", "BWT (%)": "-3.00 ± 2.65",
+        "rounds to 50%": "3.3 ± 1.5", "rounds to 90%": "4.0 ± 1.4 (2 of 3 runs)",
+        "upload (GiB)": "2.000 ± 1.000", "wall (s)": "30.0 ± 26.5"}
 
 
-def test_one_seed_shows_zero_std(tmp_path):
+def test_a_target_no_run_reached_says_so(tmp_path):
+    write_results(tmp_path / "s0", 0, 70.0, 1.0, rounds_to_target={"0": {"99": None}})
+    assert row(report([tmp_path]))["rounds to 99%"] == "never reached"
+
+
+def test_one_seed_shows_zero_std_and_missing_fields_a_dash(tmp_path):
     write_results(tmp_path / "s0", 0, 71.234, -0.5)
-    assert row(report([tmp_path]))[3:] == ["0", "71.23 ± 0.00", "-0.50 ± 0.00"]
+    r = row(report([tmp_path]))
+    assert (r["seeds"], r["ACC (%)"], r["FGT (%)"], r["BWT (%)"]) == ("0", "71.23 ± 0.00", "-0.50 ± 0.00", "–")
+    assert not any(title.startswith("rounds to") for title in r)
+
+
+def test_csv_parses_with_full_precision_mean_std_and_n(tmp_path):
+    write_results(tmp_path / "a", 0, 70.0, 1.0, config={"lr": 0.5})
+    write_results(tmp_path / "b", 1, 80.0, 2.0, config={"lr": 0.5})
+    write_results(tmp_path / "c", 0, 10.0, 3.0, config={"lr": 0.05})
+    assert main(["report", str(tmp_path), "--format", "csv"]) == 0
+    found = list(csv.DictReader(io.StringIO(report([tmp_path], "csv"))))
+    assert [(r["method"], r["seeds"], float(r["ACC (%) mean"]), float(r["ACC (%) std"]), r["ACC (%) n"])
+            for r in found] == [("fedavg lr=0.05", "0", 10.0, 0.0, "1"), ("fedavg lr=0.5", "0,1", 75.0, 50 ** 0.5, "2")]
+    assert found[0]["BWT (%) mean"] == "" and found[0]["BWT (%) n"] == "0"
+
+
+def test_latex_is_a_well_formed_tabular_with_special_characters_escaped(tmp_path):
+    write_results(tmp_path / "a", 0, 70.0, 1.0, method="my_method", partition="dirichlet", bwt=-1.0,
+                  config={"method": {"name": "my_method", "note": "50% & #1"}})
+    write_results(tmp_path / "b", 0, 70.0, 1.0, method="my_method", partition="dirichlet", bwt=-1.0,
+                  config={"method": {"name": "my_method", "note": "x_{1}^2 ~ $y$"}})
+    text = report([tmp_path], "latex")
+    lines = text.splitlines()
+    assert lines[0] == r"\begin{tabular}{lllllrrrrr}" and lines[-1] == r"\end{tabular}"
+    body = [line for line in lines if line.endswith(r"\\")]
+    assert len(body) == 3 and all(line.count(" & ") == 9 for line in body)
+    assert r"my\_method method.note=50\% \& \#1 & " in body[1] and r"70.00 $\pm$ 0.00" in body[1]
+    assert r"note=x\_\{1\}\textasciicircum{}2 \textasciitilde{} \$y\$ & " in body[2]
+    unescaped = re.sub(r"\\[%&#_${}]|\$\\pm\$|\\text\w+\{\}", "", text)
+    assert not re.search(r"[%&#_$^~]", unescaped.replace(" & ", "")), text
+    assert text.count("{") == text.count("}")
 
 
 def test_a_directory_given_twice_is_counted_once(tmp_path):
     write_results(tmp_path / "s0", 0, 70.0, 1.0)
     write_results(tmp_path / "s1", 1, 90.0, 1.0)
-    table = report([tmp_path, tmp_path / "s0", f"{tmp_path}/../{tmp_path.name}/s1/results.json"])
-    assert row(table)[3:5] == ["0,1", "80.00 ± 14.14"]
+    r = row(report([tmp_path, tmp_path / "s0", f"{tmp_path}/../{tmp_path.name}/s1/results.json"]))
+    assert (r["seeds"], r["ACC (%)"]) == ("0,1", "80.00 ± 14.14")
+
+
+def test_config_yaml_beside_results_is_used_when_results_has_no_config(tmp_path):
+    write_results(tmp_path / "a", 0, 70.0, 1.0)
+    write_results(tmp_path / "b", 1, 70.0, 1.0, config=None)
+    old = tmp_path / "b" / "results.json"
+    body = json.loads(old.read_text())
+    del body["config"]
+    old.write_text(json.dumps(body))
+    (tmp_path / "b" / "config.yaml").write_text("seed: 1\nlr: 0.5\n")
+    assert [r["method"] for r in rows(report([tmp_path]))] == ["fedavg lr=0.05", "fedavg lr=0.5"]
 
 
 @pytest.mark.parametrize(("damage", "words"), [
@@ -46,17 +145,23 @@ def test_a_directory_given_twice_is_counted_once(tmp_path):
     ("empty object", "missing or invalid 'stream', 'partition', 'method', 'seed', 'acc', 'fgt'"),
     ("acc null", "missing or invalid 'acc'"),
     ("not an object", "not a JSON object"),
+    ("incomplete", "incomplete run (1 of 2 tasks)"),
+    ("no config", "no 'config' field and no readable config.yaml beside it"),
 ])
 def test_a_damaged_results_file_is_skipped_with_a_warning_naming_it(tmp_path, capsys, damage, words):
     write_results(tmp_path / "good", 0, 80.0, 1.0)
     bad = tmp_path / "bad" / "results.json"
     write_results(bad.parent, 1, 60.0, 1.0)
     text = bad.read_text()
+    body = json.loads(text)
     bad.write_text({"truncated": text[: len(text) // 2], "empty object": "{}", "not an object": "[1, 2]",
-                    "acc null": text.replace("60.0", "null")}[damage])
+                    "acc null": text.replace("60.0", "null"),
+                    "incomplete": json.dumps({**body, "complete": False, "tasks_completed": 1, "num_tasks": 2}),
+                    "no config": json.dumps({k: v for k, v in body.items() if k != "config"})}[damage])
     assert main(["report", str(tmp_path)]) == 0
     out, err = capsys.readouterr()
-    assert row(out.strip())[3:5] == ["0", "80.00 ± 0.00"]
+    r = row(out.strip())
+    assert (r["seeds"], r["ACC (%)"]) == ("0", "80.00 ± 0.00")
     assert f"skipped {bad}" in err and words in err
 
 

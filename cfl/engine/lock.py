@@ -23,7 +23,7 @@ LOCK_FILE = ".cfl.lock"
 def locked(run_dir: Path) -> Iterator[None]:
     """Hold ``run_dir``'s lock while the block runs; refuse (exit code 2) when another process holds it."""
     try:
-        fd = os.open(Path(run_dir) / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(Path(run_dir) / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
     except OSError as err:
         raise ConfigError(f"--out {run_dir}: cannot create its lock file {LOCK_FILE} ({err.strerror}); "
                           f"choose a writable --out") from None

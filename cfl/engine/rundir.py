@@ -11,7 +11,7 @@ from cfl.engine.lock import LOCK_FILE
 from cfl.schema import ConfigError
 
 OUTPUT_FILES = ("results.json", "metrics.jsonl", "config.yaml", "acc_matrix.png", "accuracy_curve.png",
-                checkpoint.CHECKPOINT)
+                "task_accuracy.png", checkpoint.CHECKPOINT)
 
 
 def check_writable(out: Path) -> None:

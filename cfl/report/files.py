@@ -1,4 +1,8 @@
-"""Atomic file writes: a crash mid-write never leaves a half-written results file."""
+"""Atomic file writes: a crash mid-write never leaves a half-written results file.
+
+The file gets the permissions of any file the user creates (``0o666`` less the umask, e.g. ``0644``), not
+the ``0600`` of the temporary file it is written as, so colleagues on a shared cluster can read results.
+"""
 
 from __future__ import annotations
 
@@ -21,11 +25,26 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
+def current_umask() -> int:
+    """The process umask, read without changing it where Linux shows it (``/proc/self/status``); elsewhere
+    set and restored at once (``os.umask`` can only be read by setting it)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()

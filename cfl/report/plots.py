@@ -1,7 +1,12 @@
-"""PNG plots of a run: the accuracy-matrix heatmap and mean accuracy over rounds."""
+"""PNG plots of a run: the accuracy-matrix heatmap, mean accuracy over rounds and each task's accuracy over rounds.
+
+Every figure is titled with :func:`cfl.report.titles.run_title` (stream, method with its non-default
+parameters, partition, seed); round axes have integer ticks and dotted lines at the task boundaries.
+"""
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -10,57 +15,124 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from cfl.report.titles import run_title  # noqa: E402
+
+PLOT_FILES = ("acc_matrix.png", "accuracy_curve.png", "task_accuracy.png")
+DPI = 120
 
 
-def plot_matrix(results: dict[str, Any], path: Path) -> Path:
-    matrix = np.array([[np.nan if v is None else v for v in row] for row in results["acc_matrix"]], dtype=float)
+def save(fig: Figure, path: Path) -> Path:
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def wrapped_title(fig: Figure, text: str, fontsize: float = 9) -> None:
+    """A figure title wrapped to the figure's width (constrained layout keeps it clear of the axes)."""
+    chars = max(20, int(fig.get_figwidth() * 72 / (0.55 * fontsize)))
+    fig.suptitle("\n".join(line for part in text.split("\n") for line in textwrap.wrap(part, chars)),
+                 fontsize=fontsize)
+
+
+def as_matrix(acc_matrix: list[list[float | None]]) -> np.ndarray:
+    return np.array([[np.nan if v is None else v for v in row] for row in acc_matrix], dtype=float)
+
+
+def draw_matrix(ax: Axes, matrix: np.ndarray, fontsize: float = 7) -> Any:
+    """The heatmap of one accuracy matrix on ``ax``, each cell labelled; returns the image (for a colorbar)."""
     n = matrix.shape[0]
-    fig, ax = plt.subplots(figsize=(1.0 + 0.6 * n, 0.8 + 0.6 * n))
     im = ax.imshow(matrix, vmin=0, vmax=100, cmap="viridis")
     for i in range(n):
         for j in range(n):
             if not np.isnan(matrix[i, j]):
-                ax.text(j, i, f"{matrix[i, j]:.0f}", ha="center", va="center", fontsize=7,
+                ax.text(j, i, f"{matrix[i, j]:.0f}", ha="center", va="center", fontsize=fontsize,
                         color="white" if matrix[i, j] < 60 else "black")
     ax.set_xlabel("evaluated task")
     ax.set_ylabel("after training task")
     ax.set_xticks(range(n), [str(j + 1) for j in range(n)])
     ax.set_yticks(range(n), [str(i + 1) for i in range(n)])
-    ax.set_title(f"{results['method']} on {results['stream']}: ACC {results['acc']:.1f}, FGT {results['fgt']:.1f}",
-                 fontsize=9)
+    return im
+
+
+def plot_matrix(results: dict[str, Any], path: Path) -> Path:
+    matrix = as_matrix(results["acc_matrix"])
+    n = matrix.shape[0]
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.8 + 0.5 * n), max(3.6, 1.6 + 0.5 * n)), layout="constrained")
+    im = draw_matrix(ax, matrix)
     fig.colorbar(im, ax=ax, label="accuracy (%)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    wrapped_title(fig, f"{run_title(results)}\nACC {results['acc']:.2f} %, FGT {results['fgt']:.2f} %")
+    return save(fig, path)
+
+
+def mark_tasks(ax: Axes, num_tasks: int, rounds_per_task: int) -> None:
+    """Dotted lines at the ends of tasks, "task k" above each span, integer round ticks."""
+    for t in range(1, num_tasks):
+        ax.axvline(t * rounds_per_task, color="grey", ls=":", lw=0.8)
+    if num_tasks <= 12:
+        for t in range(num_tasks):
+            ax.text((t + 0.5) * rounds_per_task, 1.01, f"task {t + 1}", transform=ax.get_xaxis_transform(),
+                    ha="center", va="bottom", fontsize=7, color="grey")
+    ax.set_xlim(0, num_tasks * rounds_per_task)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("communication round")
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+
+
+def palette(n: int) -> list[Any]:
+    """``n`` distinct colours: tab10 up to 10, else evenly spaced along viridis."""
+    cmap = plt.get_cmap("tab10" if n <= 10 else "viridis")
+    return [cmap(i if n <= 10 else i / max(1, n - 1)) for i in range(n)]
 
 
 def plot_curve(evaluations: list[dict[str, Any]], rounds_per_task: int, num_tasks: int, title: str,
                path: Path) -> Path:
-    rounds = [e["round"] for e in evaluations]
-    means = [e["mean_acc"] for e in evaluations]
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    ax.plot(rounds, means, marker=".", lw=1.2)
-    for t in range(1, num_tasks):
-        ax.axvline(t * rounds_per_task, color="grey", ls=":", lw=0.8)
-    ax.set_xlabel("communication round")
+    fig, ax = plt.subplots(figsize=(7, 3.6), layout="constrained")
+    ax.plot([e["round"] for e in evaluations], [e["mean_acc"] for e in evaluations], marker=".", lw=1.2)
+    mark_tasks(ax, num_tasks, rounds_per_task)
     ax.set_ylabel("mean accuracy over seen tasks (%)")
-    ax.set_ylim(0, 100)
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    wrapped_title(fig, title)
+    return save(fig, path)
+
+
+def task_curves(evaluations: list[dict[str, Any]], num_tasks: int) -> list[tuple[list[int], list[float]]]:
+    """Per task: the rounds at which it was evaluated and its accuracy there (empty before it is seen)."""
+    curves: list[tuple[list[int], list[float]]] = [([], []) for _ in range(num_tasks)]
+    for e in evaluations:
+        for task, acc in e["acc"].items():
+            curves[int(task)][0].append(e["round"])
+            curves[int(task)][1].append(acc)
+    return curves
+
+
+def plot_task_curves(evaluations: list[dict[str, Any]], rounds_per_task: int, num_tasks: int, title: str,
+                     path: Path) -> Path:
+    """Each task's test accuracy over rounds, from the round it is first trained on."""
+    fig, ax = plt.subplots(figsize=(7.5, 3.8), layout="constrained")
+    for t, ((rounds, accs), color) in enumerate(zip(task_curves(evaluations, num_tasks), palette(num_tasks),
+                                                     strict=True)):
+        ax.plot(rounds, accs, marker="." if len(rounds) < 60 else None, ms=3, lw=1.2, color=color,
+                label=f"task {t + 1}")
+    mark_tasks(ax, num_tasks, rounds_per_task)
+    ax.set_ylabel("test accuracy of the task (%)")
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=7, ncol=1 if num_tasks <= 12 else 2,
+              frameon=False)
+    wrapped_title(fig, title)
+    return save(fig, path)
 
 
 def write_plots(results: dict[str, Any], evaluations: list[dict[str, Any]], rounds_per_task: int,
                 out_dir: Path) -> list[Path]:
+    """The run's PNGs (:data:`PLOT_FILES`) in ``out_dir``; none for a run that finished no task."""
     if results["acc"] is None:
         return []
+    title, n = run_title(results), results["num_tasks"]
     return [
-        plot_matrix(results, out_dir / "acc_matrix.png"),
-        plot_curve(evaluations, rounds_per_task, results["num_tasks"],
-                   f"{results['method']} on {results['stream']} ({results['partition']})",
-                   out_dir / "accuracy_curve.png"),
+        plot_matrix(results, out_dir / PLOT_FILES[0]),
+        plot_curve(evaluations, rounds_per_task, n, title, out_dir / PLOT_FILES[1]),
+        plot_task_curves(evaluations, rounds_per_task, n, title, out_dir / PLOT_FILES[2]),
     ]

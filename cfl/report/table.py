@@ -1,91 +1,159 @@
-"""``cfl report``: a Markdown table of ACC and FGT (mean ± std over seeds) from run directories.
+"""``cfl report``: one row per group of runs (:mod:`cfl.report.groups`), as Markdown, CSV or LaTeX.
 
-The ± is the sample standard deviation (``statistics.stdev``, divisor n - 1); one seed shows ± 0.00.
-A ``results.json`` that cannot be read or lacks a field of the table is skipped with a warning.
+Columns: stream, partition, method (the group's label), runs, seeds, then mean ± sample standard deviation
+(``statistics.stdev``, divisor n - 1; one run shows ± 0) over the group's runs of ACC, FGT and BWT (%),
+rounds to each target accuracy (when runs set ``target_accuracies``), upload (GiB) and wall time (s).
+Rounds to a target: per run, the mean over tasks of the rounds (from the task's start) until the task's
+own accuracy reached it; a run with a task that never reached it is left out of the mean, and the cell
+says of how many runs it is. CSV gives the mean and the std in columns of their own, at full precision.
 """
 
 from __future__ import annotations
 
-import json
-import math
+import csv
+import io
 import statistics
-import sys
-from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cfl.report.groups import Group, Run, group_runs, is_number, load_runs, mean_std
 
-def find_results(paths: list[str | Path]) -> list[Path]:
-    """``results.json`` files in the given run directories (searched recursively) or given directly,
-    each once however often (and under whatever name) its directory is given."""
-    found: dict[Path, Path] = {}
-    for p in map(Path, paths):
-        if p.is_file() and p.name == "results.json":
-            files = [p]
-        elif p.is_dir():
-            files = sorted(p.rglob("results.json"))
-        else:
-            raise FileNotFoundError(f"no run directory or results.json at '{p}'")
-        for f in files:
-            found.setdefault(f.resolve(), f)
-    return list(found.values())
+FORMATS = ("md", "csv", "latex")
+GIB = 1024 ** 3
 
 
-TEXT_FIELDS = ("stream", "partition", "method")
-NUMBER_FIELDS = ("acc", "fgt")
+@dataclass(frozen=True)
+class Stat:
+    """Mean ± std over ``n`` of a group's ``of`` runs, shown with ``digits`` decimals."""
+
+    mean: float
+    std: float
+    n: int
+    of: int
+    digits: int
+
+    def text(self, pm: str = " ± ") -> str:
+        left_out = f" ({self.n} of {self.of} runs)" if self.n < self.of else ""
+        return f"{self.mean:.{self.digits}f}{pm}{self.std:.{self.digits}f}{left_out}"
 
 
-def read_results(path: Path) -> dict[str, Any] | None:
-    """One run's results, or None (with a warning naming the file) when it is damaged or incomplete."""
-    try:
-        results = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        return _skip(path, f"unreadable ({type(err).__name__}: {err})")
-    if not isinstance(results, dict):
-        return _skip(path, "not a JSON object")
-    bad = [k for k in TEXT_FIELDS if not isinstance(results.get(k), str)]
-    bad += [k for k in ("seed",) if not isinstance(results.get(k), int) or isinstance(results.get(k), bool)]
-    bad += [k for k in NUMBER_FIELDS if not _is_number(results.get(k))]
-    if bad:
-        return _skip(path, f"missing or invalid {', '.join(repr(k) for k in bad)}")
-    return results
+Cell = str | Stat | None
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+@dataclass(frozen=True)
+class Column:
+    title: str
+    cell: Callable[[Group], Cell]
+    numeric: bool = False  # cells are Stat (or None)
 
 
-def _skip(path: Path, why: str) -> None:
-    print(f"cfl: warning: skipped {path}: {why}", file=sys.stderr)
-    return None
+def stat(group: Group, values: list[float], digits: int) -> Stat | None:
+    ms = mean_std(values)
+    return None if ms is None else Stat(ms[0], ms[1], len(values), len(group.runs), digits)
 
 
-def _fmt(values: list[float]) -> str:
-    if not values:
-        return "–"
-    mean = statistics.fmean(values)
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{mean:.2f} ± {std:.2f}"
+def result_column(title: str, key: str, scale: float = 1.0, digits: int = 2) -> Column:
+    return Column(title, lambda g: stat(g, [v / scale for v in g.values(key)], digits), numeric=True)
 
 
-def report_table(results: list[dict[str, Any]]) -> str:
-    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
-    for r in results:
-        if r.get("complete", True):
-            groups[(r["stream"], r["partition"], r["method"])].append(r)
-    lines = ["| stream | partition | method | seeds | ACC (%) | FGT (%) |", "|---|---|---|---|---|---|"]
-    for (stream, part, method), runs in sorted(groups.items()):
-        seeds = ",".join(str(r["seed"]) for r in sorted(runs, key=lambda r: r["seed"]))
-        lines.append(f"| {stream} | {part} | {method} | {seeds} | {_fmt([r['acc'] for r in runs])} | "
-                     f"{_fmt([r['fgt'] for r in runs])} |")
+def rounds_to(run: Run, target: str) -> float | None:
+    """Mean over the run's tasks of the rounds to reach ``target``; None when a task never reached it."""
+    per_task = [t.get(target) for t in (run.results.get("rounds_to_target") or {}).values()]
+    if not per_task or not all(is_number(r) for r in per_task):
+        return None
+    return statistics.fmean(per_task)
+
+
+def target_column(target: str) -> Column:
+    def cell(g: Group) -> Cell:
+        reached = [r for r in (rounds_to(run, target) for run in g.runs) if r is not None]
+        return stat(g, reached, 1) or "never reached"
+    return Column(f"rounds to {target}%", cell, numeric=True)
+
+
+def targets(runs: list[Run]) -> list[str]:
+    found = {t for r in runs for task in (r.results.get("rounds_to_target") or {}).values() for t in task}
+    return sorted(found, key=float)
+
+
+def columns(runs: list[Run]) -> list[Column]:
+    return [
+        Column("stream", lambda g: g.stream),
+        Column("partition", lambda g: g.partition),
+        Column("method", lambda g: g.label),
+        Column("runs", lambda g: str(len(g.runs))),
+        Column("seeds", lambda g: ",".join(map(str, g.seeds))),
+        result_column("ACC (%)", "acc"),
+        result_column("FGT (%)", "fgt"),
+        result_column("BWT (%)", "bwt"),
+        *(target_column(t) for t in targets(runs)),
+        result_column("upload (GiB)", "upload_bytes", GIB, 3),
+        result_column("wall (s)", "wall_seconds", 1.0, 1),
+    ]
+
+
+# ---- formats ----
+def markdown(cols: list[Column], groups: list[Group]) -> str:
+    def text(cell: Cell) -> str:
+        return "–" if cell is None else cell if isinstance(cell, str) else cell.text()
+    lines = ["| " + " | ".join(c.title for c in cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(text(c.cell(g)) for c in cols) + " |" for g in groups]
     return "\n".join(lines)
 
 
-def report(paths: list[str | Path]) -> str:
-    files = find_results(paths)
-    if not files:
-        raise FileNotFoundError(f"no results.json under {', '.join(map(str, paths))}")
-    results = [r for r in map(read_results, files) if r is not None]
-    if not results:
-        raise FileNotFoundError(f"no readable results.json under {', '.join(map(str, paths))} (see the warnings)")
-    return report_table(results)
+def csv_text(cols: list[Column], groups: list[Group]) -> str:
+    """Text cells as they are; a statistic as ``mean``, ``std`` and ``n`` (runs it is over) columns."""
+    rows = [[c.cell(g) for c in cols] for g in groups]
+    header: list[str] = []
+    for c in cols:
+        header += [f"{c.title} mean", f"{c.title} std", f"{c.title} n"] if c.numeric else [c.title]
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(header)
+    for row in rows:
+        line: list[Any] = []
+        for cell, c in zip(row, cols, strict=True):
+            if not c.numeric:
+                line.append(cell)
+            else:
+                line += [cell.mean, cell.std, cell.n] if isinstance(cell, Stat) else ["", "", 0]
+        writer.writerow(line)
+    return out.getvalue().rstrip("\n")
+
+
+LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+                 "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+
+
+def latex_escape(text: str) -> str:
+    return "".join(LATEX_SPECIAL.get(ch, ch) for ch in text)
+
+
+def latex(cols: list[Column], groups: list[Group]) -> str:
+    """A ``tabular`` (no packages needed): text left-aligned, numbers right-aligned."""
+    def text(cell: Cell) -> str:
+        if cell is None:
+            return "--"
+        return latex_escape(cell) if isinstance(cell, str) else cell.text(r" $\pm$ ")
+    align = "".join("r" if c.numeric else "l" for c in cols)
+    lines = [f"\\begin{{tabular}}{{{align}}}", "\\hline",
+             " & ".join(latex_escape(c.title) for c in cols) + " \\\\", "\\hline"]
+    lines += [" & ".join(text(c.cell(g)) for c in cols) + " \\\\" for g in groups]
+    lines += ["\\hline", "\\end{tabular}"]
+    return "\n".join(lines)
+
+
+RENDER = {"md": markdown, "csv": csv_text, "latex": latex}
+
+
+def report_table(runs: list[Run], fmt: str = "md") -> str:
+    if fmt not in RENDER:
+        raise ValueError(f"unknown report format '{fmt}' (one of {', '.join(FORMATS)})")
+    return RENDER[fmt](columns(runs), group_runs(runs))
+
+
+def report(paths: list[str | Path], fmt: str = "md") -> str:
+    """The table of every readable, complete run under ``paths`` (damaged ones skipped with a warning)."""
+    return report_table(load_runs(paths), fmt)

@@ -1,0 +1,106 @@
+"""The numbers behind the comparison figures, per group of runs (:mod:`cfl.report.groups`), as CSV rows.
+
+Spreads over seeds: ``*_std`` is the sample standard deviation (divisor n - 1, 0 for one seed), as in the
+``cfl report`` table; the accuracy curves' band is the minimum and maximum over seeds at each round.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from cfl.report.groups import Group, Run, mean_std
+from cfl.report.jsonl import EVALUATION, line_kind
+
+Row = dict[str, Any]
+
+
+def group_names(groups: list[Group]) -> list[str]:
+    """Each group's label, prefixed with the stream and partition when those are not the same in all groups."""
+    streams = {g.stream for g in groups}
+    partitions = {g.partition for g in groups}
+    names = []
+    for g in groups:
+        prefix = [g.stream] * (len(streams) > 1) + [g.partition] * (len(partitions) > 1)
+        names.append(" ".join([*prefix, g.label]))
+    return names
+
+
+def summary_rows(groups: list[Group]) -> list[Row]:
+    """Per group: seeds, ACC and FGT mean and sample std over seeds (%)."""
+    rows = []
+    for name, g in zip(group_names(groups), groups, strict=True):
+        row: Row = {"group": name, "stream": g.stream, "partition": g.partition, "method": g.method,
+                    "seeds": " ".join(map(str, g.seeds)), "runs": len(g.runs)}
+        for key in ("acc", "fgt"):
+            row[f"{key}_mean"], row[f"{key}_std"] = mean_std(g.values(key)) or (None, None)
+        rows.append(row)
+    return rows
+
+
+def read_mean_accuracy(run: Run) -> dict[int, float] | None:
+    """``mean_acc`` by global round from the run's ``metrics.jsonl`` (the last evaluation of a round counts),
+    or None with a warning when the file is missing or unreadable."""
+    path = run.dir / "metrics.jsonl"
+    try:
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        print(f"cfl: warning: {path} left out of the accuracy curves ({type(err).__name__}: {err})",
+              file=sys.stderr)
+        return None
+    return {int(e["round"]): float(e["mean_acc"]) for e in lines if line_kind(e) == EVALUATION}
+
+
+def curve_rows(groups: list[Group]) -> list[Row]:
+    """Per group and evaluated round: mean, min and max over seeds of the mean accuracy over seen tasks (%).
+
+    Only rounds evaluated in every run of the group that has a readable ``metrics.jsonl`` count."""
+    rows = []
+    for name, g in zip(group_names(groups), groups, strict=True):
+        curves = [c for c in map(read_mean_accuracy, g.runs) if c is not None]
+        if not curves:
+            continue
+        for rnd in sorted(set.intersection(*(set(c) for c in curves))):
+            values = [c[rnd] for c in curves]
+            rows.append({"group": name, "round": rnd, "mean": statistics.fmean(values), "min": min(values),
+                         "max": max(values), "runs": len(values)})
+    return rows
+
+
+def matrix_rows(groups: list[Group]) -> list[Row]:
+    """Per group and cell a[i][j] of the final accuracy matrix (after training task i, on task j): mean and
+    sample std over seeds (%)."""
+    rows = []
+    for name, g in zip(group_names(groups), groups, strict=True):
+        matrices = [r.results["acc_matrix"] for r in g.runs if isinstance(r.results.get("acc_matrix"), list)]
+        if not matrices:
+            continue
+        for i, row in enumerate(matrices[0]):
+            for j in range(len(row)):
+                values = [float(m[i][j]) for m in matrices if m[i][j] is not None]
+                if values:
+                    mean, std = mean_std(values) or (None, None)
+                    rows.append({"group": name, "after_task": i + 1, "evaluated_task": j + 1, "mean": mean,
+                                 "std": std, "runs": len(values)})
+    return rows
+
+
+def task_layout(groups: list[Group]) -> tuple[int, int] | None:
+    """(tasks, rounds per task) when all groups share them (for task boundaries), else None."""
+    layouts = {(int(r.results["num_tasks"]), int(r.config["rounds_per_task"])) for g in groups for r in g.runs
+               if "num_tasks" in r.results and "rounds_per_task" in r.config}
+    return layouts.pop() if len(layouts) == 1 else None
+
+
+def write_csv(rows: list[Row], path: Path) -> Path:
+    import csv
+
+    columns = list(rows[0]) if rows else ["group"]
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path

@@ -1,0 +1,212 @@
+"""Runs and their groups, for ``cfl report`` tables and comparison figures.
+
+A *group* holds the runs whose resolved configs are equal except for ``seed`` and the result-neutral keys
+(``RESUME_SAFE_KEYS`` of :mod:`cfl.engine.checkpoint`, the keys a resumed run may change: ``threads``,
+``checkpoint_every``, ``on_nonfinite``, ``data_root``, ``wandb.*``; output paths are not config keys).
+Every other key splits groups, ``device``, ``client_execution`` and ``backend`` included: they can change the
+last bits of float results. A group's label is its method label plus, as ``--set`` style ``key=value``, every
+key whose value is not the same in all groups (``fedavg lr=0.05`` against ``fedavg lr=0.5``); ``stream.name``
+and ``partition.name`` have columns of their own, and the method, plugin, aggregator and loss names are in the
+method label already.
+
+A ``results.json`` that cannot be read, lacks a field the reports use, or has no config (neither its
+``config`` field nor a ``config.yaml`` beside it) is skipped with a warning naming the file; so is an
+incomplete run (stopped before its last task).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cfl.engine.checkpoint import is_resume_safe
+
+TEXT_FIELDS = ("stream", "partition", "method")
+NUMBER_FIELDS = ("acc", "fgt")
+# In the method label already (cfl.config.Config.method_label) or in a column of their own.
+SHOWN_ELSEWHERE = ("stream.name", "partition.name", "method.name", "aggregator.name", "loss")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One finished run: its ``results.json`` (``path``), that document and its resolved config."""
+
+    path: Path
+    results: dict[str, Any]
+    config: dict[str, Any]
+
+    @property
+    def seed(self) -> int:
+        return int(self.results["seed"])
+
+    @property
+    def dir(self) -> Path:
+        return self.path.parent
+
+
+@dataclass
+class Group:
+    """Runs whose configs differ only in ``seed`` and result-neutral keys."""
+
+    stream: str
+    partition: str
+    method: str  # the method label: method + plugins (+ aggregator, loss when not the defaults)
+    differs: dict[str, Any]  # the keys that tell this group from the others, with this group's values
+    runs: list[Run] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        """``method key=value ...``, e.g. ``fedavg lr=0.05``."""
+        return " ".join([self.method, *(f"{k}={show(v)}" for k, v in self.differs.items())])
+
+    @property
+    def seeds(self) -> list[int]:
+        return sorted(r.seed for r in self.runs)
+
+    def values(self, key: str) -> list[float]:
+        """``results[key]`` of every run that has a finite number there (e.g. ``acc``, ``bwt``)."""
+        return [float(r.results[key]) for r in self.runs if is_number(r.results.get(key))]
+
+
+def show(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def mean_std(values: list[float]) -> tuple[float, float] | None:
+    """Mean and sample standard deviation (divisor n - 1; 0 for one value); None for no values."""
+    if not values:
+        return None
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+# ---- loading ----
+def find_results(paths: list[str | Path]) -> list[Path]:
+    """``results.json`` files in the given run directories (searched recursively) or given directly,
+    each once however often (and under whatever name) its directory is given."""
+    found: dict[Path, Path] = {}
+    for p in map(Path, paths):
+        if p.is_file() and p.name == "results.json":
+            files = [p]
+        elif p.is_dir():
+            files = sorted(p.rglob("results.json"))
+        else:
+            raise FileNotFoundError(f"no run directory or results.json at '{p}'")
+        for f in files:
+            found.setdefault(f.resolve(), f)
+    return list(found.values())
+
+
+def read_results(path: Path) -> dict[str, Any] | None:
+    """One run's results, or None (with a warning naming the file) when it is damaged or incomplete."""
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        return _skip(path, f"unreadable ({type(err).__name__}: {err})")
+    if not isinstance(results, dict):
+        return _skip(path, "not a JSON object")
+    bad = [k for k in TEXT_FIELDS if not isinstance(results.get(k), str)]
+    bad += [k for k in ("seed",) if not isinstance(results.get(k), int) or isinstance(results.get(k), bool)]
+    bad += [k for k in NUMBER_FIELDS if not is_number(results.get(k))]
+    if bad:
+        return _skip(path, f"missing or invalid {', '.join(repr(k) for k in bad)}")
+    if results.get("complete") is False:
+        return _skip(path, f"incomplete run ({results.get('tasks_completed')} of {results.get('num_tasks')} tasks)")
+    return results
+
+
+def read_config(path: Path, results: dict[str, Any]) -> dict[str, Any] | None:
+    """The run's resolved config: ``results['config']``, else the ``config.yaml`` beside ``path``."""
+    if isinstance(results.get("config"), dict):
+        return results["config"]
+    beside = path.parent / "config.yaml"
+    try:
+        config = yaml.safe_load(beside.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        return _skip(path, f"no 'config' field and no readable {beside.name} beside it ({type(err).__name__})")
+    if not isinstance(config, dict):
+        return _skip(path, f"no 'config' field and {beside.name} beside it is not a mapping")
+    return config
+
+
+def load_runs(paths: list[str | Path]) -> list[Run]:
+    """Every readable, complete run under ``paths``; FileNotFoundError when there is none."""
+    files = find_results(paths)
+    if not files:
+        raise FileNotFoundError(f"no results.json under {', '.join(map(str, paths))}")
+    runs = []
+    for path in files:
+        results = read_results(path)
+        config = read_config(path, results) if results is not None else None
+        if results is not None and config is not None:
+            runs.append(Run(path, results, config))
+    if not runs:
+        raise FileNotFoundError(f"no readable results.json under {', '.join(map(str, paths))} (see the warnings)")
+    return runs
+
+
+def _skip(path: Path, why: str) -> None:
+    print(f"cfl: warning: skipped {path}: {why}", file=sys.stderr)
+    return None
+
+
+# ---- grouping ----
+def flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted keys of a config, lists of sections by index: ``{'plugins.0.name': 'fedprox', 'lr': 0.05}``;
+    an empty list has no keys (no plugins, no targets)."""
+    if isinstance(tree, dict):
+        items = [(str(k), v) for k, v in tree.items()]
+    elif isinstance(tree, list) and all(isinstance(v, dict) for v in tree):
+        items = [(str(i), v) for i, v in enumerate(tree)]
+    else:
+        return {prefix[:-1]: tree}
+    out: dict[str, Any] = {}
+    for key, value in items:
+        out.update(flat(value, f"{prefix}{key}."))
+    return out
+
+
+def result_keys(config: dict[str, Any]) -> dict[str, Any]:
+    """The keys of a config that decide a run's results, less ``seed`` (what a group's runs share)."""
+    return {k: v for k, v in flat(config).items() if k != "seed" and not is_resume_safe(k)}
+
+
+def shown_elsewhere(key: str) -> bool:
+    """A key in a column of its own or in the method label (plugin names included)."""
+    return key in SHOWN_ELSEWHERE or key.startswith("plugins.") and key.endswith(".name")
+
+
+def _frozen(keys: dict[str, Any]) -> str:
+    return json.dumps(keys, sort_keys=True)
+
+
+def group_runs(runs: list[Run]) -> list[Group]:
+    """Runs grouped by their configs less seed and result-neutral keys, sorted by stream, partition, label."""
+    members: dict[str, list[Run]] = {}
+    keys: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        k = result_keys(run.config)
+        members.setdefault(_frozen(k), []).append(run)
+        keys[_frozen(k)] = k
+
+    def varies(key: str) -> bool:
+        return len({json.dumps(ks[key]) if key in ks else None for ks in keys.values()}) > 1
+
+    varying = [k for k in sorted({k for ks in keys.values() for k in ks}) if not shown_elsewhere(k) and varies(k)]
+    groups = []
+    for frozen, group_members in members.items():
+        ks, first = keys[frozen], group_members[0].results
+        groups.append(Group(first["stream"], first["partition"], first["method"],
+                            {k: ks[k] for k in varying if k in ks},
+                            sorted(group_members, key=lambda r: (r.seed, str(r.path)))))
+    return sorted(groups, key=lambda g: (g.stream, g.partition, g.label))
