@@ -4,6 +4,7 @@ import json
 import shutil
 import subprocess
 import sys
+from dataclasses import fields
 
 import pytest
 import yaml
@@ -143,3 +144,27 @@ def test_binary_sweep_file_exits_2(tmp_path, capsys):
     (tmp_path / "sweep.yaml").write_bytes(bytes(range(256)))
     assert main(["sweep", str(tmp_path / "sweep.yaml")]) == 2
     assert "sweep.yaml' is not UTF-8" in capsys.readouterr().err
+
+
+def test_list_shows_every_name_a_config_can_take_from_the_registries(capsys):
+    from cfl.cli import main
+    from cfl.config import AggregatorConfig, Config
+    from cfl.data.partition import PARTITIONERS
+    from cfl.data.streams import STREAMS
+    from cfl.methods import METHODS
+    from cfl.models import MODELS
+    from cfl.ops.aggregate import AGGREGATORS
+    from cfl.ops.losses import LOSSES
+
+    assert main(["list"]) == 0
+    sections: dict[str, list[str]] = {}
+    for line in capsys.readouterr().out.splitlines():
+        if not line.startswith(" "):
+            sections[line.rstrip(":")] = []
+        else:
+            sections[list(sections)[-1]].append(line.split()[0])
+    registries = {"streams": STREAMS, "models": MODELS, "partitioners": PARTITIONERS, "methods": METHODS,
+                  "aggregators": AGGREGATORS, "losses": LOSSES}
+    assert sections == {title: list(names) for title, names in registries.items()}
+    choices = {f.name: f.metadata.get("choices") for cls in (Config, AggregatorConfig) for f in fields(cls)}
+    assert (choices["name"], choices["loss"]) == (tuple(AGGREGATORS), tuple(LOSSES))  # what a config accepts
