@@ -5,9 +5,10 @@ A *group* holds the runs whose resolved configs are equal except for ``seed`` an
 ``checkpoint_every``, ``on_nonfinite``, ``data_root``, ``wandb.*``; output paths are not config keys).
 Every other key splits groups, ``device``, ``client_execution`` and ``backend`` included: they can change the
 last bits of float results. A group's label is its method label plus, as ``--set`` style ``key=value``, every
-key whose value is not the same in all groups (``fedavg lr=0.05`` against ``fedavg lr=0.5``); ``stream.name``
-and ``partition.name`` have columns of their own, and the method, plugin, aggregator and loss names are in the
-method label already.
+key that takes more than one value among the groups of its stream and partition that have it
+(``fedavg lr=0.05`` against ``fedavg lr=0.5``; ``fedprox`` against ``fedavg``, but ``fedprox method.mu=0.1``
+against ``fedprox method.mu=0.01``); ``stream.name`` and ``partition.name`` have columns of their own, and the
+method, plugin, aggregator and loss names are in the method label already.
 
 A ``results.json`` that cannot be read, lacks a field the reports use, or has no config (neither its
 ``config`` field nor a ``config.yaml`` beside it) is skipped with a warning naming the file; so is an
@@ -211,10 +212,19 @@ def group_runs(runs: list[Run]) -> list[Group]:
 
 
 def differing_keys(configs: list[dict[str, Any]]) -> list[str]:
-    """Keys (not shown elsewhere) whose value, or presence, is not the same in all ``configs``."""
-    def varies(key: str) -> bool:
-        return len({json.dumps(c[key]) if key in c else None for c in configs}) > 1
-    return [k for k in sorted({k for c in configs for k in c}) if not shown_elsewhere(k) and varies(k)]
+    """Keys (not shown elsewhere) that take more than one value among the ``configs`` that have them: a
+    parameter of one method is named in its label only when runs of that method differ in it. Should that
+    leave two configs alike (a key only some have, e.g. results from before a key was added), keys that only
+    some configs have are named too."""
+    def values(key: str, missing: bool) -> set[str | None]:
+        return {json.dumps(c[key]) if key in c else None for c in configs if missing or key in c}
+
+    names = sorted({k for c in configs for k in c if not shown_elsewhere(k)})
+    keys = [k for k in names if len(values(k, missing=False)) > 1]
+    labels = {json.dumps({k: v for k, v in c.items() if k in keys or shown_elsewhere(k)}) for c in configs}
+    if len(labels) < len(configs):
+        keys = [k for k in names if len(values(k, missing=True)) > 1]
+    return keys
 
 
 def _order(item: tuple[str, Any]) -> tuple[str, int, float, str]:
