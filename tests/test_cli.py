@@ -168,3 +168,21 @@ def test_list_shows_every_name_a_config_can_take_from_the_registries(capsys):
     assert sections == {title: list(names) for title, names in registries.items()}
     choices = {f.name: f.metadata.get("choices") for cls in (Config, AggregatorConfig) for f in fields(cls)}
     assert (choices["name"], choices["loss"]) == (tuple(AGGREGATORS), tuple(LOSSES))  # what a config accepts
+
+
+def test_report_of_real_runs_splits_by_lr_not_by_threads_or_wandb(run_dir, tmp_path):
+    """A real run's results.json, copied with only lr changed (one copy) or only result-neutral keys and
+    the seed changed (another): two rows, the neutral copy averaged with the original."""
+    def copy(name, seed, **keys):
+        out = tmp_path / name
+        shutil.copytree(run_dir, out)
+        results = json.loads((out / "results.json").read_text())
+        results["seed"] = results["config"]["seed"] = seed
+        results["config"].update(keys)
+        (out / "results.json").write_text(json.dumps(results))
+    copy("lr", 1, lr=0.5)
+    copy("neutral", 2, threads=3, checkpoint_every=0, wandb={"mode": "disabled"})
+    proc = cfl("report", str(run_dir), str(tmp_path), "--format", "csv")
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split(",")[2:4] for line in proc.stdout.splitlines()[1:]]
+    assert rows == [["fedavg lr=0.05", "2"], ["fedavg lr=0.5", "1"]]
