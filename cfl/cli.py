@@ -60,12 +60,16 @@ def _cmd_list(_args: argparse.Namespace) -> int:
     from cfl.data.streams import STREAMS
     from cfl.methods import METHODS
     from cfl.models import MODELS
+    from cfl.ops.aggregate import AGGREGATORS
+    from cfl.ops.losses import LOSSES
 
     sections = [
         ("streams", {k: f"{v.about} [{v.full_tasks} tasks; {'/'.join(v.scenarios)}]" for k, v in STREAMS.items()}),
         ("models", {k: v[1] for k, v in MODELS.items()}),
         ("partitioners", {k: v[1] for k, v in PARTITIONERS.items()}),
         ("methods", {k: v.about for k, v in METHODS.items()}),
+        ("aggregators", AGGREGATORS),
+        ("losses", LOSSES),
     ]
     for title, rows in sections:
         print(f"{title}:")
@@ -178,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     swp.add_argument("--cpus-per-run", type=float, default=1.0, help="--backend ray: CPUs per run (default 1)")
     swp.add_argument("--gpus-per-run", type=float, default=0.0, help="--backend ray: GPUs per run (default 0)")
     swp.set_defaults(func=_cmd_sweep)
-    lst = sub.add_parser("list", help="list streams, models, partitioners and methods")
+    lst = sub.add_parser("list", help="list streams, models, partitioners, methods, aggregators and losses")
     lst.set_defaults(func=_cmd_list)
     rep = sub.add_parser("report", help="table of ACC/FGT/BWT (mean ± std over seeds), one row per config "
                                         "(runs equal but for seed and result-neutral keys)")

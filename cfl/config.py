@@ -15,6 +15,8 @@ from typing import Any, Optional
 import yaml
 
 from cfl.cross_checks import check_methods, check_model_fits, check_threads, resolve_model
+from cfl.ops.aggregate import AGGREGATORS
+from cfl.ops.losses import LOSSES
 from cfl.schema import ConfigError, build, field, to_dict
 
 __all__ = ["Config", "ConfigError", "load_config", "parse_overrides", "validate_names"]
@@ -54,7 +56,7 @@ class PartitionConfig:
 @dataclass(frozen=True)
 class AggregatorConfig:
     name: str = field("mean", "server aggregation of client updates: mean (FedAvg) or gma",
-                      choices=("mean", "gma"))
+                      choices=tuple(AGGREGATORS))
     tau: float = field(0.4, "gma: agreement threshold of the soft mask (0 = plain averaging)",
                        min=0.0, max=1.0)
 
@@ -87,7 +89,7 @@ class Config:
     momentum: float = field(0.0, "local SGD momentum (fresh each round)", min=0.0, max=0.999)
     weight_decay: float = field(0.0, "local SGD weight decay", min=0.0)
     server_lr: float = field(1.0, "server learning rate eta_g applied to the aggregated update", gt=0)
-    loss: str = field("ce", "client loss: ce or tce (truncated cross-entropy)", choices=("ce", "tce"))
+    loss: str = field("ce", "client loss: ce or tce (truncated cross-entropy)", choices=tuple(LOSSES))
     method: dict[str, Any] = field({"name": "fedavg"}, "method name and its parameters (see docs/methods)")
     plugins: list[dict[str, Any]] = field([], "extra methods combined with `method` (e.g. fedprox)")
     aggregator: AggregatorConfig = field(AggregatorConfig(), "")

@@ -4,6 +4,7 @@ import json
 import shutil
 import subprocess
 import sys
+from dataclasses import fields
 
 import pytest
 import yaml
@@ -144,3 +145,45 @@ def test_binary_sweep_file_exits_2(tmp_path, capsys):
     (tmp_path / "sweep.yaml").write_bytes(bytes(range(256)))
     assert main(["sweep", str(tmp_path / "sweep.yaml")]) == 2
     assert "sweep.yaml' is not UTF-8" in capsys.readouterr().err
+
+
+def test_list_shows_every_name_a_config_can_take_from_the_registries(capsys):
+    from cfl.cli import main
+    from cfl.config import AggregatorConfig, Config
+    from cfl.data.partition import PARTITIONERS
+    from cfl.data.streams import STREAMS
+    from cfl.methods import METHODS
+    from cfl.models import MODELS
+    from cfl.ops.aggregate import AGGREGATORS
+    from cfl.ops.losses import LOSSES
+
+    assert main(["list"]) == 0
+    sections: dict[str, list[str]] = {}
+    for line in capsys.readouterr().out.splitlines():
+        if not line.startswith(" "):
+            sections[line.rstrip(":")] = []
+        else:
+            sections[list(sections)[-1]].append(line.split()[0])
+    registries = {"streams": STREAMS, "models": MODELS, "partitioners": PARTITIONERS, "methods": METHODS,
+                  "aggregators": AGGREGATORS, "losses": LOSSES}
+    assert sections == {title: list(names) for title, names in registries.items()}
+    choices = {f.name: f.metadata.get("choices") for cls in (Config, AggregatorConfig) for f in fields(cls)}
+    assert (choices["name"], choices["loss"]) == (tuple(AGGREGATORS), tuple(LOSSES))  # what a config accepts
+
+
+def test_report_of_real_runs_splits_by_lr_not_by_threads_or_wandb(run_dir, tmp_path):
+    """A real run's results.json, copied with only lr changed (one copy) or only result-neutral keys and
+    the seed changed (another): two rows, the neutral copy averaged with the original."""
+    def copy(name, seed, **keys):
+        out = tmp_path / name
+        shutil.copytree(run_dir, out)
+        results = json.loads((out / "results.json").read_text())
+        results["seed"] = results["config"]["seed"] = seed
+        results["config"].update(keys)
+        (out / "results.json").write_text(json.dumps(results))
+    copy("lr", 1, lr=0.5)
+    copy("neutral", 2, threads=3, checkpoint_every=0, wandb={"mode": "disabled"})
+    proc = cfl("report", str(run_dir), str(tmp_path), "--format", "csv")
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split(",")[2:4] for line in proc.stdout.splitlines()[1:]]
+    assert rows == [["fedavg lr=0.05", "2"], ["fedavg lr=0.5", "1"]]

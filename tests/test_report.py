@@ -56,12 +56,41 @@ def test_result_neutral_keys_do_not_split_but_device_does(tmp_path):
                                                                     ("fedavg device=cuda", "1", "0")]
 
 
-def test_labels_name_method_and_plugin_parameters_not_names_already_shown(tmp_path):
-    write_results(tmp_path / "a", 0, 70.0, 1.0, config={"method": {"name": "fedavg"}, "plugins": []})
-    write_results(tmp_path / "b", 0, 70.0, 1.0, method="ewc+fedprox",
-                  config={"method": {"name": "ewc", "lam": 100}, "plugins": [{"name": "fedprox", "mu": 0.01}]})
+def test_labels_tell_apart_the_rows_of_one_stream_and_partition_only(tmp_path, capsys):
+    for lr, clients in ((10, 5), (2, 5), (10, 7)):
+        write_results(tmp_path / f"split-{lr}-{clients}", 0, 70.0, 1.0, config={"lr": lr, "num_clients": clients})
+    write_results(tmp_path / "permuted", 0, 70.0, 1.0, stream="permuted-digits", config={"num_clients": 99})
+    write_results(tmp_path / "again", 0, 70.0, 1.0, stream="permuted-digits", config={"num_clients": 99})
+    found = rows(report([tmp_path]))
+    assert [(r["stream"], r["method"], r["runs"]) for r in found] == [
+        ("permuted-digits", "fedavg", "2"), ("split-digits", "fedavg lr=2 num_clients=5", "1"),
+        ("split-digits", "fedavg lr=10 num_clients=5", "1"), ("split-digits", "fedavg lr=10 num_clients=7", "1")]
+    err = capsys.readouterr().err
+    assert "permuted-digits iid fedavg: seed(s) 0 in more than one run" in err and str(tmp_path / "again") in err
+
+
+def test_markdown_escapes_a_bar_in_a_label(tmp_path):
+    for note in ("a|b", "c"):
+        write_results(tmp_path / note.replace("|", ""), 0, 70.0, 1.0, config={"method": {"name": "x", "note": note}})
+    assert [r["method"] for r in rows(report([tmp_path]).replace("\\|", "/"))] == ["fedavg method.note=a/b",
+                                                                                  "fedavg method.note=c"]
+
+
+def test_labels_name_parameters_that_differ_within_a_method_not_those_of_other_methods(tmp_path):
+    write_results(tmp_path / "avg", 0, 70.0, 1.0, config={"method": {"name": "fedavg"}, "plugins": []})
+    for lam, mu in ((10, 0.01), (100, 0.01), (100, 0.1)):
+        write_results(tmp_path / f"ewc-{lam}-{mu}", 0, 70.0, 1.0, method="ewc+fedprox",
+                      config={"method": {"name": "ewc", "lam": lam, "gamma": 1.0},
+                              "plugins": [{"name": "fedprox", "mu": mu}]})
     labels = [g.label for g in group_runs(load_runs([tmp_path]))]
-    assert labels == ["ewc+fedprox method.lam=100 plugins.0.mu=0.01", "fedavg"]
+    assert labels == ["ewc+fedprox method.lam=10 plugins.0.mu=0.01", "ewc+fedprox method.lam=100 plugins.0.mu=0.01",
+                      "ewc+fedprox method.lam=100 plugins.0.mu=0.1", "fedavg"]
+
+
+def test_a_key_only_some_runs_have_is_named_when_nothing_else_tells_them_apart(tmp_path):
+    write_results(tmp_path / "old", 0, 70.0, 1.0)  # from before `momentum` existed
+    write_results(tmp_path / "new", 0, 70.0, 1.0, config={"momentum": 0.9})
+    assert [g.label for g in group_runs(load_runs([tmp_path]))] == ["fedavg", "fedavg momentum=0.9"]
 
 
 def test_every_column_by_hand(tmp_path):

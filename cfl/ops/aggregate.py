@@ -6,6 +6,13 @@ import torch
 
 Params = dict[str, torch.Tensor]
 
+#: ``aggregator.name`` choices (``cfl list``)
+AGGREGATORS = {
+    "mean": "FedAvg: the clients' updates averaged, weighted by their sample counts",
+    "gma": "gradient-masked averaging (Tenison et al. 2023): the mean update times a sign-agreement mask "
+           "(aggregator.tau)",
+}
+
 
 def _shares(weights: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     shares = weights / weights.sum()

@@ -5,6 +5,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+#: ``loss`` choices (``cfl list``)
+LOSSES = {
+    "ce": "cross-entropy over the head's classes (class-incremental: the classes seen so far)",
+    "tce": "truncated cross-entropy (the TCE paper, eq. 3): softmax only over the labels in the client's data",
+}
+
 
 def masked_cross_entropy(logits: torch.Tensor, y: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
     """Per-sample cross-entropy whose softmax runs only over ``allowed`` classes.

@@ -5,9 +5,10 @@ A *group* holds the runs whose resolved configs are equal except for ``seed`` an
 ``checkpoint_every``, ``on_nonfinite``, ``data_root``, ``wandb.*``; output paths are not config keys).
 Every other key splits groups, ``device``, ``client_execution`` and ``backend`` included: they can change the
 last bits of float results. A group's label is its method label plus, as ``--set`` style ``key=value``, every
-key whose value is not the same in all groups (``fedavg lr=0.05`` against ``fedavg lr=0.5``); ``stream.name``
-and ``partition.name`` have columns of their own, and the method, plugin, aggregator and loss names are in the
-method label already.
+key that takes more than one value among the groups of its stream and partition that have it
+(``fedavg lr=0.05`` against ``fedavg lr=0.5``; ``fedprox`` against ``fedavg``, but ``fedprox method.mu=0.1``
+against ``fedprox method.mu=0.01``); ``stream.name`` and ``partition.name`` have columns of their own, and the
+method, plugin, aggregator and loss names are in the method label already.
 
 A ``results.json`` that cannot be read, lacks a field the reports use, or has no config (neither its
 ``config`` field nor a ``config.yaml`` beside it) is skipped with a warning naming the file; so is an
@@ -191,22 +192,53 @@ def _frozen(keys: dict[str, Any]) -> str:
 
 
 def group_runs(runs: list[Run]) -> list[Group]:
-    """Runs grouped by their configs less seed and result-neutral keys, sorted by stream, partition, label."""
+    """Runs grouped by their configs less seed and result-neutral keys, sorted by stream, partition and
+    label; a label names the keys that differ among the groups of its stream and partition."""
     members: dict[str, list[Run]] = {}
-    keys: dict[str, dict[str, Any]] = {}
-    for run in runs:
-        k = result_keys(run.config)
-        members.setdefault(_frozen(k), []).append(run)
-        keys[_frozen(k)] = k
-
-    def varies(key: str) -> bool:
-        return len({json.dumps(ks[key]) if key in ks else None for ks in keys.values()}) > 1
-
-    varying = [k for k in sorted({k for ks in keys.values() for k in ks}) if not shown_elsewhere(k) and varies(k)]
+    for run in sorted(runs, key=lambda r: (r.seed, str(r.path))):
+        members.setdefault(_frozen(result_keys(run.config)), []).append(run)
+    buckets: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for frozen, same in members.items():
+        first = same[0].results
+        buckets.setdefault((first["stream"], first["partition"]), []).append(json.loads(frozen))
     groups = []
-    for frozen, group_members in members.items():
-        ks, first = keys[frozen], group_members[0].results
+    for frozen, same in members.items():
+        first, keys = same[0].results, json.loads(frozen)
+        varying = differing_keys(buckets[(first["stream"], first["partition"])])
         groups.append(Group(first["stream"], first["partition"], first["method"],
-                            {k: ks[k] for k in varying if k in ks},
-                            sorted(group_members, key=lambda r: (r.seed, str(r.path)))))
-    return sorted(groups, key=lambda g: (g.stream, g.partition, g.label))
+                            {k: keys[k] for k in varying if k in keys}, same))
+        warn_repeated_seeds(groups[-1])
+    return sorted(groups, key=lambda g: (g.stream, g.partition, g.method, [_order(v) for v in g.differs.items()]))
+
+
+def differing_keys(configs: list[dict[str, Any]]) -> list[str]:
+    """Keys (not shown elsewhere) that take more than one value among the ``configs`` that have them: a
+    parameter of one method is named in its label only when runs of that method differ in it. Should that
+    leave two configs alike (a key only some have, e.g. results from before a key was added), keys that only
+    some configs have are named too."""
+    def values(key: str, missing: bool) -> set[str | None]:
+        return {json.dumps(c[key]) if key in c else None for c in configs if missing or key in c}
+
+    names = sorted({k for c in configs for k in c if not shown_elsewhere(k)})
+    keys = [k for k in names if len(values(k, missing=False)) > 1]
+    labels = {json.dumps({k: v for k, v in c.items() if k in keys or shown_elsewhere(k)}) for c in configs}
+    if len(labels) < len(configs):
+        keys = [k for k in names if len(values(k, missing=True)) > 1]
+    return keys
+
+
+def _order(item: tuple[str, Any]) -> tuple[str, int, float, str]:
+    """Sorts numbers as numbers (lr=2 before lr=10), then everything else by its text."""
+    key, value = item
+    return (key, 0, value, "") if is_number(value) else (key, 1, 0.0, show(value))
+
+
+def warn_repeated_seeds(group: Group) -> None:
+    """Two runs of one config with one seed both count (say, a run repeated in another directory)."""
+    seeds = group.seeds
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:
+        dirs = ", ".join(str(r.dir) for r in group.runs if r.seed in repeated)
+        print(f"cfl: warning: {group.stream} {group.partition} {group.label}: seed(s) "
+              f"{', '.join(map(str, repeated))} in more than one run ({dirs}); each counts in the mean",
+              file=sys.stderr)

@@ -97,7 +97,7 @@ def columns(runs: list[Run]) -> list[Column]:
 # ---- formats ----
 def markdown(cols: list[Column], groups: list[Group]) -> str:
     def text(cell: Cell) -> str:
-        return "–" if cell is None else cell if isinstance(cell, str) else cell.text()
+        return "–" if cell is None else cell.replace("|", "\\|") if isinstance(cell, str) else cell.text()
     lines = ["| " + " | ".join(c.title for c in cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(text(c.cell(g)) for c in cols) + " |" for g in groups]
     return "\n".join(lines)
