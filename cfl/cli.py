@@ -14,7 +14,7 @@ EXIT_CONFIG = 2
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from cfl.config import load_config
+    from cfl.report.wandb_sweep import load_with_sweep, refuse_sweep_resume, sweep_run_dir
     from cfl.run import execute, resume_config
 
     load_plugins(args.plugin)
@@ -24,13 +24,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if clash:
             raise ConfigError(f"--resume {args.resume} continues that run with its own config and directory; "
                               f"drop {' and '.join(clash)}")
+        refuse_sweep_resume(args.resume)
         cfg = resume_config(Path(args.resume), args.set)
         execute(cfg, Path(args.resume), quiet=args.quiet, resume=True)
         return 0
     if args.config is None:
         raise ConfigError("cfl run needs a YAML config file (e.g. configs/quickstart.yaml) or --resume RUN_DIR")
-    cfg = load_config(args.config, args.set)
-    execute(cfg, Path(args.out) if args.out else None, overwrite=args.overwrite, quiet=args.quiet)
+    cfg, source = load_with_sweep(args.config, args.set)  # under `wandb agent`: the sweep's parameters too
+    out = Path(args.out) if args.out else sweep_run_dir(cfg)
+    execute(cfg, out, overwrite=args.overwrite, quiet=args.quiet, source=source)
     return 0
 
 

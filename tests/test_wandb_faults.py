@@ -40,7 +40,18 @@ class FakeRun:
     """Stands in for a wandb run; ``fail`` names the calls that raise."""
 
     def __init__(self, run_id="fake-run-1", fail=()):
-        self.id, self.fail, self.summary, self.logged = run_id, set(fail), {}, []
+        self.id, self.fail, self.summary, self.logged, self.config = run_id, set(fail), {}, [], {}
+
+    def started(self, kwargs):
+        """``wandb.init(**kwargs)``: the run records the config it is given."""
+        self.config = kwargs["config"]
+        return self
+
+    def define_metric(self, name, step_metric=None):
+        pass
+
+    def log_artifact(self, artifact):
+        pass
 
     def log(self, data, step=None):
         if "log" in self.fail:
@@ -65,7 +76,7 @@ def test_init_failure_leaves_a_complete_run(config, tmp_path, monkeypatch):
 @pytest.mark.parametrize("fail", [("log",), ("finish",), ("log", "finish")])
 def test_exceptions_inside_wandb_calls_leave_a_complete_run(config, tmp_path, monkeypatch, fail):
     run = FakeRun(fail=fail)
-    monkeypatch.setattr(wandb, "init", lambda **_: run)
+    monkeypatch.setattr(wandb, "init", lambda **kw: run.started(kw))
     with pytest.warns(UserWarning, match=f"W&B {fail[0]} failed"):
         assert main(["run", str(config), "--out", str(tmp_path / "run"), "--quiet"]) == 0
     assert assert_complete(tmp_path / "run")["wandb_run_id"] == "fake-run-1"
@@ -77,7 +88,7 @@ def test_resume_continues_the_same_wandb_run(config, tmp_path, monkeypatch):
 
     def init(**kwargs):
         calls.append(kwargs)
-        return FakeRun(run_id=kwargs["id"] or "first-id")
+        return FakeRun(run_id=kwargs["id"] or "first-id").started(kwargs)
 
     monkeypatch.setattr(wandb, "init", init)
     real = Runner.run_round
