@@ -19,11 +19,15 @@ TINY = {"stream": {"name": "split-digits", "num_tasks": 2}, "num_clients": 4, "c
 OUTPUTS = ("results.json", "metrics.jsonl", "config.yaml", "acc_matrix.png", "accuracy_curve.png", "checkpoint.pt")
 
 
-@pytest.fixture
-def config(tmp_path):
+def write_tiny(tmp_path):
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(TINY))
     return path
+
+
+@pytest.fixture
+def config(tmp_path):
+    return write_tiny(tmp_path)
 
 
 def assert_complete(out):

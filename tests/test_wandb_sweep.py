@@ -25,7 +25,8 @@ def agent_command(args: dict, monkeypatch, tmp_path, sweep_id="swp1", run_id="ru
     """What ``wandb agent`` does before starting the example's command: the environment, the parameter
     file (wandb's own writer), and the command line with its macros filled in (wandb's own helpers)."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-dir"))
+    for var in ("WANDB_DIR", "WANDB_DATA_DIR", "WANDB_CACHE_DIR"):  # artifacts are staged under WANDB_DATA_DIR
+        monkeypatch.setenv(var, str(tmp_path / "wandb-dir"))
     monkeypatch.setenv("WANDB_SWEEP_ID", sweep_id)
     monkeypatch.setenv("WANDB_RUN_ID", run_id)
     param_path = tmp_path / "wandb-dir" / "wandb" / f"sweep-{sweep_id}" / f"config-{run_id}.yaml"
@@ -67,7 +68,7 @@ def wandb_configs(monkeypatch):
     wandb.teardown()
 
 
-def test_a_sweep_run_trains_with_the_sweeps_values_and_records_them(monkeypatch, tmp_path, wandb_configs):
+def test_a_sweep_run_trains_with_the_sweeps_values_and_records_them(monkeypatch, tmp_path, wandb_configs, recwarn):
     args = {"lr": {"value": 0.5}, "seed": {"value": 7}, "method.name": {"value": "fedprox"}}
     argv = cfl_argv(agent_command(args, monkeypatch, tmp_path), tmp_path)
     assert main(argv) == 0
@@ -77,6 +78,8 @@ def test_a_sweep_run_trains_with_the_sweeps_values_and_records_them(monkeypatch,
     results = json.loads((out / "results.json").read_text())
     assert results["seed"] == 7 and results["method"] == "fedprox" and results["wandb_run_id"] == "run7"
     assert wandb_configs == [{**used, "method.name": "fedprox"}]
+    assert not [w for w in recwarn if "W&B" in str(w.message)]  # the real client logged everything, artifact too
+    assert list((out / "wandb").glob("offline-run-*-run7/run-run7.wandb"))
 
 
 def test_wandb_records_the_value_used_not_the_agents_text(monkeypatch, tmp_path, wandb_configs):
@@ -127,3 +130,9 @@ def test_a_malformed_parameter_file_is_a_config_error(monkeypatch, tmp_path, cap
     tiny.write_text(yaml.safe_dump(TINY))
     assert main(["run", str(tiny), "--out", str(tmp_path / "run")]) == 2
     assert "parameter 'lr' must be a mapping with a 'value'" in capsys.readouterr().err
+
+
+def test_the_docs_show_the_example_sweep():
+    page = (ROOT / "docs" / "wandb.md").read_text()
+    block = page.split("`configs/wandb-sweep.yaml`:\n\n```yaml\n", 1)[1].split("```", 1)[0]
+    assert yaml.safe_load(block) == yaml.safe_load(EXAMPLE.read_text())
