@@ -105,11 +105,12 @@ def test_resume_continues_the_same_wandb_run(config, tmp_path, monkeypatch):
 
     monkeypatch.setattr(Runner, "run_round", interrupted)
     out = tmp_path / "run"
-    assert main(["run", str(config), "--out", str(out), "--quiet"]) == 130
+    assert main(["run", str(config), "--out", str(out), "--quiet", "--set", "lr=0.1"]) == 130
     monkeypatch.setattr(Runner, "run_round", real)
     assert main(["run", "--resume", str(out), "--quiet", "--set", "wandb.project=elsewhere"]) == 0
     assert calls[0]["id"] is None and calls[0]["resume"] is None
     assert calls[1]["id"] == "first-id" and calls[1]["resume"] == "allow" and len(calls) == 2
+    assert calls[1]["group"] == calls[0]["group"] and "/lr=0.1#" in calls[0]["group"]  # the group it started in
     assert assert_complete(out)["wandb_run_id"] == "first-id"
 
 

@@ -20,6 +20,7 @@ from cfl.report.wandb_sweep import PARAM_PATH_ENV, RunSource
 STEP_METRIC = "round"
 #: the output files of a run logged as its artifact (plots are added by name; the checkpoint when asked)
 ARTIFACT_FILES = ("results.json", "metrics.jsonl", "config.yaml")
+GROUP_FILE = Path("wandb") / "cfl-group.txt"
 SUMMARY_KEYS = ("acc", "fgt", "bwt", "wall_seconds", "upload_bytes", "download_bytes")
 
 
@@ -29,6 +30,18 @@ def recorded_config(cfg: Config, sweep_params: dict[str, Any]) -> dict[str, Any]
     resolved = cfg.to_dict()
     used = flat(resolved)
     return {**resolved, **{k: used[k] for k in sweep_params if "." in k and k in used}}
+
+
+def run_group(cfg: Config, base: Config | None, out_dir: Path, resumed: bool) -> str:
+    """The default group, kept in ``wandb/cfl-group.txt``: a resumed run (whose config file is no longer
+    known) stays in the group it started in."""
+    path = out_dir / GROUP_FILE
+    if resumed and path.is_file():
+        return path.read_text(encoding="utf-8").strip()
+    group = default_group(cfg, base)
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(group + "\n", encoding="utf-8")
+    return group
 
 
 class WandbLogger:
@@ -50,7 +63,8 @@ class WandbLogger:
             # cfl applied the sweep's parameters itself; W&B would otherwise record the agent's raw values
             os.environ.pop(PARAM_PATH_ENV, None)
             self.run = wandb.init(mode=w.mode, project=w.project, entity=w.entity,
-                                  group=w.group or default_group(cfg, source.base), job_type=w.job_type,
+                                  group=w.group or run_group(cfg, source.base, out_dir, resumed=bool(run_id)),
+                                  job_type=w.job_type,
                                   name=w.name or default_name(cfg), tags=default_tags(cfg), config=config,
                                   dir=str(out_dir), id=run_id, resume="allow" if run_id else None,
                                   reinit="finish_previous",
