@@ -52,10 +52,12 @@ class FakeRun:
         return self
 
     def define_metric(self, name, step_metric=None):
-        pass
+        if "define_metric" in self.fail:
+            raise RuntimeError("wandb.define_metric: service died")
 
     def log_artifact(self, artifact):
-        pass
+        if "log_artifact" in self.fail:
+            raise OSError(28, "No space left on device (artifact staging)")
 
     def log(self, data, step=None):
         if "log" in self.fail:
@@ -77,14 +79,15 @@ def test_init_failure_leaves_a_complete_run(config, tmp_path, monkeypatch):
     assert assert_complete(tmp_path / "run")["wandb_run_id"] is None
 
 
-@pytest.mark.parametrize("fail", [("log",), ("finish",), ("log", "finish")])
-def test_exceptions_inside_wandb_calls_leave_a_complete_run(config, tmp_path, monkeypatch, fail):
+@pytest.mark.parametrize(("fail", "stage"), [(("log",), "log"), (("finish",), "finish"), (("log", "finish"), "log"),
+                                             (("log_artifact",), "finish"), (("define_metric",), "init")])
+def test_exceptions_inside_wandb_calls_leave_a_complete_run(config, tmp_path, monkeypatch, fail, stage):
     run = FakeRun(fail=fail)
     monkeypatch.setattr(wandb, "init", lambda **kw: run.started(kw))
-    with pytest.warns(UserWarning, match=f"W&B {fail[0]} failed"):
+    with pytest.warns(UserWarning, match=f"W&B {stage} failed"):
         assert main(["run", str(config), "--out", str(tmp_path / "run"), "--quiet"]) == 0
-    assert assert_complete(tmp_path / "run")["wandb_run_id"] == "fake-run-1"
-    assert run.logged == [] if "log" in fail else len(run.logged) > 4
+    assert assert_complete(tmp_path / "run")["wandb_run_id"] == "fake-run-1"  # the W&B run exists
+    assert run.logged == [] if stage in ("log", "init") else len(run.logged) > 4
 
 
 def test_resume_continues_the_same_wandb_run(config, tmp_path, monkeypatch):
