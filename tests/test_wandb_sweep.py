@@ -109,9 +109,10 @@ def test_a_key_from_both_the_sweep_and_set_is_refused(monkeypatch, tmp_path, cap
     assert "--set method.name: also set by the W&B sweep" in capsys.readouterr().err
 
 
-def test_resume_under_a_sweep_is_refused(monkeypatch, tmp_path, capsys):
+@pytest.mark.parametrize("argv", [["run", "--resume", "some-run"], ["sweep", "some-sweep.yaml"]])
+def test_commands_that_cannot_take_sweep_parameters_refuse_them(monkeypatch, tmp_path, capsys, argv):
     agent_command({"lr": {"value": 0.5}}, monkeypatch, tmp_path)
-    assert main(["run", "--resume", str(tmp_path / "some-run")]) == 2
+    assert main(argv) == 2
     assert "cannot take the sweep's parameters" in capsys.readouterr().err
 
 

@@ -123,8 +123,9 @@ def sweep_run_dir(cfg: Config) -> Path | None:
     return Path("runs") / f"sweep-{sweep_id}" / label
 
 
-def refuse_sweep_resume(run_dir: str) -> None:
-    """A resumed run keeps its own config, so a W&B sweep's parameters cannot apply to it: refuse."""
+def refuse_under_sweep(command: str, reason: str) -> None:
+    """``command`` cannot take a W&B sweep's parameters: refuse rather than ignore them."""
     if sweep_param_path():
-        raise ConfigError(f"--resume {run_dir} under a W&B sweep (${PARAM_PATH_ENV} is set): a resumed run keeps its "
-                          f"config.yaml and cannot take the sweep's parameters; unset {PARAM_PATH_ENV} to resume")
+        raise ConfigError(f"{command} under a W&B sweep (${PARAM_PATH_ENV} is set): {reason}, so it cannot take "
+                          f"the sweep's parameters; use `cfl run CONFIG` as the sweep's command, or unset "
+                          f"{PARAM_PATH_ENV}")
