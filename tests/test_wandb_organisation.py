@@ -98,3 +98,16 @@ def test_the_outputs_are_logged_as_an_artifact(tmp_path, monkeypatch, sets, file
 def test_a_set_group_name_and_job_type_are_used_as_given(tmp_path, monkeypatch):
     _, kwargs = run_with(tmp_path, monkeypatch, "wandb.group=mine", "wandb.name=r1", "wandb.job_type=eval")
     assert (kwargs["group"], kwargs["name"], kwargs["job_type"]) == ("mine", "r1", "eval")
+
+
+def test_a_config_that_wandb_records_differently_is_warned(tmp_path, monkeypatch):
+    run = RecordingRun()
+
+    def init(**kwargs):
+        run.started(kwargs)
+        run.config = {**kwargs["config"], "lr": "1e-1"}  # as when W&B merges a sweep's raw text
+        return run
+
+    monkeypatch.setattr(wandb, "init", init)
+    with pytest.warns(UserWarning, match=r"W&B recorded config keys \['lr'\] .*lr=0.05"):
+        assert main(["run", str(write_tiny(tmp_path)), "--out", str(tmp_path / "run"), "--quiet"]) == 0
