@@ -14,7 +14,7 @@ EXIT_CONFIG = 2
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from cfl.config import load_config
+    from cfl.report.wandb_sweep import load_with_sweep, refuse_under_sweep, sweep_run_dir
     from cfl.run import execute, resume_config
 
     load_plugins(args.plugin)
@@ -24,13 +24,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if clash:
             raise ConfigError(f"--resume {args.resume} continues that run with its own config and directory; "
                               f"drop {' and '.join(clash)}")
+        refuse_under_sweep(f"--resume {args.resume}", "a resumed run keeps its config.yaml")
         cfg = resume_config(Path(args.resume), args.set)
         execute(cfg, Path(args.resume), quiet=args.quiet, resume=True)
         return 0
     if args.config is None:
         raise ConfigError("cfl run needs a YAML config file (e.g. configs/quickstart.yaml) or --resume RUN_DIR")
-    cfg = load_config(args.config, args.set)
-    execute(cfg, Path(args.out) if args.out else None, overwrite=args.overwrite, quiet=args.quiet)
+    cfg, source = load_with_sweep(args.config, args.set)  # under `wandb agent`: the sweep's parameters too
+    out = Path(args.out) if args.out else sweep_run_dir(cfg)
+    execute(cfg, out, overwrite=args.overwrite, quiet=args.quiet, source=source)
     return 0
 
 
@@ -81,8 +83,10 @@ def _cmd_list(_args: argparse.Namespace) -> int:
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from cfl.report.table import report
+    from cfl.report.wandb_sweep import refuse_under_sweep
     from cfl.sweep import load_sweeps, run_local, run_parallel, write_sweep_figures
 
+    refuse_under_sweep("cfl sweep", "it runs its own grid")
     if args.jobs < 1:
         raise ConfigError(f"--jobs must be at least 1, got {args.jobs}")
     if args.jobs > 1 and args.backend == "ray":

@@ -67,9 +67,15 @@ class WandbConfig:
                       choices=("offline", "online", "disabled"))
     project: str = field("cfl", "W&B project")
     entity: Optional[str] = field(None, "W&B entity (team or user)")
-    group: Optional[str] = field(None, "W&B group")
-    name: Optional[str] = field(None, "W&B run name (null: derived from stream/method/seed)")
-    tags: list[str] = field([], "W&B tags")
+    group: Optional[str] = field(None, "W&B group (null: stream/partition/method, the keys that differ from the "
+                                 "config file, and a hash of the config without the seed, so that the seeds of "
+                                 "one config and only they share a group; see docs/wandb.md)")
+    name: Optional[str] = field(None, "W&B run name (null: <stream>-<method>-<partition>-s<seed>)")
+    tags: list[str] = field([], "W&B tags besides the automatic ones (stream, partition, method names)")
+    job_type: str = field("train", "W&B job type")
+    log_artifacts: bool = field(True, "log results.json, metrics.jsonl, config.yaml and the plots as a W&B "
+                                "artifact (type cfl-run)")
+    log_checkpoint: bool = field(False, "also put the final checkpoint.pt into that artifact")
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from cfl.report.jsonl import MetricsWriter, keep_lines_up_to
 from cfl.report.plots import write_plots
 from cfl.report.progress import ProgressBars
 from cfl.report.wandb_log import WandbLogger
+from cfl.report.wandb_sweep import RunSource
 
 EXIT_NONFINITE = 3
 EXIT_DISK_FULL = 4
@@ -75,10 +76,11 @@ class Checkpointer:
 
 
 def execute(cfg: Config, out: Path | None = None, overwrite: bool = False, quiet: bool = False,
-            resume: bool = False) -> dict[str, Any]:
+            resume: bool = False, source: RunSource | None = None) -> dict[str, Any]:
     """Run ``cfg`` and write results.json, metrics.jsonl, config.yaml, plots and checkpoints into ``out``.
 
     ``resume``: continue the run in ``out`` from its checkpoint (``cfg`` from :func:`resume_config`).
+    ``source``: the config file and W&B sweep parameters ``cfg`` came from (for the W&B group and config).
     Everything that can refuse (the directory, its lock, the data, the model) runs before an earlier run's
     outputs are replaced; a run that fails before its round-0 checkpoint leaves nothing behind.
     Raises :class:`RunStopped` after SIGINT/SIGTERM, non-finite values or a full disk, with the last
@@ -96,7 +98,7 @@ def execute(cfg: Config, out: Path | None = None, overwrite: bool = False, quiet
     stop = StopRequest()
     try:
         with stop.installed(), locked(out):
-            return _execute(cfg, out, device, overwrite, quiet, saved, started, stop, attempt)
+            return _execute(cfg, out, device, overwrite, quiet, saved, started, stop, attempt, source)
     except NonFiniteError as err:
         raise RunStopped(f"{err}. Stopped; {attempt.kept()}", EXIT_NONFINITE) from None
     except KeyboardInterrupt as err:
@@ -150,7 +152,8 @@ def _checked_checkpoint(out: Path, cfg: Config) -> dict[str, Any]:
 
 
 def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quiet: bool,
-             saved: dict[str, Any] | None, started: float, stop: StopRequest, attempt: Attempt) -> dict[str, Any]:
+             saved: dict[str, Any] | None, started: float, stop: StopRequest, attempt: Attempt,
+             source: RunSource | None) -> dict[str, Any]:
     """The run itself, in a locked directory: build everything, replace old outputs, train, write outputs."""
     if saved is None:
         rundir.refuse_outputs(out, overwrite)  # again: another run may have written here before the lock
@@ -171,10 +174,7 @@ def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quie
     else:
         checkpoint.remove_stale_temp_files(out)
     atomic_write_bytes(out / "config.yaml", dump_yaml(cfg).encode())
-    w = cfg.wandb
-    logger = WandbLogger(w.mode, w.project, w.entity, w.group,
-                         w.name or f"{cfg.stream.name}-{method}-{cfg.partition.name}-s{cfg.seed}",
-                         w.tags, cfg.to_dict(), out, run_id=saved["wandb_run_id"] if saved else None)
+    logger = WandbLogger(cfg, out, source, run_id=saved["wandb_run_id"] if saved else None)
     runner.observers = [bars, MetricsWriter(out / "metrics.jsonl"), logger]
     saver = Checkpointer(runner, out, stop, logger.run_id, attempt)
     if saved is not None:
@@ -197,9 +197,9 @@ def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quie
     results = build_results(runner, time.perf_counter() - started)
     results["wandb_run_id"] = logger.run_id
     plots = write_plots(results, runner.progress.evaluations, cfg.rounds_per_task, out)
-    logger.finish(results, plots)
     results["wall_seconds"] = time.perf_counter() - started
-    atomic_write_json(out / "results.json", results)  # last: a complete results.json means complete outputs
+    atomic_write_json(out / "results.json", results)  # last local output: complete results.json, complete outputs
+    logger.finish(results, out, plots)  # then W&B, which logs the files as an artifact
     if not quiet:
         print(summary(results, out))
     return results

@@ -19,11 +19,15 @@ TINY = {"stream": {"name": "split-digits", "num_tasks": 2}, "num_clients": 4, "c
 OUTPUTS = ("results.json", "metrics.jsonl", "config.yaml", "acc_matrix.png", "accuracy_curve.png", "checkpoint.pt")
 
 
-@pytest.fixture
-def config(tmp_path):
+def write_tiny(tmp_path):
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(TINY))
     return path
+
+
+@pytest.fixture
+def config(tmp_path):
+    return write_tiny(tmp_path)
 
 
 def assert_complete(out):
@@ -40,7 +44,20 @@ class FakeRun:
     """Stands in for a wandb run; ``fail`` names the calls that raise."""
 
     def __init__(self, run_id="fake-run-1", fail=()):
-        self.id, self.fail, self.summary, self.logged = run_id, set(fail), {}, []
+        self.id, self.fail, self.summary, self.logged, self.config = run_id, set(fail), {}, [], {}
+
+    def started(self, kwargs):
+        """``wandb.init(**kwargs)``: the run records the config it is given."""
+        self.config = kwargs["config"]
+        return self
+
+    def define_metric(self, name, step_metric=None):
+        if "define_metric" in self.fail:
+            raise RuntimeError("wandb.define_metric: service died")
+
+    def log_artifact(self, artifact):
+        if "log_artifact" in self.fail:
+            raise OSError(28, "No space left on device (artifact staging)")
 
     def log(self, data, step=None):
         if "log" in self.fail:
@@ -62,14 +79,15 @@ def test_init_failure_leaves_a_complete_run(config, tmp_path, monkeypatch):
     assert assert_complete(tmp_path / "run")["wandb_run_id"] is None
 
 
-@pytest.mark.parametrize("fail", [("log",), ("finish",), ("log", "finish")])
-def test_exceptions_inside_wandb_calls_leave_a_complete_run(config, tmp_path, monkeypatch, fail):
+@pytest.mark.parametrize(("fail", "stage"), [(("log",), "log"), (("finish",), "finish"), (("log", "finish"), "log"),
+                                             (("log_artifact",), "finish"), (("define_metric",), "init")])
+def test_exceptions_inside_wandb_calls_leave_a_complete_run(config, tmp_path, monkeypatch, fail, stage):
     run = FakeRun(fail=fail)
-    monkeypatch.setattr(wandb, "init", lambda **_: run)
-    with pytest.warns(UserWarning, match=f"W&B {fail[0]} failed"):
+    monkeypatch.setattr(wandb, "init", lambda **kw: run.started(kw))
+    with pytest.warns(UserWarning, match=f"W&B {stage} failed"):
         assert main(["run", str(config), "--out", str(tmp_path / "run"), "--quiet"]) == 0
-    assert assert_complete(tmp_path / "run")["wandb_run_id"] == "fake-run-1"
-    assert run.logged == [] if "log" in fail else len(run.logged) > 4
+    assert assert_complete(tmp_path / "run")["wandb_run_id"] == "fake-run-1"  # the W&B run exists
+    assert run.logged == [] if stage in ("log", "init") else len(run.logged) > 4
 
 
 def test_resume_continues_the_same_wandb_run(config, tmp_path, monkeypatch):
@@ -77,7 +95,7 @@ def test_resume_continues_the_same_wandb_run(config, tmp_path, monkeypatch):
 
     def init(**kwargs):
         calls.append(kwargs)
-        return FakeRun(run_id=kwargs["id"] or "first-id")
+        return FakeRun(run_id=kwargs["id"] or "first-id").started(kwargs)
 
     monkeypatch.setattr(wandb, "init", init)
     real = Runner.run_round
@@ -90,11 +108,12 @@ def test_resume_continues_the_same_wandb_run(config, tmp_path, monkeypatch):
 
     monkeypatch.setattr(Runner, "run_round", interrupted)
     out = tmp_path / "run"
-    assert main(["run", str(config), "--out", str(out), "--quiet"]) == 130
+    assert main(["run", str(config), "--out", str(out), "--quiet", "--set", "lr=0.1"]) == 130
     monkeypatch.setattr(Runner, "run_round", real)
     assert main(["run", "--resume", str(out), "--quiet", "--set", "wandb.project=elsewhere"]) == 0
     assert calls[0]["id"] is None and calls[0]["resume"] is None
     assert calls[1]["id"] == "first-id" and calls[1]["resume"] == "allow" and len(calls) == 2
+    assert calls[1]["group"] == calls[0]["group"] and "/lr=0.1#" in calls[0]["group"]  # the group it started in
     assert assert_complete(out)["wandb_run_id"] == "first-id"
 
 

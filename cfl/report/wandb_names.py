@@ -1,0 +1,83 @@
+"""How a run is organised in W&B: its group (one per config up to the seed), name, tags.
+
+Runs whose resolved configs are equal except for the seed and keys that cannot change results share a
+group, so the W&B UI aggregates seeds; runs that differ in anything else never do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from cfl.config import Config
+from cfl.engine.checkpoint import is_resume_safe
+
+#: W&B refuses longer group names
+GROUP_MAX = 128
+#: keys that never change what a run computes (besides the result-neutral keys a resume may change)
+NEUTRAL_KEYS = ("seed", "stream.download")
+
+
+def flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists and method mappings inside lists stay values)."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, dict) and value:
+            out.update(flat(value, dotted))
+        else:
+            out[dotted] = value
+    return out
+
+
+def is_neutral(key: str) -> bool:
+    return is_resume_safe(key) or any(key == k or key.startswith(f"{k}.") for k in NEUTRAL_KEYS)
+
+
+def result_keys(cfg: Config) -> dict[str, Any]:
+    """The resolved config without the seed and result-neutral keys (output places, threads, W&B, checkpoints)."""
+    return {k: v for k, v in flat(cfg.to_dict()).items() if not is_neutral(k)}
+
+
+def differences(cfg: Config, base: Config | None) -> list[str]:
+    """``key=value`` for every result-relevant key where ``cfg`` differs from ``base`` (sorted by key)."""
+    if base is None:
+        return []
+    mine, theirs = result_keys(cfg), result_keys(base)
+    return [f"{k}={_short(mine.get(k))}" for k in sorted(mine.keys() | theirs.keys()) if mine.get(k) != theirs.get(k)]
+
+
+def _short(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def config_hash(cfg: Config) -> str:
+    """Six hex digits of the result-relevant config: equal exactly when two runs differ only in the seed
+    or in neutral keys (up to a 1 in 16 million collision)."""
+    text = json.dumps(result_keys(cfg), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:6]
+
+
+def default_group(cfg: Config, base: Config | None) -> str:
+    """``stream/partition/method[/key=value,...]#hash``: readable, and equal only for seeds of one config."""
+    parts = [cfg.stream.name, cfg.partition.name, cfg.method_label]
+    diffs = differences(cfg, base)
+    if diffs:
+        parts.append(",".join(diffs))
+    head, tail = "/".join(parts), f"#{config_hash(cfg)}"
+    if len(head) + len(tail) > GROUP_MAX:
+        head = head[:GROUP_MAX - len(tail) - 1] + "~"
+    return head + tail
+
+
+def default_name(cfg: Config) -> str:
+    return f"{cfg.stream.name}-{cfg.method_label}-{cfg.partition.name}-s{cfg.seed}"
+
+
+def default_tags(cfg: Config) -> list[str]:
+    """The stream, partition, scenario and every method, plugin, aggregator and loss name, then ``wandb.tags``."""
+    names = [cfg.stream.name, cfg.partition.name, *cfg.method_label.split("+")]
+    if cfg.stream.scenario != "auto":
+        names.append(f"{cfg.stream.scenario}-incremental")
+    return list(dict.fromkeys([*names, *cfg.wandb.tags]))

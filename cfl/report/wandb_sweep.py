@@ -1,0 +1,131 @@
+"""W&B sweeps drive ``cfl run``: the agent's parameters are applied like ``--set`` before any data loads.
+
+``wandb agent`` starts each run's ``command`` with ``WANDB_SWEEP_ID``, ``WANDB_RUN_ID`` and
+``WANDB_SWEEP_PARAM_PATH`` in the environment; the last names a YAML file the agent wrote, of the form::
+
+    wandb_version: 1
+    lr:
+      value: 0.5
+    method.mu:
+      value: 0.01
+
+Keys are cfl's dotted keys (a nested sweep parameter arrives as a mapping and is read as dotted keys).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cfl.config import Config, ConfigError, from_dict, parse_overrides, read_yaml
+from cfl.config import _set_dotted as set_dotted
+
+PARAM_PATH_ENV = "WANDB_SWEEP_PARAM_PATH"
+SWEEP_ID_ENV = "WANDB_SWEEP_ID"
+RUN_ID_ENV = "WANDB_RUN_ID"
+
+
+@dataclass(frozen=True)
+class RunSource:
+    """Where a run's config came from, for its W&B group and config: the config file alone (``base``)
+    and the sweep's parameters applied on top of it."""
+
+    base: Config | None = None
+    sweep_params: dict[str, Any] = field(default_factory=dict)
+
+
+def sweep_param_path() -> Path | None:
+    """The agent's parameter file of this run, or None outside a sweep."""
+    value = os.environ.get(PARAM_PATH_ENV)
+    return Path(value) if value else None
+
+
+def _dotted(prefix: str, value: Any) -> list[tuple[str, Any]]:
+    if isinstance(value, dict) and value:
+        return [item for k, v in value.items() for item in _dotted(f"{prefix}.{k}", v)]
+    return [(prefix, value)]
+
+
+def read_sweep_params(path: Path) -> dict[str, Any]:
+    """``{dotted key: value}`` from the agent's parameter file (:class:`ConfigError` when unreadable)."""
+    where = f"W&B sweep parameter file '{path}' (${PARAM_PATH_ENV})"
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except OSError as err:
+        raise ConfigError(f"cannot read the {where}: {err.strerror}; run under `wandb agent` or unset "
+                          f"{PARAM_PATH_ENV}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"the {where} is not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"the {where} must hold a mapping of parameters, got {type(data).__name__}")
+    params: dict[str, Any] = {}
+    for key, entry in data.items():
+        if key == "wandb_version":
+            continue
+        if not isinstance(entry, dict) or "value" not in entry:
+            raise ConfigError(f"the {where}: parameter '{key}' must be a mapping with a 'value', got {entry!r}")
+        params.update(_dotted(str(key), entry["value"]))
+    return params
+
+
+def load_with_sweep(path: str | Path, overrides: list[str]) -> tuple[Config, RunSource]:
+    """The config ``cfl run`` runs, and its :class:`RunSource`.
+
+    Order: the YAML file, then the sweep's parameters, then ``--set``, validated together like ``--set``
+    alone; a key set by both the sweep and ``--set`` is refused, as is any parameter that is not a cfl key or
+    has a bad value (exit 2, naming it).
+    """
+    data = read_yaml(path)
+    try:
+        base: Config | None = from_dict(copy.deepcopy(data))
+    except ConfigError:  # valid only with its --set keys: the W&B group then names no differences
+        base = None
+    params_file = sweep_param_path()
+    params = read_sweep_params(params_file) if params_file else {}
+    sets = parse_overrides(overrides)
+    both = sorted({key for key, _ in sets for p in params if _overlap(key, p)})
+    if both:
+        raise ConfigError(f"--set {', '.join(both)}: also set by the W&B sweep (${PARAM_PATH_ENV}); a run takes "
+                          "each key from one place: drop it from --set or from the sweep's parameters")
+    try:
+        for key, value in [*params.items(), *sets]:
+            set_dotted(data, key, value)
+        cfg = from_dict(data)
+    except ConfigError as err:
+        if not params:
+            raise
+        given = ", ".join(f"{k}={v!r}" for k, v in params.items())
+        raise ConfigError(f"{err} (with the W&B sweep parameters {given} from {params_file})") from None
+    if params and cfg.wandb.mode == "disabled":
+        warnings.warn("running a W&B sweep's parameters with 'wandb.mode: disabled': the sweep gets no results; "
+                      "set wandb.mode: online in the sweep's config file", stacklevel=2)
+    return cfg, RunSource(base, params)
+
+
+def _overlap(key: str, other: str) -> bool:
+    """``method`` and ``method.mu`` set the same value; ``lr`` and ``lr_decay`` do not."""
+    return key == other or key.startswith(f"{other}.") or other.startswith(f"{key}.")
+
+
+def sweep_run_dir(cfg: Config) -> Path | None:
+    """Under a sweep: ``runs/sweep-<id>/<stream>-<method>-<partition>-s<seed>-<run id>`` (one per agent run,
+    so two parameter sets with the same seed never share a directory); None outside a sweep."""
+    sweep_id, run_id = os.environ.get(SWEEP_ID_ENV), os.environ.get(RUN_ID_ENV)
+    if not (sweep_param_path() and sweep_id and run_id):
+        return None
+    label = f"{cfg.stream.name}-{cfg.method_label}-{cfg.partition.name}-s{cfg.seed}-{run_id}"
+    return Path("runs") / f"sweep-{sweep_id}" / label
+
+
+def refuse_under_sweep(command: str, reason: str) -> None:
+    """``command`` cannot take a W&B sweep's parameters: refuse rather than ignore them."""
+    if sweep_param_path():
+        raise ConfigError(f"{command} under a W&B sweep (${PARAM_PATH_ENV} is set): {reason}, so it cannot take "
+                          f"the sweep's parameters; use `cfl run CONFIG` as the sweep's command, or unset "
+                          f"{PARAM_PATH_ENV}")
