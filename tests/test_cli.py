@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from cfl.metrics.matrix import average_accuracy, forgetting
+from cfl.report.plots import PLOT_FILES
 
 TINY = {"stream": {"name": "split-digits", "num_tasks": 3}, "num_clients": 6, "clients_per_round": 3,
         "rounds_per_task": 3, "batch_size": 16, "lr": 0.05, "eval_every": 1, "wandb": {"mode": "offline"},
@@ -34,8 +35,7 @@ def run_dir(tmp_path_factory):
 
 
 def test_every_output_is_written(run_dir):
-    for name in ("results.json", "metrics.jsonl", "config.yaml", "acc_matrix.png", "accuracy_curve.png",
-                 "task_accuracy.png"):
+    for name in ("results.json", "metrics.jsonl", "config.yaml", *PLOT_FILES):
         assert (run_dir / name).stat().st_size > 0, name
     assert (run_dir / "wandb").is_dir()  # offline W&B run
 

@@ -12,11 +12,12 @@ import yaml
 
 from cfl.cli import main
 from cfl.engine.runner import Runner
+from cfl.report.plots import PLOT_FILES
 
 TINY = {"stream": {"name": "split-digits", "num_tasks": 2}, "num_clients": 4, "clients_per_round": 2,
         "rounds_per_task": 2, "batch_size": 32, "lr": 0.05, "eval_every": 1, "threads": 1,
         "wandb": {"mode": "offline"}}
-OUTPUTS = ("results.json", "metrics.jsonl", "config.yaml", "acc_matrix.png", "accuracy_curve.png", "checkpoint.pt")
+OUTPUTS = ("results.json", "metrics.jsonl", "config.yaml", *PLOT_FILES, "checkpoint.pt")
 
 
 def write_tiny(tmp_path):

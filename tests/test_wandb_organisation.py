@@ -5,11 +5,12 @@ import pytest
 import wandb
 
 from cfl.cli import main
+from cfl.report.plots import PLOT_FILES
 from cfl.report.wandb_names import GROUP_MAX, config_hash, default_group, default_name, default_tags
 from tests.conftest import tiny_config
 from tests.test_wandb_faults import FakeRun, write_tiny
 
-PLOTS = {"acc_matrix.png", "accuracy_curve.png"}
+PLOTS = set(PLOT_FILES)
 
 
 def test_seeds_of_one_config_share_a_group_and_nothing_else_does():
