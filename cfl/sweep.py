@@ -38,6 +38,7 @@ class SweepRun:
     name: str
     config: Config
     out: Path
+    base: Config | None = None  # the sweep's base config with its `set` keys: W&B groups name what the grid changed
 
 
 def _slug(value: Any) -> str:
@@ -80,6 +81,7 @@ def load_sweep(path: str | Path, out: str | Path | None = None) -> list[SweepRun
     if not isinstance(fixed, dict):
         raise ConfigError(f"sweep 'set' in '{path}' must be a mapping of dotted keys to values")
     root = Path(out or spec.get("out") or Path("runs") / path.stem)
+    base_cfg = _base_config(base, fixed)
     runs = []
     keys = list(grid)
     for values in itertools.product(*(grid[k] for k in keys)):
@@ -94,8 +96,20 @@ def load_sweep(path: str | Path, out: str | Path | None = None) -> list[SweepRun
             cfg = from_dict(data)
         except ConfigError as err:
             raise ConfigError(f"sweep combination {name}: {err}") from None
-        runs.append(SweepRun(name, cfg, root / name))
+        runs.append(SweepRun(name, cfg, root / name, base_cfg))
     return runs
+
+
+def _base_config(base: dict[str, Any], fixed: dict[str, Any]) -> Config | None:
+    """The base config with the sweep's `set` keys, or None where only the grid makes it valid (W&B groups
+    then name no keys, only the config hash)."""
+    data = json.loads(json.dumps(base))
+    for key, value in fixed.items():
+        _set_dotted(data, key, value)
+    try:
+        return from_dict(data)
+    except ConfigError:
+        return None
 
 
 def load_sweeps(paths: list[str | Path], out: str | Path | None = None) -> list[SweepRun]:
@@ -155,17 +169,18 @@ def run_local(runs: list[SweepRun], quiet: bool = True) -> tuple[list[dict[str, 
     finished: list[dict[str, Any]] = []
     failed: list[str] = []
     for i, run in _pending(runs):
-        _record(run_job(run.config, run.out, quiet), i, len(runs), run.name, finished, failed)
+        _record(run_job(run.config, run.out, quiet, run.base), i, len(runs), run.name, finished, failed)
     return finished, failed
 
 
-def run_job(config: Config, out: Path, quiet: bool = True) -> dict[str, Any] | str:
+def run_job(config: Config, out: Path, quiet: bool = True, base: Config | None = None) -> dict[str, Any] | str:
     """One sweep run: its results, or why it failed (a plain string, so it crosses process boundaries)."""
     from cfl.engine.stop import RunStopped
+    from cfl.report.wandb_sweep import RunSource
     from cfl.run import execute
 
     try:
-        return execute(config, out, overwrite=True, quiet=quiet)
+        return execute(config, out, overwrite=True, quiet=quiet, source=RunSource(base))
     except RunStopped as err:
         if err.exit_code >= 128:  # stopped by a signal: the sweep stops too
             raise
@@ -211,7 +226,7 @@ def run_parallel(runs: list[SweepRun], jobs: int) -> tuple[list[dict[str, Any]],
     context = multiprocessing.get_context("spawn")  # no forked torch thread pools
     with ProcessPoolExecutor(min(jobs, len(pending)), mp_context=context, initializer=_worker_threads,
                              initargs=(threads,)) as pool:
-        futures = {pool.submit(run_job, run.config, run.out): (i, run) for i, run in pending}
+        futures = {pool.submit(run_job, run.config, run.out, True, run.base): (i, run) for i, run in pending}
         for future in as_completed(futures):
             i, run = futures[future]
             try:

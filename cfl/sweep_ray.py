@@ -29,7 +29,7 @@ class RayResources:
     gpus_per_run: float = 0.0
 
 
-def run_one(config: Config, out: str, cwd: str, threads: int) -> dict[str, Any] | str:
+def run_one(config: Config, out: str, cwd: str, threads: int, base: Config | None = None) -> dict[str, Any] | str:
     """One sweep run on a Ray worker (:func:`cfl.sweep.run_job` into ``out``): its headline numbers, or
     why it failed."""
     import torch
@@ -37,7 +37,7 @@ def run_one(config: Config, out: str, cwd: str, threads: int) -> dict[str, Any] 
     if Path(cwd).is_dir():  # relative paths in configs (data_root) mean what they meant on the driver
         os.chdir(cwd)
     torch.set_num_threads(config.threads or threads)
-    outcome = run_job(config, Path(out))
+    outcome = run_job(config, Path(out), base=base)
     return outcome if isinstance(outcome, str) else {k: outcome[k] for k in ("acc", "fgt", "wall_seconds")}
 
 
@@ -66,7 +66,7 @@ def run_ray(runs: list[SweepRun], res: RayResources) -> tuple[list[dict[str, Any
         _check_resources(ray, res)
         task = ray.remote(run_one).options(num_cpus=res.cpus_per_run, num_gpus=res.gpus_per_run, max_retries=0)
         threads = max(1, int(res.cpus_per_run))
-        pending = {task.remote(run.config, str(run.out.resolve()), os.getcwd(), threads): run for run in todo}
+        pending = {task.remote(run.config, str(run.out.resolve()), os.getcwd(), threads, run.base): run for run in todo}
         print(f"sweep: {len(todo)} runs as Ray tasks ({res.cpus_per_run:g} CPU, {res.gpus_per_run:g} GPU each; "
               f"cluster: {ray.cluster_resources().get('CPU', 0):g} CPUs)", flush=True)
         finished, failed = [], []

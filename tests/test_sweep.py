@@ -28,6 +28,20 @@ def test_grid_is_expanded_with_readable_names(tmp_path):
     assert {r.config.method["name"] for r in runs} == {"fedavg", "fedprox"}
 
 
+def test_wandb_groups_of_sweep_runs_name_what_the_grid_changed(tmp_path, monkeypatch):
+    import cfl.run
+    from cfl.report.wandb_names import default_group
+
+    sources = []
+    monkeypatch.setattr(cfl.run, "execute", lambda cfg, out, source=None, **_: sources.append((cfg, source)) or {
+        "acc": 0.0, "fgt": 0.0, "wall_seconds": 0.0})
+    run_local(load_sweep(_write(tmp_path, {"lr": [0.05, 0.5], "seed": [0, 1]}, set={"momentum": 0.5})))
+    groups = [default_group(cfg, source.base) for cfg, source in sources]
+    assert [g.split("#")[0] for g in groups] == ["split-digits/iid/fedavg/lr=0.05"] * 2 + [
+        "split-digits/iid/fedavg/lr=0.5"] * 2  # the base's own and `set` keys are not named; seeds share a group
+    assert groups[0] == groups[1] != groups[2] == groups[3]
+
+
 def test_a_bad_combination_is_refused_before_any_run(tmp_path):
     with pytest.raises(ConfigError, match="clients_per_round=9"):
         load_sweep(_write(tmp_path, {"clients_per_round": [2, 9]}))
