@@ -33,7 +33,7 @@ def test_wandb_groups_of_sweep_runs_name_what_the_grid_changed(tmp_path, monkeyp
     from cfl.report.wandb_names import default_group
 
     sources = []
-    monkeypatch.setattr(cfl.run, "execute", lambda cfg, out, source=None, **_: sources.append((cfg, source)) or {
+    monkeypatch.setattr(cfl.run, "execute", lambda cfg, _out, source=None, **_: sources.append((cfg, source)) or {
         "acc": 0.0, "fgt": 0.0, "wall_seconds": 0.0})
     run_local(load_sweep(_write(tmp_path, {"lr": [0.05, 0.5], "seed": [0, 1]}, set={"momentum": 0.5})))
     groups = [default_group(cfg, source.base) for cfg, source in sources]

@@ -1,8 +1,8 @@
 """``cfl report``: one row per group of runs (:mod:`cfl.report.groups`), as Markdown, CSV or LaTeX.
 
 Columns: stream, partition, method (the group's label), runs, seeds, then mean ± sample standard deviation
-(``statistics.stdev``, divisor n - 1; one run shows ± 0) over the group's runs of ACC, FGT and BWT (%),
-rounds to each target accuracy (when runs set ``target_accuracies``), upload (GiB) and wall time (s).
+(``statistics.stdev``, divisor n - 1; a single run shows its value alone: it has no spread) over the
+group's runs of ACC, FGT and BWT (%), rounds to each target accuracy (when runs set ``target_accuracies``), upload (GiB) and wall time (s).
 Rounds to a target: per run, the mean over tasks of the rounds (from the task's start) until the task's
 own accuracy reached it; a run with a task that never reached it is left out of the mean, and the cell
 says of how many runs it is. CSV gives the mean and the std in columns of their own, at full precision.
@@ -36,7 +36,8 @@ class Stat:
 
     def text(self, pm: str = " ± ") -> str:
         left_out = f" ({self.n} of {self.of} runs)" if self.n < self.of else ""
-        return f"{self.mean:.{self.digits}f}{pm}{self.std:.{self.digits}f}{left_out}"
+        spread = f"{pm}{self.std:.{self.digits}f}" if self.n > 1 else ""  # one run: no std to show
+        return f"{self.mean:.{self.digits}f}{spread}{left_out}"
 
 
 Cell = str | Stat | None
@@ -118,7 +119,7 @@ def csv_text(cols: list[Column], groups: list[Group]) -> str:
             if not c.numeric:
                 line.append(cell)
             else:
-                line += [cell.mean, cell.std, cell.n] if isinstance(cell, Stat) else ["", "", 0]
+                line += [cell.mean, cell.std if cell.n > 1 else "", cell.n] if isinstance(cell, Stat) else ["", "", 0]
         writer.writerow(line)
     return out.getvalue().rstrip("\n")
 
