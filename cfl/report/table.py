@@ -2,7 +2,8 @@
 
 Columns: stream, partition, method (the group's label), runs, seeds, then mean ± sample standard deviation
 (``statistics.stdev``, divisor n - 1; a single run shows its value alone: it has no spread) over the
-group's runs of ACC, FGT and BWT (%), rounds to each target accuracy (when runs set ``target_accuracies``), upload (GiB) and wall time (s).
+group's runs of ACC, FGT and BWT (%), rounds to each target accuracy (when runs set ``target_accuracies``),
+upload (GiB) and wall time (s).
 Rounds to a target: per run, the mean over tasks of the rounds (from the task's start) until the task's
 own accuracy reached it; a run with a task that never reached it is left out of the mean, and the cell
 says of how many runs it is. CSV gives the mean and the std in columns of their own, at full precision.
