@@ -75,6 +75,23 @@ def test_labels_from_zero_in_each_experience_keep_the_original_ids():
     assert stream.info["original_class_ids"][:2] == [3, 1]
 
 
+def test_experiences_are_read_with_the_eval_transforms():
+    (xtr, ytr), _ = load_digits_tensors()
+    stream = from_avalanche(_digits_benchmark(train_transform=lambda x: x + 100.0))
+    assert torch.allclose(stream.tasks[0].train_x.sum(0), xtr[ytr <= 1].sum(0), atol=1e-4)  # no +100
+
+
+def test_class_incremental_benchmark_of_the_new_api_converts():
+    from avalanche.benchmarks.scenarios.supervised import class_incremental_benchmark
+    from avalanche.benchmarks.utils import _make_taskaware_classification_dataset as avalanche_dataset
+
+    (xtr, ytr), (xte, yte) = load_digits_tensors()
+    datasets = {"train": avalanche_dataset(_dataset(xtr, ytr)), "test": avalanche_dataset(_dataset(xte, yte))}
+    stream = from_avalanche(class_incremental_benchmark(datasets, num_experiences=5))
+    assert (stream.scenario, stream.classes_per_head, stream.num_tasks) == ("class", 10, 5)
+    assert sorted(c for t in stream.tasks for c in t.classes) == list(range(10))
+
+
 def test_same_classes_everywhere_gives_domain_and_one_test_experience_serves_every_task():
     x = torch.arange(8.0).view(8, 1)
     y = torch.tensor([0, 1, 0, 1, 0, 1, 0, 1])
@@ -119,6 +136,7 @@ def test_pil_images_become_tensors_in_0_1():
      "test experience 1 holds classes [0] that its training experience lacks"),
     ([[(torch.zeros(2), 0, 0)], [(torch.zeros(2), 1, 1)]], [[(torch.zeros(2), 0, 0)]],
      "2 training and 1 test experiences"),
+    ([[(torch.zeros(2), 0)], [(torch.zeros(3), 1)]], None, "different shapes [(2,), (3,)]"),
 ])
 def test_unsupported_benchmarks_are_refused_with_what_is_supported(train, test, message):
     with pytest.raises(ConfigError) as err:

@@ -162,7 +162,10 @@ def from_avalanche(benchmark: Any, *, scenario: str = "auto", name: str | None =
                           xte, _relabel(yte, mapping, f"test experience {t}"), classes))
     heads = max(len(task.classes) if scenario == "task" else int(max(task.train_y.max(), task.test_y.max())) + 1
                 for task in tasks)
-    shape = tuple(train[0][0].shape[1:])
+    shapes = sorted({tuple(x.shape[1:]) for x, _, _ in train + test})
+    if len(shapes) != 1:
+        raise _refuse(f"the experiences' inputs have different shapes {shapes}; cfl's model takes one shape")
+    shape = shapes[0]
     info: dict[str, Any] = {"avalanche_task_labels": task_labels}
     if hasattr(benchmark, "classes_order_original_ids"):
         info["original_class_ids"] = [int(c) for c in benchmark.classes_order_original_ids]
