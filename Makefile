@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 DEMO_METHODS ?= fedavg fedprox ewc er gpm fot
+# Per-method --set flags for the demo: FedProx's default mu (0.01) is too weak to move the quickstart's numbers
+# off FedAvg's, so the demo shows it at mu = 1.0. Override with e.g. `make demo DEMO_SET_fedprox=`.
+DEMO_SET_fedprox ?= --set method.mu=1.0
 
 .PHONY: install demo test lint clean
 
@@ -15,9 +18,8 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: install
-	@for m in $(DEMO_METHODS); do \
-	  $(BIN)/cfl run configs/quickstart.yaml --set method.name=$$m --out runs/quickstart/$$m --overwrite || exit 1; \
-	done
+	@$(foreach m,$(DEMO_METHODS),$(BIN)/cfl run configs/quickstart.yaml --set method.name=$(m) $(DEMO_SET_$(m)) \
+	  --out runs/quickstart/$(m) --overwrite && ) true
 	@echo; echo "Quickstart table (outputs under runs/quickstart/<method>/):"
 	@$(BIN)/cfl report runs/quickstart
 

@@ -19,7 +19,6 @@ from cfl.engine.stop import RunStopped, StopRequest, signal_exit_code
 from cfl.metrics.results import build_results
 from cfl.report.files import atomic_write_bytes, atomic_write_json
 from cfl.report.jsonl import MetricsWriter, keep_lines_up_to
-from cfl.report.plots import write_plots
 from cfl.report.progress import ProgressBars
 from cfl.report.wandb_log import WandbLogger
 from cfl.report.wandb_sweep import RunSource
@@ -73,6 +72,14 @@ class Checkpointer:
         prog, every = self.runner.progress, self.runner.cfg.checkpoint_every
         if prog.round_in_task == 0 or (every and prog.global_round % every == 0) or self.stop():
             self.save()
+
+
+def write_plots(results: dict[str, Any], evaluations: list[dict[str, Any]], rounds_per_task: int,
+                out: Path) -> list[Path]:
+    """``cfl.report.plots.write_plots``, importing matplotlib (~0.6 s) only once a run has trained."""
+    from cfl.report.plots import write_plots as draw
+
+    return draw(results, evaluations, rounds_per_task, out)
 
 
 def execute(cfg: Config, out: Path | None = None, overwrite: bool = False, quiet: bool = False,

@@ -1,4 +1,8 @@
-"""A tqdm progress bar per task showing the round and the latest accuracy."""
+"""A tqdm progress bar per task showing the round and the latest accuracy.
+
+Bars are drawn only on a terminal: when stderr is not a TTY (a log file, a pipe, ``make demo > log``)
+tqdm's ``disable=None`` turns them off, so logs hold the summary lines and no carriage-return noise.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ class ProgressBars:
     def _bar(self, task: int) -> tqdm:
         if self.bar is None:
             self.bar = tqdm(total=self.rounds, desc=f"{self.method} task {task + 1}/{self.num_tasks}",
-                            unit="round", leave=True, disable=not self.enabled, dynamic_ncols=True)
+                            unit="round", leave=True, disable=None if self.enabled else True, dynamic_ncols=True)
         return self.bar
 
     def round_end(self, record: dict[str, Any]) -> None:

@@ -1,0 +1,27 @@
+"""The README's install route without make installs the same extras as the Makefile, and the demo runs
+every method it names."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def extras(text: str) -> list[set[str]]:
+    """The extras of every ``pip install ... -e ".[a,b]"`` in ``text``."""
+    return [set(found.split(",")) for found in re.findall(r"pip install[^\n]*?-e \"\.\[([\w,]+)\]\"", text)]
+
+
+def test_readme_and_makefile_install_the_same_extras() -> None:
+    make, readme = extras((ROOT / "Makefile").read_text()), extras((ROOT / "README.md").read_text())
+    assert make == [{"dev", "ray"}]
+    assert readme and all(found == make[0] for found in readme)
+
+
+def test_demo_methods_are_registered() -> None:
+    from cfl.methods import METHODS
+
+    line = re.search(r"^DEMO_METHODS \?= (.+)$", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    assert line and set(line.group(1).split()) <= set(METHODS)
