@@ -51,11 +51,14 @@ def resume(run_dir: str | Path, *, overrides: Mapping[str, Any] | None = None, s
     from cfl.run import execute, resume_config
 
     load_plugins(plugins)
-    with _lent(stream) as name:
+    saved = Path(run_dir) / "config.yaml"
+    if stream is not None and saved.is_file():
+        trained_on = (read_yaml(saved).get("stream") or {}).get("name")
+        if trained_on != getattr(stream, "name", None):
+            raise ConfigError(f"resume {run_dir}: the run was trained on stream '{trained_on}', but stream= is "
+                              f"'{getattr(stream, 'name', stream)}'; pass the stream the run started with")
+    with _lent(stream):
         cfg = resume_config(Path(run_dir), _pairs(overrides))
-        if name is not None and cfg.stream.name != name:
-            raise ConfigError(f"resume {run_dir}: the run was trained on stream '{cfg.stream.name}', but stream= "
-                              f"is '{name}'; pass the stream the run started with")
         return execute(cfg, Path(run_dir), quiet=quiet, resume=True)
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import errno
 import signal
+import sys
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -227,3 +229,16 @@ def summary(results: dict[str, Any], out: Path) -> str:
             f"up {results['upload_bytes'] / mb:.1f} MiB, down {results['download_bytes'] / mb:.1f} MiB\n"
             f"outputs: {out}/ (results.json, metrics.jsonl, config.yaml, acc_matrix.png, accuracy_curve.png, "
             "task_accuracy.png)")
+
+
+class _CallableModule(types.ModuleType):
+    """``cfl.run`` is this module (``import cfl.run`` makes it so) and also the Python API's
+    :func:`cfl.api.run`: ``cfl.run(config, overrides=..., out=..., stream=...)``."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        from cfl.api import run
+
+        return run(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
