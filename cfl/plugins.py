@@ -1,5 +1,5 @@
 """``--plugin FILE.py``: import a user's file whose ``register`` calls add methods or streams (docs/plugins.md,
-docs/own-dataset.md). The same files are imported again in sweep worker processes and on Ray workers."""
+docs/own-dataset.md). Sweep worker processes and Ray workers import the same files' texts again."""
 
 from __future__ import annotations
 
@@ -54,15 +54,12 @@ def _exec(file: str, text: str) -> ModuleType:
     except BaseException:
         del sys.modules[name]
         raise
-    _ship_by_value(module)
     return module
 
 
-def _ship_by_value(module: ModuleType) -> None:
-    """Ray workers cannot import a plugin file by its module name: pickle its classes by value instead
-    (``backend: ray`` sends the method objects to the workers)."""
-    try:
-        import cloudpickle
-    except ImportError:  # no Ray installed, so nothing to ship
-        return
-    cloudpickle.register_pickle_by_value(module)
+
+def ship_to_ray(ray: ModuleType) -> None:
+    """Ray workers cannot import a plugin file by its module name: have Ray pickle the plugin modules'
+    classes by value (``backend: ray`` sends the method objects to its workers)."""
+    for module in LOADED.values():
+        ray.cloudpickle.register_pickle_by_value(module)

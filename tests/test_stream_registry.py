@@ -8,6 +8,7 @@ import json
 import pickle
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -141,14 +142,19 @@ def test_a_sweep_worker_imports_the_plugin_from_its_text(tmp_path):
 
 
 def test_plugin_classes_pickle_by_value_for_ray_workers():
-    """``backend: ray`` sends method objects to workers, which cannot import ``cfl_plugin_*`` modules."""
+    """``backend: ray`` sends method objects to workers, which cannot import ``cfl_plugin_*`` modules;
+    ``ship_to_ray`` has Ray's cloudpickle (here the same library, standalone) pickle them by value."""
     cloudpickle = pytest.importorskip("cloudpickle")
     plugins.load_plugins([str(EXAMPLE)])
     module = sys.modules["cfl_plugin_own_dataset"]
-    data = cloudpickle.dumps(module.build)
+    plugins.ship_to_ray(SimpleNamespace(cloudpickle=cloudpickle))
+    try:
+        data = cloudpickle.dumps(module.build)
+    finally:
+        cloudpickle.unregister_pickle_by_value(module)
     del sys.modules["cfl_plugin_own_dataset"]  # as on a worker
     try:
         build = pickle.loads(data)
     finally:
         sys.modules["cfl_plugin_own_dataset"] = module
-    assert build.__module__ == "cfl_plugin_own_dataset" and callable(build)
+    assert build is not module.build and build(SimpleNamespace(scenario="task", num_tasks=1)).num_tasks == 1
