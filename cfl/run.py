@@ -1,4 +1,7 @@
-"""One run, end to end: checks, data, the round loop, and every output file."""
+"""One run, end to end: checks, data, the round loop, and every output file.
+
+The module is callable: ``cfl.run(config, overrides=..., out=..., stream=...)`` is :func:`cfl.api.run`.
+"""
 
 from __future__ import annotations
 
