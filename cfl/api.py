@@ -59,7 +59,13 @@ def resume(run_dir: str | Path, *, overrides: Mapping[str, Any] | None = None, s
                               f"'{getattr(stream, 'name', stream)}'; pass the stream the run started with")
     with _lent(stream):
         cfg = resume_config(Path(run_dir), _pairs(overrides))
-        return execute(cfg, Path(run_dir), quiet=quiet, resume=True)
+        try:
+            return execute(cfg, Path(run_dir), quiet=quiet, resume=True)
+        except ConfigError as err:
+            if stream is None or "not the data this run was trained on" not in str(err):
+                raise
+            raise ConfigError(f"{err}. With stream=: pass the Stream object the run started with (same tasks "
+                              "and tensors)") from None
 
 
 @contextlib.contextmanager
