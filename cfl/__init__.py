@@ -9,3 +9,18 @@ __version__ = "0.1.0"
 # gradients (~160 MB for 64 MLP clients) every step; with 4 KiB pages each allocation costs ~40k page
 # faults, which doubled the weight-gradient products (docs/performance.md). Set it to 0 to opt out.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+
+#: the Python API (docs/python-api.md), imported on first use so that ``import cfl`` stays cheap
+_LAZY = {"resume": "cfl.api", "Config": "cfl.config", "ConfigError": "cfl.schema",
+         "Stream": "cfl.data.stream", "Task": "cfl.data.stream"}
+__all__ = ["run", "resume", "Config", "ConfigError", "Stream", "Task", "streams", "__version__"]
+
+
+def __getattr__(name: str) -> object:
+    import importlib
+
+    if name in ("streams", "run"):  # cfl.run: the module cfl/run.py, callable as cfl.api.run
+        return importlib.import_module(f"cfl.{name}")
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'cfl' has no attribute {name!r}")

@@ -11,9 +11,12 @@ from cfl.engine.stop import RunStopped, StopRequest, signal_exit_code
 from cfl.schema import ConfigError
 
 EXIT_CONFIG = 2
+PLUGIN_HELP = ("import a file that registers extra methods or streams (docs/plugins.md, docs/own-dataset.md); "
+               "repeatable")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from cfl.plugins import load_plugins
     from cfl.report.wandb_sweep import load_with_sweep, refuse_under_sweep, sweep_run_dir
     from cfl.run import execute, resume_config
 
@@ -36,34 +39,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_plugins(paths: list[str]) -> None:
-    """Import user plugin files; their ``@register`` lines add methods to the registry."""
-    import importlib.util
-
-    for path in paths:
-        file = Path(path)
-        if not file.is_file():
-            raise ConfigError(f"plugin file '{file}' does not exist")
-        spec = importlib.util.spec_from_file_location(f"cfl_plugin_{file.stem}", file)
-        if spec is None or spec.loader is None:
-            raise ConfigError(f"plugin file '{file}' is not a Python file (name it FILE.py)")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        try:
-            spec.loader.exec_module(module)
-        except SyntaxError as err:  # also binary files (NUL bytes, not UTF-8)
-            del sys.modules[spec.name]
-            where = f" at line {err.lineno}" if err.lineno else ""
-            raise ConfigError(f"plugin file '{file}' is not valid Python{where}: {err.msg}") from None
-
-
-def _cmd_list(_args: argparse.Namespace) -> int:
+def _cmd_list(args: argparse.Namespace) -> int:
     from cfl.data.partition import PARTITIONERS
     from cfl.data.streams import STREAMS
     from cfl.methods import METHODS
     from cfl.models import MODELS
     from cfl.ops.aggregate import AGGREGATORS
     from cfl.ops.losses import LOSSES
+    from cfl.plugins import load_plugins
+
+    load_plugins(args.plugin)
 
     sections = [
         ("streams", {k: f"{v.about} [{v.full_tasks} tasks; {'/'.join(v.scenarios)}]" for k, v in STREAMS.items()}),
@@ -82,6 +67,7 @@ def _cmd_list(_args: argparse.Namespace) -> int:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
+    from cfl.plugins import load_plugins
     from cfl.report.table import report
     from cfl.report.wandb_sweep import refuse_under_sweep
     from cfl.sweep import load_sweeps, run_local, run_parallel, write_sweep_figures
@@ -95,6 +81,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         from cfl.ray_support import require_ray
 
         require_ray("'cfl sweep --backend ray'")
+    plugins = load_plugins(args.plugin)  # before the grid's configs are validated; workers import them too
     runs = load_sweeps(args.sweep, args.out)
     roots = sorted({str(r.out.parent) for r in runs})
     print(f"sweep: {len(runs)} runs under {', '.join(r + '/' for r in roots)}", flush=True)
@@ -102,9 +89,10 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if args.backend == "ray":
         from cfl.sweep_ray import RayResources, run_ray
 
-        _, failed = run_ray(runs, RayResources(args.address, args.num_cpus, args.cpus_per_run, args.gpus_per_run))
+        _, failed = run_ray(runs, RayResources(args.address, args.num_cpus, args.cpus_per_run, args.gpus_per_run),
+                            plugins)
     elif args.jobs > 1:
-        _, failed = run_parallel(runs, args.jobs)
+        _, failed = run_parallel(runs, args.jobs, plugins)
     else:
         _, failed = run_local(runs, quiet=not args.verbose)
     done = [r.out for r in runs if (r.out / "results.json").is_file()]
@@ -169,8 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override a config key (dotted, repeatable): --set method.name=fedprox")
     run.add_argument("--out", help="run directory (default: runs/<stream>-<method>-<partition>-s<seed>)")
     run.add_argument("--overwrite", action="store_true", help="replace the outputs of an existing run directory")
-    run.add_argument("--plugin", action="append", default=[], metavar="FILE.py",
-                     help="import a file that registers extra methods (see docs/plugins.md); repeatable")
+    run.add_argument("--plugin", action="append", default=[], metavar="FILE.py", help=PLUGIN_HELP)
     run.add_argument("--quiet", action="store_true", help="no progress bars or summary")
     run.set_defaults(func=_cmd_run)
     swp = sub.add_parser("sweep", help="run every combination of a base config and a grid (see cfl/sweep.py)")
@@ -185,8 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
     swp.add_argument("--num-cpus", type=int, help="--backend ray: CPUs of the local Ray instance (default: all)")
     swp.add_argument("--cpus-per-run", type=float, default=1.0, help="--backend ray: CPUs per run (default 1)")
     swp.add_argument("--gpus-per-run", type=float, default=0.0, help="--backend ray: GPUs per run (default 0)")
+    swp.add_argument("--plugin", action="append", default=[], metavar="FILE.py", help=PLUGIN_HELP)
     swp.set_defaults(func=_cmd_sweep)
     lst = sub.add_parser("list", help="list streams, models, partitioners, methods, aggregators and losses")
+    lst.add_argument("--plugin", action="append", default=[], metavar="FILE.py", help=PLUGIN_HELP)
     lst.set_defaults(func=_cmd_list)
     rep = sub.add_parser("report", help="table of ACC/FGT/BWT (mean ± std over seeds), one row per config "
                                         "(runs equal but for seed and result-neutral keys)")

@@ -1,16 +1,21 @@
-"""One run, end to end: checks, data, the round loop, and every output file."""
+"""One run, end to end: checks, data, the round loop, and every output file.
+
+The module is callable: ``cfl.run(config, overrides=..., out=..., stream=...)`` is :func:`cfl.api.run`.
+"""
 
 from __future__ import annotations
 
 import errno
 import signal
+import sys
 import time
+import types
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from cfl.config import Config, ConfigError, dump_yaml, load_config, parse_overrides
+from cfl.config import Config, ConfigError, _set_dotted, dump_yaml, from_dict, parse_overrides, read_yaml
 from cfl.data.load import load_stream
 from cfl.engine import checkpoint, rundir
 from cfl.engine.lock import locked
@@ -38,9 +43,11 @@ def resolve_device(cfg: Config) -> torch.device:
     return torch.device(cfg.device)
 
 
-def resume_config(run_dir: Path, overrides: list[str]) -> Config:
-    """The config of the run in ``run_dir`` (its config.yaml), with only result-neutral ``--set`` keys."""
-    for key, _ in parse_overrides(overrides):
+def resume_config(run_dir: Path, overrides: list[str] | list[tuple[str, Any]]) -> Config:
+    """The config of the run in ``run_dir`` (its config.yaml), with only result-neutral ``--set`` keys
+    (``key=value`` strings, or parsed (key, value) pairs from :func:`cfl.resume`)."""
+    pairs = [item if isinstance(item, tuple) else parse_overrides([item])[0] for item in overrides]
+    for key, _ in pairs:
         if not checkpoint.is_resume_safe(key):
             raise ConfigError(f"--set {key} cannot be combined with --resume: it would change the results of a run "
                               f"that is half done (a resumed run keeps {run_dir}/config.yaml); allowed with --resume: "
@@ -49,12 +56,19 @@ def resume_config(run_dir: Path, overrides: list[str]) -> Config:
         raise ConfigError(f"--resume {run_dir}: no such run directory")
     if not (Path(run_dir) / "config.yaml").is_file():
         raise ConfigError(f"--resume {run_dir}: no config.yaml in it; is it a cfl run directory?")
+    data = read_yaml(Path(run_dir) / "config.yaml")
+    for key, value in pairs:
+        _set_dotted(data, key, value)
     try:
-        return load_config(Path(run_dir) / "config.yaml", overrides)
+        return from_dict(data)
     except ConfigError as err:
-        if "unknown method" not in str(err):
-            raise
-        raise ConfigError(f"{err} (a run started with --plugin needs the same --plugin to resume)") from None
+        if "unknown method" in str(err):
+            raise ConfigError(f"{err} (a run started with --plugin needs the same --plugin to resume)") from None
+        if "unknown stream" in str(err):
+            raise ConfigError(f"{err} (a run on a stream registered by a plugin needs the same --plugin to resume; "
+                              "a run given a Stream object, cfl.run(..., stream=S), resumes with "
+                              f"cfl.resume('{run_dir}', stream=S))") from None
+        raise
 
 
 class Checkpointer:
@@ -225,3 +239,16 @@ def summary(results: dict[str, Any], out: Path) -> str:
             f"up {results['upload_bytes'] / mb:.1f} MiB, down {results['download_bytes'] / mb:.1f} MiB\n"
             f"outputs: {out}/ (results.json, metrics.jsonl, config.yaml, acc_matrix.png, accuracy_curve.png, "
             "task_accuracy.png)")
+
+
+class _CallableModule(types.ModuleType):
+    """``cfl.run`` is this module (``import cfl.run`` makes it so) and also the Python API's
+    :func:`cfl.api.run`: ``cfl.run(config, overrides=..., out=..., stream=...)``."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        from cfl.api import run
+
+        return run(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

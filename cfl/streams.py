@@ -1,7 +1,118 @@
-"""Streams from and to Avalanche: ``from_avalanche(benchmark)`` -> cfl stream, ``to_avalanche(stream)``
--> Avalanche benchmark (docs/streams.md). Avalanche itself is imported only when a function needs it."""
+"""Public stream API: register your own dataset as a named stream (``cfl.streams.register``, docs/own-dataset.md),
+lend a built :class:`Stream` to one run, and turn Avalanche benchmarks into cfl streams and back
+(``from_avalanche`` / ``to_avalanche``, docs/streams.md; Avalanche is imported only when they are called)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from cfl.data.avalanche_in import from_avalanche
 from cfl.data.avalanche_out import to_avalanche
+from cfl.data.stream import SCENARIOS, Stream, Task
+from cfl.data.streams import STREAMS, StreamEntry, StreamRequest
+from cfl.schema import ConfigError
 
-__all__ = ["from_avalanche", "to_avalanche"]
+__all__ = ["STREAMS", "SCENARIOS", "Stream", "StreamRequest", "Task", "register", "registered", "unregister",
+           "lent", "from_avalanche", "to_avalanche"]
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def register(name: str, build: Callable[[StreamRequest], Stream], *, tasks: int, scenarios: tuple[str, ...],
+             input_shape: tuple[int, ...], classes_per_task: int, default_model: str, about: str = "",
+             head: int | None = None) -> StreamEntry:
+    """Add stream ``name`` to the registry (``stream.name: NAME`` in a config, listed by ``cfl list``).
+
+    ``build(request)`` returns the first ``request.num_tasks`` tasks as a :class:`Stream` under
+    ``request.scenario`` (one of ``scenarios``, the first being the default). The metadata (``tasks`` in
+    all, ``input_shape`` of one sample, ``classes_per_task``, ``default_model`` for ``model: auto``)
+    lets configs be validated without loading data; the built stream is checked against it when loaded.
+    Raises :class:`ConfigError` on a bad argument or a name already registered.
+    """
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ConfigError(f"stream name {name!r} must be letters, digits, '-', '_' or '.', e.g. 'my-dataset'")
+    if name in STREAMS:
+        raise ConfigError(f"stream '{name}' is already registered; choose another name (registered: "
+                          f"{', '.join(STREAMS)})")
+    if not callable(build):
+        raise ConfigError(f"stream '{name}': build must be a callable taking a StreamRequest, got "
+                          f"{type(build).__name__}")
+    scenarios = tuple(scenarios) if isinstance(scenarios, (list, tuple)) else (scenarios,)
+    if not scenarios or any(s not in SCENARIOS for s in scenarios) or len(set(scenarios)) != len(scenarios):
+        raise ConfigError(f"stream '{name}': scenarios {scenarios!r} must be distinct names among {SCENARIOS}")
+    for label, value in (("tasks", tasks), ("classes_per_task", classes_per_task), ("head", head or 1)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"stream '{name}': {label} must be a positive integer, got {value!r}")
+    shape = tuple(input_shape) if isinstance(input_shape, (list, tuple)) else ()
+    if not shape or any(not isinstance(d, int) or isinstance(d, bool) or d < 1 for d in shape):
+        raise ConfigError(f"stream '{name}': input_shape must be a tuple of positive integers (one sample's "
+                          f"shape, e.g. (1, 28, 28)), got {input_shape!r}")
+    entry = StreamEntry(build, tasks, scenarios, about or f"{name} (registered by a plugin)", shape,
+                        classes_per_task, default_model, head)
+    STREAMS[name] = entry
+    try:
+        _check_default_model(name, entry)
+    except BaseException:
+        del STREAMS[name]
+        raise
+    return entry
+
+
+def _check_default_model(name: str, entry: StreamEntry) -> None:
+    from cfl.cross_checks import model_fit_error
+    from cfl.models import MODELS
+
+    if entry.default_model not in MODELS:
+        raise ConfigError(f"stream '{name}': default_model '{entry.default_model}' is not a model; available: "
+                          f"{', '.join(MODELS)}")
+    for scenario in entry.scenarios:
+        reason = model_fit_error(entry.default_model, name, scenario, None)
+        if reason is not None:
+            raise ConfigError(f"stream '{name}': default_model '{entry.default_model}' does not take inputs "
+                              f"{entry.input_shape} ({scenario}-incremental): {reason}")
+
+
+def unregister(name: str) -> None:
+    """Remove a stream added by :func:`register`."""
+    if name not in STREAMS:
+        raise ConfigError(f"stream '{name}' is not registered")
+    del STREAMS[name]
+
+
+@contextmanager
+def registered(name: str, build: Callable[[StreamRequest], Stream], **metadata: object) -> Iterator[StreamEntry]:
+    """:func:`register` for the ``with`` block only (tests, notebooks): the registry is restored after it."""
+    entry = register(name, build, **metadata)  # type: ignore[arg-type]
+    try:
+        yield entry
+    finally:
+        if STREAMS.get(name) is entry:
+            del STREAMS[name]
+
+
+def prefix(stream: Stream, num_tasks: int) -> Stream:
+    """The first ``num_tasks`` tasks of ``stream`` as a new Stream (new Task objects: moving them to a
+    device leaves the caller's stream as it was; no cached fingerprint)."""
+    tasks = [dataclasses.replace(task) for task in stream.tasks[:num_tasks]]
+    info = {k: v for k, v in stream.info.items() if k != "fingerprint"}
+    return dataclasses.replace(stream, tasks=tasks, info=info)
+
+
+@contextmanager
+def lent(stream: Stream) -> Iterator[str]:
+    """Register a built :class:`Stream` under its own name for one run (``cfl.run(..., stream=...)``):
+    validation sees its real input shape, head and default model; its prefixes are its first tasks."""
+    if not isinstance(stream, Stream):
+        raise ConfigError(f"stream= takes a cfl Stream (cfl.streams.Stream, e.g. from a builder or "
+                          f"from_avalanche), got {type(stream).__name__}")
+    if not stream.tasks:
+        raise ConfigError(f"stream '{stream.name}' has no tasks")
+    with registered(stream.name, lambda request: prefix(stream, request.num_tasks), tasks=stream.num_tasks,
+                    scenarios=(stream.scenario,), input_shape=tuple(stream.input_shape),
+                    classes_per_task=stream.classes_per_head, head=stream.classes_per_head,
+                    default_model=stream.default_model,
+                    about=f"{stream.name} (a Stream object given to cfl.run)"):
+        yield stream.name

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from cfl.config import Config, ConfigError, _set_dotted, from_dict, read_yaml
+from cfl.plugins import PluginSource
 
 
 @dataclass(frozen=True)
@@ -173,13 +174,17 @@ def run_local(runs: list[SweepRun], quiet: bool = True) -> tuple[list[dict[str, 
     return finished, failed
 
 
-def run_job(config: Config, out: Path, quiet: bool = True, base: Config | None = None) -> dict[str, Any] | str:
-    """One sweep run: its results, or why it failed (a plain string, so it crosses process boundaries)."""
+def run_job(config: Config, out: Path, quiet: bool = True, base: Config | None = None,
+            plugins: tuple[PluginSource, ...] = ()) -> dict[str, Any] | str:
+    """One sweep run: its results, or why it failed (a plain string, so it crosses process boundaries).
+    ``plugins``: the sweep's ``--plugin`` files, imported first (in a worker process; once per process)."""
     from cfl.engine.stop import RunStopped
+    from cfl.plugins import load_sources
     from cfl.report.wandb_sweep import RunSource
     from cfl.run import execute
 
     try:
+        load_sources(list(plugins))
         return execute(config, out, overwrite=True, quiet=quiet, source=RunSource(base))
     except RunStopped as err:
         if err.exit_code >= 128:  # stopped by a signal: the sweep stops too
@@ -211,7 +216,8 @@ def _worker_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def run_parallel(runs: list[SweepRun], jobs: int) -> tuple[list[dict[str, Any]], list[str]]:
+def run_parallel(runs: list[SweepRun], jobs: int,
+                 plugins: list[PluginSource] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
     """Run every incomplete combination, ``jobs`` at a time, each in a fresh (spawned) worker process.
 
     A run that fails is reported by name and does not stop the others; returns (results, failed names).
@@ -226,7 +232,8 @@ def run_parallel(runs: list[SweepRun], jobs: int) -> tuple[list[dict[str, Any]],
     context = multiprocessing.get_context("spawn")  # no forked torch thread pools
     with ProcessPoolExecutor(min(jobs, len(pending)), mp_context=context, initializer=_worker_threads,
                              initargs=(threads,)) as pool:
-        futures = {pool.submit(run_job, run.config, run.out, True, run.base): (i, run) for i, run in pending}
+        shipped = tuple(plugins or ())
+        futures = {pool.submit(run_job, run.config, run.out, True, run.base, shipped): (i, run) for i, run in pending}
         for future in as_completed(futures):
             i, run = futures[future]
             try:

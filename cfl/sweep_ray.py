@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from cfl.config import Config
+from cfl.plugins import PluginSource
 from cfl.ray_support import init_ray, require_ray
 from cfl.schema import ConfigError
 from cfl.sweep import SweepRun, is_complete, run_job
@@ -29,7 +30,8 @@ class RayResources:
     gpus_per_run: float = 0.0
 
 
-def run_one(config: Config, out: str, cwd: str, threads: int, base: Config | None = None) -> dict[str, Any] | str:
+def run_one(config: Config, out: str, cwd: str, threads: int, base: Config | None = None,
+            plugins: tuple[PluginSource, ...] = ()) -> dict[str, Any] | str:
     """One sweep run on a Ray worker (:func:`cfl.sweep.run_job` into ``out``): its headline numbers, or
     why it failed."""
     import torch
@@ -37,7 +39,7 @@ def run_one(config: Config, out: str, cwd: str, threads: int, base: Config | Non
     if Path(cwd).is_dir():  # relative paths in configs (data_root) mean what they meant on the driver
         os.chdir(cwd)
     torch.set_num_threads(config.threads or threads)
-    outcome = run_job(config, Path(out), base=base)
+    outcome = run_job(config, Path(out), base=base, plugins=plugins)  # the plugin files' texts travel here
     return outcome if isinstance(outcome, str) else {k: outcome[k] for k in ("acc", "fgt", "wall_seconds")}
 
 
@@ -50,8 +52,10 @@ def _check_resources(ray: Any, res: RayResources) -> None:
                               f"lower {flag}" + (" or pass --num-cpus" if kind == "CPU" else ""))
 
 
-def run_ray(runs: list[SweepRun], res: RayResources) -> tuple[list[dict[str, Any]], list[str]]:
-    """Run every incomplete combination as a Ray task; the finished runs' numbers and the failed runs' names."""
+def run_ray(runs: list[SweepRun], res: RayResources,
+            plugins: list[PluginSource] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+    """Run every incomplete combination as a Ray task; the finished runs' numbers and the failed runs' names.
+    ``plugins``: the ``--plugin`` files (name and text), imported on each worker before its run."""
     ray = require_ray("'cfl sweep --backend ray'")
     todo = []
     for i, run in enumerate(runs, 1):
@@ -66,7 +70,8 @@ def run_ray(runs: list[SweepRun], res: RayResources) -> tuple[list[dict[str, Any
         _check_resources(ray, res)
         task = ray.remote(run_one).options(num_cpus=res.cpus_per_run, num_gpus=res.gpus_per_run, max_retries=0)
         threads = max(1, int(res.cpus_per_run))
-        pending = {task.remote(run.config, str(run.out.resolve()), os.getcwd(), threads, run.base): run for run in todo}
+        pending = {task.remote(run.config, str(run.out.resolve()), os.getcwd(), threads, run.base,
+                               tuple(plugins or ())): run for run in todo}
         print(f"sweep: {len(todo)} runs as Ray tasks ({res.cpus_per_run:g} CPU, {res.gpus_per_run:g} GPU each; "
               f"cluster: {ray.cluster_resources().get('CPU', 0):g} CPUs)", flush=True)
         finished, failed = [], []

@@ -11,6 +11,7 @@ from cfl.config import Config
 from cfl.data.fingerprint import fingerprint
 from cfl.data.stream import Stream
 from cfl.data.streams import STREAMS, StreamRequest
+from cfl.schema import ConfigError
 
 
 def data_root(cfg: Config) -> Path:
@@ -34,8 +35,25 @@ def load_stream(cfg: Config, device: torch.device | str = "cpu") -> Stream:
         download=cfg.stream.download,
     )
     stream = entry.build(request)
+    check_built(cfg.stream.name, stream, request, entry.input_shape)
     fingerprint(stream)  # on the CPU tensors, before they move to the device
     for task in stream.tasks:
         task.train_x, task.train_y = task.train_x.to(device), task.train_y.to(device)
         task.test_x, task.test_y = task.test_x.to(device), task.test_y.to(device)
     return stream
+
+
+def check_built(name: str, stream: object, request: StreamRequest, input_shape: tuple[int, ...]) -> None:
+    """Refuse a builder's result that is not what its registry entry promised (a registered stream)."""
+    problem = None
+    if not isinstance(stream, Stream):
+        problem = f"returned {type(stream).__name__}, not a cfl Stream"
+    elif stream.num_tasks != request.num_tasks:
+        problem = f"returned {stream.num_tasks} tasks for num_tasks {request.num_tasks}"
+    elif stream.scenario != request.scenario:
+        problem = f"returned a {stream.scenario}-incremental stream for scenario {request.scenario}"
+    elif tuple(stream.input_shape) != tuple(input_shape) or tuple(stream.tasks[0].train_x.shape[1:]) != input_shape:
+        problem = (f"returned inputs of shape {tuple(stream.tasks[0].train_x.shape[1:])} (input_shape "
+                   f"{tuple(stream.input_shape)}), registered as {input_shape}")
+    if problem:
+        raise ConfigError(f"stream '{name}': its builder {problem}; fix the builder or its registration")

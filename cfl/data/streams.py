@@ -34,9 +34,12 @@ class StreamEntry:
     input_shape: tuple[int, ...]
     classes_per_task: int  # the class-incremental head has classes_per_task * full_tasks outputs
     default_model: str  # what `model: auto` resolves to
+    head: int | None = None  # outputs of the head when not classes_per_task-derived (a given Stream object)
 
     def head_classes(self, scenario: str) -> int:
         """Outputs of a head under ``scenario`` (the stream's own default when ``auto``)."""
+        if self.head is not None:
+            return self.head
         return self.classes_per_task * self.full_tasks if scenario == "class" else self.classes_per_task
 
 

@@ -25,6 +25,7 @@ from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, derive_see
 from cfl.engine.local_batched import train_batched
 from cfl.engine.local_sequential import train_sequential
 from cfl.methods.base import Method, MethodState, Params, State
+from cfl.plugins import ship_to_ray
 from cfl.ray_support import init_ray, require_ray
 
 GROUP_TRAINERS = {"batched": train_batched, "sequential": train_sequential}
@@ -67,6 +68,7 @@ class RayClients:
     def __init__(self, cfg: Config) -> None:
         self.ray = require_ray("'backend: ray'")
         init_ray(self.ray, cfg.ray_address, cfg.ray_workers)
+        ship_to_ray(self.ray)  # --plugin methods travel to the workers by value
         self.trainer, self.groups, self.threads = cfg.client_execution, cfg.ray_workers, cfg.threads or 1
         self.remote = self.ray.remote(train_group).options(num_cpus=1)
 

@@ -1,0 +1,115 @@
+"""The Python API: ``cfl.run`` and ``cfl.resume``, the ``cfl run`` command as functions (docs/python-api.md)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from cfl.config import Config, ConfigError, _set_dotted, from_dict, read_yaml
+from cfl.data.stream import Stream
+
+
+def run(config: str | Path | Mapping[str, Any] | Config, *, overrides: Mapping[str, Any] | None = None,
+        out: str | Path | None = None, stream: Stream | None = None, overwrite: bool = False,
+        quiet: bool = True, plugins: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """Run one experiment as ``cfl run`` does; return its results (the content of ``results.json``).
+
+    ``config``: a YAML path, a mapping of config keys or a :class:`Config`; ``overrides``: dotted keys to
+    values, as ``--set`` (``{"method.name": "fot", "rounds_per_task": 5}``). Validated as the CLI validates
+    (raises :class:`ConfigError` before any file is written). ``out``: the run directory (default
+    ``runs/<stream>-<method>-<partition>-s<seed>``). ``stream``: a built :class:`Stream` that replaces the
+    data loading: ``stream.name`` is set to its name, ``stream.num_tasks`` takes its first tasks,
+    ``model: auto`` is its ``default_model``. ``plugins``: files as ``--plugin``.
+    """
+    from cfl.plugins import load_plugins
+    from cfl.run import default_run_dir, execute
+
+    load_plugins(plugins)
+    data = _mapping(config)
+    for key, value in _pairs(overrides):
+        _set_dotted(data, key, value)
+    with _lent(stream) as name:
+        if name is not None:
+            data.setdefault("stream", {})
+            if not isinstance(data["stream"], dict):
+                raise ConfigError(f"'stream' must be a mapping, got {data['stream']!r}")
+            data["stream"] = {**data["stream"], "name": name}
+        cfg = from_dict(data)
+        return execute(cfg, Path(out) if out is not None else default_run_dir(cfg), overwrite=overwrite, quiet=quiet)
+
+
+def resume(run_dir: str | Path, *, overrides: Mapping[str, Any] | None = None, stream: Stream | None = None,
+           quiet: bool = True, plugins: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """Continue the run in ``run_dir`` from its last checkpoint, as ``cfl run --resume``; its results.
+
+    A run given ``stream=`` needs the same stream again (its data fingerprint is checked against the
+    checkpoint's); ``overrides`` may only hold result-neutral keys, as with ``--set``.
+    """
+    from cfl.plugins import load_plugins
+    from cfl.run import execute, resume_config
+
+    load_plugins(plugins)
+    saved = Path(run_dir) / "config.yaml"
+    if stream is not None and saved.is_file():
+        trained_on = (read_yaml(saved).get("stream") or {}).get("name")
+        if trained_on != getattr(stream, "name", None):
+            raise ConfigError(f"resume {run_dir}: the run was trained on stream '{trained_on}', but stream= is "
+                              f"'{getattr(stream, 'name', stream)}'; pass the stream the run started with")
+    with _lent(stream):
+        cfg = resume_config(Path(run_dir), _pairs(overrides))
+        try:
+            return execute(cfg, Path(run_dir), quiet=quiet, resume=True)
+        except ConfigError as err:
+            if stream is None or "not the data this run was trained on" not in str(err):
+                raise
+            raise ConfigError(f"{err}. With stream=: pass the Stream object the run started with (same tasks "
+                              "and tensors)") from None
+
+
+@contextlib.contextmanager
+def _lent(stream: Stream | None) -> Iterator[str | None]:
+    if stream is None:
+        yield None
+        return
+    from cfl.streams import lent
+
+    with lent(stream) as name:
+        yield name
+
+
+def _mapping(config: str | Path | Mapping[str, Any] | Config) -> dict[str, Any]:
+    """A fresh, mutable mapping of config keys (the caller's mapping is not changed)."""
+    if isinstance(config, (str, Path)):
+        return read_yaml(config)
+    if isinstance(config, Config):
+        return config.to_dict()
+    if isinstance(config, Mapping):
+        return _copy(config)
+    raise ConfigError(f"config must be a YAML path, a mapping or a cfl Config, got {type(config).__name__}")
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    return value
+
+
+def _pairs(overrides: Mapping[str, Any] | None) -> list[tuple[str, Any]]:
+    if overrides is None:
+        return []
+    if not isinstance(overrides, Mapping):
+        raise ConfigError(f"overrides must be a mapping of dotted keys to values, e.g. {{'lr': 0.05}}, "
+                          f"got {type(overrides).__name__}")
+    pairs = []
+    for key, value in overrides.items():
+        if not isinstance(key, str) or not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"malformed override key {key!r}: expected a dotted key, e.g. 'method.name'")
+        pairs.append((key, _copy(value)))
+    return pairs
+
+
+__all__ = ["run", "resume", "Config", "ConfigError"]
