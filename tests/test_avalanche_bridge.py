@@ -57,6 +57,18 @@ def test_task_benchmark_converts_and_trains_through_the_engine():
     assert all(acc is not None for acc in runner.progress.acc_matrix[-1])
 
 
+def test_an_avalanche_benchmark_runs_end_to_end_through_the_python_api(tmp_path):
+    import cfl
+
+    stream = from_avalanche(_digits_benchmark(), name="digits-av")
+    results = cfl.run({"num_clients": 4, "clients_per_round": 2, "rounds_per_task": 1, "batch_size": 16,
+                       "wandb": {"mode": "disabled"}}, overrides={"stream.num_tasks": 3}, out=tmp_path / "r",
+                      stream=stream)
+    assert (results["stream"], results["complete"], len(results["acc_matrix"])) == ("digits-av", True, 3)
+    assert all(acc is not None for acc in results["acc_matrix"][-1])
+    assert (tmp_path / "r" / "results.json").is_file() and "digits-av" not in STREAMS  # lent for the call only
+
+
 def test_shared_task_label_gives_class_scenario_with_global_labels():
     stream = from_avalanche(_digits_benchmark(task_labels=False))
     assert (stream.scenario, stream.classes_per_head) == ("class", 10)
