@@ -1,4 +1,4 @@
-"""Reference models: output shapes, parameter counts against spec/setups.md (by hand), batch-statistics
+"""Reference models: output shapes, parameter counts of the GPM/FOT reference nets (by hand), batch-statistics
 BatchNorm, and one batched step under torch.func.vmap + functional_call (the batched engine's path)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from torch.func import functional_call, grad, vmap
 from cfl.models import ModelShape, build_model
 from cfl.models.layers import protected_layers
 
-# (model, shape, parameters counted by hand from spec/setups.md)
+# (model, shape, parameters counted by hand from the GPM/FOT reference nets)
 REFERENCE = [
     # 784*400+400 + 2*(400*400+400) + 400*10+10
     ("mlp", ModelShape((784,), 10, 10, False), 638_810),

@@ -1,4 +1,4 @@
-"""Builders of the FOT reference streams (spec/setups.md): Permuted MNIST, Split CIFAR-100, 5-Datasets,
+"""Builders of the FOT reference streams (FOT paper and code): Permuted MNIST, Split CIFAR-100, 5-Datasets,
 Mini-ImageNet. Each dataset is decoded once into uint8 tensors (cached, see :mod:`cfl.data.cache`),
 normalised here, then cut into tasks."""
 

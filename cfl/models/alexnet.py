@@ -1,4 +1,4 @@
-"""The AlexNet-like network of the GPM/FOT Split CIFAR-100 setup (Saha et al. 2021; spec/setups.md).
+"""The AlexNet-like network of the GPM/FOT Split CIFAR-100 setup (Saha et al. 2021).
 
 conv 3->64 k4, 64->128 k3, 128->256 k2, each followed by ReLU, dropout (0.2, 0.2, 0.5) and 2x2 max-pool;
 fc 1024->2048->2048 with ReLU and dropout 0.5; one Linear(2048, classes) head per task; no biases.

@@ -1,4 +1,4 @@
-"""Reduced ResNet-18 of the GPM/FOT setups (Lopez-Paz & Ranzato 2017; Saha et al. 2021; spec/setups.md).
+"""Reduced ResNet-18 of the GPM/FOT setups (Lopez-Paz & Ranzato 2017; Saha et al. 2021).
 
 Blocks [2, 2, 2, 2] of two 3x3 convs, 1x1 conv shortcuts where the shape changes, widths nf, 2nf, 4nf,
 8nf, bias-free convs, a 3x3 stem (stride 1 for 32x32 inputs, 2 for 84x84), 2x2 average pool, flatten,
