@@ -11,7 +11,7 @@ __version__ = "0.1.0"
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 #: the Python API (docs/python-api.md), imported on first use so that ``import cfl`` stays cheap
-_LAZY = {"resume": "cfl.api", "Config": "cfl.config", "ConfigError": "cfl.schema",
+_LAZY = {"run": "cfl.api", "resume": "cfl.api", "Config": "cfl.config", "ConfigError": "cfl.schema",
          "Stream": "cfl.data.stream", "Task": "cfl.data.stream"}
 __all__ = ["run", "resume", "Config", "ConfigError", "Stream", "Task", "streams", "__version__"]
 
@@ -19,8 +19,8 @@ __all__ = ["run", "resume", "Config", "ConfigError", "Stream", "Task", "streams"
 def __getattr__(name: str) -> object:
     import importlib
 
-    if name in ("streams", "run"):  # cfl.run: the module cfl/run.py, callable as cfl.api.run
-        return importlib.import_module(f"cfl.{name}")
+    if name == "streams":
+        return importlib.import_module("cfl.streams")
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'cfl' has no attribute {name!r}")

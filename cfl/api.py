@@ -24,7 +24,7 @@ def run(config: str | Path | Mapping[str, Any] | Config, *, overrides: Mapping[s
     ``model: auto`` is its ``default_model``. ``plugins``: files as ``--plugin``.
     """
     from cfl.plugins import load_plugins
-    from cfl.run import default_run_dir, execute
+    from cfl.single_run import default_run_dir, execute
 
     load_plugins(plugins)
     data = _mapping(config)
@@ -48,7 +48,7 @@ def resume(run_dir: str | Path, *, overrides: Mapping[str, Any] | None = None, s
     checkpoint's); ``overrides`` may only hold result-neutral keys, as with ``--set``.
     """
     from cfl.plugins import load_plugins
-    from cfl.run import execute, resume_config
+    from cfl.single_run import execute, resume_config
 
     load_plugins(plugins)
     saved = Path(run_dir) / "config.yaml"

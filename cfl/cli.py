@@ -18,7 +18,7 @@ PLUGIN_HELP = ("import a file that registers extra methods or streams (docs/plug
 def _cmd_run(args: argparse.Namespace) -> int:
     from cfl.plugins import load_plugins
     from cfl.report.wandb_sweep import load_with_sweep, refuse_under_sweep, sweep_run_dir
-    from cfl.run import execute, resume_config
+    from cfl.single_run import execute, resume_config
 
     load_plugins(args.plugin)
     if args.resume:

@@ -181,7 +181,7 @@ def run_job(config: Config, out: Path, quiet: bool = True, base: Config | None =
     from cfl.engine.stop import RunStopped
     from cfl.plugins import load_sources
     from cfl.report.wandb_sweep import RunSource
-    from cfl.run import execute
+    from cfl.single_run import execute
 
     try:
         load_sources(list(plugins))

@@ -13,8 +13,8 @@ from cfl.cli import main
 from cfl.engine import checkpoint
 from cfl.engine.runner import TRAINERS, Runner
 from cfl.methods import METHODS
-from cfl.run import keep_metrics_lines
 from cfl.schema import ConfigError
+from cfl.single_run import keep_metrics_lines
 from tests.conftest import make_stream, tiny_config
 
 

@@ -127,10 +127,10 @@ def test_a_run_saved_with_model_auto_still_resumes(run_dir, tmp_path):
     ("base: {base}\ngrid:\n  seed: [0, 1]\n  seed: [2]\n", ["sweep.yaml", "key 'seed' is given twice"]),
 ])
 def test_sweep_validates_every_combination_before_running_any(sweep, words, tmp_path, monkeypatch, capsys):
-    import cfl.run
+    import cfl.single_run
     from cfl.cli import main
 
-    monkeypatch.setattr(cfl.run, "load_stream", lambda *_: pytest.fail("a run started before the refusal"))
+    monkeypatch.setattr(cfl.single_run, "load_stream", lambda *_: pytest.fail("a run started before the refusal"))
     (tmp_path / "base.yaml").write_text(yaml.safe_dump({**TINY, "wandb": {"mode": "disabled"}}))
     (tmp_path / "sweep.yaml").write_text(sweep.format(base=tmp_path / "base.yaml"))
     assert main(["sweep", str(tmp_path / "sweep.yaml"), "--out", str(tmp_path / "runs")]) == 2

@@ -6,7 +6,7 @@ import stat
 import pytest
 
 from cfl.report.files import atomic_write_bytes, atomic_write_json, current_umask
-from cfl.run import execute
+from cfl.single_run import execute
 from tests.conftest import tiny_config
 
 

@@ -11,7 +11,7 @@ HEAVY = ("avalanche", "wandb", "matplotlib", "ray", "sklearn", "scipy", "torch")
 PROBE = f"""
 import json, sys
 loaded = {{}}
-for module in ("cfl.cli", "cfl.run"):
+for module in ("cfl.cli", "cfl.single_run"):
     __import__(module)
     loaded[module] = sorted(name for name in {HEAVY!r} if name in sys.modules)
 print(json.dumps(loaded))
@@ -23,4 +23,4 @@ def test_cli_and_run_modules_import_no_optional_heavy_package() -> None:
     (Avalanche for an Avalanche stream, W&B unless ``wandb.mode: disabled``, matplotlib for the plots)."""
     proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120,
                           cwd=Path(__file__).resolve().parents[1], check=True)
-    assert json.loads(proc.stdout) == {"cfl.cli": [], "cfl.run": ["torch"]}
+    assert json.loads(proc.stdout) == {"cfl.cli": [], "cfl.single_run": ["torch"]}

@@ -7,7 +7,7 @@ import pytest
 import torch
 import yaml
 
-import cfl.run
+import cfl.single_run
 from cfl.cli import main
 from cfl.config import dump_yaml
 from cfl.engine import checkpoint
@@ -152,7 +152,7 @@ def test_the_table_is_large_enough():
 @pytest.mark.parametrize(("case", "argv", "words"), CASES, ids=[c[0] for c in CASES])
 def test_refusal(case, argv, words, files, monkeypatch, capsys):
     if case not in AFTER_DATA_LOADS:
-        monkeypatch.setattr(cfl.run, "load_stream", lambda *_: pytest.fail("data was loaded before the refusal"))
+        monkeypatch.setattr(cfl.single_run, "load_stream", lambda *_: pytest.fail("data was loaded before the refusal"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     before = {p: p.stat().st_mtime_ns for p in Path(files["tmp"]).rglob("*")}
     code = main(["run", *[a.format(**files) for a in argv], "--quiet"])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import cfl.run
+import cfl.single_run
 from cfl.cli import main
 from cfl.engine import checkpoint, rundir
 from cfl.engine.lock import locked
@@ -85,7 +85,7 @@ def apply_fault(fault: str, files: dict, monkeypatch, stack) -> None:
     if fault == "data":
         def load_stream(*_):
             raise ConfigError(DATA_ERROR)
-        monkeypatch.setattr(cfl.run, "load_stream", load_stream)
+        monkeypatch.setattr(cfl.single_run, "load_stream", load_stream)
     elif fault == "lock":
         stack.enter_context(locked(Path(files["busy"])))
     elif fault == "readonly":

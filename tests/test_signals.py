@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import cfl.run
+import cfl.single_run
 from cfl.cli import main
 from cfl.engine import checkpoint
 from cfl.engine.runner import Runner
@@ -22,11 +22,11 @@ TINY = {"stream": {"name": "split-digits", "num_tasks": 2}, "num_clients": 4, "c
         "wandb": {"mode": "disabled"}}
 
 # A plugin that marks the moment it is reached and then sleeps, so a real process can be signalled there:
-# at the plugin's import (cli, before any run), or inside data loading (cfl.run.load_stream).
+# at the plugin's import (cli, before any run), or inside data loading (cfl.single_run.load_stream).
 STALL = '''
 import os, time
 from pathlib import Path
-import cfl.run
+import cfl.single_run
 
 def stall():
     Path(os.environ["CFL_TEST_MARK"]).touch()
@@ -35,7 +35,7 @@ def stall():
 if os.environ["CFL_TEST_STALL"] == "import":
     stall()
 else:
-    cfl.run.load_stream = lambda *_: stall()
+    cfl.single_run.load_stream = lambda *_: stall()
 '''
 
 
@@ -108,14 +108,14 @@ def test_a_second_sigterm_stops_at_once_with_143(config, monkeypatch, capsys):
 def test_sigterm_while_the_plots_are_written(config, monkeypatch, capsys, count):
     """One signal: the outputs are completed (exit 0). Two: no results.json claims a complete run."""
     out = config.parent / f"plots{count}"
-    real = cfl.run.write_plots
+    real = cfl.single_run.write_plots
 
     def write_plots(*args):
         for _ in range(count):
             signal.raise_signal(signal.SIGTERM)
         return real(*args)
 
-    monkeypatch.setattr(cfl.run, "write_plots", write_plots)
+    monkeypatch.setattr(cfl.single_run, "write_plots", write_plots)
     code = main(["run", str(config), "--out", str(out), "--quiet"])
     err = capsys.readouterr().err
     if count == 1:

@@ -17,8 +17,8 @@ from cfl.data.augment import CropFlip
 from cfl.data.digits import load_digits_tensors
 from cfl.data.load import load_stream
 from cfl.engine.runner import Runner
-from cfl.run import execute
 from cfl.schema import ConfigError
+from cfl.single_run import execute
 from tests import fake_data
 
 FMNIST = Path("/usr/share/datasets/fashion-mnist")

@@ -29,12 +29,15 @@ def test_grid_is_expanded_with_readable_names(tmp_path):
 
 
 def test_wandb_groups_of_sweep_runs_name_what_the_grid_changed(tmp_path, monkeypatch):
-    import cfl.run
+    import cfl.single_run
     from cfl.report.wandb_names import default_group
 
     sources = []
-    monkeypatch.setattr(cfl.run, "execute", lambda cfg, _out, source=None, **_: sources.append((cfg, source)) or {
-        "acc": 0.0, "fgt": 0.0, "wall_seconds": 0.0})
+    def execute(cfg, _out, source=None, **_):
+        sources.append((cfg, source))
+        return {"acc": 0.0, "fgt": 0.0, "wall_seconds": 0.0}
+
+    monkeypatch.setattr(cfl.single_run, "execute", execute)
     run_local(load_sweep(_write(tmp_path, {"lr": [0.05, 0.5], "seed": [0, 1]}, set={"momentum": 0.5})))
     groups = [default_group(cfg, source.base) for cfg, source in sources]
     assert [g.split("#")[0] for g in groups] == ["split-digits/iid/fedavg/lr=0.05"] * 2 + [

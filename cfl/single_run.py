@@ -1,15 +1,11 @@
-"""One run, end to end: checks, data, the round loop, and every output file.
-
-The module is callable: ``cfl.run(config, overrides=..., out=..., stream=...)`` is :func:`cfl.api.run`.
-"""
+"""One run, end to end: checks, data, the round loop, and every output file (the Python API's
+``cfl.single_run`` is :func:`cfl.api.run`, built on :func:`execute`)."""
 
 from __future__ import annotations
 
 import errno
 import signal
-import sys
 import time
-import types
 from pathlib import Path
 from typing import Any
 
@@ -240,15 +236,3 @@ def summary(results: dict[str, Any], out: Path) -> str:
             f"outputs: {out}/ (results.json, metrics.jsonl, config.yaml, acc_matrix.png, accuracy_curve.png, "
             "task_accuracy.png)")
 
-
-class _CallableModule(types.ModuleType):
-    """``cfl.run`` is this module (``import cfl.run`` makes it so) and also the Python API's
-    :func:`cfl.api.run`: ``cfl.run(config, overrides=..., out=..., stream=...)``."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        from cfl.api import run
-
-        return run(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
