@@ -13,9 +13,10 @@ from cfl.methods import METHODS
 from cfl.methods.base import RunInfo
 from cfl.metrics.client_forgetting import forgetting_matrix, label_distribution, mean_over_others
 from cfl.metrics.results import build_results
-from cfl.ops.aggregate import aggregate, gradient_masked_mean
+from cfl.ops.aggregate import aggregate
 from cfl.ops.losses import masked_cross_entropy
 from tests.conftest import make_stream, run_both_paths
+from tests.helpers import gradient_masked_mean
 
 
 def _cfg(**kw):

@@ -12,7 +12,9 @@ import pytest
 import yaml
 
 from cfl.cli import main
-from cfl.report.compare_plots import FIGURES
+
+#: the figures of cfl/report/compare_plots.py, each written as NAME.png with NAME.csv
+FIGURES = ("acc_fgt", "acc_vs_fgt", "accuracy_curves", "acc_matrices")
 
 
 def write_run(path: Path, method: dict[str, Any], seed: int, acc: float, fgt: float,

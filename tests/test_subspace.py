@@ -5,8 +5,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cfl.ops.layer_inputs import conv_patches, layer_grams, layer_inputs
+from cfl.ops.layer_inputs import conv_patches, layer_grams
 from cfl.ops.subspace import energy_rank, energy_target, extend_basis, gram_spectrum, project_out, residual
+from tests.helpers import layer_inputs
 
 
 def _orthonormal(d: int, k: int, seed: int = 0) -> torch.Tensor:

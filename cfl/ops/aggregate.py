@@ -41,12 +41,6 @@ def agreement_mask(deltas: Params, weights: torch.Tensor, tau: float) -> Params:
     return out
 
 
-def gradient_masked_mean(deltas: Params, weights: torch.Tensor, tau: float) -> Params:
-    """GMA for FedAvg (Algorithm 1 of the GMA paper): ``m * sum_n D_n``; ``tau = 0`` is plain averaging."""
-    mean, mask = weighted_mean(deltas, weights), agreement_mask(deltas, weights, tau)
-    return {k: mask[k] * mean[k] for k in mean}
-
-
 def aggregate(name: str, deltas: Params, weights: torch.Tensor, tau: float) -> tuple[Params, Params | None]:
     """The weighted mean update and, for ``gma``, the mask that multiplies the server's final step.
 

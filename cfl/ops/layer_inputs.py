@@ -81,16 +81,6 @@ def iter_layer_inputs(model: nn.Module, params: Params, x: torch.Tensor, task: i
         model.train(was_training)
 
 
-def layer_inputs(model: nn.Module, params: Params, x: torch.Tensor, task: int, protected: dict[str, str],
-                 chunk: int = 256, train_mode: bool = False) -> dict[str, torch.Tensor]:
-    """All of :func:`iter_layer_inputs` concatenated: ``{param name: (d, n)}`` (small data only)."""
-    parts: dict[str, list[torch.Tensor]] = {n: [] for n in protected}
-    for block in iter_layer_inputs(model, params, x, task, protected, chunk, train_mode):
-        for n, a in block.items():
-            parts[n].append(a)
-    return {n: torch.cat(p, 1) for n, p in parts.items() if p}
-
-
 def layer_grams(model: nn.Module, params: Params, x: torch.Tensor, task: int, protected: dict[str, str],
                 chunk: int = 256, train_mode: bool = False) -> dict[str, torch.Tensor]:
     """``{param name: A A^T}`` (d x d, float64) accumulated chunk by chunk: memory stays O(d^2)."""

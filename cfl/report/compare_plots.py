@@ -21,7 +21,6 @@ from cfl.report.groups import Group, group_runs, load_runs
 from cfl.report.plots import as_matrix, draw_matrix, mark_tasks, palette, plt, save, wrapped_title
 from cfl.schema import ConfigError
 
-FIGURES = ("acc_fgt", "acc_vs_fgt", "accuracy_curves", "acc_matrices")
 SEED_SPREAD = "error bars: ± 1 sample std over seeds"
 
 

@@ -1,0 +1,27 @@
+"""Reference implementations that the tests compare cfl's code against (not used by cfl itself)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from cfl.ops.aggregate import agreement_mask, weighted_mean
+from cfl.ops.layer_inputs import iter_layer_inputs
+
+Params = dict[str, torch.Tensor]
+
+
+def gradient_masked_mean(deltas: Params, weights: torch.Tensor, tau: float) -> Params:
+    """GMA for FedAvg (Tenison et al. 2023, Algorithm 1): ``m * sum_n D_n``; ``tau = 0`` is plain averaging."""
+    mean, mask = weighted_mean(deltas, weights), agreement_mask(deltas, weights, tau)
+    return {k: mask[k] * mean[k] for k in mean}
+
+
+def layer_inputs(model: nn.Module, params: Params, x: torch.Tensor, task: int, protected: dict[str, str],
+                 chunk: int = 256, train_mode: bool = False) -> Params:
+    """All chunks of :func:`cfl.ops.layer_inputs.iter_layer_inputs` concatenated: ``{param name: (d, n)}``."""
+    parts: dict[str, list[torch.Tensor]] = {n: [] for n in protected}
+    for block in iter_layer_inputs(model, params, x, task, protected, chunk, train_mode):
+        for n, a in block.items():
+            parts[n].append(a)
+    return {n: torch.cat(p, 1) for n, p in parts.items() if p}
