@@ -1,4 +1,5 @@
-"""``accuracy()``, which fills every entry of the accuracy matrix, on a model whose answers are known."""
+"""``accuracy()`` (every entry of the accuracy matrix) and ``class_accuracy()`` (client forgetting), which share
+one evaluation loop, on a model whose answers are known."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from torch import nn
 
 from cfl.engine import evaluate
 from cfl.engine.evaluate import accuracy
+from cfl.metrics.client_forgetting import class_accuracy
 
 
 class GivenLogits(nn.Module):
@@ -70,3 +72,14 @@ def test_class_incremental_argmax_only_over_seen_classes():
 def test_empty_test_set_scores_zero():
     model = GivenLogits(torch.zeros(1, 3))
     assert accuracy(model, _params(model), LOGITS[:0], LABELS[:0], 0) == 0.0
+
+
+@pytest.mark.usefixtures("chunk")
+def test_class_accuracy_per_class_with_nan_for_absent_classes():
+    model = GivenLogits(torch.zeros(1, 4))
+    logits = torch.cat([LOGITS, torch.zeros(4, 1)], 1)  # class 3: no test sample
+    per_class = class_accuracy(model, _params(model), logits, LABELS, 0, 4)
+    # class 0: row 0 right; class 1: row 1 right, row 3 answered 2; class 2: row 2 right
+    assert per_class[:3].tolist() == [100.0, 50.0, 100.0] and per_class[3].isnan()
+    seen = torch.tensor([True, True, False, False])  # row 2 then answers 1, row 3 answers 1
+    assert class_accuracy(model, _params(model), logits, LABELS, 0, 4, seen)[:3].tolist() == [100.0, 100.0, 0.0]

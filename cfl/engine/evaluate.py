@@ -1,4 +1,4 @@
-"""Test accuracy of the global model on one task's full test set, with the task's own head."""
+"""Evaluation of a model on a task's full test set with the task's own head, ``EVAL_CHUNK`` samples at a time."""
 
 from __future__ import annotations
 
@@ -6,21 +6,30 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from cfl.methods.base import Params
+Params = dict[str, torch.Tensor]
 
 EVAL_CHUNK = 2048
 
 
 @torch.no_grad()
-def accuracy(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor, task: int,
-             allowed: torch.Tensor | None = None) -> float:
-    """Accuracy in percent; ``allowed`` restricts the argmax to seen classes (class-incremental)."""
+def hits(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor, task: int,
+         allowed: torch.Tensor | None = None) -> torch.Tensor:
+    """(N,) bool: whether the argmax of each sample's logits is its label, in eval mode (dropout off).
+
+    ``allowed`` (K,) restricts the argmax to the classes seen so far (class-incremental).
+    """
     model.eval()
-    correct = 0
+    out = torch.empty(len(y), dtype=torch.bool, device=y.device)
     for start in range(0, len(y), EVAL_CHUNK):
         xb, yb = x[start : start + EVAL_CHUNK], y[start : start + EVAL_CHUNK]
         logits = functional_call(model, params, (xb, torch.full_like(yb, task)))
         if allowed is not None:
             logits = logits.masked_fill(~allowed, float("-inf"))
-        correct += int((logits.argmax(1) == yb).sum())
-    return 100.0 * correct / max(len(y), 1)
+        out[start : start + EVAL_CHUNK] = logits.argmax(1) == yb
+    return out
+
+
+def accuracy(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor, task: int,
+             allowed: torch.Tensor | None = None) -> float:
+    """Accuracy in percent over the test set (0 for an empty one); ``allowed`` as in :func:`hits`."""
+    return 100.0 * int(hits(model, params, x, y, task, allowed).sum()) / max(len(y), 1)

@@ -19,23 +19,15 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.func import functional_call
 
-EVAL_CHUNK = 2048
+from cfl.engine.evaluate import hits
 
 
-@torch.no_grad()
 def class_accuracy(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
                    task: int, num_classes: int, allowed: torch.Tensor | None = None) -> torch.Tensor:
     """(K,) test accuracy (%) per class; NaN for classes without test samples."""
-    model.eval()
     correct = torch.zeros(num_classes, dtype=torch.float64, device=y.device)
-    for start in range(0, len(y), EVAL_CHUNK):
-        xb, yb = x[start : start + EVAL_CHUNK], y[start : start + EVAL_CHUNK]
-        logits = functional_call(model, params, (xb, torch.full_like(yb, task)))
-        if allowed is not None:
-            logits = logits.masked_fill(~allowed, float("-inf"))
-        correct.index_add_(0, yb, (logits.argmax(1) == yb).to(torch.float64))
+    correct.index_add_(0, y, hits(model, params, x, y, task, allowed).to(torch.float64))
     count = torch.bincount(y, minlength=num_classes).to(torch.float64)
     return torch.where(count > 0, 100.0 * correct / count.clamp(min=1), torch.full_like(count, float("nan")))
 
