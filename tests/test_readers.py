@@ -13,6 +13,7 @@ import torch
 from cfl.data.augment import CropFlip
 from cfl.data.cache import cached_tensors
 from cfl.data.cifar import cifar10_files, cifar100_files, read_cifar10, read_cifar100
+from cfl.data.files import locate
 from cfl.data.idx import read_idx
 from cfl.data.mini_imagenet import mini_imagenet_sources, read_mini_imagenet_pickles
 from cfl.data.mnist_like import FASHION_MNIST, MNIST, IdxDataset, load_idx, load_idx_raw
@@ -101,6 +102,31 @@ def test_missing_data_names_dataset_paths_and_fix(tmp_path):
         load_idx_raw(nowhere, tmp_path)
     text = str(err.value)
     assert "Fashion-MNIST" in text and str(tmp_path / "fashion-mnist") in text and "stream.download: true" in text
+
+
+def test_locate_downloads_only_when_nothing_is_there_and_refuses_a_failed_download(tmp_path):
+    candidates = [tmp_path / "a", tmp_path / "b"]
+    calls = []
+
+    def fetch() -> None:
+        calls.append(1)
+        candidates[1].mkdir()
+        (candidates[1] / "y").write_text("")
+
+    assert locate("Demo", candidates, ["x|y"], "fix it", fetch) == candidates[1] and len(calls) == 1
+    assert locate("Demo", candidates, ["x|y"], "fix it", fetch) == candidates[1] and len(calls) == 1
+
+    def offline() -> None:
+        raise RuntimeError("no network")
+
+    with pytest.raises(ConfigError) as err:
+        locate("Demo", [tmp_path / "c"], ["x"], "fix it", offline)
+    assert all(w in str(err.value) for w in ("Demo", "download failed: no network", str(tmp_path / "c"), "fix it"))
+    with pytest.raises(ConfigError, match=r"Demo: data files not found[\s\S]*To get them: fix it"):
+        locate("Demo", [tmp_path / "c"], ["x"], "fix it")  # no download allowed
+    assert locate("Demo", [tmp_path], ["b"], "fix it", present=Path.is_dir) == tmp_path  # a folder named b
+    with pytest.raises(ConfigError, match="Demo"):
+        locate("Demo", [tmp_path], ["b"], "fix it")  # b is not a file
 
 
 def test_unreadable_idx_is_a_config_error(tmp_path):

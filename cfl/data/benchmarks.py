@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from cfl.data.augment import CropFlip
 from cfl.data.cache import cached_tensors
-from cfl.data.cifar import cifar10_files, cifar100_files, how_to_get, read_cifar10, read_cifar100
+from cfl.data.cifar import CIFAR100_ARCHIVE, cifar10_files, cifar100_files, how_to_get, read_cifar10, read_cifar100
 from cfl.data.derive import avalanche_permutations, permuted_tasks, split_tasks
 from cfl.data.files import require_classes
 from cfl.data.mini_imagenet import how_to_get as mini_imagenet_how
@@ -58,7 +58,7 @@ def split_cifar100(req: StreamRequest) -> Stream:
     """Avalanche's SplitCIFAR100 with a fixed label-order class split: 10 tasks of 10 classes."""
     files = cifar100_files(req.data_root, req.download)
     raw = cached_tensors(req.data_root / "cache", "cifar-100", files, lambda: read_cifar100(files))
-    require_classes("CIFAR-100", files, raw, 10 * req.num_tasks, how_to_get(files[0].parent, "cifar-100-python.tar.gz"))
+    require_classes("CIFAR-100", files, raw, 10 * req.num_tasks, how_to_get(files[0].parent, CIFAR100_ARCHIVE))
     train, test, _ = channel_normalise(raw)
     tasks = split_tasks(train, test, 10, req.num_tasks, req.scenario == "class", "split-cifar100")
     classes = 100 if req.scenario == "class" else 10

@@ -13,10 +13,11 @@ import numpy as np
 import torch
 
 from cfl.data.checks import check_images, check_labels, load_pickle
-from cfl.data.files import first_with, missing_data
+from cfl.data.files import locate, reading
 
 CIFAR10_FILES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch",)
 CIFAR100_FILES = ("train", "test")
+CIFAR10_ARCHIVE, CIFAR100_ARCHIVE = "cifar-10-python.tar.gz", "cifar-100-python.tar.gz"
 Split = tuple[torch.Tensor, torch.Tensor]
 
 
@@ -39,58 +40,51 @@ def how_to_get(folder: Path, archive: str) -> str:
             f"from https://www.cs.toronto.edu/~kriz/cifar.html) so that {folder} exists")
 
 
-def _locate(name: str, root: Path, sub: str, files: tuple[str, ...], archive: str, download: bool,
+def _folder(name: str, root: Path, sub: str, files: tuple[str, ...], archive: str, download: bool,
             tv_class: str) -> Path:
     candidates = [root / sub, root / name.lower() / sub]
-    folder = first_with(candidates, files)
-    if folder is None and download:
+
+    def fetch() -> None:
         import torchvision
 
-        try:
-            for train in (True, False):
-                getattr(torchvision.datasets, tv_class)(str(root), train=train, download=True)
-        except Exception as err:  # noqa: BLE001 - reported as the data error
-            raise missing_data(name, candidates, how_to_get(candidates[0], archive), f"download failed: {err}") from err
-        folder = first_with(candidates, files)
-    if folder is None:
-        raise missing_data(name, candidates, how_to_get(candidates[0], archive))
-    return folder
+        for train in (True, False):
+            getattr(torchvision.datasets, tv_class)(str(root), train=train, download=True)
+
+    return locate(name, candidates, files, how_to_get(candidates[0], archive), fetch if download else None)
 
 
-def _read(name: str, files: list[Path], label_key: str, how: str) -> Split:
+def _read(name: str, files: list[Path], label_key: str, num_classes: int, archive: str) -> Split:
     parts = []
     for f in files:
-        try:
-            parts.append(read_cifar_batch(f, label_key, 100 if label_key == "fine_labels" else 10))
-        except (OSError, ValueError) as err:
-            raise missing_data(name, [f], how, f"cannot read: {err}") from err
+        with reading(name, [f], how_to_get(f.parent, archive)):
+            parts.append(read_cifar_batch(f, label_key, num_classes))
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
 def cifar10_files(root: Path, download: bool = False) -> list[Path]:
     """The six CIFAR-10 pickles (five train batches, then the test batch); fails clearly when absent."""
-    folder = _locate("CIFAR-10", root, "cifar-10-batches-py", CIFAR10_FILES, "cifar-10-python.tar.gz",
-                     download, "CIFAR10")
+    folder = _folder("CIFAR-10", root, "cifar-10-batches-py", CIFAR10_FILES, CIFAR10_ARCHIVE, download, "CIFAR10")
     return [folder / f for f in CIFAR10_FILES]
 
 
 def cifar100_files(root: Path, download: bool = False) -> list[Path]:
     """The CIFAR-100 ``train`` and ``test`` pickles; fails clearly when absent."""
-    folder = _locate("CIFAR-100", root, "cifar-100-python", CIFAR100_FILES, "cifar-100-python.tar.gz",
-                     download, "CIFAR100")
+    folder = _folder("CIFAR-100", root, "cifar-100-python", CIFAR100_FILES, CIFAR100_ARCHIVE, download, "CIFAR100")
     return [folder / f for f in CIFAR100_FILES]
 
 
 def read_cifar10(files: list[Path]) -> dict[str, torch.Tensor]:
     """uint8 ``train_x``/``test_x`` ``(N, 3, 32, 32)`` and labels from :func:`cifar10_files`' list."""
-    how = how_to_get(files[0].parent, "cifar-10-python.tar.gz")
-    train = _read("CIFAR-10", files[:5], "labels", how)
-    test = _read("CIFAR-10", files[5:], "labels", how)
-    return {"train_x": train[0], "train_y": train[1], "test_x": test[0], "test_y": test[1]}
+    return _splits("CIFAR-10", files[:5], files[5:], "labels", 10, CIFAR10_ARCHIVE)
 
 
 def read_cifar100(files: list[Path]) -> dict[str, torch.Tensor]:
-    how = how_to_get(files[0].parent, "cifar-100-python.tar.gz")
-    train = _read("CIFAR-100", files[:1], "fine_labels", how)
-    test = _read("CIFAR-100", files[1:], "fine_labels", how)
+    """uint8 ``train_x``/``test_x`` ``(N, 3, 32, 32)`` and fine labels from :func:`cifar100_files`' list."""
+    return _splits("CIFAR-100", files[:1], files[1:], "fine_labels", 100, CIFAR100_ARCHIVE)
+
+
+def _splits(name: str, train_files: list[Path], test_files: list[Path], label_key: str, num_classes: int,
+            archive: str) -> dict[str, torch.Tensor]:
+    train = _read(name, train_files, label_key, num_classes, archive)
+    test = _read(name, test_files, label_key, num_classes, archive)
     return {"train_x": train[0], "train_y": train[1], "test_x": test[0], "test_y": test[1]}

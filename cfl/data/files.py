@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -19,22 +20,51 @@ def missing_data(dataset: str, looked: Iterable[Path], how: str, detail: str = "
                        f"see docs/data.md)")
 
 
-def first_with(candidates: Iterable[Path], names: Iterable[str]) -> Path | None:
+def locate(dataset: str, candidates: list[Path], names: Iterable[str], how: str,
+           download: Callable[[], object] | None = None, present: Callable[[Path], bool] = Path.is_file) -> Path:
+    """The first of ``candidates`` holding every one of ``names`` (see :func:`find_one`); when none does and
+    ``download`` is given, it runs and the candidates are searched again. Refuses with :func:`missing_data`
+    (the candidates and ``how``; a failed download's own error as the detail) when the files are not there."""
+    names = list(names)
+    folder = first_with(candidates, names, present)
+    if folder is None and download is not None:
+        try:
+            download()
+        except Exception as err:  # noqa: BLE001 - any download failure becomes the data error below
+            raise missing_data(dataset, candidates, how, f"download failed: {err}") from err
+        folder = first_with(candidates, names, present)
+    if folder is None:
+        raise missing_data(dataset, candidates, how)
+    return folder
+
+
+def first_with(candidates: Iterable[Path], names: Iterable[str],
+               present: Callable[[Path], bool] = Path.is_file) -> Path | None:
     """The first candidate folder holding every one of ``names`` (each name may list alternatives with '|')."""
     names = list(names)
     for folder in candidates:
-        if all(find_one(folder, n) is not None for n in names):
+        if all(find_one(folder, n, present) is not None for n in names):
             return folder
     return None
 
 
-def find_one(folder: Path, name: str) -> Path | None:
-    """``folder/alt`` for the first alternative in ``name`` ('a|b') that is a file, else None."""
+def find_one(folder: Path, name: str, present: Callable[[Path], bool] = Path.is_file) -> Path | None:
+    """``folder/alt`` for the first alternative in ``name`` ('a|b') that is ``present`` (a file), else None."""
     for alt in name.split("|"):
         path = folder / alt
-        if path.is_file():
+        if present(path):
             return path
     return None
+
+
+@contextmanager
+def reading(dataset: str, files: list[Path], how: str,
+            errors: tuple[type[Exception], ...] = (OSError, ValueError)) -> Iterator[None]:
+    """Turn a reader's ``errors`` (a damaged or invalid file) into :func:`missing_data` naming ``files``."""
+    try:
+        yield
+    except errors as err:
+        raise missing_data(dataset, files, how, f"cannot read: {err}") from err
 
 
 def require_classes(dataset: str, files: list[Path], raw: dict[str, torch.Tensor], needed: int, how: str) -> None:

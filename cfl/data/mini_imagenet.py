@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from cfl.data.checks import check_images, load_pickle
-from cfl.data.files import missing_data
+from cfl.data.files import missing_data, reading
 
 PICKLES = tuple(f"mini-imagenet-cache-{s}.pkl" for s in ("train", "val", "test"))
 TEST_FRACTION_DENOMINATOR = 6  # 100 of each class's 600 images
@@ -58,10 +58,8 @@ def read_mini_imagenet_pickles(files: list[Path]) -> dict[str, torch.Tensor]:
     """uint8 ``train_x``/``test_x`` ``(N, 3, 84, 84)`` and labels, per-class split as in the module doc."""
     per_class: dict[str, np.ndarray] = {}
     for path in files:
-        try:
+        with reading("Mini-ImageNet", [path], how_to_get(path.parent.parent)):
             per_class.update(_read_pickle(path))
-        except (OSError, ValueError) as err:
-            raise missing_data("Mini-ImageNet", [path], how_to_get(path.parent.parent), f"cannot read: {err}") from err
     return _split(per_class)
 
 
@@ -89,14 +87,12 @@ def read_mini_imagenet_folder(imagenet: Path) -> dict[str, torch.Tensor]:
     """Resize the 60,000 Mini-ImageNet images of a full ImageNet folder through Avalanche (slow, once)."""
     from avalanche.benchmarks.datasets.mini_imagenet.mini_imagenet import MiniImageNetDataset
 
-    try:
+    per_class_lists: dict[str, list[np.ndarray]] = {}
+    with reading("Mini-ImageNet", [imagenet], how_to_get(imagenet.parent), (OSError, ValueError, KeyError, IndexError)):
         ds = MiniImageNetDataset(str(imagenet), split="all", resize_to=84)
-        per_class_lists: dict[str, list[np.ndarray]] = {}
         for i in range(len(ds)):
             img, target = ds[i]
             per_class_lists.setdefault(ds.wnids[target], []).append(np.asarray(img.convert("RGB"), dtype=np.uint8))
-    except (OSError, ValueError, KeyError, IndexError) as err:
-        raise missing_data("Mini-ImageNet", [imagenet], how_to_get(imagenet.parent), f"cannot read: {err}") from err
     if not per_class_lists:
         raise missing_data("Mini-ImageNet", [imagenet], how_to_get(imagenet.parent), "no Mini-ImageNet image found")
     return _split({w: np.stack(v) for w, v in per_class_lists.items()})

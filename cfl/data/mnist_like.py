@@ -9,7 +9,7 @@ import torch
 
 from cfl.data.cache import cached_tensors
 from cfl.data.checks import check_images, check_labels
-from cfl.data.files import find_one, first_with, missing_data
+from cfl.data.files import find_one, locate, reading
 from cfl.data.idx import read_idx
 
 Split = tuple[torch.Tensor, torch.Tensor]
@@ -51,16 +51,8 @@ def _download(ds: IdxDataset, root: Path) -> None:
 
 def idx_folder(ds: IdxDataset, root: Path, download: bool = False) -> Path:
     """The first folder holding the four IDX files (downloaded first when allowed); fails clearly."""
-    folder = first_with(ds.candidates(root), IDX_FILES.values())
-    if folder is None and download:
-        try:
-            _download(ds, root)
-        except Exception as err:  # noqa: BLE001 - any download failure becomes the data error below
-            raise missing_data(ds.name, ds.candidates(root), _how(ds, root), f"download failed: {err}") from err
-        folder = first_with(ds.candidates(root), IDX_FILES.values())
-    if folder is None:
-        raise missing_data(ds.name, ds.candidates(root), _how(ds, root))
-    return folder
+    return locate(ds.name, ds.candidates(root), IDX_FILES.values(), _how(ds, root),
+                  (lambda: _download(ds, root)) if download else None)
 
 
 def load_idx_raw(ds: IdxDataset, root: Path, download: bool = False) -> dict[str, torch.Tensor]:
@@ -72,15 +64,12 @@ def load_idx_raw(ds: IdxDataset, root: Path, download: bool = False) -> dict[str
         out = {}
         for key, path in sources.items():  # images before their labels
             images = key.replace("_y", "_x")
-            try:
+            with reading(ds.name, sorted({sources[images], path}, key=str), _how(ds, root)):  # type: ignore[arg-type]
                 out[key] = read_idx(path)  # type: ignore[arg-type]
                 if key == images:
                     check_images(path, out[key], (28, 28))  # type: ignore[arg-type]
                 else:
                     check_labels(path, out[key], len(out[images]), 0, 9)  # type: ignore[arg-type]
-            except (OSError, ValueError) as err:
-                files = sorted({sources[images], path}, key=str)
-                raise missing_data(ds.name, files, _how(ds, root), str(err)) from err  # type: ignore[arg-type]
         return {k: v if k.endswith("_x") else v.long() for k, v in out.items()}
 
     return cached_tensors(root / "cache", ds.name.lower(), sources.values(), build)  # type: ignore[arg-type]

@@ -13,18 +13,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cfl.data.files import missing_data
+from cfl.data.files import locate, missing_data
 
 LETTERS = "ABCDEFGHIJ"
 TEST_EVERY = 5
-
-
-def _folder(root: Path) -> tuple[Path | None, list[Path]]:
-    candidates = [root / "notMNIST_small", root / "notmnist" / "notMNIST_small", root / "notmnist"]
-    for c in candidates:
-        if all((c / letter).is_dir() for letter in LETTERS):
-            return c, candidates
-    return None, candidates
 
 
 def _how(folder: Path) -> str:
@@ -34,9 +26,8 @@ def _how(folder: Path) -> str:
 
 def notmnist_files(root: Path) -> list[Path]:
     """The ten letter folders A..J (their modification times key the tensor cache); fails clearly."""
-    folder, candidates = _folder(root)
-    if folder is None:
-        raise missing_data("notMNIST", candidates, _how(candidates[0]))
+    candidates = [root / "notMNIST_small", root / "notmnist" / "notMNIST_small", root / "notmnist"]
+    folder = locate("notMNIST", candidates, LETTERS, _how(candidates[0]), present=Path.is_dir)
     return [folder / letter for letter in LETTERS]
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from cfl.data.checks import check_images, check_labels
-from cfl.data.files import first_with, missing_data
+from cfl.data.files import locate, reading
 
 SVHN_FILES = ("train_32x32.mat", "test_32x32.mat")
 Split = tuple[torch.Tensor, torch.Tensor]
@@ -39,26 +39,21 @@ def read_svhn_mat(path: Path) -> Split:
 def svhn_files(root: Path, download: bool = False) -> list[Path]:
     """``train_32x32.mat`` and ``test_32x32.mat``; fails clearly when absent."""
     candidates = [root / "svhn", root / "SVHN", root]
-    folder = first_with(candidates, SVHN_FILES)
-    if folder is None and download:
+
+    def fetch() -> None:
         import torchvision
 
-        try:
-            for split in ("train", "test"):
-                torchvision.datasets.SVHN(str(candidates[0]), split=split, download=True)
-        except Exception as err:  # noqa: BLE001 - reported as the data error
-            raise missing_data("SVHN", candidates, _how(candidates[0]), f"download failed: {err}") from err
-        folder = first_with(candidates, SVHN_FILES)
-    if folder is None:
-        raise missing_data("SVHN", candidates, _how(candidates[0]))
+        for split in ("train", "test"):
+            torchvision.datasets.SVHN(str(candidates[0]), split=split, download=True)
+
+    folder = locate("SVHN", candidates, SVHN_FILES, _how(candidates[0]), fetch if download else None)
     return [folder / f for f in SVHN_FILES]
 
 
 def read_svhn(files: list[Path]) -> dict[str, torch.Tensor]:
-    try:
+    """uint8 ``train_x``/``test_x`` ``(N, 3, 32, 32)`` and labels 0..9 from :func:`svhn_files`' list."""
+    with reading("SVHN", files, _how(files[0].parent)):
         (train_x, train_y), (test_x, test_y) = (read_svhn_mat(f) for f in files)
-    except (OSError, ValueError) as err:
-        raise missing_data("SVHN", files, _how(files[0].parent), f"cannot read: {err}") from err
     return {"train_x": train_x, "train_y": train_y, "test_x": test_x, "test_y": test_y}
 
 
