@@ -138,7 +138,7 @@ def is_complete(run_dir: Path) -> bool:
         return False
 
 
-def _pending(runs: list[SweepRun]) -> list[tuple[int, SweepRun]]:
+def pending_runs(runs: list[SweepRun]) -> list[tuple[int, SweepRun]]:
     """The incomplete runs with their 1-based positions; complete ones are announced as skipped."""
     pending = []
     for i, run in enumerate(runs, 1):
@@ -169,7 +169,7 @@ def run_local(runs: list[SweepRun], quiet: bool = True) -> tuple[list[dict[str, 
     """
     finished: list[dict[str, Any]] = []
     failed: list[str] = []
-    for i, run in _pending(runs):
+    for i, run in pending_runs(runs):
         _record(run_job(run.config, run.out, quiet, run.base), i, len(runs), run.name, finished, failed)
     return finished, failed
 
@@ -223,7 +223,7 @@ def run_parallel(runs: list[SweepRun], jobs: int,
     A run that fails is reported by name and does not stop the others; returns (results, failed names).
     Runs with ``threads: 0`` get ``cpu_count // jobs`` threads each so the workers do not oversubscribe.
     """
-    pending = _pending(runs)
+    pending = pending_runs(runs)
     finished: list[dict[str, Any]] = []
     failed: list[str] = []
     if not pending:

@@ -17,7 +17,7 @@ from cfl.config import Config
 from cfl.plugins import PluginSource
 from cfl.ray_support import init_ray, require_ray
 from cfl.schema import ConfigError
-from cfl.sweep import SweepRun, is_complete, run_job
+from cfl.sweep import SweepRun, pending_runs, run_job
 
 
 @dataclass(frozen=True)
@@ -57,12 +57,7 @@ def run_ray(runs: list[SweepRun], res: RayResources,
     """Run every incomplete combination as a Ray task; the finished runs' numbers and the failed runs' names.
     ``plugins``: the ``--plugin`` files (name and text), imported on each worker before its run."""
     ray = require_ray("'cfl sweep --backend ray'")
-    todo = []
-    for i, run in enumerate(runs, 1):
-        if is_complete(run.out):
-            print(f"[{i}/{len(runs)}] {run.name}: already complete, skipped", flush=True)
-        else:
-            todo.append(run)
+    todo = [run for _, run in pending_runs(runs)]
     if not todo:
         return [], []
     started = init_ray(ray, res.address, res.num_cpus)
