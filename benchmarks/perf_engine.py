@@ -1,9 +1,9 @@
-"""Engine speed against the naive per-client loop and the machine's matrix-product peak (issue 7).
+"""Engine speed against the naive per-client loop and the machine's matrix-product peak (docs/performance.md).
 
 Permuted-MNIST reference setup by default: MLP 784-400-400-400-10 (dropout 0.2/0.5/0.5), 125 clients of
 480 samples, 64 sampled per round, batch 64, one local epoch, plain SGD lr 0.01 (synthetic data).
 ``--setup cifar``: the AlexNet-like Split CIFAR-100 setup (25 of 50 clients, batch 16, 32x32x3).
-Prints a JSON object as its last line. ``peak_fraction`` counts 6 x parameters x samples (the issue's rule);
+Prints a JSON object as its last line. ``peak_fraction`` counts 6 x parameters x samples per round;
 the ``*_counted`` fields use the FLOPs torch's ``FlopCounterMode`` counts for a training step, the real
 work of a conv net (for the MLP the two agree up to the first layer's unneeded input gradient).
 For the MLP, ``products_floor_sec_per_round`` is the time of the round's float32 batched products alone
@@ -103,7 +103,7 @@ def peak_gflops(batch: int, m: int, k: int, n: int, device: str, repeats: int = 
 def counted_flops_per_sample(model: nn.Module, shape: tuple[int, ...]) -> float:
     """Forward+backward FLOPs of one training sample as torch's ``FlopCounterMode`` counts them (matrix
     products and convolutions; a convolution reuses each weight at every position, so this exceeds the
-    issue's ``6 x parameters`` rule for conv nets)."""
+    ``6 x parameters`` rule of ``peak_fraction`` for conv nets)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     device = next(model.parameters()).device
@@ -164,7 +164,7 @@ def main() -> None:
     parser.add_argument("--method", choices=["fedavg", "fedprox", "ewc"], default="fedavg",
                         help="the engine's method (the naive loop stays plain SGD): fedprox mu 0.01, ewc with "
                              "a synthetic per-client Fisher and anchor, as after a finished task")
-    parser.add_argument("--vmap", action="store_true", help="force the vmap path (what penalties took before)")
+    parser.add_argument("--vmap", action="store_true", help="force the vmap path (time penalties on both paths)")
     args = parser.parse_args()
     dev = torch.device(args.device)
     if args.threads:
