@@ -15,7 +15,7 @@ from cfl.data.stream import SCENARIOS, Stream, Task
 from cfl.data.streams import STREAMS, StreamEntry, StreamRequest
 from cfl.schema import ConfigError
 
-__all__ = ["STREAMS", "SCENARIOS", "Stream", "StreamRequest", "Task", "register", "registered",
+__all__ = ["STREAMS", "SCENARIOS", "Stream", "StreamRequest", "Task", "register", "registered", "unregister",
            "lent", "from_avalanche", "to_avalanche"]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -73,6 +73,13 @@ def _check_default_model(name: str, entry: StreamEntry) -> None:
         if reason is not None:
             raise ConfigError(f"stream '{name}': default_model '{entry.default_model}' does not take inputs "
                               f"{entry.input_shape} ({scenario}-incremental): {reason}")
+
+
+def unregister(name: str) -> None:
+    """Remove a stream added by :func:`register`."""
+    if name not in STREAMS:
+        raise ConfigError(f"stream '{name}' is not registered")
+    del STREAMS[name]
 
 
 @contextmanager

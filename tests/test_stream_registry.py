@@ -17,7 +17,7 @@ from cfl.cli import main
 from cfl.config import ConfigError, from_dict
 from cfl.data.load import load_stream
 from cfl.data.streams import STREAMS
-from cfl.streams import register, registered
+from cfl.streams import register, registered, unregister
 from cfl.sweep import run_job
 from tests.conftest import make_stream
 
@@ -75,6 +75,8 @@ def test_registered_is_temporary_and_a_registered_stream_runs_from_a_config():
         with pytest.raises(ConfigError, match="scenario: class' is not supported by stream 'mine'"):
             from_dict({"stream": {"name": "mine", "scenario": "class"}, **TINY})
     assert "mine" not in STREAMS
+    with pytest.raises(ConfigError, match="not registered"):
+        unregister("mine")
 
 
 @pytest.mark.parametrize(("build", "words"), [
