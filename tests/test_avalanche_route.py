@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from cfl.cli import main
 from cfl.data.digits import load_digits_tensors
 from cfl.report.groups import group_runs, load_runs
 from cfl.schema import ConfigError
+from tests.fake_data import write_idx_dataset
 
 pytestmark = pytest.mark.avalanche  # imports avalanche-lib (seconds, once per process)
 
@@ -138,3 +140,20 @@ print("avalanche" in sys.modules)
                          env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout.splitlines()
     assert out == ["'stream.benchmark: tests.avalanche_benchmarks.not_a_benchmark' returned a list, not an Avalanche "
                    "benchmark (a CLScenario, e.g. from SplitMNIST or nc_benchmark)", "False"]
+
+
+def test_the_docs_example_runs_splitmnist_from_a_config_on_files_in_its_dataset_root(tmp_path, monkeypatch, capsys):
+    """docs/streams.md's config and Python example, on 20 MNIST images per class written where torchvision
+    looks for them under the example's dataset_root (so nothing is downloaded)."""
+    page = (ROOT / "docs" / "streams.md").read_text()
+    section = page.split("## Avalanche in, from a config", 1)[1].split("\n## ", 1)[0]
+    (config,) = re.findall(r"```yaml\n(.*?)```", section, re.S)
+    (example,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    monkeypatch.chdir(tmp_path)
+    write_idx_dataset(tmp_path / "data" / "mnist" / "MNIST" / "raw", n_train=200, n_test=100, gz=False)
+    (tmp_path / "split-mnist.yaml").write_text(config)
+    assert main(["run", "split-mnist.yaml", "--set", "rounds_per_task=1", "--out", "runs/cli", "--quiet"]) == 0
+    results = json.loads((tmp_path / "runs" / "cli" / "results.json").read_text())
+    assert (results["stream"], results["scenario"], results["num_tasks"]) == ("avalanche-SplitMNIST", "task", 5)
+    exec(compile(example, "docs/streams.md", "exec"), {})
+    assert capsys.readouterr().out.splitlines()[-1] == "avalanche-SplitMNIST class 2"
