@@ -40,6 +40,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
+    from cfl.data.avalanche_route import ROUTE
     from cfl.data.partition import PARTITIONERS
     from cfl.data.streams import STREAMS
     from cfl.methods import METHODS
@@ -51,7 +52,9 @@ def _cmd_list(args: argparse.Namespace) -> int:
     load_plugins(args.plugin)
 
     sections = [
-        ("streams", {k: f"{v.about} [{v.full_tasks} tasks; {'/'.join(v.scenarios)}]" for k, v in STREAMS.items()}),
+        ("streams", {**{k: f"{v.about} [{v.full_tasks} tasks; {'/'.join(v.scenarios)}]" for k, v in STREAMS.items()},
+                     ROUTE: "any Avalanche benchmark: stream.benchmark: dotted.path.to.callable, stream.args: {...} "
+                            "(docs/streams.md)"}),
         ("models", {k: v[1] for k, v in MODELS.items()}),
         ("partitioners", {k: v[1] for k, v in PARTITIONERS.items()}),
         ("methods", {k: v.about for k, v in METHODS.items()}),

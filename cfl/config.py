@@ -36,6 +36,10 @@ class StreamConfig:
     seed: Optional[int] = field(None, "seed of the task permutations (null: the run seed); below 2**32",
                                  min=0, max=SEED_MAX)
     download: bool = field(False, "download missing data files (needs network)")
+    benchmark: Optional[str] = field(None, "name: avalanche: dotted path of a callable returning an Avalanche "
+                                     "benchmark, e.g. avalanche.benchmarks.classic.SplitMNIST (docs/streams.md)")
+    args: Optional[dict[str, Any]] = field(None, "name: avalanche: keyword arguments of that callable, e.g. "
+                                           "{n_experiences: 5, seed: 0} (null: none)")
 
 
 @dataclass(frozen=True)
@@ -244,13 +248,27 @@ def _check_method_spec(spec: dict[str, Any], key: str) -> dict[str, Any]:
 
 
 def validate_names(cfg: Config) -> Config:
-    """Check names against the registries and cross-key constraints; fill method defaults."""
+    """Check names against the registries and cross-key constraints; fill method defaults. A config of
+    ``stream.name: avalanche`` has its benchmark imported, built and converted here (once per process)."""
+    from cfl.data.avalanche_route import ROUTE, route_stream
+
+    stream = route_stream(cfg.stream)
+    if stream is None:
+        return _validate_names(cfg)
+    from cfl.streams import lent
+
+    with lent(stream, ROUTE):  # registered as stream 'avalanche' while the config is checked against it
+        return _validate_names(cfg)
+
+
+def _validate_names(cfg: Config) -> Config:
     from cfl.data.partition import PARTITIONERS
     from cfl.data.streams import STREAMS
     from cfl.models import MODELS
 
     if cfg.stream.name not in STREAMS:
-        raise ConfigError(f"unknown stream 'stream.name: {cfg.stream.name}'; available: {', '.join(STREAMS)}")
+        raise ConfigError(f"unknown stream 'stream.name: {cfg.stream.name}'; available: {', '.join(STREAMS)}, "
+                          "avalanche (an Avalanche benchmark named by stream.benchmark)")
     entry = STREAMS[cfg.stream.name]
     if cfg.stream.scenario != "auto" and cfg.stream.scenario not in entry.scenarios:
         raise ConfigError(f"'stream.scenario: {cfg.stream.scenario}' is not supported by stream "

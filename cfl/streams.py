@@ -4,14 +4,13 @@ lend a built :class:`Stream` to one run, and turn Avalanche benchmarks into cfl 
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from cfl.data.avalanche_in import from_avalanche
 from cfl.data.avalanche_out import to_avalanche
-from cfl.data.stream import SCENARIOS, Stream, Task
+from cfl.data.stream import SCENARIOS, Stream, Task, prefix
 from cfl.data.streams import STREAMS, StreamEntry, StreamRequest
 from cfl.schema import ConfigError
 
@@ -93,26 +92,19 @@ def registered(name: str, build: Callable[[StreamRequest], Stream], **metadata: 
             del STREAMS[name]
 
 
-def prefix(stream: Stream, num_tasks: int) -> Stream:
-    """The first ``num_tasks`` tasks of ``stream`` as a new Stream (new Task objects: moving them to a
-    device leaves the caller's stream as it was; no cached fingerprint)."""
-    tasks = [dataclasses.replace(task) for task in stream.tasks[:num_tasks]]
-    info = {k: v for k, v in stream.info.items() if k != "fingerprint"}
-    return dataclasses.replace(stream, tasks=tasks, info=info)
-
-
 @contextmanager
-def lent(stream: Stream) -> Iterator[str]:
-    """Register a built :class:`Stream` under its own name for one run (``cfl.run(..., stream=...)``):
-    validation sees its real input shape, head and default model; its prefixes are its first tasks."""
+def lent(stream: Stream, name: str | None = None) -> Iterator[str]:
+    """Register a built :class:`Stream` under ``name`` (default: its own name) for one run (``cfl.run(...,
+    stream=...)``, or ``stream.name: avalanche``): validation sees its real input shape, head and default
+    model; its prefixes are its first tasks."""
     if not isinstance(stream, Stream):
         raise ConfigError(f"stream= takes a cfl Stream (cfl.streams.Stream, e.g. from a builder or "
                           f"from_avalanche), got {type(stream).__name__}")
     if not stream.tasks:
         raise ConfigError(f"stream '{stream.name}' has no tasks")
-    with registered(stream.name, lambda request: prefix(stream, request.num_tasks), tasks=stream.num_tasks,
+    name = stream.name if name is None else name
+    with registered(name, lambda request: prefix(stream, request.num_tasks), tasks=stream.num_tasks,
                     scenarios=(stream.scenario,), input_shape=tuple(stream.input_shape),
                     classes_per_task=stream.classes_per_head, head=stream.classes_per_head,
-                    default_model=stream.default_model,
-                    about=f"{stream.name} (a Stream object given to cfl.run)"):
-        yield stream.name
+                    default_model=stream.default_model, about=f"{stream.name} (a Stream object lent to one run)"):
+        yield name

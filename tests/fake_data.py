@@ -55,14 +55,21 @@ def write_cifar10(root: Path, per_batch: int = 20) -> None:
             pickle.dump({b"data": _cifar_rows(y, i), b"labels": y.tolist(), b"batch_label": name.encode()}, fh)
 
 
-def write_cifar100(root: Path, per_class_train: int = 2, per_class_test: int = 1) -> None:
+def write_cifar100(root: Path, per_class_train: int = 2, per_class_test: int = 1, str_keys: bool = False) -> None:
+    """``train``, ``test`` and ``meta`` pickles; ``str_keys``: keys as Python 3 reads the real files with
+    ``encoding="latin1"`` (torchvision's reader needs them), else as bytes (``encoding="bytes"``)."""
     folder = root / "cifar-100-python"
     folder.mkdir(parents=True)
+    key = str if str_keys else str.encode
     for name, per_class, seed in (("train", per_class_train, 0), ("test", per_class_test, 1)):
         y = np.repeat(np.arange(100), per_class)[::-1].copy()
         with open(folder / name, "wb") as fh:
-            batch = {b"data": _cifar_rows(y, seed), b"fine_labels": y.tolist(), b"coarse_labels": (y // 5).tolist()}
+            batch = {key("data"): _cifar_rows(y, seed), key("fine_labels"): y.tolist(),
+                     key("coarse_labels"): (y // 5).tolist()}
             pickle.dump(batch, fh)
+    with open(folder / "meta", "wb") as fh:
+        pickle.dump({key("fine_label_names"): [f"class-{c}" for c in range(100)],
+                     key("coarse_label_names"): [f"superclass-{c}" for c in range(20)]}, fh)
 
 
 def write_svhn(root: Path, n_train: int = 30, n_test: int = 20) -> None:

@@ -150,6 +150,7 @@ def test_binary_sweep_file_exits_2(tmp_path, capsys):
 def test_list_shows_every_name_a_config_can_take_from_the_registries(capsys):
     from cfl.cli import main
     from cfl.config import AggregatorConfig, Config
+    from cfl.data.avalanche_route import ROUTE
     from cfl.data.partition import PARTITIONERS
     from cfl.data.streams import STREAMS
     from cfl.methods import METHODS
@@ -164,7 +165,7 @@ def test_list_shows_every_name_a_config_can_take_from_the_registries(capsys):
             sections[line.rstrip(":")] = []
         else:
             sections[list(sections)[-1]].append(line.split()[0])
-    registries = {"streams": STREAMS, "models": MODELS, "partitioners": PARTITIONERS, "methods": METHODS,
+    registries = {"streams": [*STREAMS, ROUTE], "models": MODELS, "partitioners": PARTITIONERS, "methods": METHODS,
                   "aggregators": AGGREGATORS, "losses": LOSSES}
     assert sections == {title: list(names) for title, names in registries.items()}
     choices = {f.name: f.metadata.get("choices") for cls in (Config, AggregatorConfig) for f in fields(cls)}

@@ -25,7 +25,10 @@ def data_root(cfg: Config) -> Path:
 
 
 def load_stream(cfg: Config, device: torch.device | str = "cpu") -> Stream:
-    entry = STREAMS[cfg.stream.name]
+    from cfl.data.avalanche_route import entry_of, route_stream
+
+    converted = route_stream(cfg.stream)  # stream.name: avalanche: the benchmark converted at validation
+    entry = STREAMS[cfg.stream.name] if converted is None else entry_of(converted)
     scenario = entry.scenarios[0] if cfg.stream.scenario == "auto" else cfg.stream.scenario
     request = StreamRequest(
         num_tasks=cfg.stream.num_tasks or entry.full_tasks,

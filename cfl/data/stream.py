@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -56,3 +57,11 @@ class Stream:
         for task in self.tasks[: upto_task + 1]:
             mask[task.classes] = True
         return mask
+
+
+def prefix(stream: Stream, num_tasks: int) -> Stream:
+    """The first ``num_tasks`` tasks of ``stream`` as a new Stream (new Task objects: moving them to a
+    device leaves the caller's stream as it was; no cached fingerprint)."""
+    tasks = [dataclasses.replace(task) for task in stream.tasks[:num_tasks]]
+    info = {k: v for k, v in stream.info.items() if k != "fingerprint"}
+    return dataclasses.replace(stream, tasks=tasks, info=info)

@@ -82,10 +82,7 @@ def load_with_sweep(path: str | Path, overrides: list[str]) -> tuple[Config, Run
     has a bad value (exit 2, naming it).
     """
     data = read_yaml(path)
-    try:
-        base: Config | None = from_dict(copy.deepcopy(data))
-    except ConfigError:  # valid only with its --set keys: the W&B group then names no differences
-        base = None
+    file_data = copy.deepcopy(data)
     params_file = sweep_param_path()
     params = read_sweep_params(params_file) if params_file else {}
     sets = parse_overrides(overrides)
@@ -105,7 +102,18 @@ def load_with_sweep(path: str | Path, overrides: list[str]) -> tuple[Config, Run
     if params and cfg.wandb.mode == "disabled":
         warnings.warn("running a W&B sweep's parameters with 'wandb.mode: disabled': the sweep gets no results; "
                       "set wandb.mode: online in the sweep's config file", stacklevel=2)
-    return cfg, RunSource(base, params)
+    return cfg, RunSource(_base(file_data) if cfg.wandb.mode != "disabled" and cfg.wandb.group is None else None,
+                          params)
+
+
+def _base(data: dict[str, Any]) -> Config | None:
+    """The config file alone, validated, for the W&B group's differences (only where a default group is named:
+    validating it builds its stream's metadata, e.g. an Avalanche benchmark); None where it is valid only
+    with its --set keys (the W&B group then names no differences)."""
+    try:
+        return from_dict(data)
+    except ConfigError:
+        return None
 
 
 def _overlap(key: str, other: str) -> bool:
