@@ -14,12 +14,12 @@ import argparse
 
 import torch
 
-from cfl.config import from_dict
 from cfl.data.load import load_stream
 from cfl.models import ModelShape, build_model
 from cfl.models.layers import protected_layers
 from cfl.ops.gpse import client_sketch, server_extend
 from cfl.ops.layer_inputs import iter_layer_inputs
+from cfl.validation import from_dict
 
 
 def main() -> None:
@@ -33,8 +33,9 @@ def main() -> None:
     ap.add_argument("--train-steps", type=int, default=100, help="SGD steps (batch 32, lr 0.01) before measuring")
     args = ap.parse_args()
     torch.manual_seed(0)
-    stream = load_stream(from_dict({"stream": {"name": args.stream, "num_tasks": 2}, "model": {"name": args.model},
-                                    "wandb": {"mode": "disabled"}}))
+    cfg = from_dict({"stream": {"name": args.stream, "num_tasks": 2}, "model": {"name": args.model},
+                     "wandb": {"mode": "disabled"}})
+    stream = load_stream(**cfg.stream_fields())
     task = stream.tasks[0]
     model = build_model(args.model, ModelShape(stream.input_shape, stream.classes_per_head, stream.num_tasks,
                                                stream.scenario == "task"))

@@ -7,8 +7,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from cfl.config import Config, ConfigError, _set_dotted, from_dict, read_yaml
+from cfl.config import Config, ConfigError, _set_dotted, read_yaml
 from cfl.data.stream import Stream
+from cfl.validation import from_dict
 
 
 def run(config: str | Path | Mapping[str, Any] | Config, *, overrides: Mapping[str, Any] | None = None,

@@ -51,16 +51,13 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
     load_plugins(args.plugin)
 
-    sections = [
-        ("streams", {**{k: f"{v.about} [{v.full_tasks} tasks; {'/'.join(v.scenarios)}]" for k, v in STREAMS.items()},
-                     ROUTE: "any Avalanche benchmark: stream.benchmark: dotted.path.to.callable, stream.args: {...} "
-                            "(docs/streams.md)"}),
-        ("models", {k: v[1] for k, v in MODELS.items()}),
-        ("partitioners", {k: v[1] for k, v in PARTITIONERS.items()}),
-        ("methods", {k: v.about for k, v in METHODS.items()}),
-        ("aggregators", AGGREGATORS),
-        ("losses", LOSSES),
-    ]
+    streams = {k: f"{STREAMS.about(k)} [{v.full_tasks} tasks; {'/'.join(v.scenarios)}]" for k, v in STREAMS.items()}
+    streams[ROUTE] = "any Avalanche benchmark: stream.benchmark: dotted.path.to.callable, stream.args: {...} " \
+                     "(docs/streams.md)"
+    sections = [("streams", streams)] + [
+        (title, {k: registry.about(k) for k in registry})
+        for title, registry in (("models", MODELS), ("partitioners", PARTITIONERS), ("methods", METHODS),
+                                ("aggregators", AGGREGATORS), ("losses", LOSSES))]
     for title, rows in sections:
         print(f"{title}:")
         width = max(len(k) for k in rows)

@@ -1,12 +1,12 @@
-"""The run configuration: YAML -> frozen dataclasses, validated before any data is loaded.
+"""The run configuration's schema: YAML -> frozen dataclasses of typed, range-checked keys.
 
-Every key is documented here (``cfl config-reference`` prints the table). Method parameters are
-validated against the chosen method's own ``Params`` dataclass.
+Every key is documented here (``cfl config-reference`` prints the table). Names that the registries
+hold (stream, model, partitioner, methods and their parameters, aggregator, loss) are checked by
+:mod:`cfl.validation`, which builds every config a run, sweep or resume uses.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,12 +14,9 @@ from typing import Any, Optional
 
 import yaml
 
-from cfl.cross_checks import check_methods, check_model_fits, check_threads, resolve_model
-from cfl.ops.aggregate import AGGREGATORS
-from cfl.ops.losses import LOSSES
-from cfl.schema import ConfigError, build, field, to_dict
+from cfl.schema import ConfigError, field, to_dict
 
-__all__ = ["Config", "ConfigError", "load_config", "parse_overrides", "validate_names"]
+__all__ = ["Config", "ConfigError", "parse_overrides", "read_yaml"]
 
 #: numpy's RandomState (Avalanche's task permutations) takes seeds below 2**32
 SEED_MAX = 2**32 - 1
@@ -59,8 +56,7 @@ class PartitionConfig:
 
 @dataclass(frozen=True)
 class AggregatorConfig:
-    name: str = field("mean", "server aggregation of client updates: mean (FedAvg) or gma",
-                      choices=tuple(AGGREGATORS))
+    name: str = field("mean", "server aggregation of client updates: mean (FedAvg) or gma")
     tau: float = field(0.4, "gma: agreement threshold of the soft mask (0 = plain averaging)",
                        min=0.0, max=1.0)
 
@@ -99,7 +95,7 @@ class Config:
     momentum: float = field(0.0, "local SGD momentum (fresh each round)", min=0.0, max=0.999)
     weight_decay: float = field(0.0, "local SGD weight decay", min=0.0)
     server_lr: float = field(1.0, "server learning rate eta_g applied to the aggregated update", gt=0)
-    loss: str = field("ce", "client loss: ce or tce (truncated cross-entropy)", choices=tuple(LOSSES))
+    loss: str = field("ce", "client loss: ce or tce (truncated cross-entropy)")
     method: dict[str, Any] = field({"name": "fedavg"}, "method name and its parameters (see docs/methods)")
     plugins: list[dict[str, Any]] = field([], "extra methods combined with `method` (e.g. fedprox)")
     aggregator: AggregatorConfig = field(AggregatorConfig(), "")
@@ -143,6 +139,14 @@ class Config:
         if self.loss != "ce":
             parts.append(self.loss)
         return "+".join(parts)
+
+    def stream_fields(self) -> dict[str, Any]:
+        """The stream section as :func:`cfl.data.load.load_stream` takes it: the permutation seed and the data
+        root as given (``stream.seed`` null: the run seed; ``data_root`` null: resolved by the loader)."""
+        stream = self.stream
+        return {"name": stream.name, "num_tasks": stream.num_tasks, "scenario": stream.scenario,
+                "seed": self.seed if stream.seed is None else stream.seed, "data_root": self.data_root,
+                "download": stream.download, "benchmark": stream.benchmark, "args": stream.args}
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -216,116 +220,6 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"config file '{path}' must hold a mapping of keys, got {type(data).__name__}")
     return data
-
-
-def from_dict(data: dict[str, Any]) -> Config:
-    """Validate a raw mapping into a :class:`Config`, including names and method parameters."""
-    cfg = build(Config, data)
-    return validate_names(cfg)
-
-
-def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
-    data = read_yaml(path) if path is not None else {}
-    for key, value in parse_overrides(overrides or []):
-        _set_dotted(data, key, value)
-    return from_dict(data)
-
-
-def _check_method_spec(spec: dict[str, Any], key: str) -> dict[str, Any]:
-    from cfl.methods import METHODS
-
-    name = spec.get("name")
-    if not isinstance(name, str):
-        raise ConfigError(f"'{key}.name' is required; available methods: {', '.join(METHODS)}")
-    if name not in METHODS:
-        raise ConfigError(f"unknown method '{key}.name: {name}'; available: {', '.join(METHODS)}")
-    given = {k: v for k, v in spec.items() if k != "name"}
-    if given and not dataclasses.fields(METHODS[name].Params):
-        keys = ", ".join(f"'{key}.{k}'" for k in sorted(given))
-        raise ConfigError(f"unknown config key {keys}: method '{name}' takes no parameters; remove it")
-    params = build(METHODS[name].Params, given, key)
-    return {"name": name, **to_dict(params)}
-
-
-def validate_names(cfg: Config) -> Config:
-    """Check names against the registries and cross-key constraints; fill method defaults. A config of
-    ``stream.name: avalanche`` has its benchmark imported, built and converted here (once per process)."""
-    from cfl.data.avalanche_route import ROUTE, route_stream
-
-    stream = route_stream(cfg.stream)
-    if stream is None:
-        return _validate_names(cfg)
-    from cfl.streams import lent
-
-    with lent(stream, ROUTE):  # registered as stream 'avalanche' while the config is checked against it
-        return _validate_names(cfg)
-
-
-def _validate_names(cfg: Config) -> Config:
-    from cfl.data.partition import PARTITIONERS
-    from cfl.data.streams import STREAMS
-    from cfl.models import MODELS
-
-    if cfg.stream.name not in STREAMS:
-        raise ConfigError(f"unknown stream 'stream.name: {cfg.stream.name}'; available: {', '.join(STREAMS)}, "
-                          "avalanche (an Avalanche benchmark named by stream.benchmark)")
-    entry = STREAMS[cfg.stream.name]
-    if cfg.stream.scenario != "auto" and cfg.stream.scenario not in entry.scenarios:
-        raise ConfigError(f"'stream.scenario: {cfg.stream.scenario}' is not supported by stream "
-                          f"'{cfg.stream.name}'; allowed: auto, {', '.join(entry.scenarios)}")
-    if cfg.stream.num_tasks is not None and cfg.stream.num_tasks > entry.full_tasks:
-        raise ConfigError(f"'stream.num_tasks' is {cfg.stream.num_tasks} but stream '{cfg.stream.name}' "
-                          f"has {entry.full_tasks} tasks")
-    if cfg.model.name != "auto" and cfg.model.name not in MODELS:
-        raise ConfigError(f"unknown model 'model.name: {cfg.model.name}'; available: auto, {', '.join(MODELS)}")
-    if cfg.partition.name not in PARTITIONERS:
-        raise ConfigError(f"unknown partitioner 'partition.name: {cfg.partition.name}'; "
-                          f"available: {', '.join(PARTITIONERS)}")
-    if cfg.clients_per_round > cfg.num_clients:
-        raise ConfigError(f"'clients_per_round' ({cfg.clients_per_round}) exceeds 'num_clients' "
-                          f"({cfg.num_clients}); lower clients_per_round or raise num_clients")
-    if cfg.client_forgetting_clients > cfg.clients_per_round:
-        raise ConfigError(f"'client_forgetting_clients' ({cfg.client_forgetting_clients}) exceeds "
-                          f"'clients_per_round' ({cfg.clients_per_round}): it measures that many of each round's "
-                          "clients; lower it")
-    if cfg.client_forgetting_clients == 1:
-        raise ConfigError("'client_forgetting_clients' is 1, but F_k averages over the other measured clients; "
-                          "use 0 (off) or at least 2")
-    if cfg.backend == "ray":
-        from cfl.ray_support import require_ray
-
-        require_ray("'backend: ray'")
-        if cfg.device != "cpu":
-            raise ConfigError(f"'backend: ray' trains clients on CPU Ray workers, but 'device: {cfg.device}'; use "
-                              "device: cpu, or backend: local on a GPU")
-    if not (cfg.device == "cpu" or cfg.device == "cuda" or cfg.device.startswith("cuda:")):
-        raise ConfigError(f"'device' must be cpu, cuda or cuda:N, got {cfg.device!r}")
-    method = _check_method_spec(cfg.method, "method")
-    plugins = [_check_method_spec(p, f"plugins[{i}]") if isinstance(p, dict) else
-               _raise(f"'plugins[{i}]' must be a mapping with a name") for i, p in enumerate(cfg.plugins)]
-    names = [method["name"]] + [p["name"] for p in plugins]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"a method appears twice in method + plugins: {names}")
-    check_methods(cfg, [method, *plugins])
-    check_threads(cfg.threads)
-    cfg = dataclasses.replace(cfg, method=method, plugins=plugins,
-                              model=dataclasses.replace(cfg.model, name=resolve_model(cfg.stream.name, cfg.model.name)))
-    check_model_fits(cfg)
-    return cfg
-
-
-def resolve_saved_model(saved: dict[str, Any]) -> dict[str, Any]:
-    """A config mapping saved before ``model: auto`` was resolved at validation, with the model it ran."""
-    from cfl.data.streams import STREAMS
-
-    model = saved.get("model") or {}
-    if model.get("name") != "auto" or saved.get("stream", {}).get("name") not in STREAMS:
-        return saved
-    return {**saved, "model": {**model, "name": resolve_model(saved["stream"]["name"], "auto")}}
-
-
-def _raise(message: str) -> Any:
-    raise ConfigError(message)
 
 
 def dump_yaml(cfg: Config) -> str:

@@ -1,7 +1,7 @@
 """Checks between config keys that need the registries but no data: the model against the stream, the
 methods against the rest of the config, the thread count against this machine.
 
-Called by :func:`cfl.config.validate_names`, so every run and every sweep combination is checked before
+Called by :func:`cfl.validation.validate_names`, so every run and every sweep combination is checked before
 any file is written or any data is loaded.
 """
 

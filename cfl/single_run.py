@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from cfl.config import Config, ConfigError, _set_dotted, dump_yaml, from_dict, parse_overrides, read_yaml
+from cfl.config import Config, ConfigError, _set_dotted, dump_yaml, parse_overrides, read_yaml
 from cfl.data.load import load_stream
 from cfl.engine import checkpoint, rundir
 from cfl.engine.lock import locked
@@ -23,6 +23,7 @@ from cfl.report.jsonl import MetricsWriter, keep_lines_up_to
 from cfl.report.progress import ProgressBars
 from cfl.report.wandb_log import WandbLogger
 from cfl.report.wandb_sweep import RunSource
+from cfl.validation import from_dict
 
 EXIT_NONFINITE = 3
 EXIT_DISK_FULL = 4
@@ -179,7 +180,7 @@ def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quie
         started -= saved["progress"]["wall_seconds"]
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    stream = load_stream(cfg, device)
+    stream = load_stream(**cfg.stream_fields(), device=device)
     if saved is not None:
         checkpoint.check_data(saved, stream, cfg)  # before config.yaml is rewritten
     method = cfg.method_label

@@ -7,11 +7,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from cfl.data.avalanche_in import from_avalanche
 from cfl.data.avalanche_out import to_avalanche
+from cfl.data.request import StreamRequest
 from cfl.data.stream import SCENARIOS, Stream, Task, prefix
-from cfl.data.streams import STREAMS, StreamEntry, StreamRequest
+from cfl.data.streams import STREAMS, StreamEntry
 from cfl.schema import ConfigError
 
 __all__ = ["STREAMS", "SCENARIOS", "Stream", "StreamRequest", "Task", "register", "registered", "unregister",
@@ -31,11 +33,16 @@ def register(name: str, build: Callable[[StreamRequest], Stream], *, tasks: int,
     lets configs be validated without loading data; the built stream is checked against it when loaded.
     Raises :class:`ConfigError` on a bad argument or a name already registered.
     """
+    entry = _checked_entry(name, build, tasks, scenarios, input_shape, classes_per_task, default_model, head)
+    return STREAMS.register(name, entry, about=about or f"{name} (registered by a plugin)")
+
+
+def _checked_entry(name: str, build: Callable[[StreamRequest], Stream], tasks: int, scenarios: tuple[str, ...],
+                   input_shape: tuple[int, ...], classes_per_task: int, default_model: str,
+                   head: int | None = None) -> StreamEntry:
+    """The registry entry for :func:`register`'s arguments, each checked (a taken name too)."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ConfigError(f"stream name {name!r} must be letters, digits, '-', '_' or '.', e.g. 'my-dataset'")
-    if name in STREAMS:
-        raise ConfigError(f"stream '{name}' is already registered; choose another name (registered: "
-                          f"{', '.join(STREAMS)})")
     if not callable(build):
         raise ConfigError(f"stream '{name}': build must be a callable taking a StreamRequest, got "
                           f"{type(build).__name__}")
@@ -49,14 +56,9 @@ def register(name: str, build: Callable[[StreamRequest], Stream], *, tasks: int,
     if not shape or any(not isinstance(d, int) or isinstance(d, bool) or d < 1 for d in shape):
         raise ConfigError(f"stream '{name}': input_shape must be a tuple of positive integers (one sample's "
                           f"shape, e.g. (1, 28, 28)), got {input_shape!r}")
-    entry = StreamEntry(build, tasks, scenarios, about or f"{name} (registered by a plugin)", shape,
-                        classes_per_task, default_model, head)
-    STREAMS[name] = entry
-    try:
+    entry = StreamEntry(build, tasks, scenarios, shape, classes_per_task, default_model, head)
+    with STREAMS.temporarily(name, entry):  # the fit check looks the stream up by name; refuses a taken name
         _check_default_model(name, entry)
-    except BaseException:
-        del STREAMS[name]
-        raise
     return entry
 
 
@@ -76,20 +78,16 @@ def _check_default_model(name: str, entry: StreamEntry) -> None:
 
 def unregister(name: str) -> None:
     """Remove a stream added by :func:`register`."""
-    if name not in STREAMS:
-        raise ConfigError(f"stream '{name}' is not registered")
-    del STREAMS[name]
+    STREAMS.unregister(name)
 
 
 @contextmanager
-def registered(name: str, build: Callable[[StreamRequest], Stream], **metadata: object) -> Iterator[StreamEntry]:
+def registered(name: str, build: Callable[[StreamRequest], Stream], *, about: str = "",
+               **metadata: Any) -> Iterator[StreamEntry]:
     """:func:`register` for the ``with`` block only (tests, notebooks): the registry is restored after it."""
-    entry = register(name, build, **metadata)  # type: ignore[arg-type]
-    try:
+    entry = _checked_entry(name, build, **metadata)
+    with STREAMS.temporarily(name, entry, about=about or f"{name} (registered by a plugin)"):
         yield entry
-    finally:
-        if STREAMS.get(name) is entry:
-            del STREAMS[name]
 
 
 @contextmanager

@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cfl.config import Config, ConfigError, _set_dotted, from_dict, read_yaml
+from cfl.config import Config, ConfigError, _set_dotted, read_yaml
 from cfl.plugins import PluginSource
+from cfl.validation import from_dict
 
 
 @dataclass(frozen=True)

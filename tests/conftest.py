@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cfl.config import from_dict
 from cfl.data.stream import Stream, Task
+from cfl.validation import from_dict
 
 
 def make_stream(scenario: str = "task", num_tasks: int = 2, n_train: int = 60, n_test: int = 30,

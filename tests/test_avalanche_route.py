@@ -127,9 +127,9 @@ def test_bad_benchmarks_exit_2_before_a_run_directory_exists(sets, words, tmp_pa
 def test_validating_other_streams_or_refusing_a_non_benchmark_does_not_import_avalanche():
     code = """
 import sys
-from cfl.config import from_dict
 from cfl.data.load import load_stream
-load_stream(from_dict({"stream": {"name": "split-digits"}}))
+from cfl.validation import from_dict
+load_stream(**from_dict({"stream": {"name": "split-digits"}}).stream_fields())
 try:
     from_dict({"stream": {"name": "avalanche", "benchmark": "tests.avalanche_benchmarks.not_a_benchmark"}})
 except ValueError as err:

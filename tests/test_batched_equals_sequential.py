@@ -12,6 +12,7 @@ to 2e-3 on resnet18-mini with ER after two tasks; float64 by 5e-16).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
 from dataclasses import replace
@@ -19,7 +20,6 @@ from dataclasses import replace
 import pytest
 import torch
 
-from cfl.config import from_dict
 from cfl.data.stream import Stream
 from cfl.engine.jobs import ClientJob, Hyper, Plugins
 from cfl.engine.local_batched import BatchedTrainer, couples_samples, train_batched
@@ -32,6 +32,7 @@ from cfl.methods.fedavg import FedAvg
 from cfl.models import MODELS, ModelShape, build_model
 from cfl.models.dropout import Dropout
 from cfl.models.mlp import MLP
+from cfl.validation import from_dict
 from tests.conftest import make_stream
 
 # the smallest input every registered model takes (the Mini-ImageNet ResNet's stride-2 stem needs 32x32)
@@ -110,15 +111,19 @@ def image_stream(shape: tuple[int, ...], scenario: str = "task") -> Stream:
 
 
 @pytest.fixture
-def float64_without_dropout(monkeypatch):
+def float64_without_dropout():
     """Double precision, so that batch statistics and adaptive server steps (FedAdam divides by the root of
     tiny second moments) cannot blow float32 rounding up past the tolerance; dropout off in every model."""
-    for name, (builder, about) in list(MODELS.items()):
-        monkeypatch.setitem(MODELS, name, (lambda shape, b=builder: without_dropout(b(shape)), about))
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(before)
+    with contextlib.ExitStack() as models:
+        for name, builder in list(MODELS.items()):
+            models.enter_context(MODELS.temporarily(name, lambda shape, b=builder: without_dropout(b(shape)),
+                                                    about=MODELS.about(name), replace=True))
+        before = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            yield
+        finally:
+            torch.set_default_dtype(before)
 
 
 def _round_with(runner: Runner, trainer: object, task: int) -> tuple[dict, list[float]]:

@@ -2,11 +2,11 @@
 
 import pytest
 
-from cfl.config import from_dict
 from cfl.engine.runner import Runner
 from cfl.methods import METHODS
 from cfl.methods.base import Method
 from cfl.metrics.results import build_results
+from cfl.validation import from_dict
 from tests.conftest import make_stream
 
 TASK_END_METHODS = sorted(name for name, cls in METHODS.items() if cls.task_end_client is not Method.task_end_client)

@@ -3,26 +3,27 @@ from pathlib import Path
 
 import pytest
 
-from cfl.config import Config, from_dict, load_config, parse_overrides, read_yaml
+from cfl.config import Config, parse_overrides, read_yaml
 from cfl.cross_checks import THREADS_PER_CPU, model_fit_error
 from cfl.data.load import load_stream
 from cfl.data.streams import STREAMS
 from cfl.engine.checkpoint import check_config
 from cfl.schema import ConfigError
+from cfl.validation import from_dict, load_config
 from tests import fake_data
 from tests.test_streams import WRITERS
 
 BAD = [
     ({"nope": 1}, "unknown config key 'nope'"),
     ({"stream": {"nmae": "x"}}, "unknown config key 'stream.nmae'"),
-    ({"stream": {"name": "imagenet-22k"}}, "unknown stream"),
+    ({"stream": {"name": "imagenet-22k"}}, "unknown stream 'stream.name: imagenet-22k'; available: "),
     ({"stream": {"num_tasks": 0}}, "'stream.num_tasks' must be >= 1"),
     ({"stream": {"num_tasks": 99}}, "has 5 tasks"),
     ({"stream": {"scenario": "domain"}}, "not supported by stream"),
     ({"stream": {"scenario": "sideways"}}, "'stream.scenario' must be one of"),
     ({"stream": "digits"}, "'stream' must be a mapping"),
-    ({"model": {"name": "vit"}}, "unknown model"),
-    ({"partition": {"name": "random"}}, "unknown partitioner"),
+    ({"model": {"name": "vit"}}, "unknown model 'model.name: vit'; available: auto, mlp"),
+    ({"partition": {"name": "random"}}, "unknown partitioner 'partition.name: random'; available: iid"),
     ({"partition": {"alpha": 0}}, "'partition.alpha' must be > 0"),
     ({"partition": {"shards_per_client": 0}}, "'partition.shards_per_client' must be >= 1"),
     ({"num_clients": 0}, "'num_clients' must be >= 1"),
@@ -38,14 +39,14 @@ BAD = [
     ({"weight_decay": -0.1}, "'weight_decay' must be >= 0"),
     ({"momentum": 1.5}, "'momentum' must be <= 0.999"),
     ({"server_lr": 0}, "'server_lr' must be > 0"),
-    ({"loss": "mse"}, "'loss' must be one of"),
-    ({"method": {"name": "magic"}}, "unknown method"),
+    ({"loss": "mse"}, "unknown loss 'loss: mse'; available: ce, tce"),
+    ({"method": {"name": "magic"}}, "unknown method 'method.name: magic'; available: fedavg"),
     ({"method": {}}, "'method.name' is required"),
     ({"method": {"name": "fedavg", "mu": 0.1}}, "unknown config key 'method.mu'"),
     ({"method": {"name": "fedprox", "mu": -1}}, "'method.mu' must be >= 0"),
     ({"plugins": [{"name": "fedprox"}, {"name": "fedprox"}]}, "appears twice"),
     ({"plugins": ["fedprox"]}, "'plugins[0]' must be a mapping"),
-    ({"aggregator": {"name": "median"}}, "'aggregator.name' must be one of"),
+    ({"aggregator": {"name": "median"}}, "unknown aggregator 'aggregator.name: median'; available: mean, gma"),
     ({"aggregator": {"tau": 2}}, "'aggregator.tau' must be <= 1"),
     ({"eval_every": -1}, "'eval_every' must be >= 0"),
     ({"target_accuracies": [50, 120]}, "'target_accuracies' must be <= 100"),
@@ -145,7 +146,7 @@ def test_stream_metadata_matches_the_built_stream(name, scenario, tmp_path):
     """The shape facts the validation uses without data agree with every stream as loaded."""
     FAKE_FILES[name](tmp_path)
     cfg = from_dict({"stream": {"name": name, "scenario": scenario, "num_tasks": 2}, "data_root": str(tmp_path)})
-    stream, entry = load_stream(cfg), STREAMS[name]
+    stream, entry = load_stream(**cfg.stream_fields()), STREAMS[name]
     assert stream.input_shape == entry.input_shape and tuple(stream.tasks[0].train_x.shape[1:]) == entry.input_shape
     assert stream.classes_per_head == entry.head_classes(stream.scenario)
     assert stream.default_model == entry.default_model

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from cfl.config import from_dict
 from cfl.engine.runner import NonFiniteError, Runner, sample_clients
+from cfl.validation import from_dict
 from tests.conftest import make_stream, run_both_paths
 
 

@@ -5,13 +5,13 @@ from collections import Counter
 import pytest
 import torch
 
-from cfl.config import from_dict
 from cfl.engine.jobs import ClientJob, Hyper, Plugins
 from cfl.engine.local_sequential import train_one
 from cfl.engine.runner import Runner
 from cfl.methods.base import ClientData, MethodState, RunInfo
 from cfl.methods.er import ER, ERParams, balanced_quota
 from cfl.models.mlp import MLP
+from cfl.validation import from_dict
 from tests.conftest import make_stream, run_both_paths
 
 
@@ -131,7 +131,7 @@ def test_batched_equals_sequential(scenario, extra):
 
 
 def test_er_task_end_downloads_nothing():
-    from cfl.config import from_dict
+    from cfl.validation import from_dict
     from tests.conftest import make_stream
 
     def traffic(method):

@@ -3,7 +3,6 @@
 import pytest
 import torch
 
-from cfl.config import from_dict
 from cfl.engine.runner import Runner
 from cfl.methods import METHODS
 from cfl.methods.base import ClientData, MethodState, RunInfo
@@ -12,6 +11,7 @@ from cfl.models.heads import SharedHead
 from cfl.models.mlp import MLP
 from cfl.ops.fisher import diagonal_fisher
 from cfl.schema import ConfigError
+from cfl.validation import from_dict
 from tests.conftest import make_stream, run_both_paths
 
 

@@ -6,12 +6,12 @@ import pytest
 import torch
 from torch.func import vmap
 
-from cfl.config import from_dict
 from cfl.engine.jobs import Hyper, Plugins
 from cfl.engine.local_batched import SGDStep, _match_grad_layout, _stacked_leaf
 from cfl.engine.runner import Runner
 from cfl.methods.fedavg import FedAvg
 from cfl.models.dropout import Dropout, keep_threshold
+from cfl.validation import from_dict
 from tests.conftest import make_stream
 
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import grad, vmap
 
-from cfl.config import ConfigError, from_dict
+from cfl.config import ConfigError
 from cfl.engine.runner import Runner
 from cfl.methods import METHODS
 from cfl.methods.base import RunInfo
@@ -15,6 +15,7 @@ from cfl.metrics.client_forgetting import forgetting_matrix, label_distribution,
 from cfl.metrics.results import build_results
 from cfl.ops.aggregate import aggregate
 from cfl.ops.losses import masked_cross_entropy
+from cfl.validation import from_dict
 from tests.conftest import make_stream, run_both_paths
 from tests.helpers import gradient_masked_mean
 

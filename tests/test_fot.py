@@ -5,7 +5,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cfl.config import from_dict
 from cfl.engine.runner import Runner
 from cfl.methods.base import ClientData, MethodState, RunInfo
 from cfl.methods.fot import FOT, FOTParams
@@ -13,6 +12,7 @@ from cfl.models import MODELS, ModelShape, build_model
 from cfl.models.layers import protected_layers
 from cfl.ops.gpse import client_sketch, residual_ratio, server_extend
 from cfl.schema import ConfigError
+from cfl.validation import from_dict
 from tests.conftest import make_stream, run_both_paths
 
 

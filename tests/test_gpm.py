@@ -4,10 +4,10 @@ import pytest
 import torch
 from torch import nn
 
-from cfl.config import from_dict
 from cfl.engine.runner import Runner
 from cfl.methods.base import ClientData, RunInfo
 from cfl.methods.gpm import GPM, GPMParams, extend_from_gram
+from cfl.validation import from_dict
 from tests.conftest import make_stream, run_both_paths
 
 

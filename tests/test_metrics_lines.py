@@ -2,9 +2,9 @@
 
 import json
 
-from cfl.config import from_dict
 from cfl.engine.runner import Runner
 from cfl.report.jsonl import MetricsWriter
+from cfl.validation import from_dict
 from tests.conftest import make_stream
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from cfl.config import from_dict
 from cfl.engine.runner import Runner
 from cfl.methods import METHODS
+from cfl.validation import from_dict
 from tests.conftest import make_stream
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,10 +28,8 @@ def _load_example():
 def _registry_restored():
     """Loading the example registers ``lwf`` in the global registry; later tests (the configuration
     reference) must not see it."""
-    before = dict(METHODS)
-    yield
-    METHODS.clear()
-    METHODS.update(before)
+    with METHODS.preserved():
+        yield
 
 
 def test_guide_shows_the_example_file_verbatim():

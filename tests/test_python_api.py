@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 import cfl
-from cfl.config import load_config
 from cfl.data.streams import STREAMS
+from cfl.validation import load_config
 from tests.conftest import make_stream
 
 ROOT = Path(__file__).resolve().parents[1]

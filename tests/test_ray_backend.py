@@ -53,7 +53,7 @@ def test_missing_ray_is_a_clear_error_before_any_data(tmp_path, monkeypatch, cap
 def _train(cfg, stream=None):
     from cfl.data.load import load_stream
 
-    runner = Runner(cfg, stream or load_stream(cfg, torch.device("cpu")))
+    runner = Runner(cfg, stream or load_stream(**cfg.stream_fields(), device=torch.device("cpu")))
     runner.run()
     return runner
 
@@ -64,7 +64,7 @@ def test_one_run_on_ray_matches_the_local_backend(method):
     from cfl.data.load import load_stream
 
     local_cfg = tiny_config(method={"name": method}, threads=1)
-    stream = load_stream(local_cfg, torch.device("cpu"))
+    stream = load_stream(**local_cfg.stream_fields(), device=torch.device("cpu"))
     local = _train(local_cfg, stream)
     on_ray = _train(tiny_config(method={"name": method}, threads=1, backend="ray", ray_workers=2), stream)
     assert on_ray.progress.acc_matrix == local.progress.acc_matrix

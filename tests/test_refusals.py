@@ -37,7 +37,7 @@ CASES = [
     ("out of range: list item", ["{cfg}", "--set", "target_accuracies=[50, 101]"], ["'target_accuracies'"]),
     ("out of range: checkpoint_every", ["{cfg}", "--set", "checkpoint_every=-1"], ["'checkpoint_every'"]),
     ("out of range: method parameter", ["{cfg}", "--set", "method={{name: fedprox, mu: -1}}"], ["'method.mu'"]),
-    ("bad choice: loss", ["{cfg}", "--set", "loss=mse"], ["'loss'", "'tce'"]),
+    ("bad choice: loss", ["{cfg}", "--set", "loss=mse"], ["'loss: mse'", "ce, tce"]),
     ("bad choice: on_nonfinite", ["{cfg}", "--set", "on_nonfinite=ignore"], ["'on_nonfinite'", "skip_client"]),
     ("bad choice: wandb.mode", ["{cfg}", "--set", "wandb.mode=cloud"], ["'wandb.mode'", "offline"]),
     ("bad choice: scenario", ["{cfg}", "--set", "stream.scenario=domain"], ["stream.scenario", "task, class"]),
@@ -152,7 +152,8 @@ def test_the_table_is_large_enough():
 @pytest.mark.parametrize(("case", "argv", "words"), CASES, ids=[c[0] for c in CASES])
 def test_refusal(case, argv, words, files, monkeypatch, capsys):
     if case not in AFTER_DATA_LOADS:
-        monkeypatch.setattr(cfl.single_run, "load_stream", lambda *_: pytest.fail("data was loaded before the refusal"))
+        monkeypatch.setattr(cfl.single_run, "load_stream",
+                            lambda *_, **__: pytest.fail("data was loaded before the refusal"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     before = {p: p.stat().st_mtime_ns for p in Path(files["tmp"]).rglob("*")}
     code = main(["run", *[a.format(**files) for a in argv], "--quiet"])

@@ -83,7 +83,7 @@ def fail_writes_after_round(monkeypatch, after_round: int) -> None:
 
 def apply_fault(fault: str, files: dict, monkeypatch, stack) -> None:
     if fault == "data":
-        def load_stream(*_):
+        def load_stream(*_, **__):
             raise ConfigError(DATA_ERROR)
         monkeypatch.setattr(cfl.single_run, "load_stream", load_stream)
     elif fault == "lock":
@@ -170,8 +170,7 @@ def test_the_lock_is_released_when_the_run_ends(files):
     assert "pid" in (out / ".cfl.lock").read_text()
 
 
-def test_a_second_process_is_refused_while_a_run_holds_the_directory_and_not_after_it_was_killed(files, monkeypatch,
-                                                                                                  capsys):
+def test_a_second_process_is_refused_while_a_run_holds_the_directory_and_not_after_it_was_killed(files, capsys):
     import signal
     import subprocess
     import sys
@@ -187,17 +186,17 @@ def test_a_second_process_is_refused_while_a_run_holds_the_directory_and_not_aft
     cmd = [sys.executable, "-m", "cfl", "run", files["cfg"], "--out", str(out), "--quiet", "--plugin",
            str(tmp / "slow.py"), "--set", "plugins=[{name: slow}]"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CFL_TEST_ROUND_SLEEP": "2"}  # killed long before its end
-    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while not (out / "checkpoint.pt").is_file() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-        monkeypatch.setitem(METHODS, "slow", type("Slow", (Method,), {"name": "slow"}))
-        for argv in (["run", files["cfg"], "--out", str(out), "--overwrite"], ["run", "--resume", str(out)]):
-            assert main([*argv, "--quiet"]) == 2
-            err = capsys.readouterr().err
-            assert f"is in use by another cfl run (pid {proc.pid} on host" in err, err
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=30)
-    assert main(["run", "--resume", str(out), "--quiet"]) == 0  # the kernel released the dead run's lock
+    with METHODS.temporarily("slow", type("Slow", (Method,), {"name": "slow"})):  # the plugin's name, here too
+        proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while not (out / "checkpoint.pt").is_file() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            for argv in (["run", files["cfg"], "--out", str(out), "--overwrite"], ["run", "--resume", str(out)]):
+                assert main([*argv, "--quiet"]) == 2
+                err = capsys.readouterr().err
+                assert f"is in use by another cfl run (pid {proc.pid} on host" in err, err
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.communicate(timeout=30)
+        assert main(["run", "--resume", str(out), "--quiet"]) == 0  # the kernel released the dead run's lock

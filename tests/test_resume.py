@@ -47,12 +47,17 @@ def setup(tmp_path_factory):
     (root / "slow.py").write_text(SLOW_PLUGIN)
     namespace: dict = {}
     exec(SLOW_PLUGIN.replace("@register\n", ""), namespace)
-    METHODS["slow"] = namespace["Slow"]
-    try:
+    with METHODS.temporarily("slow", namespace["Slow"]):
         assert main(["run", str(root / "tiny.yaml"), "--out", str(root / "reference"), "--quiet"]) == 0
-    finally:
-        del METHODS["slow"]
     return root
+
+
+@pytest.fixture
+def slow_registered():
+    """The plugin's method name in this process (a stand-in class: resuming needs the name; the sleeping runs
+    are killed in other processes)."""
+    with METHODS.temporarily("slow", type("Slow", (Method,), {"name": "slow"})):
+        yield
 
 
 def outputs(run_dir: Path) -> tuple:
@@ -76,7 +81,8 @@ def saved_round(run_dir: Path) -> int:
         return -1
 
 
-def test_sigkill_at_any_moment_then_resume_gives_the_same_run(setup, monkeypatch):
+@pytest.mark.usefixtures("slow_registered")
+def test_sigkill_at_any_moment_then_resume_gives_the_same_run(setup):
     out = setup / "killed"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CFL_TEST_ROUND_SLEEP": "0.8"}
     cmd = [sys.executable, "-m", "cfl", "run", str(setup / "tiny.yaml"), "--out", str(out), "--quiet",
@@ -93,7 +99,6 @@ def test_sigkill_at_any_moment_then_resume_gives_the_same_run(setup, monkeypatch
     assert 2 <= killed_at < 6 and not (out / "results.json").exists()
 
     # resumed in this process (the kill is what needed a real process)
-    monkeypatch.setitem(METHODS, "slow", type("Slow", (Method,), {"name": "slow"}))
     assert main(["run", "--resume", str(out), "--quiet"]) == 0
     assert_same_outputs(out, setup / "reference")
 
@@ -111,11 +116,11 @@ def stop_with(monkeypatch, signum: int, after_round: int) -> None:
     monkeypatch.setattr(Runner, "run_round", run_round)
 
 
+@pytest.mark.usefixtures("slow_registered")
 @pytest.mark.parametrize(("signum", "code", "after_round"), [(signal.SIGINT, 130, 2), (signal.SIGTERM, 143, 4)])
 def test_signal_stops_after_the_round_with_a_checkpoint_and_resume_finishes(setup, monkeypatch, capsys,
                                                                             signum, code, after_round):
     out = setup / f"stopped-{signum}"
-    monkeypatch.setitem(METHODS, "slow", type("Slow", (Method,), {"name": "slow"}))
     stop_with(monkeypatch, signum, after_round)
     before = signal.getsignal(signal.SIGINT)  # SIG_IGN where the tests run in a background job
     assert main(["run", str(setup / "tiny.yaml"), "--out", str(out), "--quiet"]) == code
@@ -125,15 +130,14 @@ def test_signal_stops_after_the_round_with_a_checkpoint_and_resume_finishes(setu
     assert saved_round(out) == after_round and not (out / "results.json").exists()
     assert signal.getsignal(signal.SIGINT) is before  # handlers are put back
     monkeypatch.undo()
-    monkeypatch.setitem(METHODS, "slow", type("Slow", (Method,), {"name": "slow"}))
     assert main(["run", "--resume", str(out), "--quiet"]) == 0
     assert_same_outputs(out, setup / "reference")
 
 
+@pytest.mark.usefixtures("slow_registered")
 def test_resuming_a_finished_run_rebuilds_its_outputs_without_training(setup, monkeypatch):
     out = setup / "reference"
     before = outputs(out)
-    monkeypatch.setitem(METHODS, "slow", type("Slow", (Method,), {"name": "slow"}))
     monkeypatch.setattr(Runner, "run_round", lambda *_: pytest.fail("a finished run trained again"))
     assert main(["run", "--resume", str(out), "--quiet", "--set", "threads=2"]) == 0
     after = outputs(out)
@@ -166,9 +170,9 @@ def test_stopped_then_resumed_run_is_identical_for_gma_tce_and_class_incremental
 def test_augmented_stream_resumes_bit_for_bit(tmp_path):
     """Crop-and-flip draws come from torch's generator, which the checkpoint carries (Mini-ImageNet's
     augmentation, here on 8x8 one-channel blobs)."""
-    from cfl.config import from_dict
     from cfl.data.augment import CropFlip
     from cfl.engine import checkpoint
+    from cfl.validation import from_dict
     from tests.conftest import make_stream
 
     stream = make_stream("task", dim=64)

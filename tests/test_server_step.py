@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from cfl.config import from_dict
 from cfl.engine.jobs import ClientOutcome
 from cfl.engine.runner import NonFiniteError, Runner
+from cfl.validation import from_dict
 from tests.conftest import make_stream
 
 

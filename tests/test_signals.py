@@ -35,7 +35,7 @@ def stall():
 if os.environ["CFL_TEST_STALL"] == "import":
     stall()
 else:
-    cfl.single_run.load_stream = lambda *_: stall()
+    cfl.single_run.load_stream = lambda *_, **__: stall()
 '''
 
 

@@ -14,11 +14,12 @@ import pytest
 
 from cfl import plugins
 from cfl.cli import main
-from cfl.config import ConfigError, from_dict
+from cfl.config import ConfigError
 from cfl.data.load import load_stream
 from cfl.data.streams import STREAMS
 from cfl.streams import register, registered, unregister
 from cfl.sweep import run_job
+from cfl.validation import from_dict
 from tests.conftest import make_stream
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,14 +31,11 @@ META = {"tasks": 2, "scenarios": ("task",), "input_shape": (12,), "classes_per_t
 
 
 @pytest.fixture(autouse=True)
-def _registry_restored():
+def _registry_restored(monkeypatch):
     """Registering (and a plugin file imported once per process) must not leak into later tests."""
-    streams, loaded = dict(STREAMS), dict(plugins.LOADED)
-    yield
-    STREAMS.clear()
-    STREAMS.update(streams)
-    plugins.LOADED.clear()
-    plugins.LOADED.update(loaded)
+    monkeypatch.setattr(plugins, "LOADED", dict(plugins.LOADED))
+    with STREAMS.preserved():
+        yield
 
 
 def _blobs(request):
@@ -70,7 +68,7 @@ def test_registered_is_temporary_and_a_registered_stream_runs_from_a_config():
     with registered("mine", _blobs, **META):
         cfg = from_dict({"stream": {"name": "mine", "num_tasks": 1}, **TINY})
         assert cfg.model.name == "digits-mlp"
-        stream = load_stream(cfg)
+        stream = load_stream(**cfg.stream_fields())
         assert stream.num_tasks == 1 and stream.input_shape == (12,)
         with pytest.raises(ConfigError, match="scenario: class' is not supported by stream 'mine'"):
             from_dict({"stream": {"name": "mine", "scenario": "class"}, **TINY})
@@ -89,7 +87,7 @@ def test_a_builder_that_breaks_its_registration_is_refused_at_load(build, words)
     with registered("mine", build, **META):
         cfg = from_dict({"stream": {"name": "mine", "num_tasks": 1}, **TINY})
         with pytest.raises(ConfigError, match="stream 'mine': its builder") as err:
-            load_stream(cfg)
+            load_stream(**cfg.stream_fields())
     assert words in str(err.value)
 
 
@@ -112,7 +110,7 @@ def test_plugin_stream_through_list_run_and_resume(tmp_path, capsys):
     assert main(["run", str(_config(tmp_path)), "--out", str(out), "--quiet", "--plugin", str(EXAMPLE)]) == 0
     results = json.loads((out / "results.json").read_text())
     assert results["stream"] == "blobs-3x2" and results["num_tasks"] == 2
-    del STREAMS["blobs-3x2"]
+    unregister("blobs-3x2")
     plugins.LOADED.clear()  # as in a new process
     assert main(["run", "--resume", str(out), "--quiet"]) == 2
     assert "needs the same --plugin to resume" in capsys.readouterr().err
@@ -133,7 +131,7 @@ def test_a_sweep_worker_imports_the_plugin_from_its_text(tmp_path):
     """What a --jobs worker or a Ray worker gets: the file's name and text, not a path it may not have."""
     sources = plugins.load_plugins([str(EXAMPLE)])
     cfg = from_dict({"stream": {"name": "blobs-3x2", "num_tasks": 1}, **TINY})
-    del STREAMS["blobs-3x2"]
+    unregister("blobs-3x2")
     plugins.LOADED.clear()  # a fresh worker process
     shipped = pickle.loads(pickle.dumps(tuple(sources)))
     outcome = run_job(cfg, tmp_path / "w", plugins=shipped)

@@ -12,13 +12,13 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from cfl.config import from_dict
 from cfl.data.augment import CropFlip
 from cfl.data.digits import load_digits_tensors
 from cfl.data.load import load_stream
 from cfl.engine.runner import Runner
 from cfl.schema import ConfigError
 from cfl.single_run import execute
+from cfl.validation import from_dict
 from tests import fake_data
 
 FMNIST = Path("/usr/share/datasets/fashion-mnist")
@@ -34,6 +34,11 @@ def cfg(root: Path, name: str, num_tasks: int, **extra):
     return from_dict(data)
 
 
+def built(root: Path, name: str, num_tasks: int, **extra):
+    """The stream of the config :func:`cfg` makes, loaded."""
+    return load_stream(**cfg(root, name, num_tasks, **extra).stream_fields())
+
+
 @pytest.fixture(scope="module")
 def fmnist_root(tmp_path_factory):
     return tmp_path_factory.mktemp("fmnist")  # empty: the system copy is found, the cache goes here
@@ -41,7 +46,7 @@ def fmnist_root(tmp_path_factory):
 
 @needs_fmnist
 def test_permuted_fmnist_real(fmnist_root):
-    stream = load_stream(cfg(fmnist_root, "permuted-fmnist", 2))
+    stream = built(fmnist_root, "permuted-fmnist", 2)
     assert stream.scenario == "domain" and stream.input_shape == (784,) and stream.default_model == "mlp"
     t0, t1 = stream.tasks
     assert t0.train_x.shape == (60000, 784) and t0.test_x.shape == (10000, 784)
@@ -54,33 +59,33 @@ def test_permuted_fmnist_real(fmnist_root):
 
 @needs_fmnist
 def test_split_fmnist_real(fmnist_root):
-    stream = load_stream(cfg(fmnist_root, "split-fmnist", 5))
+    stream = built(fmnist_root, "split-fmnist", 5)
     assert stream.scenario == "task" and stream.classes_per_head == 2 and stream.num_tasks == 5
     for t, task in enumerate(stream.tasks):
         assert task.classes == [2 * t, 2 * t + 1]
         assert task.train_x.shape == (12000, 1, 28, 28) and task.test_x.shape == (2000, 1, 28, 28)
         assert sorted(set(task.train_y.tolist())) == [0, 1]
-    class_il = load_stream(cfg(fmnist_root, "split-fmnist", 2, stream={"scenario": "class"}))
+    class_il = built(fmnist_root, "split-fmnist", 2, stream={"scenario": "class"})
     assert class_il.classes_per_head == 10 and sorted(set(class_il.tasks[1].train_y.tolist())) == [2, 3]
 
 
 def test_permuted_mnist_uses_avalanches_permutations(tmp_path):
     arrays = fake_data.write_idx_dataset(tmp_path / "mnist", gz=False)
-    stream = load_stream(cfg(tmp_path, "permuted-mnist", 3, seed=4))
+    stream = built(tmp_path, "permuted-mnist", 3, seed=4)
     rng = np.random.RandomState(4)  # Avalanche's PermutedMNIST draw, one permutation per experience
     base = (torch.from_numpy(arrays["t10k_x"]).float().view(20, 784) / 255 - 0.1307) / 0.3081
     for task in stream.tasks:
         perm = torch.from_numpy(rng.permutation(784))
         torch.testing.assert_close(task.test_x, base[:, perm])
     assert stream.tasks[0].test_y.tolist() == arrays["t10k_y"].tolist()
-    other = load_stream(cfg(tmp_path, "permuted-mnist", 1, stream={"seed": 5}, seed=4))  # stream.seed wins
+    other = built(tmp_path, "permuted-mnist", 1, stream={"seed": 5}, seed=4)  # stream.seed wins
     perm5 = torch.from_numpy(np.random.RandomState(5).permutation(784))
     torch.testing.assert_close(other.tasks[0].test_x, base[:, perm5])
 
 
 def test_split_cifar100_tasks(tmp_path):
     fake_data.write_cifar100(tmp_path)
-    stream = load_stream(cfg(tmp_path, "split-cifar100", 10))
+    stream = built(tmp_path, "split-cifar100", 10)
     assert stream.scenario == "task" and stream.input_shape == (3, 32, 32) and stream.default_model == "alexnet"
     for t, task in enumerate(stream.tasks):
         assert task.classes == list(range(10 * t, 10 * t + 10))
@@ -101,7 +106,7 @@ def write_five(root: Path) -> None:
 def test_five_datasets_tasks(tmp_path):
     write_five(tmp_path)
     with pytest.warns(UserWarning, match="notMNIST: skipped 10 unreadable PNG files"):  # the empty ones
-        stream = load_stream(cfg(tmp_path, "five-datasets", 5))
+        stream = built(tmp_path, "five-datasets", 5)
     assert [t.name for t in stream.tasks] == ["5d-cifar-10", "5d-mnist", "5d-svhn", "5d-fashion-mnist", "5d-notmnist"]
     assert [len(t.train_x) for t in stream.tasks] == [100, 30, 30, 40, 40]
     for t, task in enumerate(stream.tasks):
@@ -117,7 +122,7 @@ def test_five_datasets_tasks(tmp_path):
 
 def test_mini_imagenet_tasks_and_augmentation(tmp_path):
     fake_data.write_mini_imagenet(tmp_path, classes=10, per_class=6)
-    stream = load_stream(cfg(tmp_path, "mini-imagenet", 2))
+    stream = built(tmp_path, "mini-imagenet", 2)
     assert stream.scenario == "task" and stream.classes_per_head == 5 and stream.default_model == "resnet18-mini"
     assert isinstance(stream.augment, CropFlip)
     for t, task in enumerate(stream.tasks):
@@ -153,7 +158,7 @@ def test_reference_model_trains_on_generated_stream(tmp_path, name):
     """One round per task with the stream's reference model (alexnet, resnet18-reduced, resnet18-mini)."""
     WRITERS[name](tmp_path)
     config = cfg(tmp_path, name, 2)
-    runner = Runner(config, load_stream(config))
+    runner = Runner(config, load_stream(**config.stream_fields()))
     initial = {k: v.clone() for k, v in runner.params.items()}
     runner.run()
     assert_final_row_is_the_final_model(runner)
@@ -185,7 +190,7 @@ def test_missing_files_fail_before_training(tmp_path, name, dataset):
 # ---- exact contents of the offline streams ----
 def test_permuted_stream_tasks_are_permutations_of_the_same_images(tmp_path):
     (train_x, train_y), (test_x, test_y) = load_digits_tensors()
-    stream = load_stream(cfg(tmp_path, "permuted-digits", 3, seed=7))
+    stream = built(tmp_path, "permuted-digits", 3, seed=7)
     gen = torch.Generator().manual_seed(7)  # the documented draw: successive randperm(64) of a seeded generator
     perms = [torch.randperm(64, generator=gen) for _ in range(3)]
     assert len({tuple(p.tolist()) for p in perms}) == 3
@@ -203,7 +208,7 @@ def test_permuted_stream_tasks_are_permutations_of_the_same_images(tmp_path):
 @pytest.mark.parametrize("scenario", ["task", "class"])
 def test_split_stream_tasks_hold_exactly_their_classes(tmp_path, scenario):
     (train_x, train_y), (test_x, test_y) = load_digits_tensors()
-    stream = load_stream(cfg(tmp_path, "split-digits", 5, stream={"scenario": scenario}))
+    stream = built(tmp_path, "split-digits", 5, stream={"scenario": scenario})
     assert stream.classes_per_head == (10 if scenario == "class" else 2)
     for t, task in enumerate(stream.tasks):
         assert task.classes == [2 * t, 2 * t + 1]
@@ -263,9 +268,9 @@ def test_augmentation_changes_training_inputs_and_never_evaluation_inputs(tmp_pa
     import cfl.engine.runner as runner_module
 
     config = cfg(tmp_path, "split-digits", 2, client_execution=execution, rounds_per_task=2)
-    plain = Runner(config, load_stream(config))
+    plain = Runner(config, load_stream(**config.stream_fields()))
     plain.run()
-    stream = load_stream(config)
+    stream = load_stream(**config.stream_fields())
     stream.augment = augment = RecordingAugment(CropFlip(2, torch.tensor([-9.0])))
     evaluated = []
     real_accuracy = runner_module.accuracy

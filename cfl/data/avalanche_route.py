@@ -161,5 +161,4 @@ def entry_of(stream: Stream) -> StreamEntry:
     are its first tasks."""
     head = stream.classes_per_head
     return StreamEntry(lambda request: prefix(stream, request.num_tasks), stream.num_tasks, (stream.scenario,),
-                       f"{stream.name} (stream.name: {ROUTE})", tuple(stream.input_shape), head, stream.default_model,
-                       head)
+                       tuple(stream.input_shape), head, stream.default_model, head)

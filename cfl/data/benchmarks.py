@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -20,11 +19,9 @@ from cfl.data.mini_imagenet import how_to_get as mini_imagenet_how
 from cfl.data.mini_imagenet import mini_imagenet_sources, read_mini_imagenet_folder, read_mini_imagenet_pickles
 from cfl.data.mnist_like import FASHION_MNIST, MNIST, load_idx, load_idx_raw
 from cfl.data.notmnist import notmnist_files, read_notmnist
+from cfl.data.request import StreamRequest
 from cfl.data.stream import Stream, Task
 from cfl.data.svhn import read_svhn, svhn_files
-
-if TYPE_CHECKING:  # streams.py imports this module
-    from cfl.data.streams import StreamRequest
 
 Split = tuple[torch.Tensor, torch.Tensor]
 

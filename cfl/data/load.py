@@ -4,41 +4,48 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from cfl.config import Config
 from cfl.data.fingerprint import fingerprint
+from cfl.data.request import StreamRequest
 from cfl.data.stream import Stream
-from cfl.data.streams import STREAMS, StreamRequest
+from cfl.data.streams import STREAMS
 from cfl.schema import ConfigError
 
 
-def data_root(cfg: Config) -> Path:
+def root_dir(data_root: str | None) -> Path:
     """The config's ``data_root``, else ``$CFL_DATA``, else the per-user cache (~/.cache/cfl)."""
-    if cfg.data_root:
-        return Path(cfg.data_root).expanduser()
+    if data_root:
+        return Path(data_root).expanduser()
     if os.environ.get("CFL_DATA"):
         return Path(os.environ["CFL_DATA"]).expanduser()
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(cache) / "cfl"
 
 
-def load_stream(cfg: Config, device: torch.device | str = "cpu") -> Stream:
-    from cfl.data.avalanche_route import entry_of, route_stream
+def load_stream(name: str, *, num_tasks: int | None, scenario: str, seed: int, data_root: str | None,
+                download: bool, benchmark: str | None = None, args: dict[str, Any] | None = None,
+                device: torch.device | str = "cpu") -> Stream:
+    """Build registered stream ``name`` (the config's stream fields: ``Config.stream_fields()``): its first
+    ``num_tasks`` tasks (None: all) under ``scenario`` (``auto``: the stream's default), checked against its
+    registration and fingerprinted, then moved to ``device``."""
+    from cfl.data.avalanche_route import ROUTE, converted, entry_of
 
-    converted = route_stream(cfg.stream)  # stream.name: avalanche: the benchmark converted at validation
-    entry = STREAMS[cfg.stream.name] if converted is None else entry_of(converted)
-    scenario = entry.scenarios[0] if cfg.stream.scenario == "auto" else cfg.stream.scenario
+    if name == ROUTE:  # stream.name: avalanche: the benchmark converted at validation (kept per process)
+        entry = entry_of(converted(str(benchmark), dict(args or {}), scenario))
+    else:
+        entry = STREAMS[name]
     request = StreamRequest(
-        num_tasks=cfg.stream.num_tasks or entry.full_tasks,
-        scenario=scenario,
-        seed=cfg.seed if cfg.stream.seed is None else cfg.stream.seed,
-        data_root=data_root(cfg),
-        download=cfg.stream.download,
+        num_tasks=num_tasks or entry.full_tasks,
+        scenario=entry.scenarios[0] if scenario == "auto" else scenario,
+        seed=seed,
+        data_root=root_dir(data_root),
+        download=download,
     )
     stream = entry.build(request)
-    check_built(cfg.stream.name, stream, request, entry.input_shape)
+    check_built(name, stream, request, entry.input_shape)
     fingerprint(stream)  # on the CPU tensors, before they move to the device
     for task in stream.tasks:
         task.train_x, task.train_y = task.train_x.to(device), task.train_y.to(device)

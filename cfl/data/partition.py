@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from cfl.registry import Registry
 from cfl.schema import ConfigError
 
 
@@ -65,12 +66,12 @@ def quantity(labels: np.ndarray, num_clients: int, rng: np.random.Generator, bet
     return [np.sort(p) for p in np.split(rng.permutation(n), cuts)]
 
 
-PARTITIONERS: dict[str, tuple[Callable[..., list[np.ndarray]], str]] = {
-    "iid": (iid, "shuffle and cut into equal chunks"),
-    "shards": (shards, "sort by label, 2 (shards_per_client) random label shards per client"),
-    "dirichlet": (dirichlet, "label skew, class proportions ~ Dir(alpha) per client"),
-    "quantity": (quantity, "quantity skew, client sizes ~ Dir(beta), labels IID"),
-}
+#: ``partition.name`` -> split of one task's labels: ``(labels, num_clients, rng, **params) -> index arrays``
+PARTITIONERS: Registry[Callable[..., list[np.ndarray]]] = Registry("partitioner")
+PARTITIONERS.register("iid", iid, about="shuffle and cut into equal chunks")
+PARTITIONERS.register("shards", shards, about="sort by label, 2 (shards_per_client) random label shards per client")
+PARTITIONERS.register("dirichlet", dirichlet, about="label skew, class proportions ~ Dir(alpha) per client")
+PARTITIONERS.register("quantity", quantity, about="quantity skew, client sizes ~ Dir(beta), labels IID")
 
 
 def check_sizes(name: str, task_sizes: dict[int, int], num_clients: int, shards_per_client: int = 2,
@@ -94,4 +95,4 @@ def partition(name: str, labels: np.ndarray, num_clients: int, seed: int, task: 
     """Split one task's labels over ``num_clients``; the result depends only on (seed, task)."""
     rng = np.random.default_rng([seed, task, 0x9A27])
     check_sizes(name, {task: len(labels)}, num_clients, **params)
-    return PARTITIONERS[name][0](labels, num_clients, rng, **params)
+    return PARTITIONERS[name](labels, num_clients, rng, **params)

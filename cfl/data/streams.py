@@ -1,35 +1,26 @@
-"""Stream registry: ``cfl list`` names -> builders of in-memory :class:`Stream` objects."""
+"""Stream registry: ``cfl list`` names -> builders of in-memory :class:`Stream` objects and what they promise."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from cfl.data import benchmarks
 from cfl.data.derive import permuted_tasks, split_tasks
 from cfl.data.digits import load_digits_tensors
 from cfl.data.mnist_like import FASHION_MNIST, idx_folder, load_idx
+from cfl.data.request import StreamRequest
 from cfl.data.stream import Stream
-
-
-@dataclass(frozen=True)
-class StreamRequest:
-    """What a builder gets: prefix length, scenario, permutation seed, data location."""
-
-    num_tasks: int
-    scenario: str
-    seed: int
-    data_root: Path
-    download: bool
+from cfl.registry import Registry
 
 
 @dataclass(frozen=True)
 class StreamEntry:
+    """A registered stream: its builder and what it promises before any data is loaded."""
+
     build: Callable[[StreamRequest], Stream]
     full_tasks: int
     scenarios: tuple[str, ...]  # first is the default
-    about: str
     # what a model must fit, known without loading data (checked against the built streams in the tests)
     input_shape: tuple[int, ...]
     classes_per_task: int  # the class-incremental head has classes_per_task * full_tasks outputs
@@ -70,26 +61,22 @@ def _split_fmnist(req: StreamRequest) -> Stream:
     return Stream("split-fmnist", req.scenario, tasks, classes, (1, 28, 28), "mlp")
 
 
-STREAMS: dict[str, StreamEntry] = {
-    "permuted-digits": StreamEntry(_permuted_digits, 10, ("domain",),
-                                   "sklearn 8x8 digits, one pixel permutation per task (offline)",
-                                   (64,), 10, "digits-mlp"),
-    "split-digits": StreamEntry(_split_digits, 5, ("task", "class"),
-                                "sklearn 8x8 digits, 5 tasks of 2 classes (offline)", (1, 8, 8), 2, "digits-mlp"),
-    "permuted-fmnist": StreamEntry(_permuted_fmnist, 10, ("domain",),
-                                   "Fashion-MNIST, one pixel permutation per task, 784 inputs, shared head",
-                                   (784,), 10, "mlp"),
-    "split-fmnist": StreamEntry(_split_fmnist, 5, ("task", "class"),
-                                "Fashion-MNIST, 5 tasks of 2 classes in label order", (1, 28, 28), 2, "mlp"),
-    "permuted-mnist": StreamEntry(benchmarks.permuted_mnist, 10, ("domain",),
-                                  "MNIST, Avalanche PermutedMNIST permutations, 784 inputs, shared head",
-                                  (784,), 10, "mlp"),
-    "split-cifar100": StreamEntry(benchmarks.split_cifar100, 10, ("task", "class"),
-                                  "CIFAR-100, 10 tasks of 10 classes in label order", (3, 32, 32), 10, "alexnet"),
-    "five-datasets": StreamEntry(benchmarks.five_datasets, 5, ("task",),
-                                 "CIFAR-10, MNIST, SVHN, Fashion-MNIST, notMNIST; 32x32x3, one task each",
-                                 (3, 32, 32), 10, "resnet18-reduced"),
-    "mini-imagenet": StreamEntry(benchmarks.mini_imagenet, 20, ("task",),
-                                 "Mini-ImageNet 84x84, 20 tasks of 5 classes, train-time crop+flip",
-                                 (3, 84, 84), 5, "resnet18-mini"),
-}
+STREAMS: Registry[StreamEntry] = Registry("stream")
+STREAMS.register("permuted-digits", StreamEntry(_permuted_digits, 10, ("domain",), (64,), 10, "digits-mlp"),
+                 about="sklearn 8x8 digits, one pixel permutation per task (offline)")
+STREAMS.register("split-digits", StreamEntry(_split_digits, 5, ("task", "class"), (1, 8, 8), 2, "digits-mlp"),
+                 about="sklearn 8x8 digits, 5 tasks of 2 classes (offline)")
+STREAMS.register("permuted-fmnist", StreamEntry(_permuted_fmnist, 10, ("domain",), (784,), 10, "mlp"),
+                 about="Fashion-MNIST, one pixel permutation per task, 784 inputs, shared head")
+STREAMS.register("split-fmnist", StreamEntry(_split_fmnist, 5, ("task", "class"), (1, 28, 28), 2, "mlp"),
+                 about="Fashion-MNIST, 5 tasks of 2 classes in label order")
+STREAMS.register("permuted-mnist", StreamEntry(benchmarks.permuted_mnist, 10, ("domain",), (784,), 10, "mlp"),
+                 about="MNIST, Avalanche PermutedMNIST permutations, 784 inputs, shared head")
+STREAMS.register("split-cifar100",
+                 StreamEntry(benchmarks.split_cifar100, 10, ("task", "class"), (3, 32, 32), 10, "alexnet"),
+                 about="CIFAR-100, 10 tasks of 10 classes in label order")
+STREAMS.register("five-datasets",
+                 StreamEntry(benchmarks.five_datasets, 5, ("task",), (3, 32, 32), 10, "resnet18-reduced"),
+                 about="CIFAR-10, MNIST, SVHN, Fashion-MNIST, notMNIST; 32x32x3, one task each")
+STREAMS.register("mini-imagenet", StreamEntry(benchmarks.mini_imagenet, 20, ("task",), (3, 84, 84), 5, "resnet18-mini"),
+                 about="Mini-ImageNet 84x84, 20 tasks of 5 classes, train-time crop+flip")

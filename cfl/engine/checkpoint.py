@@ -23,11 +23,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from cfl.config import Config, resolve_saved_model
+from cfl.config import Config
 from cfl.data.fingerprint import differences, fingerprint
 from cfl.data.stream import Stream
 from cfl.report.files import atomic_write_bytes
 from cfl.schema import ConfigError
+from cfl.validation import resolve_saved_model
 
 CHECKPOINT = "checkpoint.pt"
 FORMAT = 1

@@ -12,21 +12,23 @@ from cfl.methods.fedprox import FedProx
 from cfl.methods.fedyogi import FedYogi
 from cfl.methods.fot import FOT
 from cfl.methods.gpm import GPM
+from cfl.registry import Registry
 
-METHODS: dict[str, type[Method]] = {
-    FedAvg.name: FedAvg,
-    FedProx.name: FedProx,
-    FedCurv.name: FedCurv,
-    FedAdam.name: FedAdam,
-    FedYogi.name: FedYogi,
-    EWC.name: EWC,
-    ER.name: ER,
-    FOT.name: FOT,  # eps per stream: PMNIST 0.96 IID / 0.94 non-IID; CIFAR-100 0.87 (+0.001/task);
-    GPM.name: GPM,  # 5-Datasets 0.95 (+0.001); Mini-ImageNet 0.90 (+0.001) -- same values for gpm
-}
+METHODS: Registry[type[Method]] = Registry("method")
 
 
 def register(cls: type[Method]) -> type[Method]:
-    """Register a method class from outside the package (a user's plugin): ``@register``."""
-    METHODS[cls.name] = cls
-    return cls
+    """Register a method class under its own ``name`` (a user's plugin: ``@register``); a name already
+    registered is refused."""
+    return METHODS.register(cls.name, cls, about=cls.about)
+
+
+register(FedAvg)
+register(FedProx)
+register(FedCurv)
+register(FedAdam)
+register(FedYogi)
+register(EWC)
+register(ER)
+register(FOT)  # eps per stream: PMNIST 0.96 IID / 0.94 non-IID; CIFAR-100 0.87 (+0.001/task);
+register(GPM)  # 5-Datasets 0.95 (+0.001); Mini-ImageNet 0.90 (+0.001) -- same values for gpm

@@ -10,6 +10,7 @@ from torch import nn
 from cfl.models.alexnet import AlexNetLike
 from cfl.models.mlp import MLP
 from cfl.models.resnet import ReducedResNet18
+from cfl.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -58,17 +59,19 @@ def _resnet18_mini(shape: ModelShape) -> nn.Module:
                            batch_norm=True)
 
 
-MODELS: dict[str, tuple[Callable[[ModelShape], nn.Module], str]] = {
-    "mlp": (_mlp, "MLP 784-400-400-400 with dropout 0.2/0.5/0.5 (FOT Permuted-MNIST reference)"),
-    "digits-mlp": (_digits_mlp, "MLP in-128-128, no dropout (small streams such as 8x8 digits)"),
-    "alexnet": (_alexnet, "AlexNet-like, 3 convs + 2 fc 2048, dropout, no biases (Split CIFAR-100 reference)"),
-    "resnet18-reduced": (_resnet18_reduced, "reduced ResNet-18, 20 base filters, no BatchNorm (5-Datasets)"),
-    "resnet18-mini": (_resnet18_mini, "reduced ResNet-18, 32 base filters, stride-2 stem, batch-stat BatchNorm "
-                                      "(Mini-ImageNet)"),
-}
+ModelBuilder = Callable[[ModelShape], nn.Module]
+
+MODELS: Registry[ModelBuilder] = Registry("model")
+MODELS.register("mlp", _mlp, about="MLP 784-400-400-400 with dropout 0.2/0.5/0.5 (FOT Permuted-MNIST reference)")
+MODELS.register("digits-mlp", _digits_mlp, about="MLP in-128-128, no dropout (small streams such as 8x8 digits)")
+MODELS.register("alexnet", _alexnet,
+                about="AlexNet-like, 3 convs + 2 fc 2048, dropout, no biases (Split CIFAR-100 reference)")
+MODELS.register("resnet18-reduced", _resnet18_reduced,
+                about="reduced ResNet-18, 20 base filters, no BatchNorm (5-Datasets)")
+MODELS.register("resnet18-mini", _resnet18_mini,
+                about="reduced ResNet-18, 32 base filters, stride-2 stem, batch-stat BatchNorm (Mini-ImageNet)")
 
 
 def build_model(name: str, shape: ModelShape) -> nn.Module:
-    if name not in MODELS:
-        raise KeyError(f"unknown model '{name}'; available: {', '.join(MODELS)}")
-    return MODELS[name][0](shape)
+    """The model ``name`` built for ``shape`` (an unknown name: :class:`cfl.registry.UnknownName`)."""
+    return MODELS[name](shape)

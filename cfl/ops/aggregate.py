@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-Params = dict[str, torch.Tensor]
+from cfl.registry import Registry
 
-#: ``aggregator.name`` choices (``cfl list``)
-AGGREGATORS = {
-    "mean": "FedAvg: the clients' updates averaged, weighted by their sample counts",
-    "gma": "gradient-masked averaging (Tenison et al. 2023): the mean update times a sign-agreement mask "
-           "(aggregator.tau)",
-}
+Params = dict[str, torch.Tensor]
 
 
 def _shares(weights: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -41,11 +38,28 @@ def agreement_mask(deltas: Params, weights: torch.Tensor, tau: float) -> Params:
     return out
 
 
+def gradient_masked_mean(deltas: Params, weights: torch.Tensor, tau: float) -> Params:
+    """GMA for FedAvg (Algorithm 1 of the GMA paper): ``m * sum_n D_n``; ``tau = 0`` is plain averaging."""
+    mean, mask = weighted_mean(deltas, weights), agreement_mask(deltas, weights, tau)
+    return {k: mask[k] * mean[k] for k in mean}
+
+
+def no_mask(*_: object) -> None:
+    """FedAvg's plain mean: no mask on the server's step."""
+    return None
+
+
+#: ``aggregator.name`` -> the mask on the server's step: ``(deltas, weights, tau) -> mask or None``
+AGGREGATORS: Registry[Callable[[Params, torch.Tensor, float], Params | None]] = Registry("aggregator")
+AGGREGATORS.register("mean", no_mask, about="FedAvg: the clients' updates averaged, weighted by their sample counts")
+AGGREGATORS.register("gma", agreement_mask, about="gradient-masked averaging (Tenison et al. 2023): the mean update "
+                     "times a sign-agreement mask (aggregator.tau)")
+
+
 def aggregate(name: str, deltas: Params, weights: torch.Tensor, tau: float) -> tuple[Params, Params | None]:
-    """The weighted mean update and, for ``gma``, the mask that multiplies the server's final step.
+    """The weighted mean update and the mask (``gma``; None for ``mean``) that multiplies the server's final step.
 
     The GMA paper (Algorithm 2) feeds the unmasked mean into adaptive servers (FedAdam/FedYogi moments)
     and masks the step they produce; for FedAvg this is the same as masking the mean.
     """
-    mean = weighted_mean(deltas, weights)
-    return mean, (agreement_mask(deltas, weights, tau) if name == "gma" else None)
+    return weighted_mean(deltas, weights), AGGREGATORS[name](deltas, weights, tau)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-#: ``loss`` choices (``cfl list``)
-LOSSES = {
-    "ce": "cross-entropy over the head's classes (class-incremental: the classes seen so far)",
-    "tce": "truncated cross-entropy (the TCE paper, eq. 3): softmax only over the labels in the client's data",
-}
+from cfl.registry import Registry
+
+#: ``loss`` names: what the client's softmax runs over (the runner's ``allowed_classes`` reads the name)
+LOSSES: Registry[None] = Registry("loss")
+LOSSES.register("ce", None, about="cross-entropy over the head's classes (class-incremental: the classes seen so far)")
+LOSSES.register("tce", None, about="truncated cross-entropy (the TCE paper, eq. 3): softmax only over the labels in "
+                "the client's data")
 
 
 def masked_cross_entropy(logits: torch.Tensor, y: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:

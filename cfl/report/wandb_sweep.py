@@ -23,8 +23,9 @@ from typing import Any
 
 import yaml
 
-from cfl.config import Config, ConfigError, from_dict, parse_overrides, read_yaml
+from cfl.config import Config, ConfigError, parse_overrides, read_yaml
 from cfl.config import _set_dotted as set_dotted
+from cfl.validation import from_dict
 
 PARAM_PATH_ENV = "WANDB_SWEEP_PARAM_PATH"
 SWEEP_ID_ENV = "WANDB_SWEEP_ID"

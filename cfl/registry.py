@@ -1,0 +1,126 @@
+"""One registry type for every named choice of a config: streams, models, partitioners, methods, aggregators
+and losses. Each maps names to entries, with a one-line description per name (what ``cfl list`` prints)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Generic, TypeVar, overload
+
+from cfl.schema import ConfigError
+
+T = TypeVar("T")
+
+
+class UnknownName(ConfigError, KeyError):
+    """A name that no entry is registered under: a :class:`ConfigError` (exit code 2) and a ``KeyError``."""
+
+    def __str__(self) -> str:  # KeyError would print the message quoted
+        return str(self.args[0]) if self.args else ""
+
+
+class _Missing:
+    """No entry given: :meth:`Registry.register` then returns a decorator."""
+
+
+_MISSING = _Missing()
+
+
+class Registry(Mapping[str, T], Generic[T]):
+    """Names -> entries of one kind, in registration order.
+
+    Read it as a mapping (``REG[name]``, ``name in REG``, iteration, ``REG.items()``); change it only
+    through :meth:`register`, :meth:`unregister` and the context managers :meth:`temporarily` and
+    :meth:`preserved`, which restore it on exit (tests, notebooks, one run given a built stream).
+    """
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind  # "stream", "model", ...: named in errors
+        self._entries: dict[str, tuple[T, str]] = {}
+
+    # ---- reading ----
+    def __getitem__(self, name: str) -> T:
+        if name not in self._entries:
+            raise self.unknown(name)
+        return self._entries[name][0]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}: {', '.join(self._entries)})"
+
+    def names(self) -> list[str]:
+        return list(self._entries)
+
+    def about(self, name: str) -> str:
+        """The one-line description given when ``name`` was registered."""
+        if name not in self._entries:
+            raise self.unknown(name)
+        return self._entries[name][1]
+
+    def unknown(self, name: object, key: str | None = None, *, also: tuple[str, ...] = ()) -> UnknownName:
+        """The error for a name that is not registered, naming the config ``key`` it came from (if any) and
+        every name it could be (``also``: accepted names that are not entries, such as ``auto``)."""
+        given = f"{key}: {name}" if key else name
+        return UnknownName(f"unknown {self.kind} '{given}'; available: {', '.join([*also, *self._entries])}")
+
+    # ---- changing ----
+    @overload
+    def register(self, name: str, entry: _Missing = ..., *, about: str = "",
+                 replace: bool = False) -> Callable[[T], T]: ...
+
+    @overload
+    def register(self, name: str, entry: T, *, about: str = "", replace: bool = False) -> T: ...
+
+    def register(self, name: str, entry: T | _Missing = _MISSING, *, about: str = "",
+                 replace: bool = False) -> T | Callable[[T], T]:
+        """Add ``entry`` under ``name`` and return it; without ``entry``, a decorator that registers what it
+        decorates. A name already registered is refused unless ``replace=True``."""
+        if isinstance(entry, _Missing):
+            def decorate(obj: T) -> T:
+                return self.register(name, obj, about=about, replace=replace)
+            return decorate
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"a {self.kind} name must be a non-empty string, got {name!r}")
+        if name in self._entries and not replace:
+            raise ConfigError(f"{self.kind} '{name}' is already registered; choose another name (registered: "
+                              f"{', '.join(self._entries)})")
+        self._entries[name] = (entry, about)
+        return entry
+
+    def unregister(self, name: str) -> None:
+        if name not in self._entries:
+            raise UnknownName(f"{self.kind} '{name}' is not registered (registered: {', '.join(self._entries)})")
+        del self._entries[name]
+
+    @contextmanager
+    def temporarily(self, name: str, entry: T, *, about: str = "", replace: bool = False) -> Iterator[T]:
+        """:meth:`register` for the ``with`` block only: on exit, error or not, ``name`` is bound again to
+        what it was bound to before (or to nothing)."""
+        previous = self._entries.get(name)
+        self.register(name, entry, about=about, replace=replace)
+        try:
+            yield entry
+        finally:
+            if previous is None:
+                self._entries.pop(name, None)
+            else:
+                self._entries[name] = previous
+
+    @contextmanager
+    def preserved(self) -> Iterator[Registry[T]]:
+        """On exit, error or not, the registry holds exactly what it held on entry (for code that registers
+        names not known in advance, such as a plugin file)."""
+        saved = dict(self._entries)
+        try:
+            yield self
+        finally:
+            self._entries.clear()
+            self._entries.update(saved)

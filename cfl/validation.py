@@ -1,0 +1,131 @@
+"""Configs checked against the registries: a raw mapping -> a validated :class:`Config` whose names exist
+(stream, model, partitioner, methods, aggregator, loss), whose method parameters fill their defaults and whose
+keys agree with each other (:mod:`cfl.cross_checks`). Every run, sweep combination and resume is built here,
+before any file is written or any data is loaded."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from cfl.config import Config, _set_dotted, parse_overrides, read_yaml
+from cfl.cross_checks import check_methods, check_model_fits, check_threads, resolve_model
+from cfl.data.partition import PARTITIONERS
+from cfl.data.streams import STREAMS
+from cfl.methods import METHODS
+from cfl.models import MODELS
+from cfl.ops.aggregate import AGGREGATORS
+from cfl.ops.losses import LOSSES
+from cfl.schema import ConfigError, build, to_dict
+
+__all__ = ["from_dict", "load_config", "resolve_saved_model", "validate_names"]
+
+
+def from_dict(data: dict[str, Any]) -> Config:
+    """Validate a raw mapping into a :class:`Config`, including names and method parameters."""
+    cfg = build(Config, data)
+    return validate_names(cfg)
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
+    """A YAML file (None: every default) with ``key=value`` overrides, validated."""
+    data = read_yaml(path) if path is not None else {}
+    for key, value in parse_overrides(overrides or []):
+        _set_dotted(data, key, value)
+    return from_dict(data)
+
+
+def _check_method_spec(spec: dict[str, Any], key: str) -> dict[str, Any]:
+    name = spec.get("name")
+    if not isinstance(name, str):
+        raise ConfigError(f"'{key}.name' is required; available methods: {', '.join(METHODS)}")
+    if name not in METHODS:
+        raise METHODS.unknown(name, f"{key}.name")
+    given = {k: v for k, v in spec.items() if k != "name"}
+    if given and not dataclasses.fields(METHODS[name].Params):
+        keys = ", ".join(f"'{key}.{k}'" for k in sorted(given))
+        raise ConfigError(f"unknown config key {keys}: method '{name}' takes no parameters; remove it")
+    params = build(METHODS[name].Params, given, key)
+    return {"name": name, **to_dict(params)}
+
+
+def _check_registered(cfg: Config) -> None:
+    """Every name a registry holds, refused with the config key and the names it could be."""
+    if cfg.model.name != "auto" and cfg.model.name not in MODELS:
+        raise MODELS.unknown(cfg.model.name, "model.name", also=("auto",))
+    for registry, key, name in ((PARTITIONERS, "partition.name", cfg.partition.name),
+                                (AGGREGATORS, "aggregator.name", cfg.aggregator.name), (LOSSES, "loss", cfg.loss)):
+        if name not in registry:
+            raise registry.unknown(name, key)
+
+
+def validate_names(cfg: Config) -> Config:
+    """Check names against the registries and cross-key constraints; fill method defaults. A config of
+    ``stream.name: avalanche`` has its benchmark imported, built and converted here (once per process)."""
+    from cfl.data.avalanche_route import ROUTE, route_stream
+
+    stream = route_stream(cfg.stream)
+    if stream is None:
+        return _validate_names(cfg)
+    from cfl.streams import lent
+
+    with lent(stream, ROUTE):  # registered as stream 'avalanche' while the config is checked against it
+        return _validate_names(cfg)
+
+
+def _validate_names(cfg: Config) -> Config:
+    if cfg.stream.name not in STREAMS:
+        raise STREAMS.unknown(cfg.stream.name, "stream.name",
+                              also=("avalanche (an Avalanche benchmark named by stream.benchmark)",))
+    entry = STREAMS[cfg.stream.name]
+    if cfg.stream.scenario != "auto" and cfg.stream.scenario not in entry.scenarios:
+        raise ConfigError(f"'stream.scenario: {cfg.stream.scenario}' is not supported by stream "
+                          f"'{cfg.stream.name}'; allowed: auto, {', '.join(entry.scenarios)}")
+    if cfg.stream.num_tasks is not None and cfg.stream.num_tasks > entry.full_tasks:
+        raise ConfigError(f"'stream.num_tasks' is {cfg.stream.num_tasks} but stream '{cfg.stream.name}' "
+                          f"has {entry.full_tasks} tasks")
+    _check_registered(cfg)
+    if cfg.clients_per_round > cfg.num_clients:
+        raise ConfigError(f"'clients_per_round' ({cfg.clients_per_round}) exceeds 'num_clients' "
+                          f"({cfg.num_clients}); lower clients_per_round or raise num_clients")
+    if cfg.client_forgetting_clients > cfg.clients_per_round:
+        raise ConfigError(f"'client_forgetting_clients' ({cfg.client_forgetting_clients}) exceeds "
+                          f"'clients_per_round' ({cfg.clients_per_round}): it measures that many of each round's "
+                          "clients; lower it")
+    if cfg.client_forgetting_clients == 1:
+        raise ConfigError("'client_forgetting_clients' is 1, but F_k averages over the other measured clients; "
+                          "use 0 (off) or at least 2")
+    if cfg.backend == "ray":
+        from cfl.ray_support import require_ray
+
+        require_ray("'backend: ray'")
+        if cfg.device != "cpu":
+            raise ConfigError(f"'backend: ray' trains clients on CPU Ray workers, but 'device: {cfg.device}'; use "
+                              "device: cpu, or backend: local on a GPU")
+    if not (cfg.device == "cpu" or cfg.device == "cuda" or cfg.device.startswith("cuda:")):
+        raise ConfigError(f"'device' must be cpu, cuda or cuda:N, got {cfg.device!r}")
+    method = _check_method_spec(cfg.method, "method")
+    plugins = [_check_method_spec(p, f"plugins[{i}]") if isinstance(p, dict) else
+               _raise(f"'plugins[{i}]' must be a mapping with a name") for i, p in enumerate(cfg.plugins)]
+    names = [method["name"]] + [p["name"] for p in plugins]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"a method appears twice in method + plugins: {names}")
+    check_methods(cfg, [method, *plugins])
+    check_threads(cfg.threads)
+    cfg = dataclasses.replace(cfg, method=method, plugins=plugins,
+                              model=dataclasses.replace(cfg.model, name=resolve_model(cfg.stream.name, cfg.model.name)))
+    check_model_fits(cfg)
+    return cfg
+
+
+def resolve_saved_model(saved: dict[str, Any]) -> dict[str, Any]:
+    """A config mapping saved before ``model: auto`` was resolved at validation, with the model it ran."""
+    model = saved.get("model") or {}
+    if model.get("name") != "auto" or saved.get("stream", {}).get("name") not in STREAMS:
+        return saved
+    return {**saved, "model": {**model, "name": resolve_model(saved["stream"]["name"], "auto")}}
+
+
+def _raise(message: str) -> Any:
+    raise ConfigError(message)
