@@ -15,7 +15,8 @@ from cfl.config import Config, ConfigError, _set_dotted, dump_yaml, parse_overri
 from cfl.data.load import load_stream
 from cfl.engine import checkpoint, rundir
 from cfl.engine.lock import locked
-from cfl.engine.runner import NonFiniteError, Runner
+from cfl.engine.runner import Runner
+from cfl.engine.server import NonFiniteError
 from cfl.engine.stop import RunStopped, StopRequest, signal_exit_code
 from cfl.metrics.results import build_results
 from cfl.report.files import atomic_write_bytes, atomic_write_json
@@ -76,7 +77,7 @@ class Checkpointer:
         self.runner, self.out, self.stop, self.wandb_run_id, self.attempt = runner, out, stop, wandb_run_id, attempt
 
     def save(self) -> None:
-        checkpoint.save(self.out, checkpoint.capture(self.runner, self.wandb_run_id))
+        checkpoint.save(self.out, checkpoint.capture(self.runner.snapshot(), self.wandb_run_id))
         self.attempt.saved_round = self.runner.progress.global_round
 
     def __call__(self) -> None:
@@ -196,7 +197,7 @@ def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quie
     runner.observers = [bars, MetricsWriter(out / "metrics.jsonl"), logger]
     saver = Checkpointer(runner, out, stop, logger.run_id, attempt)
     if saved is not None:
-        checkpoint.restore(runner, saved)
+        runner.resume(checkpoint.restore(runner.snapshot(), saved))
         attempt.saved_round = runner.progress.global_round
         keep_metrics_lines(out / "metrics.jsonl", runner.progress.global_round, runner.progress.evaluations)
     else:
@@ -212,7 +213,7 @@ def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quie
         raise RunStopped(f"stopped by {stop.name} after round {prog.global_round} (task {prog.task + 1}/"
                          f"{stream.num_tasks}); checkpoint saved. Resume with: cfl run --resume {out}",
                          128 + int(stop.signum))
-    results = build_results(runner, time.perf_counter() - started)
+    results = build_results(runner.snapshot(), time.perf_counter() - started)
     results["wandb_run_id"] = logger.run_id
     plots = write_plots(results, runner.progress.evaluations, cfg.rounds_per_task, out)
     results["wall_seconds"] = time.perf_counter() - started

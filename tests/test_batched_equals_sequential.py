@@ -154,7 +154,7 @@ def test_every_model_and_method_run_alike_end_to_end(model, method):
     cfg = replace(cfg, model=replace(cfg.model, name=model))  # on images of its size, not the config's stream
     runner = Runner(cfg, image_stream(smallest_image(model)))
     for task in range(2):
-        sizes = [len(ix) for ix in runner.client_indices(task)]
+        sizes = [len(ix) for ix in runner.schedule.client_indices(task)]
         assert len(set(sizes)) == len(sizes) and any(n % 4 for n in sizes), sizes  # padded short batches
         batched, batched_acc = _round_with(runner, BatchedTrainer(), task)
         sequential, sequential_acc = _round_with(runner, train_sequential, task)

@@ -45,7 +45,7 @@ def test_save_replaces_atomically_and_a_failed_write_keeps_the_old_file(tmp_path
 
 def test_a_half_written_temp_file_from_a_killed_process_is_ignored(tmp_path):
     runner = Runner(tiny_config(), make_stream())
-    checkpoint.save(tmp_path, checkpoint.capture(runner, "wb-1"))
+    checkpoint.save(tmp_path, checkpoint.capture(runner.snapshot(), "wb-1"))
     (tmp_path / ".checkpoint.pt.k1ll3d").write_bytes(b"PK\x03\x04 truncated")  # SIGKILL before os.replace
     payload = checkpoint.load(tmp_path)
     assert payload["wandb_run_id"] == "wb-1" and payload["progress"]["global_round"] == 0
@@ -68,7 +68,7 @@ def test_method_state_that_would_need_unsafe_unpickling_is_refused_by_name():
     runner = Runner(tiny_config(), make_stream())
     runner.states[0].client(2)["basis"] = np.zeros(3)
     with pytest.raises(checkpoint.CheckpointError, match=r"method 'fedavg'.*\[2\].*'basis'.*ndarray"):
-        checkpoint.capture(runner, None)
+        checkpoint.capture(runner.snapshot(), None)
 
 
 def test_edited_config_is_refused_but_result_neutral_keys_may_change():
@@ -100,7 +100,7 @@ def run_to_end(cfg, stream, stop_after=None, payload=None):
     torch.manual_seed(12345)  # whatever the process did before must not matter
     runner = Runner(cfg, stream)
     if payload is not None:
-        checkpoint.restore(runner, payload)
+        runner.resume(checkpoint.restore(runner.snapshot(), payload))
     if stop_after is not None:
         runner.should_stop = lambda: runner.progress.global_round >= stop_after
     runner.run()
@@ -119,7 +119,7 @@ def assert_same_run(a, b):
 
 def resumed(cfg, stream, stop_after, tmp_path):
     half = run_to_end(cfg, stream, stop_after=stop_after)
-    checkpoint.save(tmp_path, checkpoint.capture(half, None))
+    checkpoint.save(tmp_path, checkpoint.capture(half.snapshot(), None))
     return run_to_end(cfg, stream, payload=checkpoint.load(tmp_path))
 
 
@@ -148,7 +148,7 @@ def test_dropout_model_resumes_bit_for_bit_at_any_round(stop_after, dropout_refe
 def test_without_the_generator_state_dropout_differs(dropout_reference):
     """The check above has teeth: restoring everything but torch's generator changes the dropout masks."""
     half = run_to_end(DROPOUT_CFG, DROPOUT_STREAM, stop_after=1)
-    payload = checkpoint.capture(half, None)
+    payload = checkpoint.capture(half.snapshot(), None)
     payload["rng"] = {**payload["rng"], "torch": torch.manual_seed(7).get_state()}
     other = run_to_end(DROPOUT_CFG, DROPOUT_STREAM, payload=payload)
     assert not torch.equal(other.params["head.weight"], dropout_reference.params["head.weight"])

@@ -17,7 +17,7 @@ def _run(method: str) -> tuple[Runner, dict]:
                      "wandb": {"mode": "disabled"}, "method": {"name": method}})
     runner = Runner(cfg, make_stream("domain", num_tasks=3))
     runner.run()
-    return runner, build_results(runner, 0.0)
+    return runner, build_results(runner.snapshot(), 0.0)
 
 
 @pytest.mark.parametrize("method", TASK_END_METHODS)

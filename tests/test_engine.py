@@ -3,7 +3,9 @@
 import pytest
 import torch
 
-from cfl.engine.runner import NonFiniteError, Runner, sample_clients
+from cfl.engine.runner import Runner
+from cfl.engine.schedule import sample_clients
+from cfl.engine.server import NonFiniteError
 from cfl.validation import from_dict
 from tests.conftest import make_stream, run_both_paths
 
@@ -55,7 +57,7 @@ def test_fedavg_round_is_the_weighted_mean_of_client_results():
     from cfl.engine.jobs import ClientJob, Plugins, derive_seed
     from cfl.engine.local_sequential import train_one
 
-    parts = runner.client_indices(0)
+    parts = runner.schedule.client_indices(0)
     cids = sample_clients(cfg.seed, 0, 0, cfg.num_clients, cfg.clients_per_round)
     results = []
     for c in cids:
@@ -119,7 +121,7 @@ def test_skip_client_drops_nonfinite_updates_and_warns():
 
     def poisoned(task, rnd):
         poison = runner.stream.tasks[task].train_x
-        client0 = runner.client_indices(task)[0]
+        client0 = runner.schedule.client_indices(task)[0]
         saved = poison[client0].clone()
         poison[client0] = float("nan")
         try:

@@ -195,7 +195,7 @@ def test_fedadam_with_gma_masks_the_final_step_not_the_moments():
     start = {k: v.clone() for k, v in runner.params.items()}
     delta = {k: torch.full_like(v, 0.5) for k, v in start.items()}
     mask = {k: torch.full_like(v, 0.25) for k, v in start.items()}
-    new = runner._apply(delta, mask, 0)
+    new = runner.server.apply(delta, mask, 0)
     # Adam's first step on a constant 0.5: m = 0.05, v = 0.99e-6 + 0.0025; then masked by 0.25
     step = 0.1 * 0.05 / (math.sqrt(0.99e-6 + 0.0025) + 1e-3)
     for k in start:
@@ -208,7 +208,7 @@ def test_fedavg_with_gma_mask_is_the_masked_mean_and_tau_zero_is_averaging():
     runner = Runner(_cfg(server_lr=0.5), stream)
     delta = {k: torch.ones_like(v) for k, v in runner.params.items()}
     mask = {k: torch.full_like(v, 0.3) for k, v in runner.params.items()}
-    new = runner._apply(delta, mask, 0)
+    new = runner.server.apply(delta, mask, 0)
     for k, w in runner.params.items():
         assert torch.allclose(new[k], w + 0.3 * 0.5)
     gma0 = Runner(_cfg(aggregator={"name": "gma", "tau": 0.0}), stream)
@@ -237,10 +237,10 @@ def test_tce_is_cross_entropy_over_the_client_label_subset():
 def test_tce_label_set_is_the_clients_labels_of_the_task():
     stream = make_stream("domain", num_tasks=1, classes=3)
     runner = Runner(_cfg(loss="tce", partition={"name": "shards", "shards_per_client": 1}), stream)
-    for idx in runner.client_indices(0):
+    for idx in runner.schedule.client_indices(0):
         present = set(stream.tasks[0].train_y[idx].tolist())
-        assert runner.allowed_classes(0, idx).nonzero().flatten().tolist() == sorted(present)
-    assert Runner(_cfg(), stream).allowed_classes(0, runner.client_indices(0)[0]) is None
+        assert runner.schedule.allowed_classes(0, idx).nonzero().flatten().tolist() == sorted(present)
+    assert Runner(_cfg(), stream).schedule.allowed_classes(0, runner.schedule.client_indices(0)[0]) is None
 
 
 # ---------------- local client forgetting (TCE paper) ----------------
@@ -282,10 +282,10 @@ def test_client_forgetting_is_recorded_per_round_and_summarised():
         assert e["mean"] == pytest.approx(sum(e["F_k"]) / 2)
     attached = [x for ev in runner.progress.evaluations for x in ev.get("client_forgetting", [])]
     assert attached == entries  # each entry travels with exactly one metrics.jsonl record
-    summary = build_results(runner, 0.0)["client_forgetting"]
+    summary = build_results(runner.snapshot(), 0.0)["client_forgetting"]
     assert summary["rounds_measured"] == 4 and summary["clients_per_round"] == 2
     assert summary["mean_F"] == pytest.approx(sum(e["mean"] for e in entries) / 4)
-    assert "client_forgetting" not in build_results(Runner(_cfg(), stream), 0.0)
+    assert "client_forgetting" not in build_results(Runner(_cfg(), stream).snapshot(), 0.0)
 
 
 def test_client_forgetting_of_one_client_is_refused():

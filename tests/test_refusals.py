@@ -118,7 +118,7 @@ def write_run(path, cfg, edit=None):
     """A run directory as ``cfl run`` leaves it after its round-0 checkpoint (built without loading data)."""
     path.mkdir()
     (path / "config.yaml").write_text(dump_yaml(cfg if edit is None else edit(cfg)))
-    checkpoint.save(path, checkpoint.capture(Runner(cfg, make_stream()), None))
+    checkpoint.save(path, checkpoint.capture(Runner(cfg, make_stream()).snapshot(), None))
 
 
 @pytest.fixture(scope="module")

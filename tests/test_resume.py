@@ -189,10 +189,10 @@ def test_augmented_stream_resumes_bit_for_bit(tmp_path):
     stopped.should_stop = lambda: stopped.progress.global_round == 4
     stopped.run()
     assert stopped.progress.global_round == 4
-    checkpoint.save(tmp_path, checkpoint.capture(stopped, None))
+    checkpoint.save(tmp_path, checkpoint.capture(stopped.snapshot(), None))
     torch.manual_seed(123)  # whatever ran in between
     resumed = Runner(cfg, stream)
-    checkpoint.restore(resumed, checkpoint.load(tmp_path))
+    resumed.resume(checkpoint.restore(resumed.snapshot(), checkpoint.load(tmp_path)))
     resumed.run()
     assert resumed.progress.acc_matrix == reference.progress.acc_matrix
     assert all(torch.equal(resumed.params[k], reference.params[k]) for k in reference.params)

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from cfl.engine.jobs import ClientOutcome
-from cfl.engine.runner import NonFiniteError, Runner
+from cfl.engine.runner import Runner
+from cfl.engine.server import NonFiniteError
 from cfl.validation import from_dict
 from tests.conftest import make_stream
 
@@ -42,7 +43,7 @@ def _hand_round(updates: list[float], **kw) -> tuple[Runner, dict[str, torch.Ten
     The trainer is replaced, so the server step is checked against hand-computed values only.
     """
     runner = _runner(num_clients=4, clients_per_round=4, **kw)
-    runner._partitions = {0: [torch.arange(n) for n in SIZES]}
+    runner.schedule._partitions = {0: [torch.arange(n) for n in SIZES]}
 
     def trainer(model, params, jobs, *args):  # noqa: ARG001 - the engine's trainer signature
         trained = {k: torch.stack([v + updates[j.cid] for j in jobs]) for k, v in params.items()}

@@ -26,6 +26,7 @@ import torch
 from cfl.config import Config
 from cfl.data.fingerprint import differences, fingerprint
 from cfl.data.stream import Stream
+from cfl.engine.snapshot import Progress, RunSnapshot
 from cfl.report.files import atomic_write_bytes
 from cfl.schema import ConfigError
 from cfl.validation import resolve_saved_model
@@ -87,23 +88,23 @@ def check_plain(obj: Any, where: str) -> None:
                           f"strings and lists/dicts of them (convert numpy arrays with torch.as_tensor)")
 
 
-def capture(runner: Any, wandb_run_id: str | None) -> dict[str, Any]:
-    """Everything needed to continue ``runner`` exactly where it is (tensors are shared, not copied)."""
-    states = [st.state_dict() for st in runner.states]
-    for method, state in zip(runner.methods, states, strict=True):
+def capture(run: RunSnapshot, wandb_run_id: str | None) -> dict[str, Any]:
+    """Everything needed to continue ``run`` exactly where it is (tensors are shared, not copied)."""
+    states = [st.state_dict() for st in run.states]
+    for method, state in zip(run.methods, states, strict=True):
         check_plain(state, f"state of method '{method.name}'")
-    progress = dataclasses.asdict(runner.progress)
+    progress = dataclasses.asdict(run.progress)
     check_plain(progress, "progress")
     return {
         "format": FORMAT,
-        "config": runner.cfg.to_dict(),
-        "params": runner.params,
+        "config": run.cfg.to_dict(),
+        "params": run.params,
         "states": states,
-        "comm": runner.comm.state_dict(),
+        "comm": run.comm.state_dict(),
         "progress": progress,
         "rng": rng_state(),
         "wandb_run_id": wandb_run_id,
-        "data": fingerprint(runner.stream),
+        "data": fingerprint(run.stream),
     }
 
 
@@ -201,13 +202,16 @@ def check_data(payload: dict[str, Any], stream: Stream, cfg: Config) -> None:
                           f"(--set data_root=DIR) or $CFL_DATA at the run's data, or start a new run with --out")
 
 
-def restore(runner: Any, payload: dict[str, Any]) -> None:
-    """Put ``runner`` (freshly built from the same config) back into the checkpointed state."""
-    if set(payload["params"]) != set(runner.params) or len(payload["states"]) != len(runner.states):
+def restore(run: RunSnapshot, payload: dict[str, Any]) -> RunSnapshot:
+    """``run`` (a fresh runner's snapshot, same config) put back into the checkpointed state: the method
+    states, the communication ledger and the global generators are loaded in place; the parameters and the
+    progress come back in the returned snapshot (hand it to ``Runner.resume``)."""
+    if set(payload["params"]) != set(run.params) or len(payload["states"]) != len(run.states):
         raise ConfigError("the checkpoint's model or methods do not match this config; start a new run with --out")
-    runner.params = {k: v.to(runner.device) for k, v in payload["params"].items()}
-    for state, saved in zip(runner.states, payload["states"], strict=True):
-        state.load_state_dict(_to(saved, runner.device))
-    runner.comm.load_state_dict(payload["comm"])
-    runner.progress = type(runner.progress)(**payload["progress"])
+    params = {k: v.to(run.device) for k, v in payload["params"].items()}
+    for state, saved in zip(run.states, payload["states"], strict=True):
+        state.load_state_dict(_to(saved, run.device))
+    run.comm.load_state_dict(payload["comm"])
+    progress = Progress(**payload["progress"])
     set_rng_state(payload["rng"])
+    return dataclasses.replace(run, params=params, progress=progress)

@@ -20,7 +20,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from cfl.data.stream import Stream
 from cfl.engine.evaluate import hits
+from cfl.engine.jobs import ClientJob
 
 
 def class_accuracy(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
@@ -62,31 +64,33 @@ def mean_over_others(matrix: torch.Tensor) -> torch.Tensor:
     return (matrix * off_diagonal).sum(1) / max(m - 1, 1)
 
 
-def measure(runner: Any, task: int, jobs: list[Any], trained: dict[str, torch.Tensor],
+def measure(model: nn.Module, global_params: dict[str, torch.Tensor], stream: Stream, task: int,
+            round_number: int, clients: int, jobs: list[ClientJob], trained: dict[str, torch.Tensor],
             keep: torch.Tensor) -> dict[str, Any] | None:
     """The round's entry (clients, ``F_ki``, ``F_k``, their mean) or None when the metric is off.
 
-    Call before the global model is replaced: ``runner.params`` is ``w_{t-1}``; ``trained`` holds the
-    clients' models stacked over all jobs of the round and ``keep`` marks the rows of ``jobs``.
+    Call before the global model is replaced: ``global_params`` is ``w_{t-1}``; ``trained`` holds the
+    clients' models stacked over all jobs of the round and ``keep`` marks the rows of ``jobs``; the first
+    ``clients`` (``client_forgetting_clients``) of ``jobs`` are measured; ``round_number`` is 1-based.
     """
-    n = min(runner.cfg.client_forgetting_clients, len(jobs))
+    n = min(clients, len(jobs))
     if n < 2:
         return None
-    stream, data = runner.stream, runner.stream.tasks[task]
+    data = stream.tasks[task]
     allowed = stream.class_mask(task)
     allowed = None if allowed is None else allowed.to(data.test_y.device)
     K = stream.classes_per_head
     rows = keep.nonzero().flatten().tolist()[:n]
 
     def per_class(params: dict[str, torch.Tensor]) -> torch.Tensor:
-        return class_accuracy(runner.model, params, data.test_x, data.test_y, task, K, allowed)
+        return class_accuracy(model, params, data.test_x, data.test_y, task, K, allowed)
 
-    global_acc = per_class(runner.params)
+    global_acc = per_class(global_params)
     client_acc = torch.stack([per_class({k: v[row] for k, v in trained.items()}) for row in rows])
     dist = torch.stack([label_distribution(data.train_y[job.indices], K) for job in jobs[:n]])
     matrix = forgetting_matrix(global_acc, client_acc, dist)
     per_client = mean_over_others(matrix)
-    return {"task": task, "round": runner.progress.global_round + 1, "clients": [job.cid for job in jobs[:n]],
+    return {"task": task, "round": round_number, "clients": [job.cid for job in jobs[:n]],
             "F_ki": matrix.tolist(), "F_k": per_client.tolist(), "mean": float(per_client.mean())}
 
 

@@ -1,12 +1,13 @@
-"""The ``results.json`` document of a run, computed from the runner's progress."""
+"""The ``results.json`` document of a run, computed from a snapshot of the run (:mod:`cfl.engine.snapshot`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from cfl.engine.snapshot import RunSnapshot
 from cfl.methods.base import Method, MethodState, overrides
 from cfl.metrics import client_forgetting
-from cfl.metrics.comm import task_end_model_line
+from cfl.metrics.comm import CommLedger, task_end_model_line
 from cfl.metrics.matrix import average_accuracy, backward_transfer, forgetting, rounds_to_targets
 
 
@@ -20,17 +21,17 @@ def targets_per_task(evaluations: list[dict[str, Any]], targets: list[float],
     return out
 
 
-def method_stats(runner: Any, method: Method, state: MethodState) -> dict[str, Any]:
+def method_stats(comm: CommLedger, method: Method, state: MethodState) -> dict[str, Any]:
     """The method's own figures, plus the bytes of the final global models its task-end hook had sent to
     clients (a line of ``download_bytes`` of its own, so communication tables can compare with or without)."""
     stats = method.stats(state)
     if overrides(method, "task_end_client"):
-        stats["task_end_model_download_bytes"] = runner.comm.lines.get(task_end_model_line(method.name), 0)
+        stats["task_end_model_download_bytes"] = comm.lines.get(task_end_model_line(method.name), 0)
     return stats
 
 
-def build_results(runner: Any, wall_seconds: float) -> dict[str, Any]:
-    cfg, stream, prog = runner.cfg, runner.stream, runner.progress
+def build_results(run: RunSnapshot, wall_seconds: float) -> dict[str, Any]:
+    cfg, stream, prog = run.cfg, run.stream, run.progress
     done = prog.task  # tasks completed
     matrix = prog.acc_matrix
     results: dict[str, Any] = {
@@ -50,11 +51,10 @@ def build_results(runner: Any, wall_seconds: float) -> dict[str, Any]:
         "wall_seconds": wall_seconds,
         "train_seconds": prog.train_seconds,
         "task_end_seconds": prog.task_end_seconds,
-        "upload_bytes": runner.comm.upload_bytes,
-        "download_bytes": runner.comm.download_bytes,
-        "model_bytes": runner.model_bytes,
-        "method_stats": {m.name: method_stats(runner, m, st) for m, st in zip(runner.methods, runner.states,
-                                                                               strict=True)},
+        "upload_bytes": run.comm.upload_bytes,
+        "download_bytes": run.comm.download_bytes,
+        "model_bytes": run.model_bytes,
+        "method_stats": {m.name: method_stats(run.comm, m, st) for m, st in zip(run.methods, run.states, strict=True)},
         "config": cfg.to_dict(),
     }
     if cfg.target_accuracies:

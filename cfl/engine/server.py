@@ -1,0 +1,90 @@
+"""The server: the global model's parameters and the server step of every round.
+
+The step is: refuse non-finite client updates (or drop them, ``on_nonfinite: skip_client``), aggregate
+the kept clients' updates ``w_c - w`` (:mod:`cfl.ops.aggregate`), apply the first method's
+``server_update`` (else ``server_lr * delta``; FedOpt, Reddi et al. 2021), times GMA's mask if any
+(Tenison et al. 2023), then every method's ``transform_update`` (FOT projects the step actually taken),
+and refuse a global model that the step made non-finite.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from cfl.config import Config
+from cfl.engine.jobs import ClientOutcome
+from cfl.methods.base import Method, MethodState, Params, overrides
+from cfl.ops.aggregate import aggregate
+
+
+class NonFiniteError(RuntimeError):
+    """A client produced a NaN/inf loss or update, or the server step a NaN/inf global model."""
+
+
+def client_deltas(trained: Params, global_params: Params, keep: torch.Tensor) -> Params:
+    """The kept clients' updates ``w_c - w``, computed in place in ``trained`` when every client is kept
+    (no fresh (C, ...) tensors: at 64 MLP clients each costs ~160 MB of new pages a round)."""
+    if bool(keep.all()):
+        return {k: trained[k].sub_(v) for k, v in global_params.items()}
+    return {k: trained[k][keep] - v for k, v in global_params.items()}
+
+
+class Server:
+    """Holds the global parameters and applies the aggregated client updates to them."""
+
+    def __init__(self, cfg: Config, params: Params, methods: list[Method], states: list[MethodState]) -> None:
+        self.cfg, self.params, self.methods, self.states = cfg, params, methods, states
+
+    def accept(self, trained: Params, outcomes: list[ClientOutcome], task: int, rnd: int) -> torch.Tensor:
+        """(C,) bool: the clients whose loss and update are finite; a non-finite one is refused, or dropped
+        with a warning under ``on_nonfinite: skip_client`` while at least one client is left."""
+        finite = torch.tensor([o.finite for o in outcomes], device=next(iter(self.params.values())).device)
+        for v in trained.values():  # min and max are finite iff every entry is (NaN propagates); one pass
+            low, high = torch.aminmax(v.flatten(1), dim=1)
+            finite &= torch.isfinite(low) & torch.isfinite(high)
+        if bool(finite.all()):
+            return finite
+        bad = [o.cid for o, ok in zip(outcomes, finite.tolist(), strict=True) if not ok]
+        where = f"task {task} (0-based), round {rnd + 1} of the task, client(s) {bad}"
+        if self.cfg.on_nonfinite == "skip_client" and bool(finite.any()):
+            warnings.warn(f"non-finite loss or update at {where}: update dropped", stacklevel=2)
+            return finite
+        raise NonFiniteError(f"non-finite loss or update at {where}; lower lr (now {self.cfg.lr}) or check "
+                             f"the method's parameters")
+
+    def step(self, trained: Params, keep: torch.Tensor, weights: torch.Tensor, task: int, rnd: int) -> None:
+        """Aggregate the kept rows of ``trained`` (used up: their memory holds the deltas) with ``weights``
+        and replace the global parameters by the result of the server step."""
+        deltas = client_deltas(trained, self.params, keep)
+        delta, mask = aggregate(self.cfg.aggregator.name, deltas, weights, self.cfg.aggregator.tau)
+        self.params = self.check_step(self.apply(delta, mask, task), task, rnd)
+
+    def apply(self, delta: Params, mask: Params | None, task: int) -> Params:
+        """The new global parameters: the first method's ``server_update`` (else ``server_lr * delta``), times
+        GMA's mask if any, then every method's ``transform_update`` (FOT projects the step actually taken)."""
+        lr = self.cfg.server_lr
+        new = next((p for m, st in zip(self.methods, self.states, strict=True)
+                    if (p := m.server_update(self.params, delta, st.server, lr)) is not None), None)
+        step = {k: new[k] - self.params[k] for k in self.params} if new is not None else \
+            {k: lr * delta[k] for k in self.params}
+        if mask is not None:
+            step = {k: mask[k] * step[k] for k in self.params}
+        for m, st in zip(self.methods, self.states, strict=True):
+            step = m.transform_update(step, st.server, task)
+        return {k: self.params[k] + step[k] for k in self.params}
+
+    def check_step(self, new: Params, task: int, rnd: int) -> Params:
+        """Refuse a global model made non-finite by the server step (every client update was finite)."""
+        bad = [k for k, v in new.items() if not bool(torch.isfinite(v).all())]
+        if not bad:
+            return new
+        server = [m.name for m in self.methods if overrides(m, "server_update")]
+        raise NonFiniteError(
+            f"non-finite global model after the server step at task {task} (0-based), round {rnd + 1} of the task "
+            f"(parameter(s) {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}; every client update was finite): "
+            f"lower server_lr (now {self.cfg.server_lr})"
+            + (f" or check the server optimiser of {', '.join(server)}" if server else "")
+            + f", or the aggregator ({self.cfg.aggregator.name})")
+

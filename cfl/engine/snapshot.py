@@ -1,0 +1,50 @@
+"""What a run has accumulated, as one typed value: checkpoints and ``results.json`` are built from it.
+
+:class:`RunSnapshot` holds references, not copies (tensors and states are shared with the runner), so
+taking one is free; it is read right away (:func:`cfl.engine.checkpoint.capture`,
+:func:`cfl.metrics.results.build_results`) or handed back to the runner after a restore.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from cfl.config import Config
+from cfl.data.stream import Stream
+from cfl.methods.base import Method, MethodState, Params
+from cfl.metrics.comm import CommLedger
+from cfl.metrics.matrix import Matrix
+
+
+@dataclass
+class Progress:
+    """Where the run is and what it has measured so far (all of it checkpointable)."""
+
+    task: int = 0
+    round_in_task: int = 0  # rounds of `task` already done
+    global_round: int = 0
+    acc_matrix: Matrix = field(default_factory=list)
+    evaluations: list[dict[str, Any]] = field(default_factory=list)
+    client_forgetting: list[dict[str, Any]] = field(default_factory=list)  # TCE paper's F_ki per measured round
+    train_seconds: float = 0.0
+    task_end_seconds: float = 0.0
+    wall_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class RunSnapshot:
+    """The state of one run at a round boundary: config, stream, global parameters, methods and their
+    states, communication ledger and progress (``model_bytes``: bytes of one global model)."""
+
+    cfg: Config
+    stream: Stream
+    device: torch.device
+    params: Params
+    methods: list[Method]
+    states: list[MethodState]
+    comm: CommLedger
+    progress: Progress
+    model_bytes: int
