@@ -130,3 +130,17 @@ def test_a_manifest_whose_records_are_gone_is_refused(tmp_path):
         os.truncate(tmp_path / f, 10)
     with pytest.raises(ValueError, match="shorter"):
         DiskClientStates(tmp_path).load_state_dict(manifest)
+
+
+def test_store_choice_and_the_disk_refusal(tmp_path, monkeypatch):
+    from cfl.engine import state_budget
+    from cfl.schema import ConfigError
+
+    assert state_budget.choose_store("auto", state_budget.MEMORY_BYTES) == "memory"
+    assert state_budget.choose_store("auto", state_budget.MEMORY_BYTES + 1) == "disk"
+    assert state_budget.choose_store("memory", 10**15) == "memory"
+    assert state_budget.choose_store("disk", 0) == "disk"
+    state_budget.check_disk(tmp_path / "run", {"ewc": 5_110_000}, 125)  # 0.6 GB fits
+    monkeypatch.setattr(state_budget, "free_bytes", lambda _: 20 * 10**9)
+    with pytest.raises(ConfigError, match=r"ewc ~5.11 MB per client.*51.1 GB.*needs up to 103.3 GB.*20.0 GB free"):
+        state_budget.check_disk(tmp_path / "run", {"ewc": 5_110_000, "fedprox": 0}, 10_000)

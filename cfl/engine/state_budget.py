@@ -1,0 +1,53 @@
+"""Where the methods' per-client state lives (``client_state_store``) and whether it fits the disk.
+
+``auto`` keeps it in memory while the estimated state of all clients (bytes per client x ``num_clients``,
+summed over the run's methods) stays within ``MEMORY_BYTES``, and puts it on disk
+(:class:`cfl.engine.disk_states.DiskClientStates`) beyond. The disk store needs up to twice the live state
+plus one segment (compaction runs when dead bytes exceed live ones), so a run whose estimate cannot fit the
+free space of the run directory's file system is refused before it starts.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from cfl.engine.disk_states import SEGMENT_BYTES
+from cfl.schema import ConfigError
+
+MEMORY_BYTES = 1 << 30
+GB = 1e9
+
+
+def choose_store(setting: str, total_bytes: int) -> str:
+    """``memory`` or ``disk`` for ``client_state_store: setting`` and the estimated state of all clients."""
+    if setting != "auto":
+        return setting
+    return "disk" if total_bytes > MEMORY_BYTES else "memory"
+
+
+def disk_need(total_bytes: int) -> int:
+    """Bytes the disk store may occupy for ``total_bytes`` of live state (dead records up to the live ones)."""
+    return 2 * total_bytes + min(SEGMENT_BYTES, total_bytes)
+
+
+def free_bytes(path: Path) -> int:
+    """Free bytes of the file system ``path`` is (or will be) on."""
+    existing = Path(path).absolute()
+    while not existing.exists():
+        existing = existing.parent
+    return shutil.disk_usage(existing).free
+
+
+def check_disk(out: Path, per_client: dict[str, int], num_clients: int) -> None:
+    """Refuse a disk store that cannot fit ``out``'s file system (``per_client``: method -> estimated bytes)."""
+    total = sum(per_client.values()) * num_clients
+    need, free = disk_need(total), free_bytes(out)
+    if need <= free:
+        return
+    parts = ", ".join(f"{name} ~{b / 1e6:.2f} MB" for name, b in per_client.items() if b)
+    raise ConfigError(f"the methods' per-client state ({parts} per client) x num_clients={num_clients} is ~"
+                      f"{total / GB:.1f} GB; on disk it needs up to {need / GB:.1f} GB (dead records between "
+                      f"compactions) but {out} has {free / GB:.1f} GB free. Lower num_clients, shrink the state "
+                      f"(a smaller model, or the method's own options such as er.mem_per_client), or choose an "
+                      f"--out on a larger disk")
