@@ -26,7 +26,7 @@ the same interface as the in-memory store (``get``, ``put``, ``ids``, ``len``, `
   (torch counts in-place writes) and whose other values are equal, writes nothing: a method that only reads
   a state during a round costs one read.
 
-Format measurements (against SQLite, a file per client and a memory-mapped file) are in docs/performance.md
+Format measurements (against SQLite, a file per client and a memory-mapped file) are in docs/scaling.md
 (``benchmarks/state_store_formats.py``).
 """
 
