@@ -140,7 +140,7 @@ def test_store_choice_and_the_disk_refusal(tmp_path, monkeypatch):
     assert state_budget.choose_store("auto", state_budget.MEMORY_BYTES + 1) == "disk"
     assert state_budget.choose_store("memory", 10**15) == "memory"
     assert state_budget.choose_store("disk", 0) == "disk"
-    state_budget.check_disk(tmp_path / "run", {"ewc": 5_110_000}, 125)  # 0.6 GB fits
+    state_budget.check_disk(tmp_path / "run", {"ewc": 125 * 5_110_000}, 125)  # 0.6 GB fits
     monkeypatch.setattr(state_budget, "free_bytes", lambda _: 20 * 10**9)
     with pytest.raises(ConfigError, match=r"ewc ~5.11 MB per client.*51.1 GB.*needs up to 103.3 GB.*20.0 GB free"):
-        state_budget.check_disk(tmp_path / "run", {"ewc": 5_110_000, "fedprox": 0}, 10_000)
+        state_budget.check_disk(tmp_path / "run", {"ewc": 10_000 * 5_110_000, "fedprox": 0}, 10_000)

@@ -10,6 +10,7 @@ free space of the run directory's file system is refused before it starts.
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from cfl.engine.disk_states import SEGMENT_BYTES
@@ -17,6 +18,20 @@ from cfl.schema import ConfigError
 
 MEMORY_BYTES = 1 << 30
 GB = 1e9
+
+
+@dataclass(frozen=True)
+class StateSizing:
+    """What a method's estimate of its clients' state may depend on (``Method.client_state_bytes``)."""
+
+    model_bytes: int  # one global model's parameters
+    sample_bytes: int  # one training input
+    samples_per_client: float  # mean training samples of a client in one task
+    num_clients: int
+    num_tasks: int
+    rounds: int  # rounds of the whole run
+    clients_per_round: int
+    protected: dict[str, int]  # protected layer name -> input width d (a GPM basis is at most d x d)
 
 
 def choose_store(setting: str, total_bytes: int) -> str:
@@ -39,13 +54,14 @@ def free_bytes(path: Path) -> int:
     return shutil.disk_usage(existing).free
 
 
-def check_disk(out: Path, per_client: dict[str, int], num_clients: int) -> None:
-    """Refuse a disk store that cannot fit ``out``'s file system (``per_client``: method -> estimated bytes)."""
-    total = sum(per_client.values()) * num_clients
+def check_disk(out: Path, totals: dict[str, int], num_clients: int) -> None:
+    """Refuse a disk store that cannot fit ``out``'s file system (``totals``: method -> estimated bytes of the
+    state of all its clients)."""
+    total = sum(totals.values())
     need, free = disk_need(total), free_bytes(out)
     if need <= free:
         return
-    parts = ", ".join(f"{name} ~{b / 1e6:.2f} MB" for name, b in per_client.items() if b)
+    parts = ", ".join(f"{name} ~{b / num_clients / 1e6:.2f} MB" for name, b in totals.items() if b)
     raise ConfigError(f"the methods' per-client state ({parts} per client) x num_clients={num_clients} is ~"
                       f"{total / GB:.1f} GB; on disk it needs up to {need / GB:.1f} GB (dead records between "
                       f"compactions) but {out} has {free / GB:.1f} GB free. Lower num_clients, shrink the state "
