@@ -104,6 +104,8 @@ def _skeleton(obj: Any, tensors: list[torch.Tensor]) -> Any:
 class DiskClientStates:
     """Client id -> state, stored under ``root`` (created on the first write); see the module docstring."""
 
+    kind = "disk"
+
     def __init__(self, root: Path | str, device: torch.device | str = "cpu", segment_bytes: int = SEGMENT_BYTES,
                  compact_min_bytes: int = COMPACT_MIN_BYTES) -> None:
         self.root, self.device = Path(root), torch.device(device)
@@ -161,7 +163,8 @@ class DiskClientStates:
         return len(self._index)
 
     def nbytes(self, cid: int) -> int:
-        """Bytes of the client's tensors (0 without a state), from the index: no read."""
+        """Bytes of the client's state as :func:`cfl.metrics.comm.nbytes` counts them (0 without one), from the
+        index: no read."""
         entry = self._index.get(int(cid))
         return 0 if entry is None else entry[3]
 
@@ -191,10 +194,17 @@ class DiskClientStates:
         self._committed, self._pending = self._pending, None
         self._delete_unreferenced()
 
-    def load_state_dict(self, manifest: dict[str, Any]) -> None:
+    def load_state_dict(self, manifest: dict[Any, Any]) -> None:
         """Point the index at a checkpoint's records; delete segments written after it (they hold no record it
-        names) and write on to a new segment. Raises ``ValueError`` when the files do not hold the records."""
-        if manifest.get("store") != "disk" or manifest.get("format") != MANIFEST_FORMAT:
+        names) and write on to a new segment. Raises ``ValueError`` when the files do not hold the records.
+
+        A checkpoint of the in-memory store (client id -> state) is written into a fresh store instead."""
+        if manifest.get("store") != "disk":
+            self._reset()
+            for cid, state in manifest.items():
+                self.put(int(cid), state)
+            return
+        if manifest.get("format") != MANIFEST_FORMAT:
             raise ValueError(f"not a disk client-state manifest of format {MANIFEST_FORMAT}")
         self.close()
         files = _segment_files(self.root)
@@ -217,6 +227,14 @@ class DiskClientStates:
         self._active, self._dirty, self._new_files, self._handed = None, set(), False, {}
         self._next = max(files, default=0) + 1
         self._delete_unreferenced()
+
+    def _reset(self) -> None:
+        """Forget every record and delete every segment file (no durable checkpoint names them)."""
+        self.close()
+        self._index, self._size, self._live, self._handed = {}, {}, {}, {}
+        self._committed, self._pending, self._dirty, self._next = set(), None, set(), None
+        for path in _segment_files(self.root).values():
+            path.unlink()
 
     def close(self) -> None:
         """Close the open segment files (the store reopens them on use)."""

@@ -31,7 +31,7 @@ class StateSizing:
     num_tasks: int
     rounds: int  # rounds of the whole run
     clients_per_round: int
-    protected: dict[str, int]  # protected layer name -> input width d (a GPM basis is at most d x d)
+    protected: dict[str, tuple[str, int]]  # protected layer -> ("linear" | "conv", input width d of its im2col view)
 
 
 def choose_store(setting: str, total_bytes: int) -> str:

@@ -45,19 +45,21 @@ def _tree(obj: Any, tensors: list[torch.Tensor], offset: list[int], where: str) 
         nodes = [_tree(v, tensors, offset, f"{where}[{i}]") for i, v in enumerate(obj)]
         return {"l" if isinstance(obj, list) else "u": nodes}
     if obj is None or isinstance(obj, (bool, int, float, str)):
+        offset[1] += 4 if isinstance(obj, (int, float)) else 0  # as cfl.metrics.comm.nbytes counts them
         return {"v": obj}
     raise TypeError(f"{where} is a {type(obj).__name__}; client states hold only tensors, numbers, strings and "
                     "lists/dicts of them")
 
 
 def encode(state: dict[str, Any]) -> tuple[list[memoryview | bytes], int, int]:
-    """``(buffers, record length, tensor bytes)``: the record as buffers to write one after the other."""
+    """``(buffers, record length, state bytes)``: the record as buffers to write one after the other, and the
+    state's size as :func:`cfl.metrics.comm.nbytes` counts it (tensor bytes, 4 per plain number)."""
     tensors: list[torch.Tensor] = []
-    offset = [0]
+    offset = [0, 0]  # data bytes so far, bytes of plain numbers
     header = json.dumps(_tree(state, tensors, offset, "state"), separators=(",", ":")).encode()
     head = _PREFIX.pack(MAGIC, len(header)) + header
     buffers: list[memoryview | bytes] = [head, _ZEROS[: _pad(len(head))]]
-    data = 0
+    data = offset[1]
     for t in tensors:
         n = t.numel() * t.element_size()
         if n:
