@@ -10,7 +10,8 @@ the same interface as the in-memory store (``get``, ``put``, ``ids``, ``len``, `
   length)`` at it; the client's previous record becomes dead bytes. ``get`` reads one record with one
   ``pread`` into a buffer its tensors are views of: memory is bounded by the states in use, not by the
   number of clients (the index costs ~100 bytes a client).
-- ``state_dict`` fsyncs what was written since the last call and returns the *manifest*: the index as two
+- Writes are flushed to disk every ``SYNC_BYTES`` (a task end rewrites every client), and ``state_dict``
+  fsyncs what was written since the last call and returns the *manifest*: the index as two
   int64 tensors (40 bytes a client). It goes into ``checkpoint.pt``, which is replaced atomically, so a
   checkpoint and the records it names are committed together; a checkpoint rewrites no client state.
 - ``committed`` (called once the checkpoint holding the last manifest is durable) deletes segment files that
@@ -43,6 +44,7 @@ from cfl.engine.state_codec import decode, encode
 
 State = dict[str, Any]
 SEGMENT_BYTES = 1 << 30
+SYNC_BYTES = 256 << 20  # written bytes flushed to disk as they accumulate, so a checkpoint waits for few
 COMPACT_MIN_BYTES = 64 << 20
 MANIFEST_FORMAT = 1
 _IOV_MAX = 512
@@ -123,6 +125,7 @@ class DiskClientStates:
         self._handed: dict[int, tuple[int, Any, list[tuple[weakref.ref, int]]]] = {}
         self.bytes_written = 0
         self.bytes_read = 0
+        self._unsynced = 0  # bytes written to the active segment since it was last flushed
 
     # ---- the ClientStates interface ----
     def get(self, cid: int) -> State:
@@ -301,6 +304,7 @@ class DiskClientStates:
         seg, self._next = self._next, self._next + 1
         if self._active is not None and self._active in self._fds:  # reopen the sealed one read-only on use
             os.close(self._fds.pop(self._active))
+        self._unsynced = 0  # the sealed segment stays dirty until the next state_dict
         self._fds[seg] = os.open(self.root / _segment_name(seg), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
         self._active, self._size[seg], self._live[seg], self._new_files = seg, 0, 0, True
 
@@ -316,6 +320,10 @@ class DiskClientStates:
         self._size[seg] += length
         self._dirty.add(seg)
         self.bytes_written += length
+        self._unsynced += length
+        if self._unsynced >= SYNC_BYTES:  # a task end writing every client: flush as it goes
+            os.fdatasync(self._fds[seg])
+            self._unsynced = 0
         return seg, offset
 
     def _delete_unreferenced(self) -> None:
