@@ -79,7 +79,7 @@ def one(method: str, clients: int, tasks: int, rounds: int, out: Path, sets: lis
         "checkpoint_mb": round((out / "checkpoint.pt").stat().st_size / 1e6, 2),
         "store": cfg.client_state_store if cfg.client_state_store != "auto" else
         ("disk" if store.is_dir() else "memory"),
-        "client_states_mb": round(sum(p.stat().st_size for p in store.glob("*")) / 1e6, 1) if store.is_dir() else 0,
+        "client_states_mb": round(sum(p.stat().st_size for p in store.rglob("seg-*.log")) / 1e6, 1),
         "wall_sec": round(time.perf_counter() - start, 1),
     })
     shutil.rmtree(out, ignore_errors=True)
