@@ -7,6 +7,8 @@ timers around the round, the task end and the checkpoint writer; it prints one J
 
 - ``peak_rss_mb``: the process's peak resident memory (``ru_maxrss``), data and model included;
 - ``sec_per_round``: median wall time of ``Runner.run_round``; ``task_end_sec``: the client task-end hooks;
+- ``store_sec_per_round``: time in the client-state store's ``get``/``put`` inside rounds (mean per round),
+  the part of a round that the store adds, measurable on a machine whose load varies;
 - ``checkpoint_sec``: the checkpoints written at task ends (max), ``checkpoint_mb``: ``checkpoint.pt``'s size;
 - ``store``: where the client states lived, ``client_states_mb``: the disk store's files at the end;
 - ``refused``: the refusal's message where the run was refused before it started (the disk cannot hold it).
@@ -47,6 +49,8 @@ def timed(owner: Any, name: str, into: list[float]) -> None:
 
 def one(method: str, clients: int, tasks: int, rounds: int, out: Path, sets: list[str]) -> dict[str, Any]:
     from cfl import single_run
+    from cfl.engine.client_states import ClientStates
+    from cfl.engine.disk_states import DiskClientStates
     from cfl.engine.runner import Runner
     from cfl.schema import ConfigError
     from cfl.validation import load_config
@@ -58,6 +62,20 @@ def one(method: str, clients: int, tasks: int, rounds: int, out: Path, sets: lis
     rounds_s: list[float] = []
     task_end_s: list[float] = []
     saves: list[float] = []
+    store_s: list[float] = []
+    for store in (ClientStates, DiskClientStates):
+        timed(store, "get", store_s)
+        timed(store, "put", store_s)
+    in_rounds: list[float] = []
+    real_round = Runner.run_round
+
+    def run_round(self: Runner, task: int, rnd: int) -> dict[str, Any]:
+        before = len(store_s)
+        out = real_round(self, task, rnd)
+        in_rounds.append(sum(store_s[before:]))
+        return out
+
+    Runner.run_round = run_round  # type: ignore[method-assign]
     timed(Runner, "run_round", rounds_s)
     timed(Runner, "task_end", task_end_s)
     timed(single_run.Checkpointer, "save", saves)
@@ -73,6 +91,7 @@ def one(method: str, clients: int, tasks: int, rounds: int, out: Path, sets: lis
         "acc": round(results["acc"], 2),
         "peak_rss_mb": round(peak_mb()),
         "sec_per_round": round(statistics.median(rounds_s), 3),
+        "store_sec_per_round": round(sum(in_rounds) / len(in_rounds), 4),
         "task_end_sec": round(sum(task_end_s), 2),
         # saves: round 0, then one per task end (checkpoint_every=0); the last one follows the final task
         "checkpoint_sec": round(max(saves[1:]), 3) if len(saves) > 1 else None,

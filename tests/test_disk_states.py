@@ -143,3 +143,15 @@ def test_store_choice_and_the_disk_refusal(tmp_path, monkeypatch):
     monkeypatch.setattr(state_budget, "free_bytes", lambda _: 20 * 10**9)
     with pytest.raises(ConfigError, match=r"ewc ~5.11 MB per client.*51.1 GB.*needs up to 103.3 GB.*20.0 GB free"):
         state_budget.check_disk(tmp_path / "run", {"ewc": 10_000 * 5_110_000, "fedprox": 0}, 10_000)
+
+
+def test_the_last_clients_states_are_kept_and_older_ones_read_again(tmp_path):
+    store = DiskClientStates(tmp_path, cache_clients=2)
+    for c in range(3):
+        store.put(c, state(c))
+    read = store.bytes_read
+    assert store.get(2) is store.get(2) and store.bytes_read == read  # kept as put: no read
+    first = store.get(0)  # evicted by clients 1 and 2: read from disk
+    assert store.bytes_read > read and same(first, state(0))
+    first["count"] = -1  # changed in place and never put: the memory store would give it back too
+    assert store.get(0)["count"] == -1

@@ -23,9 +23,10 @@ the same interface as the in-memory store (``get``, ``put``, ``ids``, ``len``, `
   segment that is at least half dead are copied, undecoded, to a new segment; the old files go at once,
   or at the next ``committed`` where the committed manifest still names them. Disk use stays below about
   twice the live states plus one segment.
-- A ``put`` of the very dict ``get`` returned, whose tensors are the same objects at the same version
-  (torch counts in-place writes) and whose other values are equal, writes nothing: a method that only reads
-  a state during a round costs one read.
+- The last ``cache_clients`` states given out or put are kept as they are (the runner sets it to the clients
+  of a round, which the round reads twice), and a ``put`` of such a dict whose tensors are the same objects
+  at the same version (torch counts in-place writes) and whose other values are equal writes nothing: a
+  method that only reads its state during a round costs one read per sampled client.
 
 Format measurements (against SQLite, a file per client and a memory-mapped file) are in docs/scaling.md
 (``benchmarks/state_store_formats.py``).
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +111,7 @@ class DiskClientStates:
     kind = "disk"
 
     def __init__(self, root: Path | str, device: torch.device | str = "cpu", segment_bytes: int = SEGMENT_BYTES,
-                 compact_min_bytes: int = COMPACT_MIN_BYTES) -> None:
+                 compact_min_bytes: int = COMPACT_MIN_BYTES, cache_clients: int = 32) -> None:
         self.root, self.device = Path(root), torch.device(device)
         self.segment_bytes, self.compact_min_bytes = segment_bytes, compact_min_bytes
         self._index: dict[int, tuple[int, int, int, int]] = {}  # cid -> (segment, offset, length, tensor bytes)
@@ -122,39 +124,48 @@ class DiskClientStates:
         self._new_files = False
         self._committed: set[int] = set()  # segments named by the last durable checkpoint
         self._pending: set[int] | None = None  # segments named by the last state_dict, not yet durable
-        self._handed: dict[int, tuple[int, Any, list[tuple[weakref.ref, int]]]] = {}
+        self.cache_clients = cache_clients
+        self._cache: OrderedDict[int, State] = OrderedDict()  # the last states given or put, as they are
+        self._handed: dict[int, tuple[int, Any, list[tuple[weakref.ref, int]]]] = {}  # their signatures
         self.bytes_written = 0
         self.bytes_read = 0
         self._unsynced = 0  # bytes written to the active segment since it was last flushed
 
     # ---- the ClientStates interface ----
     def get(self, cid: int) -> State:
-        """The client's state (``{}`` for a client without one), read from disk; write changes back with ``put``."""
-        entry = self._index.get(int(cid))
+        """The client's state (``{}`` for a client without one); write changes back with ``put``. One of the
+        last ``cache_clients`` clients gets the very dict it was last given or put (as the memory store does:
+        a round reads its clients' states twice, for training and for ``client_end``); others are read from
+        disk."""
+        cid = int(cid)
+        if cid in self._cache:
+            self._cache.move_to_end(cid)
+            return self._cache[cid]
+        entry = self._index.get(cid)
         if entry is None:
             return {}
         seg, offset, length, _ = entry
         state = decode(self._read(seg, offset, length), self.device)
-        if len(self._handed) > 4096:
-            self._handed.clear()
-        tensors: list[torch.Tensor] = []
-        skeleton = _skeleton(state, tensors)
-        self._handed[int(cid)] = (id(state), skeleton, [(weakref.ref(t), t._version) for t in tensors])
+        self._remember(cid, state)
         return state
 
     def put(self, cid: int, state: State) -> None:
-        """Store the client's state (appended to the log); an empty dict removes it."""
+        """Store the client's state (appended to the log unless unchanged); an empty dict removes it."""
         cid = int(cid)
         if self._unchanged(cid, state):
+            self._remember(cid, state)
             return
         old = self._index.pop(cid, None)
         if old is not None:
             self._live[old[0]] -= old[2]
+        self._cache.pop(cid, None)
+        self._handed.pop(cid, None)
         if state:
             buffers, length, data = encode(state)
             seg, offset = self._append(buffers, length)
             self._index[cid] = (seg, offset, length, data)
             self._live[seg] += length
+            self._remember(cid, state)
         if self._dead() > max(self._total_live(), self.compact_min_bytes):
             self.compact()
 
@@ -227,14 +238,15 @@ class DiskClientStates:
         for seg, _, length, _ in index.values():
             self._live[seg] += length
         self._committed, self._pending = set(needed), None
-        self._active, self._dirty, self._new_files, self._handed = None, set(), False, {}
+        self._active, self._dirty, self._new_files = None, set(), False
+        self._handed, self._cache = {}, OrderedDict()
         self._next = max(files, default=0) + 1
         self._delete_unreferenced()
 
     def _reset(self) -> None:
         """Forget every record and delete every segment file (no durable checkpoint names them)."""
         self.close()
-        self._index, self._size, self._live, self._handed = {}, {}, {}, {}
+        self._index, self._size, self._live, self._handed, self._cache = {}, {}, {}, {}, OrderedDict()
         self._committed, self._pending, self._dirty, self._next = set(), None, set(), None
         for path in _segment_files(self.root).values():
             path.unlink()
@@ -272,8 +284,19 @@ class DiskClientStates:
         self._delete_unreferenced()
 
     # ---- internals ----
+    def _remember(self, cid: int, state: State) -> None:
+        """Keep ``state`` as the client's cached state, with its signature for ``_unchanged``."""
+        tensors: list[torch.Tensor] = []
+        skeleton = _skeleton(state, tensors)
+        self._handed[cid] = (id(state), skeleton, [(weakref.ref(t), t._version) for t in tensors])
+        self._cache[cid] = state
+        self._cache.move_to_end(cid)
+        while len(self._cache) > self.cache_clients:
+            old, _ = self._cache.popitem(last=False)
+            self._handed.pop(old, None)
+
     def _unchanged(self, cid: int, state: State) -> bool:
-        handed = self._handed.pop(cid, None)
+        handed = self._handed.get(cid)
         if handed is None or handed[0] != id(state) or cid not in self._index:
             return False
         tensors: list[torch.Tensor] = []
