@@ -221,7 +221,7 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
         step_penalty = penalty if n == C else {k: (m[:n], None if b is None else b[:n])
                                                for k, (m, b) in penalty.items()}
         step_allowed = None if allowed is None else allowed[:n]
-        if stacked is not None:  # no layer couples samples (StackedNet.supports): padding is inert
+        if stacked is not None:  # no layer couples samples (StackedNet.model_refusal): padding is inert
             xb, yb, tb, wb = _with_replay((xb, yb, tb, wb), extras)
             logits = stacked.forward(params, xb, tb, token, step_penalty)
             cross_entropy = weighted_mean(masked_cross_entropy(logits, yb, step_allowed), wb)
