@@ -124,7 +124,7 @@ class Config:
     client_state_store: str = field("auto", "where the methods' per-client state lives: memory, disk (the run "
                                     "directory's client_states/, read for the clients in play; checkpoints rewrite "
                                     "no unchanged client) or auto (disk when the estimated state of all clients "
-                                    "exceeds 1 GiB; see docs/scaling.md)", choices=("auto", "memory", "disk"))
+                                    "exceeds 256 MiB; see docs/scaling.md)", choices=("auto", "memory", "disk"))
     device: str = field("cpu", "cpu, cuda or cuda:N", choices=None)
     threads: int = field(0, "torch CPU threads (0: torch's default; at most 4 per CPU of the machine)", min=0)
     data_root: Optional[str] = field(None, "data directory (null: $CFL_DATA, else the user cache)")

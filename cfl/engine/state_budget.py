@@ -16,7 +16,7 @@ from pathlib import Path
 from cfl.engine.disk_states import SEGMENT_BYTES
 from cfl.schema import ConfigError
 
-MEMORY_BYTES = 1 << 30
+MEMORY_BYTES = 256 << 20  # a memory store is rewritten whole into every checkpoint: ~1 s at 256 MiB here
 GB = 1e9
 
 

@@ -87,7 +87,7 @@ def build_stores(cfg: Config, sizing: StateSizing, methods: list[Method], state_
         raise
     if cfg.client_state_store == "auto":
         print(f"cfl: client states on disk in {root} (estimated {total / 1e9:.2f} GB for {cfg.num_clients} clients, "
-              f"over the {state_budget.MEMORY_BYTES / 2**30:.0f} GiB kept in memory; client_state_store: memory "
+              f"over the {state_budget.MEMORY_BYTES / 2**20:.0f} MiB kept in memory; client_state_store: memory "
               "keeps them there)", file=sys.stderr)
     stores: list[Store] = [DiskClientStates(root / f"{i}-{m.name}", device, cache_clients=cfg.clients_per_round)
                            for i, m in enumerate(methods)]
