@@ -121,6 +121,10 @@ class Config:
                               choices=("stop", "skip_client"))
     checkpoint_every: int = field(10, "also checkpoint every N rounds (0: only at task ends; see "
                                   "docs/reliability.md)", min=0)
+    client_state_store: str = field("auto", "where the methods' per-client state lives: memory, disk (the run "
+                                    "directory's client_states/, read for the clients in play; checkpoints rewrite "
+                                    "no unchanged client) or auto (disk when the estimated state of all clients "
+                                    "exceeds 256 MiB; see docs/scaling.md)", choices=("auto", "memory", "disk"))
     device: str = field("cpu", "cpu, cuda or cuda:N", choices=None)
     threads: int = field(0, "torch CPU threads (0: torch's default; at most 4 per CPU of the machine)", min=0)
     data_root: Optional[str] = field(None, "data directory (null: $CFL_DATA, else the user cache)")

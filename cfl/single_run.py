@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import errno
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -78,6 +79,8 @@ class Checkpointer:
 
     def save(self) -> None:
         checkpoint.save(self.out, checkpoint.capture(self.runner.snapshot(), self.wandb_run_id))
+        for state in self.runner.states:  # the checkpoint is durable: drop client-state files no checkpoint names
+            state.clients.committed()
         self.attempt.saved_round = self.runner.progress.global_round
 
     def __call__(self) -> None:
@@ -160,6 +163,7 @@ class Attempt:
         if self.writing:
             for name in ("config.yaml", "metrics.jsonl"):
                 (self.out / name).unlink(missing_ok=True)
+            shutil.rmtree(self.out / rundir.CLIENT_STATES, ignore_errors=True)
         if self.created:
             rundir.remove_if_empty(self.out)
 
@@ -186,7 +190,7 @@ def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quie
         checkpoint.check_data(saved, stream, cfg)  # before config.yaml is rewritten
     method = cfg.method_label
     bars = ProgressBars(stream.num_tasks, cfg.rounds_per_task, method, enabled=not quiet)
-    runner = Runner(cfg, stream, [], device)
+    runner = Runner(cfg, stream, [], device, state_dir=out / rundir.CLIENT_STATES)
     attempt.writing = True
     if saved is None:
         rundir.clear_outputs(out)  # --overwrite: only now that data and model are there
@@ -208,6 +212,7 @@ def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quie
         runner.run()
     finally:
         bars.close()
+        runner.client_stores.close()
     prog = runner.progress
     if stop() and prog.task < stream.num_tasks:
         raise RunStopped(f"stopped by {stop.name} after round {prog.global_round} (task {prog.task + 1}/"

@@ -98,10 +98,11 @@ def test_metrics_file_is_cut_back_to_the_checkpoint(tmp_path):
     assert path.read_text() == '{"kind": "evaluation", "round": 1}\n'
 
 
-def run_to_end(cfg, stream, stop_after=None, payload=None):
-    """A fresh runner, optionally restored from ``payload`` or stopped after global round ``stop_after``."""
+def run_to_end(cfg, stream, stop_after=None, payload=None, state_dir=None):
+    """A fresh runner, optionally restored from ``payload`` or stopped after global round ``stop_after``
+    (``state_dir``: where a disk client-state store keeps its files)."""
     torch.manual_seed(12345)  # whatever the process did before must not matter
-    runner = Runner(cfg, stream)
+    runner = Runner(cfg, stream, state_dir=state_dir)
     if payload is not None:
         runner.resume(checkpoint.restore(runner.snapshot(), payload))
     if stop_after is not None:

@@ -35,7 +35,7 @@ CHECKPOINT = "checkpoint.pt"
 FORMAT = 2  # 2: method states as nested dicts (one-client method interface)
 # Keys a resumed run may change: they never alter what the run computes (threads may alter the last bits
 # of some CPU kernels; keep it fixed when a bit-identical result matters).
-RESUME_SAFE_KEYS = ("threads", "checkpoint_every", "on_nonfinite", "data_root", "wandb")
+RESUME_SAFE_KEYS = ("threads", "checkpoint_every", "on_nonfinite", "data_root", "wandb", "client_state_store")
 
 
 class CheckpointError(RuntimeError):
@@ -213,8 +213,11 @@ def restore(run: RunSnapshot, payload: dict[str, Any]) -> RunSnapshot:
     if set(payload["params"]) != set(run.params) or len(payload["states"]) != len(run.states):
         raise ConfigError("the checkpoint's model or methods do not match this config; start a new run with --out")
     params = {k: v.to(run.device) for k, v in payload["params"].items()}
-    for state, saved in zip(run.states, payload["states"], strict=True):
-        state.load_state_dict(_to(saved, run.device))
+    for method, state, saved in zip(run.methods, run.states, payload["states"], strict=True):
+        try:
+            state.load_state_dict(_to(saved, run.device))
+        except ValueError as err:  # a client-state store that cannot take the checkpoint's client states
+            raise ConfigError(f"--resume: the client states of method '{method.name}': {err}") from None
     run.comm.load_state_dict(payload["comm"])
     progress = Progress(**payload["progress"])
     set_rng_state(payload["rng"])

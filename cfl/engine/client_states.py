@@ -2,18 +2,22 @@
 
 A client's state is a (nested) dict of tensors that one method made for that client. The engine takes it
 out with :meth:`ClientStates.get`, hands it to the method's hooks and writes it back with
-:meth:`ClientStates.put`, so another store (on disk, say) can replace this in-memory one.
+:meth:`ClientStates.put`, so the on-disk store (:class:`cfl.engine.disk_states.DiskClientStates`, chosen by
+``client_state_store``) can replace this in-memory one.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from cfl.metrics.comm import nbytes
 from cfl.tensors import State
 
 
 class ClientStates:
     """Client id -> state dict, held in memory; a client never written has the empty state ``{}``."""
+
+    kind = "memory"
 
     def __init__(self, states: dict[int, State] | None = None) -> None:
         self._states: dict[int, State] = {int(c): s for c, s in (states or {}).items() if s}
@@ -36,8 +40,18 @@ class ClientStates:
     def __len__(self) -> int:
         return len(self._states)
 
+    def nbytes(self, cid: int) -> int:
+        """Bytes of the client's state (:func:`cfl.metrics.comm.nbytes`; 0 without one)."""
+        return nbytes(self._states.get(int(cid), {}))
+
     def state_dict(self) -> dict[int, State]:
         return dict(self._states)
 
+    def committed(self) -> None:
+        """The checkpoint holding the last ``state_dict`` is durable (nothing to do in memory)."""
+
     def load_state_dict(self, data: dict[Any, State]) -> None:
+        if data.get("store") == "disk":
+            raise ValueError("the checkpoint keeps them on disk (the run directory's client_states/); resume with "
+                             "--set client_state_store=disk")
         self._states = {int(c): s for c, s in data.items() if s}

@@ -10,6 +10,7 @@ from cfl.engine import checkpoint
 from cfl.engine.lock import LOCK_FILE
 from cfl.schema import ConfigError
 
+CLIENT_STATES = "client_states"  # the disk client-state store (cfl/engine/disk_states.py)
 OUTPUT_FILES = ("results.json", "metrics.jsonl", "config.yaml", "acc_matrix.png", "accuracy_curve.png",
                 "task_accuracy.png", checkpoint.CHECKPOINT)
 
@@ -47,6 +48,7 @@ def clear_outputs(out: Path) -> None:
     for name in OUTPUT_FILES:
         (out / name).unlink(missing_ok=True)
     shutil.rmtree(out / "wandb", ignore_errors=True)
+    shutil.rmtree(out / CLIENT_STATES, ignore_errors=True)
 
 
 def make(out: Path) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -25,6 +26,7 @@ from cfl.engine.path import choose_path
 from cfl.engine.schedule import Schedule, sample_clients
 from cfl.engine.server import Server
 from cfl.engine.snapshot import Progress, RunSnapshot
+from cfl.engine.state_stores import build_stores, sizing_of
 from cfl.methods import METHODS
 from cfl.methods.base import ClientData, Event, Method, MethodState, RunInfo, overrides, takes_part_at_task_end
 from cfl.metrics import client_forgetting
@@ -50,7 +52,9 @@ class Runner:
     """Owns the global model, the method states and the metrics of one run."""
 
     def __init__(self, cfg: Config, stream: Stream, observers: list[Observer] | None = None,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", state_dir: Path | None = None) -> None:
+        """``state_dir``: where a disk client-state store keeps its files (``cfl run``: the run directory's
+        ``client_states/``; None: a temporary directory deleted with the runner)."""
         self.cfg, self.stream, self.device = cfg, stream, torch.device(device)
         self.observers = observers or []
         torch.manual_seed(cfg.seed)
@@ -62,8 +66,11 @@ class Runner:
                                 cfg.batch_size)
         specs = [cfg.method, *cfg.plugins]
         self.methods: list[Method] = [METHODS[s["name"]](self._hparams_of(s), self.run_info) for s in specs]
+        sizing = sizing_of(cfg, stream, self.model, self.run_info.protected)
+        self.client_stores = build_stores(cfg, sizing, self.methods, state_dir, self.device)
+        self.state_store, self.state_estimate = self.client_stores.kind, self.client_stores.estimates
         self.server = Server(cfg, {k: v.detach().clone() for k, v in self.model.named_parameters()}, self.methods,
-                             [MethodState() for _ in self.methods])
+                             [MethodState(clients=s) for s in self.client_stores.stores])
         self.comm = CommLedger()
         self.progress = Progress(acc_matrix=empty_matrix(stream.num_tasks))
         self.schedule = Schedule(cfg, stream, self.device)  # checks the clients' shares before any round

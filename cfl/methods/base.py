@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from cfl.engine.client_states import ClientStates
+from cfl.engine.state_budget import StateSizing
 from cfl.tensors import Params, State
 
 Event = Literal["round", "task_end"]
@@ -157,6 +158,13 @@ class Method:
         ``params`` of a round are views of the round's stacked client models, whose memory the server
         reuses afterwards: keep computed tensors or ``.clone()``, never the views themselves."""
         return None
+
+    def client_state_bytes(self, sizing: StateSizing) -> int | None:
+        """Estimated bytes of the state of all clients together at its largest in the run (an upper bound where
+        it can be one): ``client_state_store: auto`` and the disk-space check use it before the run starts
+        (docs/scaling.md). A method that does not override ``client_end`` keeps no client state (0); one that
+        does and gives no estimate (None) is kept in memory under ``auto``, with a line on stderr."""
+        return None if overrides(self, "client_end") else 0
 
     # ---- server side ----
     def server_end(self, event: Event, uploads: dict[int, State], server: State, task: int) -> None:

@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from cfl.engine.state_budget import StateSizing
 from cfl.methods.base import ClientData, Event, Method, Samples
 from cfl.schema import field
 from cfl.tensors import Params, State
@@ -52,6 +53,10 @@ class ER(Method):
     about = "ER+FL: each client replays a balanced memory of its own earlier-task samples"
     Hyperparams = ERHyperparams
     downloads_model_at_task_end = False  # memories come from local data only: nothing is downloaded
+
+    def client_state_bytes(self, sizing: StateSizing) -> int:
+        """Every client keeps ``mem_per_client`` slots: an input, a label and a task id (int64), a valid flag."""
+        return sizing.num_clients * self.hparams.mem_per_client * (sizing.sample_bytes + 8 + 8 + 1)
 
     def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
                    server: State, generator: torch.Generator) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from cfl.engine.state_budget import StateSizing
 from cfl.methods.base import ClientData, Event, Method, Quadratic
 from cfl.ops.fisher import diagonal_fisher
 from cfl.schema import field
@@ -48,6 +49,10 @@ class EWC(Method):
         if "fisher" not in state:  # no finished task yet
             return None
         return {k: Quadratic(self.hparams.lam * state["fisher"][k], state["anchor"][k]) for k in global_params}
+
+    def client_state_bytes(self, sizing: StateSizing) -> int:
+        """Every client keeps a Fisher and an anchor: two model-sized tensors."""
+        return sizing.num_clients * 2 * sizing.model_bytes
 
     def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
                    server: State, generator: torch.Generator) -> None:

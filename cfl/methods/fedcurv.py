@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from cfl.engine.state_budget import StateSizing
 from cfl.methods.base import ClientData, Event, Method, Quadratic
 from cfl.ops.fisher import diagonal_fisher
 from cfl.schema import field
@@ -54,6 +55,10 @@ class FedCurv(Method):
         server["round"] = server["round"].to(next(iter(server["u"].values())).device)
 
     # ---- client ----
+    def client_state_bytes(self, sizing: StateSizing) -> int:
+        """A client that trained keeps its last Fisher ``I`` and ``I * w`` (two model-sized tensors) and a stamp."""
+        return min(sizing.num_clients, sizing.rounds * sizing.clients_per_round) * (2 * sizing.model_bytes + 4)
+
     def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
                    server: State, generator: torch.Generator) -> State | None:
         """Diagonal Fisher at the client's trained weights on its local data; kept in its state as well,

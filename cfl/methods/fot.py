@@ -19,6 +19,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from cfl.engine.state_budget import StateSizing
 from cfl.methods.base import ClientData, Event, Method, RunInfo
 from cfl.metrics.comm import nbytes
 from cfl.models.alexnet import AlexNetLike
@@ -103,6 +104,10 @@ class FOT(Method):
         return {k: project_out(v, basis[k]) if k in basis else v for k, v in delta.items()}
 
     # ---- GPSE ----
+    def client_state_bytes(self, sizing: StateSizing) -> int:
+        """GPSE participants upload a sketch and keep nothing."""
+        return 0
+
     def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
                    server: State, generator: torch.Generator) -> State | None:
         if event != "task_end" or len(data.x) == 0:

@@ -12,11 +12,13 @@ Reference thresholds as for FOT: Permuted MNIST 0.96 IID / 0.94 non-IID, inc 0; 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from cfl.engine.state_budget import StateSizing
 from cfl.methods.base import ClientData, Event, Method
 from cfl.ops.layer_inputs import layer_grams
 from cfl.ops.subspace import energy_rank, extend_basis, gram_spectrum
@@ -54,6 +56,14 @@ class GPM(Method):
 
     def gradient_projection(self, state: State) -> dict[str, torch.Tensor]:
         return dict(state.get("bases", {}))
+
+    def client_state_bytes(self, sizing: StateSizing) -> int:
+        """A float32 basis ``(d, k)`` per protected layer, ``k <= d``; for a linear layer ``k`` is also at most the
+        client's samples over all tasks (the rank of its layer inputs). With the clients' mean samples this
+        bounds the total, as ``min(d, n)`` is concave in ``n``."""
+        seen = math.ceil(sizing.samples_per_client * sizing.num_tasks)
+        per_client = sum(d * (min(d, seen) if kind == "linear" else d) for kind, d in sizing.protected.values())
+        return sizing.num_clients * 4 * per_client
 
     def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
                    server: State, generator: torch.Generator) -> None:

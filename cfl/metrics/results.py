@@ -7,7 +7,7 @@ from typing import Any
 from cfl.engine.snapshot import RunSnapshot
 from cfl.methods.base import Method, MethodState, takes_part_at_task_end
 from cfl.metrics import client_forgetting
-from cfl.metrics.comm import CommLedger, nbytes, task_end_model_line
+from cfl.metrics.comm import CommLedger, task_end_model_line
 from cfl.metrics.matrix import average_accuracy, backward_transfer, forgetting, rounds_to_targets
 
 
@@ -24,7 +24,7 @@ def targets_per_task(evaluations: list[dict[str, Any]], targets: list[float],
 def client_state_bytes(state: MethodState) -> dict[str, Any]:
     """Bytes each client keeps: mean and max over the clients that hold any state, and their count."""
     clients = state.clients
-    sizes = [nbytes(clients.get(c)) for c in clients.ids()]
+    sizes = [clients.nbytes(c) for c in clients.ids()]  # from the index on disk: no state is read
     if not sizes:
         return {"client_state_bytes_mean": 0.0, "client_state_bytes_max": 0, "clients_with_state": 0}
     return {"client_state_bytes_mean": sum(sizes) / len(sizes), "client_state_bytes_max": max(sizes),

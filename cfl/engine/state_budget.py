@@ -1,0 +1,69 @@
+"""Where the methods' per-client state lives (``client_state_store``) and whether it fits the disk.
+
+``auto`` keeps it in memory while the estimated state of all clients (bytes per client x ``num_clients``,
+summed over the run's methods) stays within ``MEMORY_BYTES``, and puts it on disk
+(:class:`cfl.engine.disk_states.DiskClientStates`) beyond. The disk store needs up to twice the live state
+plus one segment (compaction runs when dead bytes exceed live ones), so a run whose estimate cannot fit the
+free space of the run directory's file system is refused before it starts.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from cfl.engine.disk_states import SEGMENT_BYTES
+from cfl.schema import ConfigError
+
+MEMORY_BYTES = 256 << 20  # a memory store is rewritten whole into every checkpoint: ~1 s at 256 MiB here
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class StateSizing:
+    """What a method's estimate of its clients' state may depend on (``Method.client_state_bytes``)."""
+
+    model_bytes: int  # one global model's parameters
+    sample_bytes: int  # one training input
+    samples_per_client: float  # mean training samples of a client in one task
+    num_clients: int
+    num_tasks: int
+    rounds: int  # rounds of the whole run
+    clients_per_round: int
+    protected: dict[str, tuple[str, int]]  # protected layer -> ("linear" | "conv", input width d of its im2col view)
+
+
+def choose_store(setting: str, total_bytes: int) -> str:
+    """``memory`` or ``disk`` for ``client_state_store: setting`` and the estimated state of all clients."""
+    if setting != "auto":
+        return setting
+    return "disk" if total_bytes > MEMORY_BYTES else "memory"
+
+
+def disk_need(total_bytes: int) -> int:
+    """Bytes the disk store may occupy for ``total_bytes`` of live state (dead records up to the live ones)."""
+    return 2 * total_bytes + min(SEGMENT_BYTES, total_bytes)
+
+
+def free_bytes(path: Path) -> int:
+    """Free bytes of the file system ``path`` is (or will be) on."""
+    existing = Path(path).absolute()
+    while not existing.exists():
+        existing = existing.parent
+    return shutil.disk_usage(existing).free
+
+
+def check_disk(out: Path, totals: dict[str, int], num_clients: int) -> None:
+    """Refuse a disk store that cannot fit ``out``'s file system (``totals``: method -> estimated bytes of the
+    state of all its clients)."""
+    total = sum(totals.values())
+    need, free = disk_need(total), free_bytes(out)
+    if need <= free:
+        return
+    parts = ", ".join(f"{name} ~{b / num_clients / 1e6:.2f} MB" for name, b in totals.items() if b)
+    raise ConfigError(f"the methods' per-client state ({parts} per client) x num_clients={num_clients} is ~"
+                      f"{total / GB:.1f} GB; on disk it needs up to {need / GB:.1f} GB (dead records between "
+                      f"compactions) but {out} has {free / GB:.1f} GB free. Lower num_clients, shrink the state "
+                      f"(a smaller model, or the method's own options such as er.mem_per_client), or choose an "
+                      f"--out on a larger disk")
