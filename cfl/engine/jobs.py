@@ -24,6 +24,8 @@ class Hyper:
     augment: Callable[[torch.Tensor, torch.Generator | None], torch.Tensor] | None = None
     # batched engine: clients trained together at a time (0: auto, see local_batched.auto_client_block)
     client_block: int = 0
+    # 32 or bf16-mixed: the products of local training in bfloat16 over float32 weights (cfl/engine/precision.py)
+    precision: int | str = 32
 
 
 @dataclass

@@ -66,7 +66,7 @@ class Runner:
         self.progress = Progress(acc_matrix=empty_matrix(stream.num_tasks))
         self.schedule = Schedule(cfg, stream, self.device)  # checks the clients' shares before any round
         self.hyper = Hyper(cfg.lr, cfg.momentum, cfg.weight_decay, cfg.local_epochs, cfg.batch_size,
-                           augment=stream.augment, client_block=cfg.client_block)
+                           augment=stream.augment, client_block=cfg.client_block, precision=cfg.precision)
         self.model_bytes = nbytes(self.params)
         self.should_stop: Callable[[], bool] = lambda: False
         self.after_round: Callable[[], None] = lambda: None
