@@ -96,16 +96,20 @@ _warned: set[str] = set()
 
 
 def warn_if_slow(precision: int | str, device: torch.device) -> None:
-    """Warn once per device type when bf16-mixed runs where bfloat16 products are emulated."""
+    """Warn once per device type when bf16-mixed runs where bfloat16 products are emulated (or may be)."""
     if not is_mixed(precision) or device.type in _warned:
         return
     _warned.add(device.type)
-    units = _units(device.type) if device.type == "cpu" else has_bf16_units(device)
+    units = _units(device.type)
     if units:
         return
-    why = ("this CPU's flags list none of " + ", ".join(BF16_CPU_FLAGS) if units is False and device.type == "cpu"
-           else "torch.cuda.is_bf16_supported() is false" if units is False else "/proc/cpuinfo cannot be read")
-    warnings.warn(f"precision: bf16-mixed on {device.type}: {why}, so torch emulates the bfloat16 products and the "
+    if units is None:
+        why = "/proc/cpuinfo cannot be read, so whether this CPU multiplies bfloat16 in hardware is unknown"
+    elif device.type == "cuda":
+        why = "torch.cuda.is_bf16_supported() is false"
+    else:
+        why = "this CPU's flags list none of " + ", ".join(BF16_CPU_FLAGS)
+    warnings.warn(f"precision: bf16-mixed on {device.type}: {why}; torch then emulates the bfloat16 products and the "
                   "run will be slower than with precision: 32 (the results are still bf16-mixed's)",
                   RuntimeWarning, stacklevel=3)
 
