@@ -23,6 +23,9 @@ in a separate update pass cost more than the product itself (fresh pages, three 
 fused step writes into memory that is already mapped, and the weight gradient of the first layer drops
 from ~100 ms to ~45 ms per step at 64 clients on one core (``docs/performance.md``).
 
+In bf16-mixed (``precision``, :mod:`cfl.engine.precision`) the products above and the convolutions take
+bfloat16 operands over the float32 weights, which every step still updates in float32.
+
 Correctness: each layer's gradient depends on its saved input and on the gradient flowing in from the
 layers above, which compute their input gradients before they step, so every gradient is taken at the
 step's starting weights, as in the vmap path. Parameters outside the fused layers (convolutions, a
@@ -52,7 +55,9 @@ class FusedLinearSGD(torch.autograd.Function):
     ``dropout``'s 0/1 keep mask (or None), both in place on the fresh output; the backward takes the gradient
     through them where the output is positive, in place on the incoming gradient when that is not a view.
     ``token`` is a scalar that requires grad, so the backward also runs for the first layer (whose input
-    does not). The returned gradients of the weights are None: they have been applied.
+    does not). The returned gradients of the weights are None: they have been applied. ``low``: in
+    bf16-mixed, the :class:`Bf16Weights` and this layer's name: the three products take bfloat16 operands
+    (the weights' kept bfloat16 copy) and the step lands on the float32 ``weight`` (``Bf16Weights.step``).
     """
 
     @staticmethod
