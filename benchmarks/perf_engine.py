@@ -42,6 +42,7 @@ import copy  # noqa: E402
 import json  # noqa: E402
 import resource  # noqa: E402
 import time  # noqa: E402
+from dataclasses import replace  # noqa: E402
 
 import torch  # noqa: E402
 from torch import nn
@@ -49,12 +50,12 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from cfl.engine.jobs import ClientJob, Hyper, Plugins, derive_seed  # noqa: E402
 from cfl.engine.local_batched import BatchedTrainer  # noqa: E402
+from cfl.engine.path import choose_path  # noqa: E402
 from cfl.engine.precision import LOW, has_bf16_units, is_mixed, parse_precision  # noqa: E402
-from cfl.engine.stacked_net import StackedNet  # noqa: E402
 from cfl.methods.base import MethodState  # noqa: E402
-from cfl.methods.ewc import EWC, EWCParams  # noqa: E402
+from cfl.methods.ewc import EWC, EWCHyperparams  # noqa: E402
 from cfl.methods.fedavg import FedAvg  # noqa: E402
-from cfl.methods.fedprox import FedProx, FedProxParams  # noqa: E402
+from cfl.methods.fedprox import FedProx, FedProxHyperparams  # noqa: E402
 from cfl.models import ModelShape, build_model  # noqa: E402
 
 SETUPS = {
@@ -171,14 +172,12 @@ def method_plugins(name: str, params: dict[str, torch.Tensor], clients: int) -> 
     if name == "fedavg":
         return Plugins([FedAvg(None, None)], [MethodState()], [{}])
     if name == "fedprox":
-        return Plugins([FedProx(FedProxParams(mu=0.01), None)], [MethodState()], [{}])
+        return Plugins([FedProx(FedProxHyperparams(mu=0.01), None)], [MethodState()], [{}])
     state = MethodState()
     for c in range(clients):
-        st = state.client(c)
-        st.update({f"fisher.{k}": torch.rand_like(v) for k, v in params.items()})
-        st.update({f"anchor.{k}": v + 0.01 * torch.randn_like(v) for k, v in params.items()})
-        st["offset"] = torch.zeros((), device=next(iter(params.values())).device)
-    return Plugins([EWC(EWCParams(lam=10.0), None)], [state], [{}])
+        state.clients.put(c, {"fisher": {k: torch.rand_like(v) for k, v in params.items()},
+                              "anchor": {k: v + 0.01 * torch.randn_like(v) for k, v in params.items()}})
+    return Plugins([EWC(EWCHyperparams(lam=10.0), None)], [state], [{}])
 
 
 def ratio(a: float | None, b: float | None, digits: int = 2) -> float | None:
@@ -216,12 +215,12 @@ def main() -> None:
         parts = list(torch.randperm(n)[: int(sizes.sum())].split(sizes.tolist()))
     parts = [p.to(dev) for p in parts]
     hp = Hyper(lr=0.01, momentum=0.0, weight_decay=1e-5, local_epochs=1, batch_size=s["batch"], precision=precision)
-    hp32 = Hyper(lr=0.01, momentum=0.0, weight_decay=1e-5, local_epochs=1, batch_size=s["batch"])
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     num_params = sum(v.numel() for v in params.values())
     plugins = method_plugins(args.method, params, s["clients"])
-    if args.vmap:
-        StackedNet.supports = staticmethod(lambda *_: False)
+    path = "vmap" if args.vmap else choose_path(model, hp, plugins.methods).path
+    hp = replace(hp, path=path)
+    hp32 = replace(hp, precision=32)  # the float32 engine (and the naive loop's hyperparameters)
     sampled = list(range(s["sampled"]))
 
     mixed = is_mixed(precision)
@@ -272,7 +271,7 @@ def main() -> None:
                  "fp32_engine_peak_fraction": round(flops / fp32 / 1e9 / fp32_peak, 3),
                  "bf16_units": has_bf16_units(dev)}
     print(json.dumps({
-        "setup": args.setup, "method": args.method, "path": "vmap" if args.vmap else "auto", "device": args.device,
+        "setup": args.setup, "method": args.method, "path": path, "device": args.device,
         "precision": precision, "torch": torch.__version__,
         "threads": torch.get_num_threads(), "params": num_params,
         "clients_per_round": s["sampled"], "samples_per_client": s["per_client"], "batch_size": s["batch"],

@@ -130,7 +130,7 @@ def config_reference() -> str:
     lines += ["", "## Method parameters", "",
               "Set next to the name: `method: {name: fedprox, mu: 0.01}` (or in a `plugins` entry).", ""]
     for name, cls in METHODS.items():
-        rows = describe(cls.Params)
+        rows = describe(cls.Hyperparams)
         lines += [f"### `{name}`", "", cls.about, ""]
         if rows:
             lines += ["| key | type | default | meaning |", "|---|---|---|---|"]

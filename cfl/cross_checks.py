@@ -67,12 +67,12 @@ def check_model_fits(cfg: Any) -> None:
 
 
 def check_methods(cfg: Any, specs: list[dict[str, Any]]) -> None:
-    """Each method's own constraints against the rest of the config (``Method.check_config``)."""
+    """Each method's own constraints against the rest of the config (``Method.check``)."""
     from cfl.methods import METHODS
 
     for spec in specs:
         cls = METHODS[spec["name"]]
-        cls.check_config(cls.Params(**{k: v for k, v in spec.items() if k != "name"}), cfg)
+        cls.check(cls.Hyperparams(**{k: v for k, v in spec.items() if k != "name"}), cfg)
 
 
 def check_threads(threads: int) -> None:

@@ -44,10 +44,10 @@ def _check_method_spec(spec: dict[str, Any], key: str) -> dict[str, Any]:
     if name not in METHODS:
         raise METHODS.unknown(name, f"{key}.name")
     given = {k: v for k, v in spec.items() if k != "name"}
-    if given and not dataclasses.fields(METHODS[name].Params):
+    if given and not dataclasses.fields(METHODS[name].Hyperparams):
         keys = ", ".join(f"'{key}.{k}'" for k in sorted(given))
         raise ConfigError(f"unknown config key {keys}: method '{name}' takes no parameters; remove it")
-    params = build(METHODS[name].Params, given, key)
+    params = build(METHODS[name].Hyperparams, given, key)
     return {"name": name, **to_dict(params)}
 
 

@@ -7,8 +7,7 @@ from torch import nn
 
 from cfl.ops.aggregate import agreement_mask, weighted_mean
 from cfl.ops.layer_inputs import iter_layer_inputs
-
-Params = dict[str, torch.Tensor]
+from cfl.tensors import Params
 
 
 def gradient_masked_mean(deltas: Params, weights: torch.Tensor, tau: float) -> Params:

@@ -24,8 +24,8 @@ from cfl.data.stream import Stream
 from cfl.engine.jobs import ClientJob, Hyper, Plugins
 from cfl.engine.local_batched import BatchedTrainer, couples_samples, train_batched
 from cfl.engine.local_sequential import train_sequential
+from cfl.engine.path import choose_path
 from cfl.engine.runner import Runner
-from cfl.engine.stacked_net import StackedNet
 from cfl.methods import METHODS
 from cfl.methods.base import MethodState
 from cfl.methods.fedavg import FedAvg
@@ -102,10 +102,10 @@ def test_the_stacked_path_refuses_layers_that_mix_samples():
     """The stacked path pads short batches whatever the model, so it must never take BatchNorm."""
     model = MLP(4, [5], 3)
     hp = Hyper(lr=0.1, momentum=0.0, weight_decay=0.0, local_epochs=1, batch_size=4)
-    plugins = Plugins([FedAvg(None, None)], [MethodState()], [{}])
-    assert StackedNet.supports(model, hp, plugins)
+    assert choose_path(model, hp, [FedAvg(None, None)]).path == "stacked"
     model.body.insert(2, torch.nn.BatchNorm1d(5, track_running_stats=False))
-    assert couples_samples(model) and not StackedNet.supports(model, hp, plugins)
+    path = choose_path(model, hp, [FedAvg(None, None)])
+    assert couples_samples(model) and path.path == "vmap" and "BatchNorm1d" in path.reason
 
 
 
@@ -150,14 +150,14 @@ def float64_without_dropout():
             torch.set_default_dtype(before)
 
 
-def _round_with(runner: Runner, trainer: object, task: int) -> tuple[dict, list[float]]:
-    """Run one round of ``task`` with ``trainer`` from the runner's current state, leaving that state as it was;
-    returns the new global parameters and the accuracies on the tasks so far."""
-    saved = copy.deepcopy((runner.params, runner.states, runner.comm, runner.progress))
-    runner.trainer = trainer
+def _round_with(runner: Runner, trainer: object, task: int, path: str) -> tuple[dict, list[float]]:
+    """Run one round of ``task`` with ``trainer`` on ``path`` from the runner's current state, leaving that state
+    as it was; returns the new global parameters and the accuracies on the tasks so far."""
+    saved = copy.deepcopy((runner.params, runner.states, runner.comm, runner.progress, runner.hyper))
+    runner.trainer, runner.hyper.path = trainer, path
     runner.run_round(task, 0)
     out = runner.params, runner.evaluate(task)
-    runner.params, runner.states, runner.comm, runner.progress = saved
+    runner.params, runner.states, runner.comm, runner.progress, runner.hyper = saved
     return out
 
 
@@ -170,8 +170,9 @@ CHEAP_TASK_END = {"fot": {"eps": 0.5, "sketch_factor": 0.25, "conv_sketch_factor
 @pytest.mark.parametrize("method", list(METHODS))
 @pytest.mark.parametrize("model", list(MODELS))
 def test_every_model_and_method_run_alike_end_to_end(model, method):
-    """A round of each task (aggregation and server hooks included) from the same state with either trainer,
-    the real task-end state of task 0 in between (computed once). Client sizes (quantity split) are ragged."""
+    """A round of each task (aggregation and server hooks included) from the same state with either trainer, and
+    with the batched trainer on the vmap path as well where the run takes the stacked one, the real task-end
+    state of task 0 in between (computed once). Client sizes (quantity split) are ragged."""
     cfg = from_dict({"num_clients": 2, "clients_per_round": 2, "rounds_per_task": 1, "batch_size": 4,
                      "lr": 0.05, "partition": {"name": "quantity", "beta": 0.5},
                      "method": {"name": method, **CHEAP_TASK_END.get(method, {})}, "wandb": {"mode": "disabled"}})
@@ -180,11 +181,14 @@ def test_every_model_and_method_run_alike_end_to_end(model, method):
     for task in range(2):
         sizes = [len(ix) for ix in runner.schedule.client_indices(task)]
         assert len(set(sizes)) == len(sizes) and any(n % 4 for n in sizes), sizes  # padded short batches
-        batched, batched_acc = _round_with(runner, BatchedTrainer(), task)
-        sequential, sequential_acc = _round_with(runner, train_sequential, task)
-        for k in sequential:
-            assert torch.allclose(batched[k], sequential[k], atol=1e-9, rtol=1e-7), (k, task)
-        assert batched_acc == sequential_acc
+        sequential, sequential_acc = _round_with(runner, train_sequential, task, "sequential")
+        paths = {runner.engine_path.path, "vmap"}
+        assert paths <= {"stacked", "vmap"}
+        for path in paths:
+            batched, batched_acc = _round_with(runner, BatchedTrainer(), task, path)
+            for k in sequential:
+                assert torch.allclose(batched[k], sequential[k], atol=1e-9, rtol=1e-7), (k, task, path)
+            assert batched_acc == sequential_acc, path
         runner.params = sequential
         if task == 0:
             runner.task_end(0)

@@ -62,11 +62,14 @@ def test_damaged_or_missing_checkpoint_is_refused(tmp_path):
     torch.save({"format": 99}, tmp_path / "checkpoint.pt")
     with pytest.raises(ConfigError, match="not a cfl checkpoint"):
         checkpoint.load(tmp_path)
+    torch.save({"format": checkpoint.FORMAT - 1}, tmp_path / "checkpoint.pt")
+    with pytest.raises(ConfigError, match="written by an older cfl.*--overwrite"):
+        checkpoint.load(tmp_path)
 
 
 def test_method_state_that_would_need_unsafe_unpickling_is_refused_by_name():
     runner = Runner(tiny_config(), make_stream())
-    runner.states[0].client(2)["basis"] = np.zeros(3)
+    runner.states[0].clients.put(2, {"basis": np.zeros(3)})
     with pytest.raises(checkpoint.CheckpointError, match=r"method 'fedavg'.*\[2\].*'basis'.*ndarray"):
         checkpoint.capture(runner.snapshot(), None)
 

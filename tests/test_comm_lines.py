@@ -4,12 +4,12 @@ import pytest
 
 from cfl.engine.runner import Runner
 from cfl.methods import METHODS
-from cfl.methods.base import Method
+from cfl.methods.base import Method, takes_part_at_task_end
 from cfl.metrics.results import build_results
 from cfl.validation import from_dict
 from tests.conftest import make_stream
 
-TASK_END_METHODS = sorted(name for name, cls in METHODS.items() if cls.task_end_client is not Method.task_end_client)
+CLIENT_END_METHODS = sorted(name for name, cls in METHODS.items() if cls.client_end is not Method.client_end)
 
 
 def _run(method: str) -> tuple[Runner, dict]:
@@ -20,12 +20,15 @@ def _run(method: str) -> tuple[Runner, dict]:
     return runner, build_results(runner.snapshot(), 0.0)
 
 
-@pytest.mark.parametrize("method", TASK_END_METHODS)
+@pytest.mark.parametrize("method", CLIENT_END_METHODS)
 def test_task_end_model_downloads_are_a_line_of_their_own(method):
     runner, results = _run(method)
-    cls = METHODS[method]
-    participants = 5 if cls.task_end_participants == "all" else 3
-    expected = 2 * participants * runner.model_bytes if cls.task_end_needs_model else 0  # 2 task ends of 3 tasks
+    m = runner.methods[0]
+    if not takes_part_at_task_end(m):  # FedCurv: client_end at rounds only, no task-end line
+        assert m.task_end_clients == 0 and "task_end_model_download_bytes" not in results["method_stats"][method]
+        return
+    participants = 5 if m.task_end_clients is None else m.task_end_clients
+    expected = 2 * participants * runner.model_bytes if m.downloads_model_at_task_end else 0  # 2 task ends of 3 tasks
     line = results["method_stats"][method]["task_end_model_download_bytes"]
     assert line == expected
     rounds = 3 * 3 * runner.model_bytes  # 3 rounds, 3 clients, nothing else broadcast before the task ends

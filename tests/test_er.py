@@ -8,15 +8,22 @@ import torch
 from cfl.engine.jobs import ClientJob, Hyper, Plugins
 from cfl.engine.local_sequential import train_one
 from cfl.engine.runner import Runner
+from cfl.engine.stacking import pad_samples
 from cfl.methods.base import ClientData, MethodState, RunInfo
-from cfl.methods.er import ER, ERParams, balanced_quota
+from cfl.methods.er import ER, ERHyperparams, balanced_quota
+from cfl.metrics.comm import CommLedger
+from cfl.metrics.results import method_stats
 from cfl.models.mlp import MLP
 from cfl.validation import from_dict
 from tests.conftest import make_stream, run_both_paths
 
 
 def _er(mem=12, replay=5, model=None):
-    return ER(ERParams(mem_per_client=mem, replay_batch_size=replay), RunInfo(3, "task", 2, 2, 0, model))
+    return ER(ERHyperparams(mem_per_client=mem, replay_batch_size=replay), RunInfo(3, "task", 2, 2, 0, model))
+
+
+def _end(er, data, state, generator, model=None, params=None):
+    er.client_end("task_end", model, params or {}, data, state, {}, generator)
 
 
 def _task_data(task, per_class=10, classes=3):
@@ -41,14 +48,14 @@ def test_balanced_quota_splits_equally_and_passes_on_what_a_group_cannot_take():
 
 def test_memory_stays_balanced_over_tasks_and_classes_and_bounded():
     er, state = _er(mem=12), {}
-    er.task_end_client(None, {}, _task_data(0), state, {}, torch.Generator().manual_seed(0))
+    _end(er, _task_data(0), state, torch.Generator().manual_seed(0))
     assert _groups(state) == {(0, 0): 4, (0, 1): 4, (0, 2): 4}
     first = state["x"].clone()
-    er.task_end_client(None, {}, _task_data(1), state, {}, torch.Generator().manual_seed(1))
+    _end(er, _task_data(1), state, torch.Generator().manual_seed(1))
     assert _groups(state) == {(0, c): 2 for c in range(3)} | {(1, c): 2 for c in range(3)}
     kept = {tuple(r.tolist()) for r in state["x"][state["task"] == 0]}
     assert kept <= {tuple(r.tolist()) for r in first}  # old samples are kept, never re-drawn
-    er.task_end_client(None, {}, _task_data(2), state, {}, torch.Generator().manual_seed(2))
+    _end(er, _task_data(2), state, torch.Generator().manual_seed(2))
     counts = _groups(state)
     assert sum(counts.values()) == 12 and state["x"].shape[0] == 12
     assert [sum(v for (t, _), v in counts.items() if t == task) for task in range(3)] == [4, 4, 4]
@@ -62,28 +69,30 @@ def test_memory_with_one_class_short_gives_its_share_to_the_others():
     er, state = _er(mem=12), {}
     data = _task_data(0)
     few = torch.cat([torch.arange(0, 2), torch.arange(10, 30)])  # class 0 has only 2 samples
-    er.task_end_client(None, {}, ClientData(data.x[few], data.y[few], 0), state, {}, torch.Generator())
+    _end(er, ClientData(data.x[few], data.y[few], 0), state, torch.Generator())
     assert _groups(state) == {(0, 0): 2, (0, 1): 5, (0, 2): 5}
 
 
 def test_replay_batch_mixes_memory_with_weights_and_pads_an_empty_client():
     er, state = _er(mem=12, replay=5), {}
-    er.task_end_client(None, {}, _task_data(0), state, {}, torch.Generator().manual_seed(0))
-    batch = er.replay_batch([state, {}], [torch.Generator().manual_seed(3), torch.Generator().manual_seed(4)])
+    _end(er, _task_data(0), state, torch.Generator().manual_seed(0))
+    draws = [er.replay(state, torch.Generator().manual_seed(3)), er.replay({}, torch.Generator().manual_seed(4))]
+    batch = pad_samples(draws)  # the engine pads the clients' draws
     assert batch.x.shape == (2, 5, 3) and batch.weight.tolist() == [[1.0] * 5, [0.0] * 5]
     rows = batch.x[0]
     assert len({tuple(r.tolist()) for r in rows}) == 5  # drawn without replacement
     assert torch.equal(rows[:, 1].long(), batch.y[0]) and torch.equal(rows[:, 0].long(), batch.task[0])
-    alone = er.replay_batch([state], [torch.Generator().manual_seed(3)])
-    assert torch.equal(alone.x[0], batch.x[0])  # a client's draw does not depend on who trains alongside
-    assert er.replay_batch([{}, {}], [torch.Generator(), torch.Generator()]) is None
+    alone = er.replay(state, torch.Generator().manual_seed(3))
+    assert torch.equal(alone.x, batch.x[0])  # a client's draw does not depend on who trains alongside
+    assert pad_samples([er.replay({}, torch.Generator()), None]) is None
 
 
 def test_small_memory_gives_a_short_replay_batch():
     er, state = _er(mem=3, replay=5), {}
-    er.task_end_client(None, {}, _task_data(0), state, {}, torch.Generator())
-    batch = er.replay_batch([state], [torch.Generator()])
-    assert batch.weight.tolist() == [[1.0, 1.0, 1.0, 0.0, 0.0]]
+    _end(er, _task_data(0), state, torch.Generator())
+    assert len(er.replay(state, torch.Generator()).y) == 3
+    batch = pad_samples([er.replay(state, torch.Generator()), er.replay({}, torch.Generator())])
+    assert batch.weight.tolist() == [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]
 
 
 def test_replayed_samples_train_their_own_task_head():
@@ -99,7 +108,9 @@ def test_replayed_samples_train_their_own_task_head():
     for with_memory in (False, True):
         states = [MethodState()]
         if with_memory:
-            er.task_end_client(model, params, data, states[0].client(0), {}, torch.Generator())
+            state = {}
+            _end(er, data, state, torch.Generator(), model, params)
+            states[0].clients.put(0, state)
         out, _ = train_one(model, params, job, x1, y1, 1, hp, Plugins([er], states, [{}]))
         moved.append(not torch.equal(out["head.weight"][0], params["head.weight"][0]))
     assert moved == [False, True]  # training on task 1 touches head 0 only through replayed task-0 samples
@@ -107,10 +118,12 @@ def test_replayed_samples_train_their_own_task_head():
 
 def test_state_size_in_method_stats():
     er, state = _er(mem=12), {}
-    er.task_end_client(None, {}, _task_data(0), state, {}, torch.Generator())
-    stats = er.stats(MethodState(clients={0: state, 1: {}}))
-    assert stats["client_state_bytes_max"] == 12 * 3 * 4 + 12 * 8 * 2 + 12
-    assert stats["memory_samples_per_client_mean"] == 12
+    _end(er, _task_data(0), state, torch.Generator())
+    ms = MethodState()
+    ms.clients.put(0, state)
+    ms.clients.put(1, {})
+    stats = method_stats(CommLedger(), er, ms)
+    assert stats["client_state_bytes_max"] == 12 * 3 * 4 + 12 * 8 * 2 + 12 and stats["clients_with_state"] == 1
 
 
 def _cfg(**kw):
@@ -126,7 +139,8 @@ def _cfg(**kw):
 def test_batched_equals_sequential(scenario, extra):
     stream = make_stream(scenario, num_tasks=3)
     runs = run_both_paths(_cfg, stream, **extra)
-    filled = runs[0].methods[0].stats(runs[0].states[0])["memory_samples_per_client_mean"]
+    clients = runs[0].states[0].clients
+    filled = sum(int(clients.get(c)["valid"].sum()) for c in clients.ids()) / len(clients)
     assert filled == 10 if not extra else 0 < filled <= 10  # quantity skew: some clients hold fewer samples
 
 

@@ -3,10 +3,13 @@
 import pytest
 import torch
 
+from cfl.engine.hooks import penalty_loss
 from cfl.engine.runner import Runner
 from cfl.methods import METHODS
 from cfl.methods.base import ClientData, MethodState, RunInfo
-from cfl.methods.ewc import EWC, EWCParams
+from cfl.methods.ewc import EWC, EWCHyperparams
+from cfl.metrics.comm import CommLedger
+from cfl.metrics.results import method_stats
 from cfl.models.heads import SharedHead
 from cfl.models.mlp import MLP
 from cfl.ops.fisher import diagonal_fisher
@@ -16,7 +19,15 @@ from tests.conftest import make_stream, run_both_paths
 
 
 def _ewc(model, **kw):
-    return EWC(EWCParams(**kw), RunInfo(3, "domain", 4, 2, 0, model))
+    return EWC(EWCHyperparams(**kw), RunInfo(3, "domain", 4, 2, 0, model))
+
+
+def _pen(ewc, w, state):
+    return penalty_loss(ewc, w, w, {}, state)
+
+
+def _end(ewc, model, params, data, state, generator):
+    ewc.client_end("task_end", model, params, data, state, {}, generator)
 
 
 def _softmax_model(weight, bias):
@@ -32,12 +43,11 @@ def test_penalty_is_zero_at_the_anchor_and_its_gradient_is_lambda_f_times_distan
     shapes = {"a": (2, 3), "b": (3,)}
     fisher = {k: torch.rand(s, generator=gen) for k, s in shapes.items()}
     anchor = {k: torch.randn(s, generator=gen) for k, s in shapes.items()}
-    state = {"offset": torch.zeros(()), **{f"fisher.{k}": v for k, v in fisher.items()},
-             **{f"anchor.{k}": v for k, v in anchor.items()}}
+    state = {"fisher": fisher, "anchor": anchor}
     ewc = _ewc(SharedHead(3, 2), lam=7.0)
-    assert float(ewc.penalty(anchor, anchor, {}, state)) == 0.0
+    assert float(_pen(ewc, anchor, state)) == 0.0
     w = {k: torch.randn(s, generator=gen, requires_grad=True) for k, s in shapes.items()}
-    pen = ewc.penalty(w, w, {}, state)
+    pen = _pen(ewc, w, state)
     expected = 0.5 * 7.0 * sum(float((fisher[k] * (w[k] - anchor[k]).detach() ** 2).sum()) for k in shapes)
     assert float(pen.detach()) == pytest.approx(expected, rel=1e-6)
     grads = torch.autograd.grad(pen, list(w.values()))
@@ -47,7 +57,7 @@ def test_penalty_is_zero_at_the_anchor_and_its_gradient_is_lambda_f_times_distan
 
 def test_no_penalty_before_the_first_task_ends():
     ewc = _ewc(SharedHead(3, 2))
-    assert float(ewc.penalty({"w": torch.ones(2)}, {}, {}, {})) == 0.0
+    assert ewc.penalty({"w": torch.ones(2)}, {}, {}) is None
 
 
 def test_fisher_of_a_softmax_model_at_zero_weights_is_a_quarter_of_x_squared():
@@ -121,7 +131,7 @@ def _two_tasks(mode, gamma=1.0):
     fishers = [diagonal_fisher(model, anchors[t], data[t].x, data[t].y, t) for t in range(2)]
     state: dict = {}
     for t in range(2):
-        ewc.task_end_client(model, anchors[t], data[t], state, {}, torch.Generator())
+        _end(ewc, model, anchors[t], data[t], state, torch.Generator())
     w = {"weight": torch.randn(3, 4, generator=gen, requires_grad=True),
          "bias": torch.randn(3, generator=gen, requires_grad=True)}
     return ewc, state, w, anchors, fishers
@@ -129,9 +139,14 @@ def _two_tasks(mode, gamma=1.0):
 
 def test_separate_mode_equals_one_term_per_task():
     ewc, state, w, anchors, fishers = _two_tasks("separate")
-    pen = ewc.penalty(w, w, {}, state)
-    expected = sum(1.5 * (fishers[t][k] * (w[k] - anchors[t][k]) ** 2).sum() for t in range(2) for k in w)
-    assert float(pen.detach()) == pytest.approx(float(expected.detach()), rel=1e-5)
+    pen = _pen(ewc, w, state)
+
+    def expected(p):
+        return sum(1.5 * (fishers[t][k] * (p[k] - anchors[t][k]) ** 2).sum() for t in range(2) for k in p)
+
+    w0 = {k: v.detach() * 0.5 for k, v in w.items()}  # equal up to the constant the merged form drops
+    assert float(pen.detach() - _pen(ewc, w0, state)) == pytest.approx(float((expected(w) - expected(w0)).detach()),
+                                                                       rel=1e-5)
     grads = dict(zip(w, torch.autograd.grad(pen, list(w.values())), strict=True))
     for k in w:
         want = sum(3.0 * fishers[t][k] * (w[k] - anchors[t][k]) for t in range(2)).detach()
@@ -141,19 +156,21 @@ def test_separate_mode_equals_one_term_per_task():
 def test_online_mode_decays_the_old_fisher_and_anchors_the_latest_model():
     ewc, state, w, anchors, fishers = _two_tasks("online", gamma=0.5)
     for k in w:
-        assert torch.allclose(state[f"fisher.{k}"], 0.5 * fishers[0][k] + fishers[1][k])
-        assert torch.equal(state[f"anchor.{k}"], anchors[1][k])
-    pen = ewc.penalty(w, w, {}, state)
+        assert torch.allclose(state["fisher"][k], 0.5 * fishers[0][k] + fishers[1][k])
+        assert torch.equal(state["anchor"][k], anchors[1][k])
+    pen = _pen(ewc, w, state)
     expected = sum(1.5 * ((0.5 * fishers[0][k] + fishers[1][k]) * (w[k] - anchors[1][k]) ** 2).sum() for k in w)
     assert float(pen.detach()) == pytest.approx(float(expected.detach()), rel=1e-5)
 
 
 def test_state_size_is_two_models_per_client_in_method_stats():
     ewc, state, w, anchors, _ = _two_tasks("separate")
-    ms = MethodState(clients={0: state, 1: {}})
-    stats = ewc.stats(ms)
+    ms = MethodState()
+    ms.clients.put(0, state)
+    ms.clients.put(1, {})
+    stats = method_stats(CommLedger(), ewc, ms)
     model_bytes = sum(v.numel() * 4 for v in anchors[0].values())
-    assert stats["client_state_bytes_max"] == 2 * model_bytes + 4 and stats["clients_with_state"] == 1
+    assert stats["client_state_bytes_max"] == 2 * model_bytes and stats["clients_with_state"] == 1
 
 
 def test_bad_mode_is_a_config_error_naming_the_key():
@@ -179,7 +196,7 @@ CASES = [
 def test_batched_equals_sequential(case, scenario):
     stream = make_stream(scenario, num_tasks=3)
     runs = run_both_paths(_cfg, stream, **case)
-    assert runs[0].methods[0].stats(runs[0].states[0])["clients_with_state"] == 5
+    assert len(runs[0].states[0].clients) == 5
 
 
 def test_penalty_changes_training_after_the_first_task():
@@ -226,14 +243,14 @@ def test_fisher_of_a_batch_statistics_model_is_taken_through_its_training_batche
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     x, y = torch.randn(7, 1, 4, 4), torch.tensor([0, 1, 2, 0, 1, 2, 0])
     expected = _batch_mode_fisher_by_hand(model, x, y, 3, kind)  # batches of 3, 3 and 1 samples
-    ewc = EWC(EWCParams(fisher=kind), RunInfo(3, "domain", 4, 2, 0, model, batch_size=3))
+    ewc = EWC(EWCHyperparams(fisher=kind), RunInfo(3, "domain", 4, 2, 0, model, batch_size=3))
     state = {}
-    ewc.task_end_client(model, params, ClientData(x, y, 0), state, {}, torch.Generator().manual_seed(0))
+    _end(ewc, model, params, ClientData(x, y, 0), state, torch.Generator().manual_seed(0))
     for k, v in expected.items():
-        assert torch.allclose(state[f"fisher.{k}"], v, rtol=1e-4, atol=1e-7), k
-    fedcurv = METHODS["fedcurv"](METHODS["fedcurv"].Params(fisher=kind), RunInfo(3, "domain", 4, 2, 0, model,
-                                                                                  batch_size=3))
-    payload = fedcurv.round_payload(model, params, ClientData(x, y, 0), {})
+        assert torch.allclose(state["fisher"][k], v, rtol=1e-4, atol=1e-7), k
+    fedcurv = METHODS["fedcurv"](METHODS["fedcurv"].Hyperparams(fisher=kind), RunInfo(3, "domain", 4, 2, 0, model,
+                                                                                       batch_size=3))
+    payload = fedcurv.client_end("round", model, params, ClientData(x, y, 0), {}, {}, torch.Generator())
     assert all(torch.allclose(payload["I"][k], v, rtol=1e-4, atol=1e-7) for k, v in expected.items())
     assert not torch.allclose(expected["conv.weight"], _batch_mode_fisher_by_hand(model, x, y, 1, kind)["conv.weight"])
     with pytest.raises(ValueError, match="batch_size"):

@@ -8,7 +8,9 @@ import torch.nn.functional as F
 from torch.func import grad, vmap
 
 from cfl.config import ConfigError
+from cfl.engine.hooks import penalty_loss, penalty_terms, quadratic_loss
 from cfl.engine.runner import Runner
+from cfl.engine.stacking import stack_states
 from cfl.methods import METHODS
 from cfl.methods.base import RunInfo
 from cfl.metrics.client_forgetting import forgetting_matrix, label_distribution, mean_over_others
@@ -29,7 +31,7 @@ def _cfg(**kw):
 
 def _method(name, **params):
     run = RunInfo(1, "domain", 4, 4, 0, torch.nn.Linear(1, 1))
-    return METHODS[name](METHODS[name].Params(**params), run)
+    return METHODS[name](METHODS[name].Hyperparams(**params), run)
 
 
 # ---------------- FedProx ----------------
@@ -39,8 +41,8 @@ def test_fedprox_penalty_and_its_gradient_match_hand_values():
     w = {"a": torch.tensor([1.0, 2.0]), "b": torch.tensor([[3.0]])}
     g = {"a": torch.tensor([0.0, 4.0]), "b": torch.tensor([[1.0]])}
     # mu/2 * ||w - g||^2 = 0.25 * (1 + 4 + 4) = 2.25; gradient mu * (w - g) = [0.5, -1], [[1]]
-    assert float(prox.penalty(w, g, {}, {})) == pytest.approx(2.25)
-    grads = {k: a * w[k] - b for k, (a, b) in prox.penalty_gradient(g, {}, {}).items()}
+    assert float(quadratic_loss(w, prox.penalty(g, {}, {}))) == pytest.approx(2.25)
+    grads = {k: a[0] * w[k] - b[0] for k, (a, b) in penalty_terms(prox, g, {}, {}).items()}
     assert torch.allclose(grads["a"], torch.tensor([0.5, -1.0])) and torch.allclose(grads["b"], torch.tensor([[1.0]]))
 
 
@@ -52,13 +54,15 @@ def _fedcurv_round(method, gen):
     clients = {c: ({k: torch.rand(s, generator=gen) for k, s in shapes.items()},
                    {k: torch.randn(s, generator=gen) for k, s in shapes.items()}) for c in range(3)}
     server, states = {}, {}
-    method.broadcast(server)
     for c, (fisher, w) in clients.items():
-        states[c] = {**{f"I.{k}": fisher[k] for k in w}, **{f"Iw.{k}": fisher[k] * w[k] for k in w},
-                     "round": torch.tensor(0, dtype=torch.int32)}
-    method.round_end({c: {"I": fisher, "Iw": {k: fisher[k] * w[k] for k in w}}
-                      for c, (fisher, w) in clients.items()}, server)
+        states[c] = {"I": fisher, "Iw": {k: fisher[k] * w[k] for k in w}, "round": torch.tensor(0, dtype=torch.int32)}
+    method.server_end("round", {c: {"I": fisher, "Iw": {k: fisher[k] * w[k] for k in w}}
+                                for c, (fisher, w) in clients.items()}, server, 0)
     return clients, states, server
+
+
+def _broadcast(method, server):
+    return {k: server[k] for k in method.broadcast["round"] if k in server}
 
 
 def _brute(params, clients, skip, lam):
@@ -71,7 +75,7 @@ def test_fedcurv_penalty_equals_brute_force_sum_over_other_clients(who):
     gen = torch.Generator().manual_seed(0)
     method = _method("fedcurv", lam=0.7)
     clients, states, server = _fedcurv_round(method, gen)
-    broadcast = method.broadcast(server)
+    broadcast = _broadcast(method, server)
     if who == "contributor":  # client 1 took part in the previous round: its own term is left out
         state, skip = states[1], 1
     elif who == "newcomer":  # never took part: every previous client counts
@@ -80,7 +84,7 @@ def test_fedcurv_penalty_equals_brute_force_sum_over_other_clients(who):
         state, skip = {**states[1], "round": torch.tensor(-5, dtype=torch.int32)}, None
     w1 = {"w": torch.randn(2, 3, generator=gen), "b": torch.randn(3, generator=gen)}
     w2 = {k: torch.randn(v.shape, generator=gen) for k, v in w1.items()}
-    pen = lambda p: method.penalty(p, p, broadcast, state)  # noqa: E731
+    pen = lambda p: penalty_loss(method, p, p, broadcast, state)  # noqa: E731
     # equal up to a constant: same differences, same gradients
     assert torch.allclose(pen(w1) - pen(w2), _brute(w1, clients, skip, 0.7) - _brute(w2, clients, skip, 0.7),
                           atol=1e-5)
@@ -93,21 +97,20 @@ def test_fedcurv_penalty_vmapped_over_stacked_states_matches_each_client():
     gen = torch.Generator().manual_seed(1)
     method = _method("fedcurv", lam=1.0)
     clients, states, server = _fedcurv_round(method, gen)
-    broadcast = method.broadcast(server)
-    per_client = [states[0], {}, states[2]]  # a newcomer in the middle gets zeros and round -1
-    stacked = method.stack_states(per_client)
+    broadcast = _broadcast(method, server)
+    per_client = [states[0], {}, states[2]]  # a newcomer in the middle gets zeros (engine's padding)
+    stacked = stack_states(per_client, method.ragged)
     params = {"w": torch.randn(3, 2, 3, generator=gen), "b": torch.randn(3, 3, generator=gen)}
-    batched = vmap(method.penalty, in_dims=(0, None, None, 0))(params, params, broadcast, stacked)
+    batched = vmap(lambda p, st: penalty_loss(method, p, p, broadcast, st))(params, stacked)
     for i, st in enumerate(per_client):
         one = {k: v[i] for k, v in params.items()}
-        assert torch.allclose(batched[i], method.penalty(one, one, broadcast, st), atol=1e-5)
+        assert torch.allclose(batched[i], penalty_loss(method, one, one, broadcast, st), atol=1e-5)
 
 
 def test_fedcurv_has_no_penalty_before_any_round():
     method = _method("fedcurv")
-    assert method.broadcast({}) == {}
-    params = {"w": torch.ones(2)}
-    assert float(method.penalty(params, params, {}, {})) == 0.0
+    assert _broadcast(method, {}) == {}
+    assert method.penalty({"w": torch.ones(2)}, {}, {}) is None
 
 
 def test_fedcurv_run_traffic_is_three_models_each_way_and_server_sums_last_round():
@@ -119,13 +122,13 @@ def test_fedcurv_run_traffic_is_three_models_each_way_and_server_sums_last_round
     assert runner.comm.upload_bytes == rounds * clients * 3 * model
     # round 1 has no u, v yet; later rounds send w, u, v and the 4-byte round index
     assert runner.comm.download_bytes == clients * model + (rounds - 1) * clients * (3 * model + 4)
-    server = runner.states[0].server
-    last = [c for c, s in runner.states[0].clients.items() if int(s["round"]) == rounds - 1]
+    server, states = runner.states[0].server, runner.states[0].clients
+    last = [c for c in states.ids() if int(states.get(c)["round"]) == rounds - 1]
     assert len(last) == clients and server["round"] == rounds
     for k in runner.params:
-        assert torch.allclose(server["u"][k], sum(runner.states[0].clients[c][f"I.{k}"] for c in last))
-        assert torch.allclose(server["v"][k], sum(runner.states[0].clients[c][f"Iw.{k}"] for c in last))
-    assert runner.states[0].clients[last[0]]["I.body.1.weight"].sum() > 0
+        assert torch.allclose(server["u"][k], sum(states.get(c)["I"][k] for c in last))
+        assert torch.allclose(server["v"][k], sum(states.get(c)["Iw"][k] for c in last))
+    assert states.get(last[0])["I"]["body.1.weight"].sum() > 0
 
 
 CASES = [

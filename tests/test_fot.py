@@ -7,7 +7,8 @@ from torch import nn
 
 from cfl.engine.runner import Runner
 from cfl.methods.base import ClientData, MethodState, RunInfo
-from cfl.methods.fot import FOT, FOTParams
+from cfl.methods.fot import FOT, FOTHyperparams
+from cfl.metrics.results import method_stats
 from cfl.models import MODELS, ModelShape, build_model
 from cfl.models.layers import protected_layers
 from cfl.ops.gpse import client_sketch, residual_ratio, server_extend
@@ -86,12 +87,11 @@ def test_conv_outputs_on_old_task_patches_stay_unchanged_after_a_projected_updat
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     base = torch.randn(12, 1, 8, 8)
     x_old = torch.cat([base, 2.0 * base], 1)  # channel 1 = 2 x channel 0: patches span 9 of 18 dims
-    fot = FOT(FOTParams(eps=0.99999, sketch_factor=5.0, conv_sketch_factor=5.0), _run_info(model))
+    fot = FOT(FOTHyperparams(eps=0.99999, sketch_factor=5.0, conv_sketch_factor=5.0), _run_info(model))
     state = MethodState()
-    broadcast = fot.task_end_broadcast(state.server)
-    payloads = {c: fot.task_end_client(model, params, ClientData(x, torch.zeros(len(x)), 0), {}, broadcast,
-                                       torch.Generator().manual_seed(c)) for c, x in enumerate(x_old.chunk(3))}
-    fot.task_end_server(payloads, state.server, task=0)
+    payloads = {c: fot.client_end("task_end", model, params, ClientData(x, torch.zeros(len(x)), 0), {}, {},
+                                  torch.Generator().manual_seed(c)) for c, x in enumerate(x_old.chunk(3))}
+    fot.server_end("task_end", payloads, state.server, task=0)
     assert state.server["basis"]["conv.weight"].shape == (18, 9)
     delta = {k: torch.randn_like(v) for k, v in params.items()}
     projected = fot.transform_update(delta, state.server, task=1)
@@ -106,7 +106,7 @@ def test_conv_outputs_on_old_task_patches_stay_unchanged_after_a_projected_updat
 
 def test_gpse_clients_above_num_clients_is_a_config_error():
     with pytest.raises(ConfigError, match="gpse_clients"):
-        FOT(FOTParams(gpse_clients=4), _run_info(_ConvNet()))
+        FOT(FOTHyperparams(gpse_clients=4), _run_info(_ConvNet()))
 
 
 def _cfg(**kw):
@@ -127,7 +127,7 @@ def test_run_counts_gpse_and_basis_traffic_and_reports_stats():
     cfg = _cfg(method={"name": "fot", "eps": 0.9, "sketch_factor": 2.0, "gpse_clients": 2})
     runner = Runner(cfg, stream)
     runner.run()
-    stats = runner.methods[0].stats(runner.states[0])
+    stats = method_stats(runner.comm, runner.methods[0], runner.states[0])
     assert set(runner.run_info.protected) == {"body.1.weight", "body.3.weight"}  # per-task heads are not
     dims = {"body.1.weight": 12, "body.3.weight": 128}
     floats = sum(d * 2 * d + 2 for d in dims.values())
@@ -161,7 +161,7 @@ def test_default_sketch_widths_follow_the_spec_per_model_and_layer_kind(model_na
         protected = protected_layers(model)
         info = RunInfo(num_tasks=2, scenario="task" if multi_head else "domain", num_clients=3,
                        clients_per_round=3, seed=0, model=model, protected=protected)
-        widths = FOT(FOTParams(), info).widths()
+        widths = FOT(FOTHyperparams(), info).widths()
         shapes = dict(model.named_parameters())
         assert set(widths) == set(protected)
         for name, kind in protected.items():
@@ -172,7 +172,7 @@ def test_default_sketch_widths_follow_the_spec_per_model_and_layer_kind(model_na
 
 def test_explicit_sketch_factors_override_the_reference_and_unknown_models_must_set_them():
     model = _ConvNet()
-    fot = FOT(FOTParams(sketch_factor=2.0, conv_sketch_factor=3.0), _run_info(model))
+    fot = FOT(FOTHyperparams(sketch_factor=2.0, conv_sketch_factor=3.0), _run_info(model))
     assert fot.widths() == {"conv.weight": 3 * 18, "head.weight": 2 * 48}
     with pytest.raises(ConfigError, match="conv_sketch_factor"):
-        FOT(FOTParams(sketch_factor=2.0), _run_info(model))
+        FOT(FOTHyperparams(sketch_factor=2.0), _run_info(model))

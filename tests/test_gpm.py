@@ -4,9 +4,12 @@ import pytest
 import torch
 from torch import nn
 
+from cfl.engine.hooks import projected as projected_by
 from cfl.engine.runner import Runner
+from cfl.engine.stacking import stack_states
 from cfl.methods.base import ClientData, RunInfo
-from cfl.methods.gpm import GPM, GPMParams, extend_from_gram
+from cfl.methods.gpm import GPM, GPMHyperparams, extend_from_gram
+from cfl.metrics.results import method_stats
 from cfl.validation import from_dict
 from tests.conftest import make_stream, run_both_paths
 
@@ -44,7 +47,7 @@ class _Net(nn.Module):
 def _gpm(model: nn.Module, eps: float) -> GPM:
     info = RunInfo(num_tasks=2, scenario="domain", num_clients=2, clients_per_round=2, seed=0, model=model,
                    protected={"fc1.weight": "linear", "fc2.weight": "linear"})
-    return GPM(GPMParams(eps=eps), info)
+    return GPM(GPMHyperparams(eps=eps), info)
 
 
 def test_projected_gradients_are_orthogonal_to_the_basis_and_old_outputs_stay():
@@ -54,14 +57,14 @@ def test_projected_gradients_are_orthogonal_to_the_basis_and_old_outputs_stay():
     x_old = _low_rank(8, [4.0, 2.0, 1.0], 30, seed=1).T * 5  # old inputs span 3 of 8 dims
     gpm = _gpm(model, eps=0.99999)
     state: dict = {}
-    gpm.task_end_client(model, params, ClientData(x_old, torch.zeros(30), 0), state, {}, torch.Generator())
-    assert state["fc1.weight"].shape == (8, 3)
+    gpm.client_end("task_end", model, params, ClientData(x_old, torch.zeros(30), 0), state, {}, torch.Generator())
+    assert state["bases"]["fc1.weight"].shape == (8, 3)
     x_new, y_new = torch.randn(16, 8), torch.randint(0, 3, (16,))
     p = {k: v.clone().requires_grad_() for k, v in params.items()}
     loss = nn.functional.cross_entropy(torch.func.functional_call(model, p, (x_new, None)), y_new)
     grads = dict(zip(p, torch.autograd.grad(loss, list(p.values())), strict=True))
-    projected = gpm.transform_grads(grads, {k: v[0] for k, v in gpm.stack_states([state]).items()})
-    for name, basis in state.items():
+    projected = projected_by(gpm, grads, state)
+    for name, basis in state["bases"].items():
         assert (projected[name] @ basis).norm() < 1e-5 * grads[name].norm()
     assert projected["fc1.weight"].norm() > 0.3 * grads["fc1.weight"].norm()  # the step is not simply zero
     stepped = {k: params[k] - 0.5 * projected[k] for k in params}
@@ -75,12 +78,12 @@ def test_stack_states_zero_pads_ragged_bases():
     gpm = _gpm(_Net(), eps=0.9)
     b2 = torch.linalg.qr(torch.randn(8, 2))[0]
     b3 = torch.linalg.qr(torch.randn(8, 3))[0]
-    stacked = gpm.stack_states([{"fc1.weight": b2}, {"fc1.weight": b3}, {}])
+    stacked = stack_states([{"bases": {"fc1.weight": b2}}, {"bases": {"fc1.weight": b3}}, {}], gpm.ragged)["bases"]
     assert stacked["fc1.weight"].shape == (3, 8, 3)
     assert torch.equal(stacked["fc1.weight"][0, :, 2], torch.zeros(8)) and stacked["fc1.weight"][2].abs().sum() == 0
     g = torch.randn(6, 8)
-    assert torch.allclose(gpm.transform_grads({"fc1.weight": g}, {"fc1.weight": stacked["fc1.weight"][0]})
-                          ["fc1.weight"], g - g @ b2 @ b2.T, atol=1e-6)
+    padded = {"bases": {"fc1.weight": stacked["fc1.weight"][0]}}
+    assert torch.allclose(projected_by(gpm, {"fc1.weight": g}, padded)["fc1.weight"], g - g @ b2 @ b2.T, atol=1e-6)
 
 
 def _cfg(**kw):
@@ -94,16 +97,18 @@ def _cfg(**kw):
 def test_batched_equals_sequential(scenario):
     stream = make_stream(scenario, num_tasks=3)
     runs = run_both_paths(_cfg, stream, partition={"name": "quantity", "beta": 0.5})
-    widths = {s["body.1.weight"].shape[1] for s in runs[0].states[0].clients.values()}
-    assert len(runs[0].states[0].clients) == 5 and max(widths) > 0
+    clients = runs[0].states[0].clients
+    widths = {clients.get(c)["bases"]["body.1.weight"].shape[1] for c in clients.ids()}
+    assert len(clients) == 5 and max(widths) > 0
 
 
 def test_stats_report_client_state_bytes_and_nothing_is_uploaded():
     stream = make_stream("domain", num_tasks=2)
     runner = Runner(_cfg(), stream)
     runner.run()
-    stats = runner.methods[0].stats(runner.states[0])
-    sizes = [4 * sum(b.numel() for b in s.values()) for s in runner.states[0].clients.values()]
+    stats = method_stats(runner.comm, runner.methods[0], runner.states[0])
+    clients = runner.states[0].clients
+    sizes = [4 * sum(b.numel() for b in clients.get(c)["bases"].values()) for c in clients.ids()]
     assert stats["client_state_bytes_max"] == max(sizes)
     assert stats["client_state_bytes_mean"] == pytest.approx(sum(sizes) / len(sizes))
     assert runner.comm.upload_bytes == 2 * 2 * 3 * runner.model_bytes

@@ -1,4 +1,5 @@
-"""The plugin guide's example (docs/examples/lwf.py) runs, matches the guide, and does what it says."""
+"""The plugin guide's examples (docs/examples/lwf.py, gpm_like.py) run, match the guide, do what they say, and
+train on the engine path the guide states, with the reason printed."""
 
 import importlib.util
 import sys
@@ -14,10 +15,11 @@ from tests.conftest import make_stream
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "docs" / "examples" / "lwf.py"
+GPM_LIKE = ROOT / "docs" / "examples" / "gpm_like.py"
 
 
-def _load_example():
-    spec = importlib.util.spec_from_file_location("cfl_plugin_lwf_test", EXAMPLE)
+def _load_example(path: Path = EXAMPLE):
+    spec = importlib.util.spec_from_file_location(f"cfl_plugin_{path.stem}_test", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
@@ -32,8 +34,9 @@ def _registry_restored():
         yield
 
 
-def test_guide_shows_the_example_file_verbatim():
-    assert EXAMPLE.read_text() in (ROOT / "docs" / "plugins.md").read_text()
+@pytest.mark.parametrize("path", [EXAMPLE, GPM_LIKE], ids=["lwf", "gpm_like"])
+def test_guide_shows_the_example_files_verbatim(path):
+    assert path.read_text() in (ROOT / "docs" / "plugins.md").read_text()
 
 
 def _cfg(**kw):
@@ -65,13 +68,44 @@ def test_distillation_is_zero_at_the_old_model_and_positive_away_from_it():
     from cfl.methods.base import ClientData
 
     task0 = stream.tasks[0]
-    lwf.task_end_client(runner.model, runner.params, ClientData(task0.train_x, task0.train_y, 0), state, {}, None)
-    x, t, w = task0.train_x[:5], torch.ones(5, dtype=torch.long), torch.ones(5)
-    assert float(lwf.batch_loss(runner.params, x, t, w, {}, state)) < 1e-6
+    lwf.client_end("task_end", runner.model, runner.params, ClientData(task0.train_x, task0.train_y, 0), state, {},
+                   None)
+    x, t = task0.train_x[:5], torch.ones(5, dtype=torch.long)
+    assert lwf.extra_loss(runner.params, x, t, {}, state).shape == (5,)
+    assert float(lwf.extra_loss(runner.params, x, t, {}, state).max()) < 1e-6
     moved = {k: v + 0.3 * torch.randn_like(v) for k, v in runner.params.items()}
-    assert float(lwf.batch_loss(moved, x, t, w, {}, state)) > 1e-3
+    assert float(lwf.extra_loss(moved, x, t, {}, state).mean()) > 1e-3
     # only the old task's head (0) is distilled: changing head 1 alone costs nothing
     head1 = dict(runner.params)
     head1["head.weight"] = head1["head.weight"].clone()
     head1["head.weight"][1] += 1.0
-    assert float(lwf.batch_loss(head1, x, t, w, {}, state)) < 1e-6
+    assert float(lwf.extra_loss(head1, x, t, {}, state).max()) < 1e-6
+
+
+@pytest.mark.parametrize(("path", "name", "hook"), [(EXAMPLE, "lwf", "extra_loss"),
+                                                     (GPM_LIKE, "gpm-like", "gradient_projection")])
+def test_examples_print_their_engine_path_and_reason_once(path, name, hook, capsys):
+    _load_example(path)
+    runner = Runner(_cfg(method={"name": name}), make_stream("task", num_tasks=2))
+    runner.run()
+    err = capsys.readouterr().err
+    line = f"engine: vmap path (reason: method {name} overrides {hook}"
+    assert err.count("engine: ") == 1 and line in err
+    assert runner.snapshot().engine_path["path"] == "vmap"
+
+
+def test_gpm_like_example_projects_and_batched_equals_sequential():
+    module = _load_example(GPM_LIKE)
+    stream = make_stream("domain", num_tasks=3)
+    cfg = {"method": {"name": "gpm-like", "energy": 0.9}, "partition": {"name": "quantity", "beta": 0.5}}
+    a, b = Runner(_cfg(**cfg), stream), Runner(_cfg(client_execution="sequential", **cfg), stream)
+    a.run()
+    b.run()
+    for k in a.params:
+        assert torch.allclose(a.params[k], b.params[k], atol=1e-5, rtol=1e-4), k
+    clients = a.states[0].clients
+    bases = [clients.get(c)["bases"]["body.1.weight"] for c in clients.ids()]
+    assert isinstance(a.methods[0], module.GPMLike) and len(bases) == 4
+    assert len({m.shape[1] for m in bases}) > 1  # ragged widths, padded by the engine
+    m = bases[0]
+    assert torch.allclose(m.T @ m, torch.eye(m.shape[1]), atol=1e-4)  # orthonormal

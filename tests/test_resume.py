@@ -34,7 +34,7 @@ class Slow(Method):
     name = "slow"
     about = "test helper: FedAvg that sleeps $CFL_TEST_ROUND_SLEEP seconds per round (a window to kill in)"
 
-    def round_end(self, payloads, server):
+    def server_end(self, event, uploads, server, task):
         time.sleep(float(os.environ.get("CFL_TEST_ROUND_SLEEP", "0")))
 '''
 

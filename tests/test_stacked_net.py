@@ -1,18 +1,21 @@
 """The vmap-free stacked path (issue 7): a fused SGD step in each linear layer's backward, same results."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from cfl.engine import local_batched
 from cfl.engine.jobs import ClientJob, Hyper, Plugins
 from cfl.engine.local_batched import train_batched
+from cfl.engine.path import choose_path
 from cfl.engine.stacked_net import FusedLinearSGD, ReluDropout, StackedNet
-from cfl.methods.base import Method, MethodState
-from cfl.methods.er import ER, ERParams
-from cfl.methods.ewc import EWC, EWCParams
+from cfl.methods.base import MethodState
+from cfl.methods.er import ER, ERHyperparams
+from cfl.methods.ewc import EWC, EWCHyperparams
 from cfl.methods.fedavg import FedAvg
-from cfl.methods.fedcurv import FedCurv, FedCurvParams
-from cfl.methods.fedprox import FedProx, FedProxParams
+from cfl.methods.fedcurv import FedCurv, FedCurvHyperparams
+from cfl.methods.fedprox import FedProx, FedProxHyperparams
 from cfl.models.alexnet import AlexNetLike
 from cfl.models.dropout import Dropout
 from cfl.models.mlp import MLP
@@ -40,15 +43,15 @@ def test_input_gradient_uses_the_weights_before_the_step():
     assert torch.allclose(grad_x, torch.tensor([[[1.0, 3.0]]]))  # W before the step, not after
 
 
-def _train(model, plugins, hp, jobs, x, y, stacked: bool, monkeypatch):
-    monkeypatch.setattr(StackedNet, "supports", staticmethod(lambda *_: stacked))
+def _train(model, plugins, hp, jobs, x, y, stacked: bool):
+    hp = replace(hp, path="stacked" if stacked else "vmap")
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     return train_batched(model, params, jobs, x, y, 1, hp, plugins)
 
 
 @pytest.mark.parametrize("multi_head", [False, True])
 @pytest.mark.parametrize("replay", [False, True])
-def test_stacked_path_matches_vmap_path(multi_head, replay, monkeypatch):
+def test_stacked_path_matches_vmap_path(multi_head, replay):
     torch.manual_seed(0)
     model = MLP(6, [5, 4], 3, num_tasks=2, multi_head=multi_head)
     x, y = torch.randn(40, 6), torch.randint(0, 3, (40,))
@@ -56,37 +59,45 @@ def test_stacked_path_matches_vmap_path(multi_head, replay, monkeypatch):
     parts = torch.arange(40).split(sizes)
     jobs = [ClientJob(c, parts[c], None, 100 + c) for c in range(3)]
     hp = Hyper(lr=0.2, momentum=0.0, weight_decay=0.01, local_epochs=2, batch_size=4)
-    method = ER(ERParams(mem_per_client=5, replay_batch_size=3), None) if replay else FedAvg(None, None)
+    method = ER(ERHyperparams(mem_per_client=5, replay_batch_size=3), None) if replay else FedAvg(None, None)
     states = [MethodState()]
     if replay:  # memories of task 0 (the round trains task 1: a batch mixes both heads)
         for c in range(3):
-            states[0].client(c).update(x=torch.randn(5, 6), y=torch.randint(0, 3, (5,)),
-                                       task=torch.zeros(5, dtype=torch.long), valid=torch.arange(5) < 4)
+            states[0].clients.put(c, dict(x=torch.randn(5, 6), y=torch.randint(0, 3, (5,)),
+                                          task=torch.zeros(5, dtype=torch.long), valid=torch.arange(5) < 4))
     plugins = Plugins([method], states, [{}])
-    fast, fast_out = _train(model, plugins, hp, jobs, x, y, True, monkeypatch)
-    ref, ref_out = _train(model, plugins, hp, jobs, x, y, False, monkeypatch)
+    fast, fast_out = _train(model, plugins, hp, jobs, x, y, True)
+    ref, ref_out = _train(model, plugins, hp, jobs, x, y, False)
     for k in ref:
         assert torch.allclose(fast[k], ref[k], atol=1e-6, rtol=1e-5), k
     assert [o.mean_loss for o in fast_out] == pytest.approx([o.mean_loss for o in ref_out], rel=1e-5)
 
 
-def test_stacked_path_only_for_plain_sgd_on_listed_layers():
+def test_stacked_path_only_for_plain_sgd_on_listed_layers_and_fused_hooks():
     model = MLP(6, [5], 3)
     plain = Hyper(lr=0.1, momentum=0.0, weight_decay=0.0, local_epochs=1, batch_size=4)
-    fedavg = Plugins([FedAvg(None, None)], [MethodState()], [{}])
-    assert StackedNet.supports(model, plain, fedavg)
-    assert not StackedNet.supports(model, Hyper(0.1, 0.9, 0.0, 1, 4), fedavg)  # momentum
-    assert StackedNet.supports(model, plain, Plugins([FedProx(None, None)], [MethodState()], [{}]))  # by its gradient
+    assert choose_path(model, plain, [FedAvg(None, None)]).path == "stacked"
+    assert choose_path(model, plain, [FedProx(FedProxHyperparams(), None)]).path == "stacked"  # a fused penalty
+    momentum = choose_path(model, Hyper(0.1, 0.9, 0.0, 1, 4), [FedAvg(None, None)])
+    assert momentum.path == "vmap" and "momentum 0.9" in momentum.reason
 
-    class NoGradient(FedProx):
-        penalty_gradient = Method.penalty_gradient  # the penalty without its gradient
+    class PerSample(FedAvg):
+        name = "per-sample"
 
-    assert not StackedNet.supports(model, plain, Plugins([NoGradient(None, None)], [MethodState()], [{}]))
-    assert not StackedNet.supports(torch.nn.Sequential(), plain, fedavg)
+        def extra_loss(self, params, x, task, server, state):
+            return x.sum(-1)
+
+    extra = choose_path(model, plain, [PerSample(None, None)])
+    assert extra.as_dict() == {"path": "vmap", "reason": "method per-sample overrides extra_loss, which needs "
+                                                         "per-sample losses"}
+    assert extra.line() == f"engine: vmap path (reason: {extra.reason})"
+    unlisted = choose_path(torch.nn.Sequential(), plain, [FedAvg(None, None)])
+    assert unlisted.path == "vmap" and "stack_layers" in unlisted.reason
+    assert choose_path(model, plain, [FedAvg(None, None)], "sequential").path == "sequential"
     assert local_batched.StackedNet is StackedNet
 
 
-def test_stacked_alexnet_grouped_convolutions_match_vmap_path(monkeypatch):
+def test_stacked_alexnet_grouped_convolutions_match_vmap_path():
     torch.manual_seed(0)
     model = AlexNetLike(3, 32, 4, num_tasks=2, multi_head=True)
     for m in model.modules():
@@ -97,8 +108,8 @@ def test_stacked_alexnet_grouped_convolutions_match_vmap_path(monkeypatch):
     jobs = [ClientJob(c, parts[c], None, 7 + c) for c in range(2)]
     hp = Hyper(lr=0.05, momentum=0.0, weight_decay=0.01, local_epochs=1, batch_size=4)
     plugins = Plugins([FedAvg(None, None)], [MethodState()], [{}])
-    fast, _ = _train(model, plugins, hp, jobs, x, y, True, monkeypatch)
-    ref, _ = _train(model, plugins, hp, jobs, x, y, False, monkeypatch)
+    fast, _ = _train(model, plugins, hp, jobs, x, y, True)
+    ref, _ = _train(model, plugins, hp, jobs, x, y, False)
     for k in ref:
         assert torch.allclose(fast[k], ref[k], atol=1e-5, rtol=1e-4), k
 
@@ -144,7 +155,7 @@ def test_client_blocks_give_the_results_of_one_block(method):
     model = MLP(6, [5, 4], 3)
     x, y = torch.randn(40, 6), torch.randint(0, 3, (40,))
     jobs = [ClientJob(c, part, None, 7 + c) for c, part in enumerate(torch.arange(40).split([13, 9, 18]))]
-    local = FedAvg(None, None) if method == "fedavg" else FedProx(FedProxParams(mu=0.5), None)
+    local = FedAvg(None, None) if method == "fedavg" else FedProx(FedProxHyperparams(mu=0.5), None)
     plugins = Plugins([local], [MethodState()], [{}])
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     results = {}
@@ -191,47 +202,27 @@ def _penalty_plugins(name: str, params: dict, clients: int) -> Plugins:
     """The method with states (and broadcast) as they are after a finished task / a FedCurv round."""
     g = torch.Generator().manual_seed(3)
     rand = lambda v: torch.rand(v.shape, generator=g)  # noqa: E731
-    state, broadcast = MethodState(), {}
+    state, broadcast, rand_params = MethodState(), {}, lambda shift=0.0: {k: rand(v) + shift for k, v in params.items()}
     if name == "fedprox":
-        method = FedProx(FedProxParams(mu=0.7), None)
+        method = FedProx(FedProxHyperparams(mu=0.7), None)
     elif name == "ewc":
-        method = EWC(EWCParams(lam=3.0), None)
+        method = EWC(EWCHyperparams(lam=3.0), None)
         for c in range(clients):
-            st = state.client(c)
-            st.update({f"fisher.{k}": rand(v) for k, v in params.items()})
-            st.update({f"anchor.{k}": v + rand(v) - 0.5 for k, v in params.items()})
-            st["offset"] = torch.tensor(0.1)
+            anchor = {k: v + a for (k, v), a in zip(params.items(), rand_params(-0.5).values(), strict=True)}
+            state.clients.put(c, {"fisher": rand_params(), "anchor": anchor})
     else:
-        method = FedCurv(FedCurvParams(lam=0.5), None)
+        method = FedCurv(FedCurvHyperparams(lam=0.5), None)
         broadcast = {"u": {k: 3 * rand(v) for k, v in params.items()}, "v": {k: rand(v) for k, v in params.items()},
                      "round": torch.tensor(4, dtype=torch.int32)}
-        for c in range(clients - 1):  # the last client has no contribution yet
-            st = state.client(c)
-            st.update({f"I.{k}": rand(v) for k, v in params.items()})
-            st.update({f"Iw.{k}": rand(v) for k, v in params.items()})
-            st["round"] = torch.tensor(3 if c == 0 else 1, dtype=torch.int32)  # client 0's is inside u, v
+        for c in range(clients - 1):  # the last client has no contribution yet; client 0's is inside u, v
+            state.clients.put(c, {"I": rand_params(), "Iw": rand_params(),
+                                  "round": torch.tensor(3 if c == 0 else 1, dtype=torch.int32)})
     return Plugins([method], [state], [broadcast])
 
 
 @pytest.mark.parametrize("name", ["fedprox", "ewc", "fedcurv"])
-def test_penalty_gradient_is_the_gradient_of_the_penalty(name):
-    torch.manual_seed(0)
-    params = {k: v.detach() for k, v in MLP(6, [5], 3).named_parameters()}
-    plugins = _penalty_plugins(name, params, 2)
-    method, broadcast = plugins.methods[0], plugins.broadcasts[0]
-    w = {k: (v + torch.randn_like(v)).requires_grad_() for k, v in params.items()}
-    for c in range(2):
-        state = plugins.states[0].client(c)
-        grads = torch.autograd.grad(method.penalty(w, params, broadcast, state), list(w.values()))
-        terms = method.penalty_gradient(params, broadcast, state)
-        for (k, v), grad in zip(w.items(), grads, strict=True):
-            a, b = terms[k]
-            assert torch.allclose(a * v.detach() - b, grad, atol=1e-5), (name, c, k)
-
-
-@pytest.mark.parametrize("name", ["fedprox", "ewc", "fedcurv"])
 @pytest.mark.parametrize("multi_head", [False, True])  # multi: the head's parameters take the unfused step
-def test_stacked_path_takes_quadratic_penalties_like_the_vmap_path(name, multi_head, monkeypatch):
+def test_stacked_path_takes_quadratic_penalties_like_the_vmap_path(name, multi_head):
     torch.manual_seed(0)
     model = MLP(6, [5, 4], 3, num_tasks=2, multi_head=multi_head)
     x, y = torch.randn(40, 6), torch.randint(0, 3, (40,))
@@ -240,15 +231,15 @@ def test_stacked_path_takes_quadratic_penalties_like_the_vmap_path(name, multi_h
     hp = Hyper(lr=0.2, momentum=0.0, weight_decay=0.01, local_epochs=2, batch_size=4)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     plugins = _penalty_plugins(name, params, 3)
-    fast, _ = _train(model, plugins, hp, jobs, x, y, True, monkeypatch)
-    ref, _ = _train(model, plugins, hp, jobs, x, y, False, monkeypatch)
-    plain, _ = _train(model, Plugins([FedAvg(None, None)], [MethodState()], [{}]), hp, jobs, x, y, True, monkeypatch)
+    fast, _ = _train(model, plugins, hp, jobs, x, y, True)
+    ref, _ = _train(model, plugins, hp, jobs, x, y, False)
+    plain, _ = _train(model, Plugins([FedAvg(None, None)], [MethodState()], [{}]), hp, jobs, x, y, True)
     for k in ref:
         assert torch.allclose(fast[k], ref[k], atol=1e-5, rtol=1e-4), k
     assert any(not torch.allclose(plain[k], ref[k], atol=1e-3) for k in ref)  # the penalty mattered
 
 
-def test_stacked_alexnet_takes_fedprox_on_its_convolutions_like_the_vmap_path(monkeypatch):
+def test_stacked_alexnet_takes_fedprox_on_its_convolutions_like_the_vmap_path():
     torch.manual_seed(0)
     model = AlexNetLike(3, 32, 4, num_tasks=2, multi_head=True)
     for m in model.modules():
@@ -257,9 +248,9 @@ def test_stacked_alexnet_takes_fedprox_on_its_convolutions_like_the_vmap_path(mo
     x, y = torch.randn(10, 3, 32, 32), torch.randint(0, 4, (10,))
     jobs = [ClientJob(c, part, None, 7 + c) for c, part in enumerate(torch.arange(10).split([4, 6]))]
     hp = Hyper(lr=0.05, momentum=0.0, weight_decay=0.01, local_epochs=1, batch_size=4)
-    plugins = Plugins([FedProx(FedProxParams(mu=5.0), None)], [MethodState()], [{}])
-    fast, _ = _train(model, plugins, hp, jobs, x, y, True, monkeypatch)
-    ref, _ = _train(model, plugins, hp, jobs, x, y, False, monkeypatch)
+    plugins = Plugins([FedProx(FedProxHyperparams(mu=5.0), None)], [MethodState()], [{}])
+    fast, _ = _train(model, plugins, hp, jobs, x, y, True)
+    ref, _ = _train(model, plugins, hp, jobs, x, y, False)
     for k in ref:
         assert torch.allclose(fast[k], ref[k], atol=1e-5, rtol=1e-4), k
 

@@ -32,7 +32,7 @@ from cfl.schema import ConfigError
 from cfl.validation import resolve_saved_model
 
 CHECKPOINT = "checkpoint.pt"
-FORMAT = 1
+FORMAT = 2  # 2: method states as nested dicts (one-client method interface)
 # Keys a resumed run may change: they never alter what the run computes (threads may alter the last bits
 # of some CPU kernels; keep it fixed when a bit-identical result matters).
 RESUME_SAFE_KEYS = ("threads", "checkpoint_every", "on_nonfinite", "data_root", "wandb")
@@ -144,6 +144,10 @@ def load(run_dir: Path) -> dict[str, Any]:
         raise ConfigError(f"--resume {run_dir}: {path.name} is unreadable ({type(err).__name__}: {err}); "
                           f"start the run again with --overwrite") from None
     keys = {"format", "config", "params", "states", "comm", "progress", "rng", "wandb_run_id"}
+    if isinstance(payload, dict) and isinstance(payload.get("format"), int) and payload["format"] < FORMAT:
+        raise ConfigError(f"--resume {run_dir}: {path.name} has format {payload['format']}, written by an older cfl "
+                          f"whose method states this version cannot read (this one writes format {FORMAT}); "
+                          f"start the run again with --overwrite, or resume it with the cfl that wrote it")
     if not isinstance(payload, dict) or payload.get("format") != FORMAT or keys - set(payload):
         raise ConfigError(f"--resume {run_dir}: {path.name} is not a cfl checkpoint of format {FORMAT}")
     return payload

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-Params = dict[str, torch.Tensor]
+from cfl.tensors import Params
 
 EVAL_CHUNK = 2048
 

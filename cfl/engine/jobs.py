@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from cfl.methods.base import Method, MethodState, State
+from cfl.methods.base import Method, MethodState
+from cfl.tensors import State
 
 
 @dataclass
@@ -24,6 +25,8 @@ class Hyper:
     augment: Callable[[torch.Tensor, torch.Generator | None], torch.Tensor] | None = None
     # batched engine: clients trained together at a time (0: auto, see local_batched.auto_client_block)
     client_block: int = 0
+    # the run's training path (cfl.engine.path.choose_path); "": the batched trainer chooses per call
+    path: str = ""
     # 32 or bf16-mixed: the products of local training in bfloat16 over float32 weights (cfl/engine/precision.py)
     precision: int | str = 32
 
@@ -47,7 +50,7 @@ class Plugins:
     broadcasts: list[State]
 
     def client_states(self, i: int, cids: list[int]) -> list[State]:
-        return [self.states[i].client(c) for c in cids]
+        return [self.states[i].clients.get(c) for c in cids]
 
 
 def derive_seed(*parts: int) -> int:

@@ -4,9 +4,10 @@ Each client keeps its own data order, step count and (per-client-seeded) replay 
 match the sequential trainer up to float rounding (dropout masks and augmentation aside: both draw from
 torch's global generator, in a different order). Clients train sorted by step count, so the clients still
 training at a step are a prefix of the stack; a short batch (a client's last of an epoch) is padded with
-weight-0 copies of its first sample. On a model whose layers mix samples (BatchNorm on batch statistics:
-:func:`couples_samples`) padding would enter the statistics, so there each step instead groups its clients
-by real batch size and runs every group unpadded (:func:`_size_groups`).
+weight-0 copies of its first sample, and replay samples are padded to the client with the most. On a model
+whose layers mix samples (BatchNorm on batch statistics: :func:`couples_samples`) padding would enter the
+statistics, so there each step instead groups its clients by real batch and replay sizes and runs every
+group unpadded (:func:`_size_groups`).
 
 The parameter update is the memory-bound part of a step (the stacked parameters are read and written
 once per step); see :class:`SGDStep` and ``docs/performance.md``.
@@ -20,12 +21,19 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
+from cfl.engine import hooks
 from cfl.engine.heap import retain_freed_memory
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, client_schedule, replay_generator
+from cfl.engine.path import choose_path
 from cfl.engine.precision import autocast, to_float, warn_if_slow
 from cfl.engine.stacked_net import StackedNet
-from cfl.methods.base import Batch, Params
+from cfl.engine.stacking import Batch, client_rows, pad_samples, sample_counts, stack_states
+from cfl.methods.base import Method, overrides
 from cfl.ops.losses import masked_cross_entropy, weighted_mean
+from cfl.tensors import Params, State
+
+#: hooks that read the stacked client states under ``vmap``
+_VMAPPED = ("penalty", "extra_loss", "gradient_projection")
 
 
 def _padded_schedule(jobs: list[ClientJob], hp: Hyper,
@@ -48,7 +56,7 @@ def _padded_schedule(jobs: list[ClientJob], hp: Hyper,
 class SGDStep:
     """Plain SGD with weight decay on stacked parameters, leaving clients without a step at ``s`` untouched.
 
-    Without momentum or gradient transforms the decay is folded into the update with one ``lerp_`` pass:
+    Without momentum or gradient projections the decay is folded into the update with one ``lerp_`` pass:
     the loss is scaled by ``-1/wd`` so the gradients come back as ``-g/wd`` and
     ``p + lr*wd * (-g/wd - p) = (1 - lr*wd) p - lr g``. That reads the parameters and gradients once and
     writes the parameters once, against three read-write passes for "decay, then step".
@@ -56,7 +64,8 @@ class SGDStep:
 
     def __init__(self, hp: Hyper, params: Params, plugins: Plugins) -> None:
         self.hp = hp
-        self.fused = hp.momentum == 0 and not any(m.has_grad_transform for m in plugins.methods)
+        self.projecting = [i for i, m in enumerate(plugins.methods) if overrides(m, "gradient_projection")]
+        self.fused = hp.momentum == 0 and not self.projecting
         self.fold_decay = self.fused and hp.weight_decay >= 1e-8  # smaller: -1/wd could overflow float32
         self.loss_scale = -1.0 / hp.weight_decay if self.fold_decay else 1.0
         self.momentum: list[torch.Tensor] | None = None
@@ -76,9 +85,11 @@ class SGDStep:
             return
         if hp.weight_decay:
             torch._foreach_add_(g, p, alpha=hp.weight_decay)
-        for i, m in enumerate(plugins.methods):
-            if m.has_grad_transform:
-                grads = vmap(m.transform_grads)(dict(zip(params, g, strict=True)), states[i])
+        for i in self.projecting:
+            if states[i]:  # no client has a basis yet: nothing to project
+                m = plugins.methods[i]
+                grads = vmap(lambda gr, st, m=m: hooks.projected(m, gr, st))(dict(zip(params, g, strict=True)),
+                                                                           states[i])
                 g = list(grads.values())
         if hp.momentum > 0:
             if s == 0:
@@ -112,7 +123,8 @@ def train_batched(model: nn.Module, global_params: Params, jobs: list[ClientJob]
     order = sorted(range(len(jobs)), key=lambda c: -len(jobs[c].indices))  # stable: ties keep job order
     ordered = [jobs[c] for c in order]
     block = hp.client_block or auto_client_block(model, x.device, len(jobs))
-    stacked = StackedNet(model, hp) if StackedNet.supports(model, hp, plugins) else None
+    path = hp.path or choose_path(model, hp, plugins.methods).path
+    stacked = StackedNet(model, hp) if path == "stacked" else None
     full = stacked.stack(global_params, len(jobs), workspace) if stacked is not None else None
     parts, outcomes = [], []
     for start in range(0, len(ordered), block):
@@ -177,12 +189,14 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
     steps_left = torch.tensor(client_steps, device=device)
     allowed = _stack_allowed(jobs)
     cids = [job.cid for job in jobs]
-    states = [m.stack_states(plugins.client_states(i, cids)) for i, m in enumerate(plugins.methods)]
-    raw_states = [plugins.client_states(i, cids) for i in range(len(plugins.methods))]
+    states = [_stacked_states(m, plugins.client_states(i, cids)) for i, m in enumerate(plugins.methods)]
+    replaying = [(m, plugins.client_states(i, cids)) for i, m in enumerate(plugins.methods) if overrides(m, "replay")]
     generators = [replay_generator(job) for job in jobs]
     update = SGDStep(hp, params, plugins)
     # the stacked path takes quadratic penalties' steps from their gradients (no penalty in the loss)
-    penalty = stacked.penalty_steps(plugins, states, global_params, params) if stacked is not None else {}
+    penalty = stacked.penalty_steps([hooks.penalty_terms(m, global_params, plugins.broadcasts[i], states[i])
+                                     for i, m in enumerate(plugins.methods) if overrides(m, "penalty")],
+                                    params) if stacked is not None else {}
     loss_sum = torch.zeros(C, device=device)
     finite = torch.ones(C, dtype=torch.bool, device=device)
     task_ids = torch.full((C, hp.batch_size), task, dtype=y.dtype, device=device)
@@ -198,31 +212,32 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
     for s in range(index.shape[1]):
         n = sum(steps > s for steps in client_steps)  # clients still training: a prefix (sorted by steps)
         params = full_params if n == C else {k: v[:n] for k, v in full_params.items()}
-        step_states = states if n == C else [{k: v[:n] for k, v in st.items()} for st in states]
+        step_states = states if n == C else [client_rows(st, n) for st in states]
         rows = index[:n, s].reshape(-1)  # gathered into one buffer per call: no fresh pages each step
         xb = torch.index_select(x, 0, rows, out=x_buffer[: rows.numel()]).view(n, -1, *x.shape[1:])
         yb, wb, tb = y[index[:n, s]], weight[:n, s], task_ids[:n]
         if hp.augment is not None:  # per sample, over the (clients x batch) samples at once
             xb = hp.augment(xb.flatten(0, 1), None).view_as(xb)
-        extras = [m.replay_batch(raw_states[i][:n], generators[:n]) for i, m in enumerate(plugins.methods)]
+        draws = [[m.replay(raw[c], generators[c]) for c in range(n)] for m, raw in replaying]
+        extras = [pad_samples(d) for d in draws]
         # the clients' prefix of the penalty steps (a client dim of 1, shared by all, stays 1)
         step_penalty = penalty if n == C else {k: (m[:n], None if b is None else b[:n])
                                                for k, (m, b) in penalty.items()}
         step_allowed = None if allowed is None else allowed[:n]
-        if stacked is not None:  # no layer couples samples (StackedNet.supports): padding is inert
+        if stacked is not None:  # no layer couples samples (StackedNet.model_refusal): padding is inert
             xb, yb, tb, wb = _with_replay((xb, yb, tb, wb), extras)
             logits = stacked.forward(params, xb, tb, token, step_penalty)
             cross_entropy = weighted_mean(masked_cross_entropy(logits, yb, step_allowed), wb)
             per_client = cross_entropy
         else:
-            groups = _size_groups(sizes[:n, s], hp.batch_size, coupled, device)
+            groups = _size_groups(sizes[:n, s], [sample_counts(d) for d in draws], hp.batch_size, coupled, device)
             cross_entropy, per_client = _grouped_losses(groups, (xb, yb, tb, wb), extras, params, step_allowed,
                                                         step_states, batched_forward, plugins)
         loss_sum[:n] += cross_entropy.detach()
         for i, m in enumerate(plugins.methods):
-            if m.has_penalty and stacked is None:
-                pen = vmap(m.penalty, in_dims=(0, None, None, 0), randomness="different")(
-                    params, global_params, plugins.broadcasts[i], step_states[i])
+            if stacked is None and overrides(m, "penalty"):
+                pen = vmap(lambda p, st, m=m, b=plugins.broadcasts[i]: hooks.penalty_loss(m, p, global_params, b, st),
+                           randomness="different")(params, step_states[i])
                 per_client = per_client + pen
         finite[:n] &= torch.isfinite(per_client.detach())
         if stacked is not None:
@@ -278,19 +293,25 @@ def couples_samples(model: nn.Module) -> bool:
 StepBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # x, y, task, weight: (n, width, ...)
 
 
-def _size_groups(sizes: torch.Tensor, width: int, coupled: bool,
-                 device: torch.device) -> list[tuple[torch.Tensor | None, int]]:
-    """The step's client groups as ``(client indices or None for all, batch width)``.
+Group = tuple[torch.Tensor | None, int, list[int]]  # client indices (None: all), batch width, replay widths
 
-    Samples independent of each other: one group at the padded width. Coupled: one group per real batch
-    size among the clients' (CPU) ``sizes``, each at that size, so every client's forward sees exactly its
-    real samples, as in the sequential trainer; one group, unindexed, when all sizes agree."""
+
+def _size_groups(sizes: torch.Tensor, replay_counts: list[list[int]], width: int, coupled: bool,
+                 device: torch.device) -> list[Group]:
+    """The step's client groups as ``(client indices or None for all, batch width, replay widths)``.
+
+    Samples independent of each other: one group at the padded widths. Coupled: one group per distinct
+    real (batch size, replay sizes) among the clients' (CPU) ``sizes`` and ``replay_counts`` (per method,
+    per client), each at those sizes, so every client's forward sees exactly its real samples, as in the
+    sequential trainer; one group, unindexed, when all clients agree."""
     if not coupled:
-        return [(None, width)]
-    distinct = torch.unique(sizes).tolist()
+        return [(None, width, [max(counts) for counts in replay_counts])]
+    keys = [(int(b), *(counts[c] for counts in replay_counts)) for c, b in enumerate(sizes.tolist())]
+    distinct = sorted(set(keys))
     if len(distinct) == 1:
-        return [(None, distinct[0])]
-    return [(torch.nonzero(sizes == b).flatten().to(device), b) for b in distinct]
+        return [(None, distinct[0][0], list(distinct[0][1:]))]
+    return [(torch.tensor([c for c, k in enumerate(keys) if k == key], device=device), key[0], list(key[1:]))
+            for key in distinct]
 
 
 def _with_replay(data: StepBatch, extras: list[Batch | None]) -> StepBatch:
@@ -303,35 +324,47 @@ def _with_replay(data: StepBatch, extras: list[Batch | None]) -> StepBatch:
     return x, y, t, w
 
 
-def _grouped_losses(groups: list[tuple[torch.Tensor | None, int]], data: StepBatch, extras: list[Batch | None],
-                    params: Params, allowed: torch.Tensor | None, states: list[dict[str, torch.Tensor]],
-                    forward: Callable, plugins: Plugins) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per client (n,): the weighted cross-entropy of the step, and it plus the methods' batch losses; each
-    group of :func:`_size_groups` runs its own ``vmap``-ed forward on its clients' first ``width`` samples."""
+def _grouped_losses(groups: list[Group], data: StepBatch, extras: list[Batch | None], params: Params,
+                    allowed: torch.Tensor | None, states: list[State], forward: Callable,
+                    plugins: Plugins) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per client (n,): the weighted cross-entropy of the step, and it plus the methods' extra losses; each
+    group of :func:`_size_groups` runs its own ``vmap``-ed forward on its clients' real samples."""
     ce_parts, loss_parts = [], []
-    for idx, width in groups:
+    for idx, width, replay_widths in groups:
         def pick(v: torch.Tensor, idx: torch.Tensor | None = idx) -> torch.Tensor:
             return v if idx is None else v.index_select(0, idx)
 
-        batch = _with_replay(tuple(pick(v)[:, :width] for v in data),
-                             [None if e is None else Batch(*map(pick, (e.x, e.y, e.task, e.weight))) for e in extras])
-        xb, yb, tb, wb = batch
+        replays = [None if e is None else Batch(*(pick(v)[:, :w] for v in (e.x, e.y, e.task, e.weight)))
+                   for e, w in zip(extras, replay_widths, strict=True)]
+        xb, yb, tb, wb = _with_replay(tuple(pick(v)[:, :width] for v in data), replays)
         p = {k: pick(v) for k, v in params.items()}
         cross_entropy = weighted_mean(masked_cross_entropy(forward(p, xb, tb), yb, None if allowed is None
                                                            else pick(allowed)), wb)
         loss = cross_entropy
         for i, m in enumerate(plugins.methods):
-            if m.has_batch_loss:
-                loss = loss + vmap(m.batch_loss, in_dims=(0, 0, 0, 0, None, 0), randomness="different")(
-                    p, xb, tb, wb, plugins.broadcasts[i], {k: pick(v) for k, v in states[i].items()})
+            if overrides(m, "extra_loss"):
+                loss = loss + vmap(lambda *a, m=m, b=plugins.broadcasts[i]: hooks.extra_loss(m, *a[:4], b, a[4]),
+                                   randomness="different")(p, xb, tb, wb, client_rows_of(states[i], pick))
         ce_parts.append(cross_entropy)
         loss_parts.append(loss)
     if len(groups) == 1:
         return ce_parts[0], loss_parts[0]
-    order = torch.cat([idx for idx, _ in groups])
+    order = torch.cat([idx for idx, _, _ in groups])
     back = torch.empty_like(order)
     back[order] = torch.arange(len(order), device=order.device)
     return torch.cat(ce_parts)[back], torch.cat(loss_parts)[back]
+
+
+def client_rows_of(state: State, pick: Callable[[torch.Tensor], torch.Tensor]) -> State:
+    """``pick`` applied to every leaf of a stacked state."""
+    return {k: client_rows_of(v, pick) if isinstance(v, dict) else pick(v) for k, v in state.items()}
+
+
+def _stacked_states(method: Method, states: list[State]) -> State:
+    """The clients' states stacked for the hooks that run under ``vmap`` ({} when the method has none)."""
+    if not any(overrides(method, hook) for hook in _VMAPPED):
+        return {}
+    return stack_states(states, method.ragged)
 
 
 def _stack_allowed(jobs: list[ClientJob]) -> torch.Tensor | None:

@@ -10,10 +10,12 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from cfl.engine import hooks
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, client_schedule, replay_generator
 from cfl.engine.precision import autocast, to_float, warn_if_slow
-from cfl.methods.base import Params
+from cfl.methods.base import overrides
 from cfl.ops.losses import masked_cross_entropy
+from cfl.tensors import Params
 
 
 def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.Tensor, y: torch.Tensor,
@@ -21,9 +23,9 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
     warn_if_slow(hp.precision, x.device)
     params = {k: v.detach().clone().requires_grad_() for k, v in global_params.items()}
     momentum: dict[str, torch.Tensor] = {}
-    states = [m.stack_states([plugins.states[i].client(job.cid)]) for i, m in enumerate(plugins.methods)]
-    states = [{k: v[0] for k, v in st.items()} for st in states]
-    generator = [replay_generator(job)]
+    methods, broadcasts = plugins.methods, plugins.broadcasts
+    states = [st.clients.get(job.cid) for st in plugins.states]
+    generator = replay_generator(job)
     losses, finite = [], True
     model.train()
     for s, batch in enumerate(client_schedule(job, hp)):
@@ -32,30 +34,30 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
             xb = hp.augment(xb, None)
         tb = torch.full_like(yb, task)
         wb = torch.ones(len(batch), device=x.device)
-        for i, m in enumerate(plugins.methods):
-            extra = m.replay_batch([plugins.states[i].client(job.cid)], generator)
+        for i, m in enumerate(methods):
+            extra = m.replay(states[i], generator) if overrides(m, "replay") else None
             if extra is not None:
-                xb, yb = torch.cat([xb, extra.x[0]]), torch.cat([yb, extra.y[0]])
-                tb, wb = torch.cat([tb, extra.task[0]]), torch.cat([wb, extra.weight[0]])
+                xb, yb = torch.cat([xb, extra.x]), torch.cat([yb, extra.y])
+                tb, wb = torch.cat([tb, extra.task]), torch.cat([wb, torch.ones(len(extra.y), device=x.device)])
         with autocast(hp.precision, x.device):  # bf16-mixed: products in bfloat16, the loss on float32 logits
             logits = to_float(functional_call(model, params, (xb, tb)))
         per_sample = masked_cross_entropy(logits, yb, job.allowed)
         keep = wb > 0
         loss = (per_sample[keep] * wb[keep]).sum() / wb[keep].sum()
         losses.append(float(loss.detach()))
-        for i, m in enumerate(plugins.methods):
-            if m.has_batch_loss:
-                loss = loss + m.batch_loss(params, xb, tb, wb, plugins.broadcasts[i], states[i])
-            if m.has_penalty:
-                loss = loss + m.penalty(params, global_params, plugins.broadcasts[i], states[i])
+        for i, m in enumerate(methods):
+            if overrides(m, "extra_loss"):
+                loss = loss + hooks.extra_loss(m, params, xb, tb, wb, broadcasts[i], states[i])
+            if overrides(m, "penalty"):
+                loss = loss + hooks.penalty_loss(m, params, global_params, broadcasts[i], states[i])
         finite &= bool(torch.isfinite(loss))
         grads = dict(zip(params.keys(), torch.autograd.grad(loss, list(params.values())), strict=True))
         with torch.no_grad():
             if hp.weight_decay:
                 grads = {k: g + hp.weight_decay * params[k] for k, g in grads.items()}
-            for i, m in enumerate(plugins.methods):
-                if m.has_grad_transform:
-                    grads = m.transform_grads(grads, states[i])
+            for i, m in enumerate(methods):
+                if overrides(m, "gradient_projection"):
+                    grads = hooks.projected(m, grads, states[i])
             for k, p in params.items():
                 g = grads[k]
                 if hp.momentum > 0:

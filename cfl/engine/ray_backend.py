@@ -3,13 +3,14 @@
 The clients (sorted by id, as the runner hands them over) are cut into ``ray_workers`` contiguous groups.
 Each group is one Ray task running the ordinary trainer (``client_execution``, batched by default, so a
 worker keeps the batched engine's speed) on only the rows of the task's data its clients hold, with the
-sampled clients' method states; the stacked parameters, outcomes and states come back and are concatenated
-in client order. Data order and replay draws are seeded per client (``ClientJob.seed``), so they do not
-depend on where a client trains. Draws from torch's global generator (dropout masks, augmentation) are made
-from a generator seeded by :func:`group_seed`, a pure function of the run seed, task, round and the group's
-clients: results do not depend on which worker or node ran a group, but for models with dropout or streams
-with augmentation they differ from the local backend's (which draws from the driver's generator). Without
-dropout or augmentation a run matches the local backend (``tests/test_ray_backend.py``).
+sampled clients' method states (read only: local training writes no state); the stacked parameters and
+outcomes come back and are concatenated in client order. Data order and replay draws are seeded per
+client (``ClientJob.seed``), so they do not depend on where a client trains. Draws from torch's global
+generator (dropout masks, augmentation) are made from a generator seeded by :func:`group_seed`, a pure
+function of the run seed, task, round and the group's clients: results do not depend on which worker or
+node ran a group, but for models with dropout or streams with augmentation they differ from the local
+backend's (which draws from the driver's generator). Without dropout or augmentation a run matches the
+local backend (``tests/test_ray_backend.py``).
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ import torch
 from torch import nn
 
 from cfl.config import Config
+from cfl.engine.client_states import ClientStates
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, derive_seed
 from cfl.engine.local_batched import train_batched
 from cfl.engine.local_sequential import train_sequential
-from cfl.methods.base import Method, MethodState, Params, State
+from cfl.methods.base import Method, MethodState
 from cfl.plugins import ship_to_ray
 from cfl.ray_support import init_ray, require_ray
+from cfl.tensors import Params, State
 
 GROUP_TRAINERS = {"batched": train_batched, "sequential": train_sequential}
 
@@ -49,17 +52,17 @@ def local_rows(jobs: list[ClientJob]) -> tuple[torch.Tensor, list[ClientJob]]:
 
 def train_group(trainer: str, model: nn.Module, global_params: Params, jobs: list[ClientJob], x: torch.Tensor,
                 y: torch.Tensor, task: int, hp: Hyper, methods: list[Method], client_states: list[dict[int, State]],
-                broadcasts: list[State], threads: int) -> tuple[Params, list[ClientOutcome], list[dict[int, State]]]:
+                broadcasts: list[State], threads: int) -> tuple[Params, list[ClientOutcome]]:
     """One group's local training (on a Ray worker, or in-process): parameters stacked over the group's
-    clients, their outcomes, and their method states after training."""
+    clients and their outcomes."""
     if threads:
         torch.set_num_threads(threads)
-    states = [MethodState(clients=dict(cs)) for cs in client_states]
+    states = [MethodState(clients=ClientStates(cs)) for cs in client_states]
     plugins = Plugins(methods, states, broadcasts)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(group_seed(jobs))
         params, outcomes = GROUP_TRAINERS[trainer](model, global_params, jobs, x, y, task, hp, plugins)
-    return params, outcomes, [st.clients for st in states]
+    return params, outcomes
 
 
 class RayClients:
@@ -80,12 +83,9 @@ class RayClients:
         futures = []
         for group in split_groups(jobs, self.groups):
             rows, local_jobs = local_rows(group)
-            states = [{job.cid: st.client(job.cid) for job in group} for st in plugins.states]
+            states = [{job.cid: st.clients.get(job.cid) for job in group} for st in plugins.states]
             futures.append(self.remote.remote(self.trainer, model_ref, params_ref, local_jobs, x[rows], y[rows], task,
                                               hp_ref, methods_ref, states, broadcasts_ref, self.threads))
         results = ray.get(futures)
-        for _, _, states in results:
-            for st, updated in zip(plugins.states, states, strict=True):
-                st.clients.update(updated)
         params = {k: torch.cat([r[0][k] for r in results]) for k in global_params}
         return params, [o for r in results for o in r[1]]

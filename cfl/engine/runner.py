@@ -21,16 +21,18 @@ from cfl.engine.evaluate import accuracy
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, derive_seed
 from cfl.engine.local_batched import BatchedTrainer
 from cfl.engine.local_sequential import train_sequential
+from cfl.engine.path import choose_path
 from cfl.engine.schedule import Schedule, sample_clients
 from cfl.engine.server import Server
 from cfl.engine.snapshot import Progress, RunSnapshot
 from cfl.methods import METHODS
-from cfl.methods.base import ClientData, Method, MethodState, Params, RunInfo, overrides
+from cfl.methods.base import ClientData, Event, Method, MethodState, RunInfo, overrides, takes_part_at_task_end
 from cfl.metrics import client_forgetting
 from cfl.metrics.comm import CommLedger, nbytes, task_end_model_line
 from cfl.metrics.matrix import empty_matrix
 from cfl.models import ModelShape, build_model
 from cfl.models.layers import protected_layers
+from cfl.tensors import Params, State
 
 TRAINERS: dict[str, Callable[[], Callable[..., Any]]] = {  # a fresh trainer per runner
     "batched": BatchedTrainer, "sequential": lambda: train_sequential}
@@ -59,7 +61,7 @@ class Runner:
                                 cfg.seed, self.model, protected_layers(self.model), stream.name,
                                 cfg.batch_size)
         specs = [cfg.method, *cfg.plugins]
-        self.methods: list[Method] = [METHODS[s["name"]](self._params_of(s), self.run_info) for s in specs]
+        self.methods: list[Method] = [METHODS[s["name"]](self._hparams_of(s), self.run_info) for s in specs]
         self.server = Server(cfg, {k: v.detach().clone() for k, v in self.model.named_parameters()}, self.methods,
                              [MethodState() for _ in self.methods])
         self.comm = CommLedger()
@@ -67,6 +69,9 @@ class Runner:
         self.schedule = Schedule(cfg, stream, self.device)  # checks the clients' shares before any round
         self.hyper = Hyper(cfg.lr, cfg.momentum, cfg.weight_decay, cfg.local_epochs, cfg.batch_size,
                            augment=stream.augment, client_block=cfg.client_block, precision=cfg.precision)
+        self.engine_path = choose_path(self.model, self.hyper, self.methods, cfg.client_execution)
+        self.hyper.path = self.engine_path.path
+        self.engine_path.announce()  # once per run, on stderr; results.json keeps it as engine_path
         self.model_bytes = nbytes(self.params)
         self.should_stop: Callable[[], bool] = lambda: False
         self.after_round: Callable[[], None] = lambda: None
@@ -77,8 +82,8 @@ class Runner:
             self.trainer = RayClients(cfg)
 
     @staticmethod
-    def _params_of(spec: dict[str, Any]) -> Any:
-        cls = METHODS[spec["name"]].Params
+    def _hparams_of(spec: dict[str, Any]) -> Any:
+        cls = METHODS[spec["name"]].Hyperparams
         return cls(**{k: v for k, v in spec.items() if k != "name"})
 
     @property
@@ -102,7 +107,7 @@ class Runner:
     def snapshot(self) -> RunSnapshot:
         """The run's state now (references, not copies), for checkpoints and ``results.json``."""
         return RunSnapshot(self.cfg, self.stream, self.device, self.params, self.methods, self.states, self.comm,
-                           self.progress, self.model_bytes)
+                           self.progress, self.model_bytes, self.engine_path.as_dict())
 
     def resume(self, run: RunSnapshot) -> None:
         """Continue from ``run``, a snapshot of this runner put back into a checkpointed state
@@ -116,7 +121,7 @@ class Runner:
     def run_round(self, task: int, rnd: int) -> dict[str, Any]:
         data = self.stream.tasks[task]
         jobs = self.schedule.round_jobs(task, rnd)
-        broadcasts = [m.broadcast(st.server) for m, st in zip(self.methods, self.states, strict=True)]
+        broadcasts = [broadcast_of(m, "round", st.server) for m, st in zip(self.methods, self.states, strict=True)]
         plugins = Plugins(self.methods, self.states, broadcasts)
         start = time.perf_counter()
         trained, outcomes = self.trainer(self.model, self.params, jobs, data.train_x, data.train_y, task,
@@ -124,14 +129,15 @@ class Runner:
         self.progress.train_seconds += time.perf_counter() - start
         keep = self.server.accept(trained, outcomes, task, rnd)
         kept_jobs = [j for j, ok in zip(jobs, keep.tolist(), strict=True) if ok]
-        payloads = self._round_payloads(trained, kept_jobs, keep, data)
+        payloads = self._round_uploads(trained, kept_jobs, keep, data, broadcasts)
         weights = torch.tensor([float(len(j.indices)) for j in kept_jobs], device=self.device)
         forgetting = client_forgetting.measure(self.model, self.params, self.stream, task,
                                                self.progress.global_round + 1, self.cfg.client_forgetting_clients,
                                                kept_jobs, trained, keep)  # None when off
         self.server.step(trained, keep, weights, task, rnd)  # uses up ``trained``'s memory
         for m, st, pl in zip(self.methods, self.states, payloads, strict=True):
-            m.round_end(pl, st.server)
+            if overrides(m, "server_end"):
+                m.server_end("round", pl, st.server, task)
         down = len(jobs) * (self.model_bytes + nbytes(broadcasts))
         up = len(kept_jobs) * self.model_bytes + nbytes(payloads)
         self.comm.down(down)
@@ -146,23 +152,31 @@ class Runner:
             record["client_forgetting_mean"] = forgetting["mean"]
         return record
 
-    def _round_payloads(self, trained: Params, jobs: list[ClientJob], keep: torch.Tensor,
-                        data: Any) -> list[dict[int, Any]]:
+    def _round_uploads(self, trained: Params, jobs: list[ClientJob], keep: torch.Tensor, data: Any,
+                       broadcasts: list[State]) -> list[dict[int, Any]]:
+        """Each method's ``client_end("round")`` on the kept clients, at their trained models: the uploads."""
         out: list[dict[int, Any]] = []
         rows = keep.nonzero().flatten().tolist()
-        for m, st in zip(self.methods, self.states, strict=True):
-            if not overrides(m, "round_payload"):
-                out.append({})
-                continue
-            payload = {}
-            for job, row in zip(jobs, rows, strict=True):
-                client_params = {k: v[row] for k, v in trained.items()}
-                cdata = ClientData(data.train_x[job.indices], data.train_y[job.indices], self.progress.task)
-                result = m.round_payload(self.model, client_params, cdata, st.client(job.cid))
-                if result is not None:
-                    payload[job.cid] = result
-            out.append(payload)
+        for i, m in enumerate(self.methods):
+            uploads: dict[int, Any] = {}
+            if overrides(m, "client_end"):
+                for job, row in zip(jobs, rows, strict=True):
+                    client_params = {k: v[row] for k, v in trained.items()}
+                    cdata = ClientData(data.train_x, data.train_y, self.progress.task, rows=job.indices)
+                    gen = torch.Generator().manual_seed(derive_seed(job.seed, 0xE0D + i))
+                    self._client_end(i, "round", client_params, cdata, job.cid, broadcasts[i], gen, uploads)
+            out.append(uploads)
         return out
+
+    def _client_end(self, i: int, event: Event, params: Params, data: ClientData, cid: int, server: State,
+                    generator: torch.Generator, uploads: dict[int, Any]) -> None:
+        """Method ``i``'s ``client_end`` on client ``cid``: its state written back, its upload kept."""
+        clients = self.states[i].clients
+        state = clients.get(cid)
+        result = self.methods[i].client_end(event, self.model, params, data, state, server, generator)
+        clients.put(cid, state)
+        if result is not None:
+            uploads[cid] = result
 
     # ---- task boundaries and evaluation ----
     def evaluate(self, upto: int) -> list[float]:
@@ -179,26 +193,23 @@ class Runner:
         parts = self.schedule.client_indices(task)
         data = self.stream.tasks[task]
         for i, (m, st) in enumerate(zip(self.methods, self.states, strict=True)):
-            if not overrides(m, "task_end_client"):
-                continue
-            if m.task_end_participants == "sampled":
-                cids = sample_clients(self.cfg.seed, task, 2**32 + i, self.cfg.num_clients,  # no real round
-                                      getattr(m.p, "gpse_clients", None) or self.cfg.clients_per_round)
-            else:
-                cids = list(range(self.cfg.num_clients))
-            broadcast = m.task_end_broadcast(st.server)
-            payloads = {}
-            for c in cids:
-                gen = torch.Generator().manual_seed(derive_seed(self.cfg.seed, task, c, 0x7E + i))
-                cdata = ClientData(data.train_x[parts[c]], data.train_y[parts[c]], task)
-                result = m.task_end_client(self.model, self.params, cdata, st.client(c), broadcast, gen)
-                if result is not None:
-                    payloads[c] = result
-            m.task_end_server(payloads, st.server, task)
-            if m.task_end_needs_model:
-                self.comm.down(len(cids) * self.model_bytes, line=task_end_model_line(m.name))
-            self.comm.down(len(cids) * nbytes(broadcast))
-            self.comm.up(nbytes(payloads))
+            uploads: dict[int, Any] = {}
+            if takes_part_at_task_end(m):
+                if m.task_end_clients is None:
+                    cids = list(range(self.cfg.num_clients))
+                else:  # a draw of its own: no real round has this index
+                    cids = sample_clients(self.cfg.seed, task, 2**32 + i, self.cfg.num_clients, m.task_end_clients)
+                broadcast = broadcast_of(m, "task_end", st.server)
+                for c in cids:
+                    gen = torch.Generator().manual_seed(derive_seed(self.cfg.seed, task, c, 0x7E + i))
+                    cdata = ClientData(data.train_x, data.train_y, task, rows=parts[c])
+                    self._client_end(i, "task_end", self.params, cdata, c, broadcast, gen, uploads)
+                if m.downloads_model_at_task_end:
+                    self.comm.down(len(cids) * self.model_bytes, line=task_end_model_line(m.name))
+                self.comm.down(len(cids) * nbytes(broadcast))
+                self.comm.up(nbytes(uploads))
+            if overrides(m, "server_end"):
+                m.server_end("task_end", uploads, st.server, task)
         self.progress.task_end_seconds += time.perf_counter() - start
 
     def _emit(self, kind: str, *args: Any) -> None:
@@ -250,3 +261,8 @@ class Runner:
             if self.should_stop():
                 return prog
         return prog
+
+
+def broadcast_of(method: Method, event: str, server: State) -> State:
+    """The server-state keys ``method`` declares it sends at ``event`` (those the server holds)."""
+    return {k: server[k] for k in method.broadcast.get(event, ()) if k in server}

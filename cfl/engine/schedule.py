@@ -29,6 +29,9 @@ class Schedule:
         check_sizes(cfg.partition.name, {t: len(task.train_y) for t, task in enumerate(stream.tasks)},
                     cfg.num_clients, shards_per_client=cfg.partition.shards_per_client)  # before any round
         self._partitions: dict[int, list[torch.Tensor]] = {}
+        if cfg.partition.name == "dirichlet":  # random: drawn now, so an impossible split refuses before any round
+            for task in reversed(range(stream.num_tasks)):
+                self.client_indices(task)
 
     def client_indices(self, task: int) -> list[torch.Tensor]:
         """Each client's training rows of ``task`` (only the last task asked for is kept)."""

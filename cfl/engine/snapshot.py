@@ -14,9 +14,10 @@ import torch
 
 from cfl.config import Config
 from cfl.data.stream import Stream
-from cfl.methods.base import Method, MethodState, Params
+from cfl.methods.base import Method, MethodState
 from cfl.metrics.comm import CommLedger
 from cfl.metrics.matrix import Matrix
+from cfl.tensors import Params
 
 
 @dataclass
@@ -37,7 +38,8 @@ class Progress:
 @dataclass(frozen=True)
 class RunSnapshot:
     """The state of one run at a round boundary: config, stream, global parameters, methods and their
-    states, communication ledger and progress (``model_bytes``: bytes of one global model)."""
+    states, communication ledger and progress (``model_bytes``: bytes of one global model; ``engine_path``:
+    the training path the run takes and why, :class:`cfl.engine.path.EnginePath`)."""
 
     cfg: Config
     stream: Stream
@@ -48,3 +50,4 @@ class RunSnapshot:
     comm: CommLedger
     progress: Progress
     model_bytes: int
+    engine_path: dict[str, str] = field(default_factory=dict)

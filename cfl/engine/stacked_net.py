@@ -1,9 +1,8 @@
 """Clients trained as stacked tensor operations, with each linear layer's SGD step fused into its backward.
 
 For models that list their layers (``stack_layers()``: :class:`cfl.models.MLP` and the AlexNet-like net)
-under SGD without momentum (no method that adds a batch loss or a gradient transform, penalties only with
-their gradient: FedAvg, FOT's clients, ER, TCE, EWC, FedProx, FedCurv, the server-side methods) the
-batched engine skips ``vmap`` and runs the
+under SGD without momentum (no method with a per-sample extra loss or a gradient projection; quadratic
+penalties take a fused step: :mod:`cfl.engine.path`) the batched engine skips ``vmap`` and runs the
 stack of clients directly: linear activations ``(C, B, F)`` with weights ``(C, out, in)`` (``nn.Linear``'s
 own layout, so stacking and returning the clients' weights copies nothing transposed); convolutions on
 ``(B, C*channels, H, W)`` as one grouped convolution (``groups=C``), so pooling, ReLU and dropout run on
@@ -36,13 +35,12 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.func import vmap
 
-from cfl.engine.jobs import Hyper, Plugins
+from cfl.engine.jobs import Hyper
 from cfl.engine.precision import LOW, Bf16Weights, is_mixed, to_float
-from cfl.methods.base import Params, overrides
 from cfl.models.dropout import Dropout
 from cfl.models.heads import MultiHead, SharedHead
+from cfl.tensors import Params
 
 
 class FusedLinearSGD(torch.autograd.Function):
@@ -178,21 +176,23 @@ class StackedNet:
             self.fused |= {"head.weight", "head.bias"}
 
     @classmethod
-    def supports(cls, model: nn.Module, hp: Hyper, plugins: Plugins) -> bool:
-        """Whether a round can take this path: a model of known layers trained by SGD without momentum, with
-        penalties only where the method gives their gradient (:meth:`Method.penalty_gradient`)."""
-        if not hasattr(model, "stack_layers") or hp.momentum != 0:
-            return False
-        if any(m.has_batch_loss or m.has_grad_transform or (m.has_penalty and not overrides(m, "penalty_gradient"))
-               for m in plugins.methods):
-            return False
-        if any(m.has_penalty for m in plugins.methods) and hp.lr * hp.weight_decay == 1.0:
-            return False  # decay 0: the penalty's pre-step would divide by it
+    def model_refusal(cls, model: nn.Module) -> str | None:
+        """Why this path cannot run ``model`` (None: it can): it must list known layers (``stack_layers()``)
+        that treat samples independently, and end in a shared or multi-task head."""
+        name = type(model).__name__
+        if not hasattr(model, "stack_layers"):
+            return f"model {name} does not list its layers (stack_layers())"
         layers = [m for _, m in model.stack_layers()]
-        flatten_ok = all(m.start_dim == 1 and m.end_dim == -1 for m in layers if isinstance(m, nn.Flatten))
-        conv_ok = all(m.groups == 1 and m.padding_mode == "zeros" for m in layers if isinstance(m, nn.Conv2d))
-        return flatten_ok and conv_ok and all(isinstance(m, cls.KNOWN) for m in layers) and isinstance(
-            getattr(model, "head", None), (SharedHead, MultiHead))
+        unknown = sorted({type(m).__name__ for m in layers if not isinstance(m, cls.KNOWN)})
+        if unknown:
+            return f"model {name} has layers the stacked path does not run: {', '.join(unknown)}"
+        if not all(m.start_dim == 1 and m.end_dim == -1 for m in layers if isinstance(m, nn.Flatten)):
+            return f"model {name} flattens other dims than all but the batch dim"
+        if not all(m.groups == 1 and m.padding_mode == "zeros" for m in layers if isinstance(m, nn.Conv2d)):
+            return f"model {name} has grouped or non-zero-padded convolutions"
+        if not isinstance(getattr(model, "head", None), (SharedHead, MultiHead)):
+            return f"model {name} has no SharedHead or MultiHead head"
+        return None
 
     def stack(self, global_params: Params, C: int, workspace: Params | None = None) -> Params:
         """The global parameters repeated over clients, contiguous ``(C, ...)`` in their own layout.
@@ -217,22 +217,15 @@ class StackedNet:
         that require grad (sharing storage, so their steps land in ``params``)."""
         return {k: v if k in self.fused else v.detach().requires_grad_() for k, v in params.items()}
 
-    def penalty_steps(self, plugins: Plugins, states: list[dict[str, torch.Tensor]], global_params: Params,
+    def penalty_steps(self, terms: list[dict[str, tuple[torch.Tensor, torch.Tensor]]],
                       params: Params) -> dict[str, PenaltyStep]:
-        """Per parameter, the ``(M, N)`` of :func:`penalty_pre_step` for the round's quadratic penalties (the
-        methods' ``penalty_gradient``, vmapped over the stacked client ``states``), each with as many
-        dims as the stacked parameter (client dim 1 where it is the same for every client)."""
+        """Per parameter, the ``(M, N)`` of :func:`penalty_pre_step` for the round's quadratic penalties (each
+        method's ``A * w - B`` terms, :func:`cfl.engine.hooks.penalty_terms`), each with as many dims as the
+        stacked parameter (client dim 1 where it is the same for every client)."""
         coeff = self.lr / self.decay
         total: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
-        for method, broadcast, state in zip(plugins.methods, plugins.broadcasts, states, strict=True):
-            if not method.has_penalty:
-                continue
-            if state:
-                terms = vmap(method.penalty_gradient, in_dims=(None, None, 0))(global_params, broadcast, state)
-            else:
-                terms = {k: tuple(t.unsqueeze(0) if t is not None else None for t in ab)
-                         for k, ab in method.penalty_gradient(global_params, broadcast, state).items()}
-            for k, (a, b) in terms.items():  # summed over methods; each (C, ...) op below is a fresh ~160 MB
+        for method_terms in terms:
+            for k, (a, b) in method_terms.items():  # summed over methods; each (C, ...) op below is a fresh ~160 MB
                 a0, b0 = total.get(k, (None, None))
                 total[k] = (_plus(a0, a), _plus(b0, b))
         steps = {}

@@ -13,12 +13,13 @@ from dataclasses import dataclass
 
 import torch
 
-from cfl.methods.base import Method, Params, State
+from cfl.methods.base import Method
 from cfl.schema import field
+from cfl.tensors import Params, State
 
 
 @dataclass(frozen=True)
-class AdaptiveServerParams:
+class AdaptiveServerHyperparams:
     server_lr: float = field(0.01, "eta_g of the adaptive step (Reddi et al. tune it in 1e-3..1; the top-level "
                              "server_lr is not used by adaptive servers)", gt=0.0)
     beta1: float = field(0.9, "decay of the first moment m", min=0.0, max=0.9999)
@@ -29,19 +30,19 @@ class AdaptiveServerParams:
 class AdaptiveServer(Method):
     """Shared server step of FedAdam and FedYogi; subclasses define the second moment."""
 
-    Params = AdaptiveServerParams
+    Hyperparams = AdaptiveServerHyperparams
 
     def second_moment(self, v: torch.Tensor, d2: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError  # abstract
 
     def server_update(self, global_params: Params, delta: Params, server: State, server_lr: float) -> Params:
-        lr = self.p.server_lr
+        lr = self.hparams.server_lr
         if "m" not in server:
             server["m"] = {k: torch.zeros_like(d) for k, d in delta.items()}
-            server["v"] = {k: torch.full_like(d, self.p.tau**2) for k, d in delta.items()}
+            server["v"] = {k: torch.full_like(d, self.hparams.tau**2) for k, d in delta.items()}
         new = {}
         for k, d in delta.items():
-            m = server["m"][k] = self.p.beta1 * server["m"][k] + (1.0 - self.p.beta1) * d
+            m = server["m"][k] = self.hparams.beta1 * server["m"][k] + (1.0 - self.hparams.beta1) * d
             v = server["v"][k] = self.second_moment(server["v"][k], d * d)
-            new[k] = global_params[k] + lr * m / (v.sqrt() + self.p.tau)
+            new[k] = global_params[k] + lr * m / (v.sqrt() + self.hparams.tau)
         return new

@@ -1,53 +1,68 @@
-"""The method plugin interface: optional hooks on the client and on the server.
+"""The method plugin interface: eight optional hooks, written for ONE client, and three declarations.
 
-A method is a small class with a ``Params`` dataclass and whichever hooks it needs. Client hooks are
-written for ONE client: ``penalty`` and ``transform_grads`` are pure tensor functions of that client's
-parameters and state, so the batched engine can ``torch.func.vmap`` them over all sampled clients while
-the sequential engine calls them directly. State is owned by the engine (``MethodState``), checkpointed
-with the run, and handed back to the hooks of the method that made it.
+A method is a small class with a ``Hyperparams`` dataclass and whichever hooks it overrides (the engine
+detects them by override). Client hooks see one client's state (a nested dict) and return one client's
+figures; the engine batches clients, stacks and pads their states and chooses its training path once per
+run (``docs/plugins.md``). State is owned by the engine (``MethodState``), checkpointed with the run, and
+handed back to the hooks of the method that made it.
 
-Hook order in a round (``t`` = task, 0-based):
-  client: for each local step, loss = loss_fn + sum(penalty) [+ replay batch]; grads -> transform_grads
-  client: ``round_payload`` (optional, after local training, e.g. FedCurv's Fisher)
-  server: aggregate -> ``server_update`` (x GMA mask) -> ``transform_update`` (FOT) -> ``round_end``
-At a task end:
-  client: ``task_end_client`` on each participant (Fisher, memories, bases, GPSE sketches)
-  server: ``task_end_server`` with the participants' payloads
+A round (``t`` = task, 0-based): every local step adds the ``penalty`` quadratics, the ``extra_loss`` and the
+``replay`` samples to the loss and projects the gradients off ``gradient_projection``; after training,
+``client_end("round")`` on each client, then the server aggregates, applies ``server_update`` (x GMA mask)
+and ``transform_update``, and ``server_end("round")`` reduces the clients' uploads. At a task end,
+``client_end("task_end")`` on the participants (``task_end_clients``) and ``server_end("task_end")``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
 
-Params = dict[str, torch.Tensor]
-State = dict[str, Any]
+from cfl.engine.client_states import ClientStates
+from cfl.tensors import Params, State
+
+Event = Literal["round", "task_end"]
 
 
 @dataclass(frozen=True)
-class NoParams:
-    """A method without parameters."""
+class NoHyperparams:
+    """A method without hyperparameters."""
+
+
+@dataclass
+class Quadratic:
+    """The penalty ``weight / 2 * (w - anchor)^2`` on one parameter, summed over its entries; ``weight`` is a
+    number or a tensor that broadcasts against the parameter. Its gradient is ``weight * w - weight * anchor``."""
+
+    weight: torch.Tensor | float
+    anchor: torch.Tensor
+
+
+@dataclass
+class Samples:
+    """Extra training samples of one client for one step (replay): inputs, labels, task ids."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    task: torch.Tensor
 
 
 @dataclass
 class MethodState:
-    """Everything a method remembers: server state and one state dict per client id."""
+    """Everything a method remembers: server state and the clients' states."""
 
     server: State = field(default_factory=dict)
-    clients: dict[int, State] = field(default_factory=dict)
-
-    def client(self, cid: int) -> State:
-        return self.clients.setdefault(cid, {})
+    clients: ClientStates = field(default_factory=ClientStates)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"server": self.server, "clients": self.clients}
+        return {"server": self.server, "clients": self.clients.state_dict()}
 
     def load_state_dict(self, data: dict[str, Any]) -> None:
         self.server = data["server"]
-        self.clients = {int(k): v for k, v in data["clients"].items()}
+        self.clients.load_state_dict(data["clients"])
 
 
 @dataclass
@@ -65,137 +80,103 @@ class RunInfo:
     batch_size: int = 0  # the local mini-batch size of the run
 
 
-@dataclass
 class ClientData:
-    """One client's local training data for one task (tensors on the run's device)."""
+    """One client's training data of one task; with ``rows`` the samples are gathered from ``x``, ``y`` on
+    first access, so a hook that never reads them costs nothing."""
 
-    x: torch.Tensor
-    y: torch.Tensor
-    task: int
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, task: int, rows: torch.Tensor | None = None) -> None:
+        self._x, self._y, self._rows, self.task = x, y, rows, task
 
+    def _gather(self) -> None:
+        if self._rows is not None:
+            self._x, self._y, self._rows = self._x[self._rows], self._y[self._rows], None
 
-@dataclass
-class Batch:
-    """A (possibly stacked over clients) batch: ``weight`` is 0 for padding samples."""
+    @property
+    def x(self) -> torch.Tensor:
+        self._gather()
+        return self._x
 
-    x: torch.Tensor
-    y: torch.Tensor
-    task: torch.Tensor
-    weight: torch.Tensor
+    @property
+    def y(self) -> torch.Tensor:
+        self._gather()
+        return self._y
 
 
 class Method:
-    """Base class: every hook is optional and defaults to doing nothing."""
+    """Base class: every hook is optional and defaults to doing nothing (FedAvg)."""
 
     name: ClassVar[str] = "base"
     about: ClassVar[str] = ""
-    Params: ClassVar[type] = NoParams
-    #: which clients run ``task_end_client``: "all" clients, or the "sampled" GPSE-style participants
-    task_end_participants: ClassVar[str] = "all"
-    #: whether ``task_end_client`` needs the task's final global model: if so each participant downloads it,
-    #: counted in ``download_bytes`` and on its own line ``method_stats.<name>.task_end_model_download_bytes``
-    task_end_needs_model: ClassVar[bool] = True
+    Hyperparams: ClassVar[type] = NoHyperparams
+    #: server-state keys sent to the clients, per event ("round": with the model each round; "task_end": to
+    #: the task-end participants); counted as download bytes
+    broadcast: ClassVar[dict[str, tuple[str, ...]]] = {}
+    #: client-state tensors whose size differs between clients: key (a nested key's dotted path, or the
+    #: path of a dict holding them) -> dim; the engine zero-pads that dim to the widest client
+    ragged: ClassVar[dict[str, int]] = {}
+    #: whether the task-end participants download the task's final global model (counted in
+    #: ``download_bytes`` and on the line ``method_stats.<name>.task_end_model_download_bytes``)
+    downloads_model_at_task_end: ClassVar[bool] = True
 
-    def __init__(self, params: Any, run: RunInfo) -> None:
-        self.p = params
-        self.run = run
+    def __init__(self, hparams: Any, run_info: RunInfo) -> None:
+        self.hparams = hparams
+        self.run_info = run_info
+        #: clients that run ``client_end("task_end")``: None all of them, else that many sampled ones (0: none)
+        self.task_end_clients: int | None = None
 
     @classmethod
-    def check_config(cls, params: Any, cfg: Any) -> None:
-        """Raise ``ConfigError`` if ``params`` cannot work with the run config ``cfg``; called when the config
+    def check(cls, hparams: Any, cfg: Any) -> None:
+        """Raise ``ConfigError`` if ``hparams`` cannot work with the run config ``cfg``; called when the config
         is validated, before any file is written or data loaded."""
 
-    # ---- client side, for one client (vmapped by the batched engine) ----
-    def penalty(self, params: Params, global_params: Params, broadcast: State, state: State) -> torch.Tensor | None:
-        """Extra scalar loss for one client (EWC, FedProx, FedCurv). Must be a pure tensor function."""
+    # ---- client side, one client ----
+    def penalty(self, global_params: Params, server: State, state: State) -> dict[str, Quadratic] | None:
+        """Quadratic penalties added to every local step's loss, per parameter name (others carry none)."""
         return None
 
-    def penalty_gradient(self, global_params: Params, broadcast: State,
-                         state: State) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
-        """Override for a quadratic ``penalty``: its gradient as ``A * w - B`` per parameter, ``{name: (A, B)}``
-        with tensors broadcastable to one client's parameter (names left out carry no penalty). A method
-        that overrides it trains on the stacked engine path, which takes the penalty's share of each SGD
-        step in one elementwise pass instead of differentiating ``penalty`` under ``vmap``. One client;
-        pure, vmapped. Not overridden (None): the penalty is differentiated."""
+    def extra_loss(self, params: Params, x: torch.Tensor, task: torch.Tensor, server: State,
+                   state: State) -> torch.Tensor:
+        """Per-sample extra loss ``(B,)`` of the step's batch ``x`` (distillation, e.g. LwF); the engine averages
+        it over the real samples. A pure tensor function of ``params``."""
+        raise NotImplementedError
+
+    def gradient_projection(self, state: State) -> dict[str, torch.Tensor]:
+        """Per parameter, an orthonormal basis ``(d, k)`` of the layer-input directions its local gradients
+        must not move along (GPM): ``g <- g - (g M) M^T`` on the im2col view, after weight decay."""
+        return {}
+
+    def replay(self, state: State, generator: torch.Generator) -> Samples | None:
+        """Extra samples appended to every local step's batch (ER); ``generator`` is the client's own."""
         return None
 
-    def batch_loss(self, params: Params, x: torch.Tensor, task: torch.Tensor, weight: torch.Tensor,
-                   broadcast: State, state: State) -> torch.Tensor | None:
-        """Extra scalar loss that needs the step's inputs (distillation, e.g. LwF). Pure, vmapped.
+    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
+                   server: State, generator: torch.Generator) -> State | None:
+        """After a round's local training (``params``: the client's trained model) or at a task end (the final
+        global model): update ``state`` in place and return what the client uploads (counted), or None.
 
-        ``x``, ``task``, ``weight``: this client's batch for the step (``weight`` 0 marks padding).
-        """
-        return None
-
-    def transform_grads(self, grads: Params, state: State) -> Params:
-        """Rewrite one client's gradients before the SGD step (GPM projection)."""
-        return grads
-
-    #: set True in subclasses that override ``penalty`` / ``batch_loss`` / ``transform_grads``
-    has_penalty: ClassVar[bool] = False
-    has_batch_loss: ClassVar[bool] = False
-    has_grad_transform: ClassVar[bool] = False
-
-    def stack_states(self, states: list[State]) -> State:
-        """Stack per-client states for the batched engine (override to pad ragged tensors)."""
-        if not states or not states[0]:
-            return {}
-        keys = [k for k, v in states[0].items() if isinstance(v, torch.Tensor)]
-        return {k: torch.stack([s[k] for s in states]) for k in keys}
-
-    def replay_batch(self, states: list[State], generators: list[torch.Generator]) -> Batch | None:
-        """Optional extra samples per client for this step (ER), stacked over the given clients.
-
-        ``generators[i]`` belongs to client i (seeded per client and round), so draws do not depend
-        on which other clients train alongside. Pad with ``weight`` 0 where a client has fewer.
-        """
-        return None
-
-    def round_payload(self, model: nn.Module, params: Params, data: ClientData, state: State) -> State | None:
-        """After local training: what one client uploads besides its model (FedCurv).
-
-        ``params`` are views of the round's stacked client models, whose memory the server reuses for the
-        updates after this call: keep computed tensors or ``.clone()``, never the views themselves.
-        """
+        ``params`` of a round are views of the round's stacked client models, whose memory the server
+        reuses afterwards: keep computed tensors or ``.clone()``, never the views themselves."""
         return None
 
     # ---- server side ----
-    def broadcast(self, server: State) -> State:
-        """Tensors sent to every sampled client with the model (counted as download bytes)."""
-        return {}
-
-    def transform_update(self, delta: Params, server: State, task: int) -> Params:
-        """Rewrite the server step ``w_new - w`` before it is applied (FOT's projection).
-
-        It runs last: after aggregation, the server optimiser (``server_update``) and GMA's mask, so a
-        projection constrains the step the model actually takes.
-        """
-        return delta
+    def server_end(self, event: Event, uploads: dict[int, State], server: State, task: int) -> None:
+        """Reduce the clients' uploads of a round or a task end into the server state."""
 
     def server_update(self, global_params: Params, delta: Params, server: State, server_lr: float) -> Params | None:
         """Apply the update (server optimisers such as FedAdam); None: the default ``w + lr * delta``."""
         return None
 
-    def round_end(self, payloads: dict[int, State], server: State) -> None:
-        """Reduce the round's client payloads into server state (FedCurv's u, v)."""
-
-    def task_end_client(self, model: nn.Module, params: Params, data: ClientData, state: State,
-                        broadcast: State, generator: torch.Generator) -> State | None:
-        """At a task end, on one participating client: update its state, return a payload for the server."""
-        return None
-
-    def task_end_broadcast(self, server: State) -> State:
-        """Tensors the server sends to task-end participants (FOT's basis)."""
-        return {}
-
-    def task_end_server(self, payloads: dict[int, State], server: State, task: int) -> None:
-        """At a task end, on the server: reduce the participants' payloads (GPSE)."""
-
-    def stats(self, state: MethodState) -> dict[str, Any]:
-        """Method-specific figures for ``results.json`` (``method_stats``)."""
-        return {}
+    def transform_update(self, delta: Params, server: State, task: int) -> Params:
+        """Rewrite the server step ``w_new - w`` before it is applied (FOT's projection). It runs last: after
+        aggregation, the server optimiser and GMA's mask, so a projection constrains the step taken."""
+        return delta
 
 
 def overrides(method: Method, hook: str) -> bool:
     """Whether ``method``'s class replaces the base class's ``hook``."""
     return getattr(type(method), hook) is not getattr(Method, hook)
+
+
+def takes_part_at_task_end(method: Method) -> bool:
+    """Whether any client runs ``client_end("task_end")`` for ``method``."""
+    return overrides(method, "client_end") and method.task_end_clients != 0

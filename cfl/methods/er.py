@@ -14,18 +14,18 @@ task-incremental samples use their own head. Nothing is communicated.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 from torch import nn
 
-from cfl.methods.base import Batch, ClientData, Method, MethodState, Params, State
-from cfl.methods.client_state import client_state_bytes
+from cfl.methods.base import ClientData, Event, Method, Samples
 from cfl.schema import field
+from cfl.tensors import Params, State
 
 
 @dataclass(frozen=True)
-class ERParams:
+class ERHyperparams:
     mem_per_client: int = field(100, "replay memory slots per client (all earlier tasks together)", min=1)
     replay_batch_size: Optional[int] = field(None, "memory samples added to each local step (null: the run's "
                                              "batch_size, as in Chaudhry et al. 2019)", min=1)
@@ -50,18 +50,20 @@ def balanced_quota(total: int, caps: list[int]) -> list[int]:
 class ER(Method):
     name = "er"
     about = "ER+FL: each client replays a balanced memory of its own earlier-task samples"
-    Params = ERParams
-    task_end_participants = "all"
-    task_end_needs_model = False  # memories come from local data only: nothing is downloaded
+    Hyperparams = ERHyperparams
+    downloads_model_at_task_end = False  # memories come from local data only: nothing is downloaded
 
-    def task_end_client(self, model: nn.Module, params: Params, data: ClientData, state: State,
-                        broadcast: State, generator: torch.Generator) -> None:
+    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
+                   server: State, generator: torch.Generator) -> None:
+        if event != "task_end":
+            return
         groups = self._memory_groups(state)  # task -> class -> sample rows (x, y) in random order
         order = torch.randperm(len(data.y), generator=generator).to(data.y.device)
         x, y = data.x[order], data.y[order]
         groups[data.task] = {int(c): (x[y == c], y[y == c]) for c in torch.unique(y).tolist()}
         tasks = sorted(groups)
-        task_quota = balanced_quota(self.p.mem_per_client, [sum(len(g[1]) for g in groups[t].values()) for t in tasks])
+        sizes = [sum(len(g[1]) for g in groups[t].values()) for t in tasks]
+        task_quota = balanced_quota(self.hparams.mem_per_client, sizes)
         xs, ys, ts = [], [], []
         for t, quota in zip(tasks, task_quota, strict=True):
             classes = sorted(groups[t])
@@ -86,34 +88,17 @@ class ER(Method):
 
     def _store(self, state: State, x: torch.Tensor, y: torch.Tensor, task: torch.Tensor, like: torch.Tensor) -> None:
         """Write the memory into fixed-size slots (filled ones first) so every client's state has one shape."""
-        size, n = self.p.mem_per_client, len(y)
+        size, n = self.hparams.mem_per_client, len(y)
         state["x"] = torch.zeros(size, *like.shape[1:], dtype=like.dtype, device=like.device)
         state["y"] = torch.zeros(size, dtype=torch.long, device=like.device)
         state["task"] = torch.zeros(size, dtype=torch.long, device=like.device)
         state["valid"] = torch.zeros(size, dtype=torch.bool, device=like.device)
         state["x"][:n], state["y"][:n], state["task"][:n], state["valid"][:n] = x, y, task, True
 
-    def stack_states(self, states: list[State]) -> State:
-        return {}  # replay_batch reads the raw per-client states; no vmapped hook needs them
-
-    def replay_batch(self, states: list[State], generators: list[torch.Generator]) -> Batch | None:
-        filled = [s for s in states if "valid" in s]
-        if not filled:
+    def replay(self, state: State, generator: torch.Generator) -> Samples | None:
+        if "valid" not in state:
             return None
-        like, size = filled[0]["x"], self.p.replay_batch_size or self.run.batch_size
-        x = torch.zeros(len(states), size, *like.shape[1:], dtype=like.dtype, device=like.device)
-        y = torch.zeros(len(states), size, dtype=torch.long, device=like.device)
-        task = torch.zeros_like(y)
-        weight = torch.zeros(len(states), size, device=like.device)
-        for c, (s, gen) in enumerate(zip(states, generators, strict=True)):
-            n = int(s["valid"].sum()) if "valid" in s else 0
-            pick = torch.randperm(n, generator=gen)[:size].to(like.device)
-            k = len(pick)
-            if k:
-                x[c, :k], y[c, :k], task[c, :k], weight[c, :k] = s["x"][pick], s["y"][pick], s["task"][pick], 1.0
-        return Batch(x, y, task, weight)
-
-    def stats(self, state: MethodState) -> dict[str, Any]:
-        filled = [int(s["valid"].sum()) for s in state.clients.values() if "valid" in s]
-        mean_filled = sum(filled) / len(filled) if filled else 0.0
-        return {"memory_samples_per_client_mean": mean_filled, **client_state_bytes(state)}
+        n = int(state["valid"].sum())
+        pick = torch.randperm(n, generator=generator)[: self.hparams.replay_batch_size or self.run_info.batch_size]
+        pick = pick.to(state["x"].device)
+        return Samples(state["x"][pick], state["y"][pick], state["task"][pick])

@@ -8,27 +8,26 @@ at the global model ``w*_t`` (the anchor). Later local training adds
 
 Storage is two model-sized tensors per client in both modes: a sum of quadratics is one quadratic, so
 ``separate`` keeps ``A = sum_t F_t``, the Fisher-weighted centre ``m = sum_t F_t w*_t / A`` and the constant
-``c = sum_t sum_i F_t,i (w*_t,i - m_i)^2``, and ``sum_t F_t (w - w*_t)^2 = A (w - m)^2 + c`` exactly (same
-value, same gradient ``lambda * sum_t F_t (w - w*_t)``) with shapes that do not grow with the tasks.
+``c``: ``sum_t F_t (w - w*_t)^2 = A (w - m)^2 + c`` exactly (same gradient ``lambda * sum_t F_t (w - w*_t)``),
+with shapes that do not grow with the tasks. The constant ``c`` changes no gradient and is not kept.
 Nothing extra is communicated.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Method, MethodState, Params, State
-from cfl.methods.client_state import client_state_bytes
+from cfl.methods.base import ClientData, Event, Method, Quadratic
 from cfl.ops.fisher import diagonal_fisher
 from cfl.schema import field
+from cfl.tensors import Params, State
 
 
 @dataclass(frozen=True)
-class EWCParams:
+class EWCHyperparams:
     lam: float = field(10.0, "lambda: weight of the EWC penalty lambda/2 * sum F (w - w*)^2", min=0.0)
     mode: str = field("separate", "one penalty term per finished task, or one online-consolidated term",
                       choices=("separate", "online"))
@@ -43,52 +42,32 @@ class EWCParams:
 class EWC(Method):
     name = "ewc"
     about = "EWC+FL: per-client diagonal-Fisher penalty lambda/2 sum F (w - w*)^2 on finished tasks"
-    Params = EWCParams
-    has_penalty = True
-    task_end_participants = "all"
+    Hyperparams = EWCHyperparams
 
-    def penalty(self, params: Params, global_params: Params, broadcast: State, state: State) -> torch.Tensor:
-        if "offset" not in state:  # no finished task yet
-            return torch.zeros((), device=next(iter(params.values())).device)
-        total = state["offset"]
-        for k, w in params.items():
-            total = total + (state[f"fisher.{k}"] * (w - state[f"anchor.{k}"]) ** 2).sum()
-        return 0.5 * self.p.lam * total
+    def penalty(self, global_params: Params, server: State, state: State) -> dict[str, Quadratic] | None:
+        if "fisher" not in state:  # no finished task yet
+            return None
+        return {k: Quadratic(self.hparams.lam * state["fisher"][k], state["anchor"][k]) for k in global_params}
 
-    def penalty_gradient(self, global_params: Params, broadcast: State,
-                         state: State) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """``lambda * F * (w - w*)``; none before the first finished task."""
-        if "offset" not in state:
-            return {}
-        scaled = {k: self.p.lam * state[f"fisher.{k}"] for k in global_params}
-        return {k: (a, a * state[f"anchor.{k}"]) for k, a in scaled.items()}
-
-    def task_end_client(self, model: nn.Module, params: Params, data: ClientData, state: State,
-                        broadcast: State, generator: torch.Generator) -> None:
-        x, y = data.x, data.y
-        if self.p.fisher_samples is not None and len(y) > self.p.fisher_samples:
-            keep = torch.randperm(len(y), generator=generator)[: self.p.fisher_samples].to(y.device)
-            x, y = x[keep], y[keep]
-        new = diagonal_fisher(model, params, x, y, data.task, self.p.fisher, batch_size=self.run.batch_size)
-        anchor = {k: v.detach() for k, v in params.items()}
-        if "offset" not in state or self.p.mode == "online":
-            decay = self.p.gamma if "offset" in state else 0.0
-            for k in params:
-                old = state.get(f"fisher.{k}")
-                state[f"fisher.{k}"] = new[k] if old is None else decay * old + new[k]
-                state[f"anchor.{k}"] = anchor[k].clone()
-            state["offset"] = torch.zeros((), device=anchor[next(iter(anchor))].device)
+    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
+                   server: State, generator: torch.Generator) -> None:
+        if event != "task_end":
             return
-        offset = state["offset"].double()
-        for k in params:
-            total, centre = state[f"fisher.{k}"], state[f"anchor.{k}"]
-            summed = total + new[k]
-            merged = torch.where(summed > 0, (total * centre + new[k] * anchor[k]) / summed.clamp_min(1e-30),
-                                 anchor[k])
-            offset = offset + (total.double() * (centre - merged).double() ** 2).sum()
-            offset = offset + (new[k].double() * (anchor[k] - merged).double() ** 2).sum()
-            state[f"fisher.{k}"], state[f"anchor.{k}"] = summed, merged
-        state["offset"] = offset.float()
-
-    def stats(self, state: MethodState) -> dict[str, Any]:
-        return {"mode": self.p.mode, "fisher": self.p.fisher, **client_state_bytes(state)}
+        hp = self.hparams
+        x, y = data.x, data.y
+        if hp.fisher_samples is not None and len(y) > hp.fisher_samples:
+            keep = torch.randperm(len(y), generator=generator)[: hp.fisher_samples].to(y.device)
+            x, y = x[keep], y[keep]
+        new = diagonal_fisher(model, params, x, y, data.task, hp.fisher, batch_size=self.run_info.batch_size)
+        anchor = {k: v.detach() for k, v in params.items()}
+        if "fisher" not in state or hp.mode == "online":
+            decay = hp.gamma if "fisher" in state else 0.0
+            old = state.get("fisher", {})
+            state["fisher"] = {k: new[k] if k not in old else decay * old[k] + new[k] for k in params}
+            state["anchor"] = {k: anchor[k].clone() for k in params}
+            return
+        fisher, centre = state["fisher"], state["anchor"]
+        summed = {k: fisher[k] + new[k] for k in params}
+        state["anchor"] = {k: torch.where(summed[k] > 0, (fisher[k] * centre[k] + new[k] * anchor[k])
+                                          / summed[k].clamp_min(1e-30), anchor[k]) for k in params}
+        state["fisher"] = summed

@@ -12,4 +12,4 @@ class FedAdam(AdaptiveServer):
     about = "FedAdam: Adam server optimiser on the averaged client update (server_lr, beta1, beta2, tau)"
 
     def second_moment(self, v: torch.Tensor, d2: torch.Tensor) -> torch.Tensor:
-        return self.p.beta2 * v + (1.0 - self.p.beta2) * d2
+        return self.hparams.beta2 * v + (1.0 - self.hparams.beta2) * d2

@@ -4,29 +4,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from cfl.methods.base import Method, Params, State
+from cfl.methods.base import Method, Quadratic
 from cfl.schema import field
+from cfl.tensors import Params, State
 
 
 @dataclass(frozen=True)
-class FedProxParams:
+class FedProxHyperparams:
     mu: float = field(0.01, "weight of the proximal term", min=0.0)
 
 
 class FedProx(Method):
     name = "fedprox"
     about = "FedProx: proximal term mu/2 ||w - w_global||^2 in the local loss"
-    Params = FedProxParams
-    has_penalty = True
+    Hyperparams = FedProxHyperparams
 
-    def penalty(self, params: Params, global_params: Params, broadcast: State, state: State) -> torch.Tensor:
-        total = sum(((params[k] - global_params[k]) ** 2).sum() for k in params)
-        return 0.5 * self.p.mu * total
-
-    def penalty_gradient(self, global_params: Params, broadcast: State,
-                         state: State) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """``mu * (w - w_global)``."""
-        return {k: (torch.full((), self.p.mu, dtype=w.dtype, device=w.device), self.p.mu * w)
-                for k, w in global_params.items()}
+    def penalty(self, global_params: Params, server: State, state: State) -> dict[str, Quadratic]:
+        return {k: Quadratic(self.hparams.mu, w) for k, w in global_params.items()}

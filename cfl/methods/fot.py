@@ -19,7 +19,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Method, MethodState, Params, RunInfo, State
+from cfl.methods.base import ClientData, Event, Method, RunInfo
 from cfl.metrics.comm import nbytes
 from cfl.models.alexnet import AlexNetLike
 from cfl.models.mlp import MLP
@@ -28,6 +28,7 @@ from cfl.ops.gpse import client_sketch, server_extend
 from cfl.ops.layer_inputs import iter_layer_inputs
 from cfl.ops.subspace import project_out
 from cfl.schema import ConfigError, field
+from cfl.tensors import Params, State
 
 #: The FOT reference code's sketch widths, ``m = factor * d``, per model class and layer kind: m = d for the
 #: MLP and the small AlexNet convs, m = 5d for the fully connected layers of AlexNet/ResNet and for ResNet convs.
@@ -39,7 +40,7 @@ REFERENCE_SKETCH_FACTORS: dict[type, dict[str, float]] = {
 
 
 @dataclass(frozen=True)
-class FOTParams:
+class FOTHyperparams:
     eps: float = field(0.96, "GPSE energy threshold (0.96 PMNIST IID, 0.94 non-IID; see docs)", gt=0.0, max=1.0)
     eps_inc: float = field(0.0, "added to eps after each task (0.001 for the CIFAR/5-Datasets/MiniImageNet refs)",
                            min=0.0)
@@ -56,27 +57,28 @@ class FOTParams:
 class FOT(Method):
     name = "fot"
     about = "FOT: projected aggregation off the global input subspace of old tasks (GPSE at task ends)"
-    Params = FOTParams
-    task_end_participants = "sampled"
+    Hyperparams = FOTHyperparams
+    broadcast = {"task_end": ("basis",)}
 
     @classmethod
-    def check_config(cls, params: FOTParams, cfg: Any) -> None:
-        if params.gpse_clients is not None and params.gpse_clients > cfg.num_clients:
-            raise ConfigError(f"'method.gpse_clients' ({params.gpse_clients}) exceeds 'num_clients' "
+    def check(cls, hparams: FOTHyperparams, cfg: Any) -> None:
+        if hparams.gpse_clients is not None and hparams.gpse_clients > cfg.num_clients:
+            raise ConfigError(f"'method.gpse_clients' ({hparams.gpse_clients}) exceeds 'num_clients' "
                               f"({cfg.num_clients}); lower it or leave it null (= clients_per_round)")
 
-    def __init__(self, params: FOTParams, run: RunInfo) -> None:
-        super().__init__(params, run)
-        self.check_config(params, run)  # also when built directly (RunInfo carries num_clients too)
+    def __init__(self, hparams: FOTHyperparams, run_info: RunInfo) -> None:
+        super().__init__(hparams, run_info)
+        self.check(hparams, run_info)  # also when built directly (RunInfo carries num_clients too)
+        self.task_end_clients = hparams.gpse_clients or run_info.clients_per_round  # GPSE's sampled clients
         self._client_seconds: list[float] = []  # GPSE compute time of this task end's clients
         self._widths = self._sketch_widths()
 
     def sketch_factor(self, kind: str) -> float:
         """``m / d`` for a protected layer of ``kind`` ("linear" or "conv"): the parameter, else the reference's."""
-        chosen = self.p.conv_sketch_factor if kind == "conv" else self.p.sketch_factor
+        chosen = self.hparams.conv_sketch_factor if kind == "conv" else self.hparams.sketch_factor
         if chosen is not None:
             return chosen
-        model = type(self.run.model)
+        model = type(self.run_info.model)
         reference = REFERENCE_SKETCH_FACTORS.get(model, {}).get(kind)
         if reference is None:
             key = "conv_sketch_factor" if kind == "conv" else "sketch_factor"
@@ -85,9 +87,9 @@ class FOT(Method):
         return reference
 
     def _sketch_widths(self) -> dict[str, int]:
-        shapes = dict(self.run.model.named_parameters())
+        shapes = dict(self.run_info.model.named_parameters())
         return {name: max(1, round(self.sketch_factor(kind) * shapes[name][0].numel()))
-                for name, kind in self.run.protected.items()}
+                for name, kind in self.run_info.protected.items()}
 
     def widths(self) -> dict[str, int]:
         """Sketch width m per protected layer."""
@@ -101,54 +103,54 @@ class FOT(Method):
         return {k: project_out(v, basis[k]) if k in basis else v for k, v in delta.items()}
 
     # ---- GPSE ----
-    def task_end_broadcast(self, server: State) -> State:
-        return {"basis": dict(server.get("basis") or {})}
-
-    def task_end_client(self, model: nn.Module, params: Params, data: ClientData, state: State,
-                        broadcast: State, generator: torch.Generator) -> State | None:
-        if len(data.x) == 0:
+    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
+                   server: State, generator: torch.Generator) -> State | None:
+        if event != "task_end" or len(data.x) == 0:
             return None
         start = time.perf_counter()
-        blocks = iter_layer_inputs(model, params, data.x, data.task, self.run.protected, self.p.chunk,
-                                   train_mode=self.p.reference_quirks)
-        payload = client_sketch(blocks, broadcast["basis"], self.widths(), generator)
+        blocks = iter_layer_inputs(model, params, data.x, data.task, self.run_info.protected, self.hparams.chunk,
+                                   train_mode=self.hparams.reference_quirks)
+        payload = client_sketch(blocks, server.get("basis", {}), self.widths(), generator)
         self._client_seconds.append(time.perf_counter() - start)
         return payload
 
-    def task_end_server(self, payloads: dict[int, State], server: State, task: int) -> None:
+    def server_end(self, event: Event, uploads: dict[int, State], server: State, task: int) -> None:
+        if event != "task_end":
+            return
         start = time.perf_counter()
-        eps = server.get("eps", self.p.eps)
+        eps = server.get("eps", self.hparams.eps)
         basis = server.setdefault("basis", {})
         broadcast_bytes = nbytes(basis)  # what each participant received before this step
         layers = {}
-        for name in self.run.protected:
-            per_client = {c: p[name] for c, p in payloads.items() if name in p}
+        for name in self.run_info.protected:
+            per_client = {c: p[name] for c, p in uploads.items() if name in p}
             if not per_client:
                 continue
-            ext = server_extend(per_client, basis.get(name), eps, self.p.reference_quirks)
+            ext = server_extend(per_client, basis.get(name), eps, self.hparams.reference_quirks)
             basis[name] = ext.basis
             d = ext.basis.shape[0]
             layers[name] = {"d": d, "k": ext.basis.shape[1], "added": ext.added,
                             "fraction": ext.basis.shape[1] / d, "residual_ratio": ext.residual_ratio}
-        upload = [nbytes(p) for p in payloads.values()]
-        server.setdefault("log", []).append({
-            "task": task, "eps": eps, "participants": len(payloads), "layers": layers,
+        upload = [nbytes(p) for p in uploads.values()]
+        log = server.setdefault("log", [])
+        log.append({
+            "task": task, "eps": eps, "participants": len(uploads), "layers": layers,
             "upload_bytes_per_client": max(upload, default=0), "basis_bytes_broadcast_per_client": broadcast_bytes,
             "client_seconds_mean": sum(self._client_seconds) / max(len(self._client_seconds), 1),
             "client_seconds_total": sum(self._client_seconds),
             "server_seconds": time.perf_counter() - start,
         })
         self._client_seconds = []
-        server["eps"] = min(1.0, eps + self.p.eps_inc)
+        server["eps"] = min(1.0, eps + self.hparams.eps_inc)
+        server["stats"] = self._stats(basis, log)
 
-    def stats(self, state: MethodState) -> dict[str, Any]:
-        basis = state.server.get("basis") or {}
+    def _stats(self, basis: dict[str, torch.Tensor], log: list[dict[str, Any]]) -> dict[str, Any]:
         widths = self.widths()
-        dims = {n: p[0].numel() for n, p in self.run.model.named_parameters() if n in self.run.protected}
+        dims = {n: p[0].numel() for n, p in self.run_info.model.named_parameters() if n in self.run_info.protected}
         upload_floats = sum(dims[n] * widths[n] + 2 for n in dims)
         basis_floats = sum(b.numel() for b in basis.values())
         return {
-            "tasks": state.server.get("log", []),
+            "tasks": log,
             "gpse_upload_floats_per_client": upload_floats,
             "gpse_upload_bytes_per_client": 4 * upload_floats,
             "basis_floats": basis_floats,

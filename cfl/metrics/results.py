@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from cfl.engine.snapshot import RunSnapshot
-from cfl.methods.base import Method, MethodState, overrides
+from cfl.methods.base import Method, MethodState, takes_part_at_task_end
 from cfl.metrics import client_forgetting
-from cfl.metrics.comm import CommLedger, task_end_model_line
+from cfl.metrics.comm import CommLedger, nbytes, task_end_model_line
 from cfl.metrics.matrix import average_accuracy, backward_transfer, forgetting, rounds_to_targets
 
 
@@ -21,11 +21,22 @@ def targets_per_task(evaluations: list[dict[str, Any]], targets: list[float],
     return out
 
 
+def client_state_bytes(state: MethodState) -> dict[str, Any]:
+    """Bytes each client keeps: mean and max over the clients that hold any state, and their count."""
+    clients = state.clients
+    sizes = [nbytes(clients.get(c)) for c in clients.ids()]
+    if not sizes:
+        return {"client_state_bytes_mean": 0.0, "client_state_bytes_max": 0, "clients_with_state": 0}
+    return {"client_state_bytes_mean": sum(sizes) / len(sizes), "client_state_bytes_max": max(sizes),
+            "clients_with_state": len(sizes)}
+
+
 def method_stats(comm: CommLedger, method: Method, state: MethodState) -> dict[str, Any]:
-    """The method's own figures, plus the bytes of the final global models its task-end hook had sent to
-    clients (a line of ``download_bytes`` of its own, so communication tables can compare with or without)."""
-    stats = method.stats(state)
-    if overrides(method, "task_end_client"):
+    """A method's figures: its clients' state sizes, what it put in its server state's ``stats``, and the bytes
+    of the final global models its task-end participants downloaded (a line of ``download_bytes`` of its
+    own, so communication tables can compare with or without)."""
+    stats = {**client_state_bytes(state), **state.server.get("stats", {})}
+    if takes_part_at_task_end(method):
         stats["task_end_model_download_bytes"] = comm.lines.get(task_end_model_line(method.name), 0)
     return stats
 
@@ -54,6 +65,7 @@ def build_results(run: RunSnapshot, wall_seconds: float) -> dict[str, Any]:
         "upload_bytes": run.comm.upload_bytes,
         "download_bytes": run.comm.download_bytes,
         "model_bytes": run.model_bytes,
+        "engine_path": run.engine_path,
         "method_stats": {m.name: method_stats(run.comm, m, st) for m, st in zip(run.methods, run.states, strict=True)},
         "config": cfg.to_dict(),
     }

@@ -7,8 +7,7 @@ from collections.abc import Callable
 import torch
 
 from cfl.registry import Registry
-
-Params = dict[str, torch.Tensor]
+from cfl.tensors import Params
 
 
 def _shares(weights: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

@@ -23,8 +23,7 @@ from torch import nn
 from torch.func import functional_call, grad, jacrev, vmap
 
 from cfl.ops.fisher_linear import linear_fisher_sum, linear_layers
-
-Params = dict[str, torch.Tensor]
+from cfl.tensors import Params
 
 #: per-sample gradients held at once, in floats (64 MiB in float32)
 FLOAT_BUDGET = 1 << 24

@@ -16,8 +16,7 @@ from torch import nn
 from torch.func import functional_call
 
 from cfl.models.heads import MultiHead
-
-Params = dict[str, torch.Tensor]
+from cfl.tensors import Params
 
 
 def linear_layers(model: nn.Module, names: set[str]) -> dict[str, nn.Module] | None:

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-Params = dict[str, torch.Tensor]
+from cfl.tensors import Params
 
 
 def conv_patches(module: nn.Conv2d, inputs: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ def _changed_params(spec: dict[str, Any]) -> list[str]:
     from cfl.methods import METHODS
 
     cls = METHODS.get(spec.get("name", ""))
-    defaults = {} if cls is None else {f.name: f.default for f in dataclasses.fields(cls.Params)
+    defaults = {} if cls is None else {f.name: f.default for f in dataclasses.fields(cls.Hyperparams)
                                        if f.default is not dataclasses.MISSING}
     return [f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
             for k, v in spec.items() if k != "name" and (k not in defaults or defaults[k] != v)]

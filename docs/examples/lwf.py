@@ -1,8 +1,8 @@
 """Learning without Forgetting as a cfl plugin (Li & Hoiem, ECCV 2016, arXiv 1606.09282).
 
 Each client keeps the global model of the last finished task (the "old" model). During later local
-training, the loss adds ``lambda * T^2 * KL(softmax(old(x)/T) || softmax(new(x)/T))`` on the current
-batch, for every old task's head (task-incremental) or for the shared head. Nothing is sent.
+training, the loss adds ``lambda * T^2 * KL(softmax(old(x)/T) || softmax(new(x)/T))`` per sample, for
+every old task's head (task-incremental) or for the shared head. Nothing is sent.
 
 Run it with:  cfl run configs/quickstart.yaml --plugin docs/examples/lwf.py --set method.name=lwf
 """
@@ -16,12 +16,13 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from cfl.methods import register
-from cfl.methods.base import ClientData, Method, Params, State
+from cfl.methods.base import ClientData, Event, Method
 from cfl.schema import field
+from cfl.tensors import Params, State
 
 
 @dataclass(frozen=True)
-class LwFParams:
+class LwFHyperparams:
     lam: float = field(1.0, "weight of the distillation term", min=0.0)
     temperature: float = field(2.0, "softmax temperature T", gt=0.0)
 
@@ -30,29 +31,29 @@ class LwFParams:
 class LwF(Method):
     name = "lwf"
     about = "LwF: distil the previous task's global model on current data (example plugin)"
-    Params = LwFParams
-    has_batch_loss = True
+    Hyperparams = LwFHyperparams
 
-    def task_end_client(self, model: torch.nn.Module, params: Params, data: ClientData, state: State,
-                        broadcast: State, generator: torch.Generator) -> None:
-        """Remember the task's final global model and which heads it has trained."""
-        old_heads = torch.zeros(self.run.num_tasks)
-        old_heads[: data.task + 1 if self.run.scenario == "task" else 1] = 1.0
-        state.update({f"old.{k}": v.clone() for k, v in params.items()})
+    def client_end(self, event: Event, model: torch.nn.Module, params: Params, data: ClientData, state: State,
+                   server: State, generator: torch.Generator) -> None:
+        """At a task end: remember the task's final global model and which heads it has trained."""
+        if event != "task_end":
+            return
+        old_heads = torch.zeros(self.run_info.num_tasks)
+        old_heads[: data.task + 1 if self.run_info.scenario == "task" else 1] = 1.0
+        state["old"] = {k: v.clone() for k, v in params.items()}
         state["old_heads"] = old_heads
 
-    def batch_loss(self, params: Params, x: torch.Tensor, task: torch.Tensor, weight: torch.Tensor,
-                   broadcast: State, state: State) -> torch.Tensor:
-        if "old_heads" not in state:  # first task: nothing to remember yet
-            return torch.zeros((), device=x.device)
-        old = {k[4:]: v for k, v in state.items() if k.startswith("old.")}
-        t = self.p.temperature
-        total = torch.zeros((), device=x.device)
-        for j in range(self.run.num_tasks):
+    def extra_loss(self, params: Params, x: torch.Tensor, task: torch.Tensor, server: State,
+                   state: State) -> torch.Tensor:
+        if "old" not in state:  # first task: nothing to remember yet
+            return torch.zeros(x.shape[0], device=x.device)
+        t, model = self.hparams.temperature, self.run_info.model
+        total = torch.zeros(x.shape[0], device=x.device)
+        for j in range(self.run_info.num_tasks):
             head = torch.full_like(task, j)
             with torch.no_grad():
-                target = F.softmax(functional_call(self.run.model, old, (x, head)) / t, dim=-1)
-            log_new = F.log_softmax(functional_call(self.run.model, params, (x, head)) / t, dim=-1)
+                target = F.softmax(functional_call(model, state["old"], (x, head)) / t, dim=-1)
+            log_new = F.log_softmax(functional_call(model, params, (x, head)) / t, dim=-1)
             kl = (target * (torch.log(target.clamp_min(1e-12)) - log_new)).sum(-1)
-            total = total + state["old_heads"][j] * (kl * weight).sum() / weight.sum().clamp_min(1e-12)
-        return self.p.lam * t * t * total
+            total = total + state["old_heads"][j] * kl
+        return self.hparams.lam * t * t * total

@@ -1,0 +1,66 @@
+"""Which training path the engine takes for a run, and why: decided once, printed once, kept in results.
+
+``stacked``: stacked tensor operations with each linear layer's SGD step fused into its backward
+(:mod:`cfl.engine.stacked_net`), for models that list their layers, plain SGD and methods whose hooks have
+a fused form. ``vmap``: autograd under ``torch.func.vmap`` over one-client code, for every model and
+method. ``sequential``: one client after another (``client_execution: sequential``).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from torch import nn
+
+from cfl.engine.jobs import Hyper
+from cfl.engine.stacked_net import StackedNet
+from cfl.methods.base import Method, overrides
+
+#: hooks the stacked path cannot take, with the reason
+_NOT_STACKED = {
+    "extra_loss": "which needs per-sample losses",
+    "gradient_projection": "whose projection the fused step does not apply",
+}
+
+
+@dataclass(frozen=True)
+class EnginePath:
+    path: str  # "stacked" | "vmap" | "sequential"
+    reason: str
+
+    def line(self) -> str:
+        """The log line: ``engine: stacked path``, else e.g. ``engine: vmap path (reason: ...)``."""
+        if self.path == "stacked":
+            return "engine: stacked path"
+        return f"engine: {self.path} path (reason: {self.reason})"
+
+    def as_dict(self) -> dict[str, str]:
+        return {"path": self.path, "reason": self.reason}
+
+    def announce(self) -> None:
+        print(self.line(), file=sys.stderr)
+
+
+def stacked_refusal(model: nn.Module, hp: Hyper, methods: list[Method]) -> str | None:
+    """Why the stacked path cannot train this run, or None when it can."""
+    for m in methods:
+        for hook, why in _NOT_STACKED.items():
+            if overrides(m, hook):
+                return f"method {m.name} overrides {hook}, {why}"
+    if hp.momentum != 0:
+        return f"momentum {hp.momentum}: the fused step is plain SGD"
+    if any(overrides(m, "penalty") for m in methods) and hp.lr * hp.weight_decay == 1.0:
+        return "lr * weight_decay = 1: the penalty's fused pre-step would divide by 1 - lr * weight_decay"
+    return StackedNet.model_refusal(model)
+
+
+def choose_path(model: nn.Module, hp: Hyper, methods: list[Method], execution: str = "batched") -> EnginePath:
+    """The run's path: sequential when asked for, else stacked where supported, else vmap."""
+    if execution == "sequential":
+        return EnginePath("sequential", "client_execution: sequential")
+    refusal = stacked_refusal(model, hp, methods)
+    if refusal is None:
+        return EnginePath("stacked", f"model {type(model).__name__} lists its layers, plain SGD, and every "
+                                     f"method's hooks have a fused form")
+    return EnginePath("vmap", refusal)
