@@ -261,7 +261,7 @@ def update_error(a: dict, b: dict, start: dict) -> float:
 
 
 @pytest.mark.parametrize("model_name", ["mlp", "mlp-multi-head", "alexnet"])
-def test_bf16_mixed_stacked_path_matches_vmap_path_within_bfloat16_rounding(model_name, monkeypatch):
+def test_bf16_mixed_stacked_path_matches_vmap_path_within_bfloat16_rounding(model_name):
     """Both paths multiply in bfloat16 (the stacked one by hand, vmap under autocast) over float32 weights:
     they agree to bfloat16 rounding, the weights stay float32, and the products really are bfloat16 ones (the
     result is not float32's). Measured, relative to the update's norm: the MLPs under 0.04; AlexNet 0.14, as
@@ -281,9 +281,9 @@ def test_bf16_mixed_stacked_path_matches_vmap_path_within_bfloat16_rounding(mode
     plugins = Plugins([FedAvg(None, None)], [MethodState()], [{}])
     start = {k: v.detach().clone() for k, v in model.named_parameters()}
     hp = Hyper(lr=0.05, momentum=0.0, weight_decay=0.01, local_epochs=2, batch_size=4, precision="bf16-mixed")
-    fast, fast_out = _train(model, plugins, hp, jobs, x, y, True, monkeypatch)
-    ref, ref_out = _train(model, plugins, hp, jobs, x, y, False, monkeypatch)
-    full, _ = _train(model, plugins, Hyper(0.05, 0.0, 0.01, 2, 4), jobs, x, y, True, monkeypatch)
+    fast, fast_out = _train(model, plugins, hp, jobs, x, y, True)
+    ref, ref_out = _train(model, plugins, hp, jobs, x, y, False)
+    full, _ = _train(model, plugins, Hyper(0.05, 0.0, 0.01, 2, 4), jobs, x, y, True)
     assert all(v.dtype == torch.float32 for v in fast.values())
     assert update_error(fast, ref, start) < 0.25
     assert [o.mean_loss for o in fast_out] == pytest.approx([o.mean_loss for o in ref_out], rel=0.02)
