@@ -3,15 +3,25 @@
 Permuted-MNIST reference setup by default: MLP 784-400-400-400-10 (dropout 0.2/0.5/0.5), 125 clients of
 480 samples, 64 sampled per round, batch 64, one local epoch, plain SGD lr 0.01 (synthetic data).
 ``--setup cifar``: the AlexNet-like Split CIFAR-100 setup (25 of 50 clients, batch 16, 32x32x3).
-Prints a JSON object as its last line. ``peak_fraction`` counts 6 x parameters x samples per round;
-the ``*_counted`` fields use the FLOPs torch's ``FlopCounterMode`` counts for a training step, the real
+Prints a JSON object as its last line. ``peak_gflops`` is the machine's best rate in the engine's
+precision: a 2048x2048 by 2048x2048 product (float32, or bfloat16 with ``--precision bf16-mixed``), the best
+of several timings in the same process; ``peak_fraction`` counts 6 x parameters x samples per round against
+it; the ``*_counted`` fields use the FLOPs torch's ``FlopCounterMode`` counts for a training step, the real
 work of a conv net (for the MLP the two agree up to the first layer's unneeded input gradient).
-For the MLP, ``products_floor_sec_per_round`` is the time of the round's float32 batched products alone
-(:func:`linear_products_floor`) and ``speedup_bound_vs_naive`` the speedup an engine would reach if
-everything else (activations, dropout, loss, data gathering) cost nothing.
+``engine_shape_gflops`` is the rate of the engine's own batched product shape in that precision (for the
+MLP 64 x (64x784 @ 784x400)), for comparison with the peak.
+For the MLP, ``products_floor_sec_per_round`` is the time of the round's batched products alone in the
+engine's precision (:func:`linear_products_floor`) and ``speedup_bound_vs_naive`` the speedup an engine
+would reach if everything else (activations, dropout, loss, data gathering) cost nothing.
+
+``--precision bf16-mixed``: the engine trains in bf16-mixed (``cfl/engine/precision.py``), and the float32
+engine is timed in the same run, its rounds interleaved with the bf16 ones so that both see the same load:
+``engine_sec_per_round`` is then bf16-mixed's, ``fp32_engine_sec_per_round`` float32's,
+``speedup_vs_fp32`` their ratio, and ``fp32_peak_gflops`` / ``bf16_peak_gflops`` the 2048x2048 rates.
 
     python benchmarks/perf_engine.py [--rounds 3] [--setup pmnist|cifar] [--threads N] [--ragged BETA]
                                      [--device cpu|cuda] [--method fedavg|fedprox|ewc] [--vmap]
+                                     [--precision 32|bf16-mixed]
 
 ``--device cuda``: model, data and both loops on the GPU (the naive loop's DataLoader indexes GPU tensors),
 the peak a float32 batched product there (TF32 off, torch's default), every timing synchronised.
@@ -41,6 +51,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from cfl.engine.jobs import ClientJob, Hyper, Plugins, derive_seed  # noqa: E402
 from cfl.engine.local_batched import BatchedTrainer  # noqa: E402
 from cfl.engine.path import choose_path  # noqa: E402
+from cfl.engine.precision import LOW, has_bf16_units, is_mixed, parse_precision  # noqa: E402
 from cfl.methods.base import MethodState  # noqa: E402
 from cfl.methods.ewc import EWC, EWCHyperparams  # noqa: E402
 from cfl.methods.fedavg import FedAvg  # noqa: E402
@@ -88,10 +99,11 @@ def timed(fn, repeats: int) -> tuple[float, float]:
 
 
 def peak_gflops(batch: int, m: int, k: int, n: int, device: str, repeats: int = 20,
-                trials: int = 5) -> tuple[float, float]:
-    """float32 batched matrix-product rate (GFLOP/s; by wall and by CPU time) measured in this process:
+                trials: int = 5, dtype: torch.dtype = torch.float32) -> tuple[float, float]:
+    """Batched matrix-product rate in ``dtype`` (GFLOP/s; by wall and by CPU time) measured in this process:
     the best of ``trials`` timings of ``repeats`` products (a peak, so noise only lowers the others)."""
-    a, b = torch.randn(batch, m, k, device=device), torch.randn(batch, k, n, device=device)
+    a = torch.randn(batch, m, k, device=device).to(dtype)
+    b = torch.randn(batch, k, n, device=device).to(dtype)
     torch.bmm(a, b)
     wall, cpu = float("inf"), float("inf")
     for _ in range(trials):
@@ -114,23 +126,39 @@ def counted_flops_per_sample(model: nn.Module, shape: tuple[int, ...]) -> float:
     return counter.get_total_flops() / 8
 
 
-def linear_products_floor(model: nn.Module, clients: int, batch: int, device: str, trials: int = 5) -> float:
-    """Seconds per batch-step of the float32 batched products alone that SGD on the model's linear layers
-    needs at this size: per layer the forward, the input gradient (not for the first layer) and the weight
-    gradient (with the step, as one ``baddbmm_``), each the best of ``trials``, in preallocated outputs and
-    in whichever weight layout ((C, out, in) or (C, in, out)) makes the three fastest together. A bound
-    for any engine built on torch's float32 batched products: no elementwise work, no data movement."""
+def square_peak_gflops(device: str, dtype: torch.dtype, size: int = 2048, repeats: int = 5,
+                       trials: int = 5) -> tuple[float, float]:
+    """The machine's best matrix-product rate in ``dtype`` (GFLOP/s; by wall and by CPU time): a ``size`` x
+    ``size`` by ``size`` x ``size`` product, the best of ``trials`` timings of ``repeats`` (a shape BLAS runs
+    near its peak, unlike the engine's small batched ones)."""
+    return peak_gflops(1, size, size, size, device, repeats, trials, dtype)
+
+
+def linear_products_floor(model: nn.Module, clients: int, batch: int, device: str, trials: int = 5,
+                          dtype: torch.dtype = torch.float32) -> float:
+    """Seconds per batch-step of the batched products alone that SGD on the model's linear layers needs at
+    this size: per layer the forward, the input gradient (not for the first layer) and the weight gradient
+    (float32: with the step, as one ``baddbmm_``; bfloat16: into a preallocated bfloat16 output, the step
+    being float32 elementwise work), each the best of ``trials``, in preallocated outputs and in whichever
+    weight layout ((C, out, in) or (C, in, out)) makes the three fastest together. A bound for any engine
+    built on torch's batched products in ``dtype``: no elementwise work, no data movement."""
     total = 0.0
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
     for i, layer in enumerate(linears):
         o, n = layer.weight.shape
-        x, g = torch.randn(clients, batch, n, device=device), torch.randn(clients, batch, o, device=device)
-        h, gx = torch.empty(clients, batch, o, device=device), torch.empty(clients, batch, n, device=device)
+        x = torch.randn(clients, batch, n, device=device).to(dtype)
+        g = torch.randn(clients, batch, o, device=device).to(dtype)
+        h = torch.empty(clients, batch, o, device=device, dtype=dtype)
+        gx = torch.empty(clients, batch, n, device=device, dtype=dtype)
         best = float("inf")
-        for w in (torch.randn(clients, o, n, device=device) * 0.01,
-                  torch.randn(clients, n, o, device=device).mT * 0.01):
-            products = [(torch.bmm, (x, w.mT), {"out": h}),
-                        (w.baddbmm_, (g.mT, x), {"beta": 1.0, "alpha": -1e-6})]
+        for w in ((torch.randn(clients, o, n, device=device) * 0.01).to(dtype),
+                  (torch.randn(clients, n, o, device=device) * 0.01).to(dtype).mT):
+            if dtype == torch.float32:
+                step = (w.baddbmm_, (g.mT, x), {"beta": 1.0, "alpha": -1e-6})
+            else:
+                grad = torch.empty(w.shape, dtype=dtype, device=device)  # contiguous: a strided bf16 out: ~500x slower
+                step = (torch.baddbmm, (grad, g.mT, x), {"beta": 0.0, "out": grad})
+            products = [(torch.bmm, (x, w.mT), {"out": h}), step]
             if i > 0:
                 products.append((torch.bmm, (g, w), {"out": gx}))
             best = min(best, sum(min(timed(lambda _, f=f, a=a, k=k: f(*a, **k), 5)[0] for _ in range(trials))
@@ -152,11 +180,16 @@ def method_plugins(name: str, params: dict[str, torch.Tensor], clients: int) -> 
     return Plugins([EWC(EWCHyperparams(lam=10.0), None)], [state], [{}])
 
 
+def ratio(a: float | None, b: float | None, digits: int = 2) -> float | None:
+    """``a / b`` rounded, None where either is missing (the naive loop skipped, no products floor)."""
+    return None if a is None or b is None else round(a / b, digits)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--setup", choices=list(SETUPS), default="pmnist")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--naive-rounds", type=int, default=2)
+    parser.add_argument("--naive-rounds", type=int, default=2, help="0: skip the naive loop (its fields null)")
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--ragged", type=float, default=0.0, help="Dirichlet concentration of client sizes")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -164,7 +197,9 @@ def main() -> None:
                         help="the engine's method (the naive loop stays plain SGD): fedprox mu 0.01, ewc with "
                              "a synthetic per-client Fisher and anchor, as after a finished task")
     parser.add_argument("--vmap", action="store_true", help="force the vmap path (time penalties on both paths)")
+    parser.add_argument("--precision", default="32", help="32 or bf16-mixed (then float32 is timed too)")
     args = parser.parse_args()
+    precision = parse_precision(args.precision, "--precision")
     dev = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -179,55 +214,84 @@ def main() -> None:
         sizes = (shares * n).long().clamp(min=1)
         parts = list(torch.randperm(n)[: int(sizes.sum())].split(sizes.tolist()))
     parts = [p.to(dev) for p in parts]
-    hp = Hyper(lr=0.01, momentum=0.0, weight_decay=1e-5, local_epochs=1, batch_size=s["batch"])
+    hp = Hyper(lr=0.01, momentum=0.0, weight_decay=1e-5, local_epochs=1, batch_size=s["batch"], precision=precision)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     num_params = sum(v.numel() for v in params.values())
     plugins = method_plugins(args.method, params, s["clients"])
     path = "vmap" if args.vmap else choose_path(model, hp, plugins.methods).path
     hp = replace(hp, path=path)
+    hp32 = replace(hp, precision=32)  # the float32 engine (and the naive loop's hyperparameters)
     sampled = list(range(s["sampled"]))
 
-    trainer = BatchedTrainer()  # as the round engine runs it: one workspace kept across rounds
+    mixed = is_mixed(precision)
+    engines = {"engine": (BatchedTrainer(), hp)}  # as the round engine runs it: one workspace kept across rounds
+    if mixed:
+        engines["fp32"] = (BatchedTrainer(), hp32)
 
-    def engine_round(r: int) -> None:
+    def engine_round(name: str, r: int) -> None:
         jobs = [ClientJob(c, parts[c], None, derive_seed(0, 0, r, c)) for c in sampled]
-        trainer(model, params, jobs, x, y, 0, hp, plugins)
+        trainer, hyper = engines[name]
+        trainer(model, params, jobs, x, y, 0, hyper, plugins)
 
-    engine_round(10_000)  # warm-up
-    engine, engine_cpu = timed(engine_round, args.rounds)
-    naive, naive_cpu = timed(lambda _: naive_round(model, x, y, [parts[c] for c in sampled], hp, 0), args.naive_rounds)
+    times = {name: [0.0, 0.0] for name in engines}
+    for name in engines:
+        engine_round(name, 10_000)  # warm-up
+    for r in range(args.rounds):  # interleaved: both engines see the same spells of load
+        for name in engines:
+            wall, cpu = timed(lambda _, name=name, r=r: engine_round(name, r), 1)
+            times[name][0] += wall / args.rounds
+            times[name][1] += cpu / args.rounds
+    engine, engine_cpu = times["engine"]
+    naive, naive_cpu = None, None
+    if args.naive_rounds:
+        naive, naive_cpu = timed(lambda _: naive_round(model, x, y, [parts[c] for c in sampled], hp32, 0),
+                                 args.naive_rounds)
     samples = sum(len(parts[c]) for c in sampled)
     steps = [-(-len(parts[c]) // s["batch"]) for c in sampled]
     flops = 6 * num_params * samples
     counted = counted_flops_per_sample(model, s["shape"]) * samples
     engine_gflops = flops / engine / 1e9
-    if args.setup == "pmnist":
-        peak, peak_cpu = peak_gflops(s["sampled"], s["batch"], 784, 400, args.device)
+    dtype = LOW if mixed else torch.float32
+    fp32_peak, fp32_peak_cpu = square_peak_gflops(args.device, torch.float32)
+    bf16_peak, bf16_peak_cpu = square_peak_gflops(args.device, LOW) if mixed else (None, None)
+    peak, peak_cpu = (bf16_peak, bf16_peak_cpu) if mixed else (fp32_peak, fp32_peak_cpu)
+    pmnist = args.setup == "pmnist"
+    shape = (s["sampled"], s["batch"], 784, 400) if pmnist else (s["sampled"], s["batch"] * 64, 576, 128)
+    shape_rate = peak_gflops(*shape, args.device, dtype=dtype)[0]
+    floor = None
+    if pmnist:
         steps_per_client = samples / s["batch"] / len(sampled)
-        floor = linear_products_floor(model, s["sampled"], s["batch"], args.device) * steps_per_client
-    else:
-        peak, peak_cpu = peak_gflops(s["sampled"], s["batch"] * 64, 576, 128, args.device)
-        floor = None
+        floor = linear_products_floor(model, s["sampled"], s["batch"], args.device, dtype=dtype) * steps_per_client
+    extra = {}
+    if mixed:
+        fp32, fp32_cpu = times["fp32"]
+        extra = {"fp32_engine_sec_per_round": round(fp32, 4), "fp32_engine_cpu_sec_per_round": round(fp32_cpu, 4),
+                 "speedup_vs_fp32": round(fp32 / engine, 2), "speedup_vs_fp32_cpu": round(fp32_cpu / engine_cpu, 2),
+                 "fp32_peak_gflops": round(fp32_peak, 2), "bf16_peak_gflops": round(bf16_peak, 2),
+                 "fp32_engine_peak_fraction": round(flops / fp32 / 1e9 / fp32_peak, 3),
+                 "bf16_units": has_bf16_units(dev)}
     print(json.dumps({
         "setup": args.setup, "method": args.method, "path": path, "device": args.device,
+        "precision": precision, "torch": torch.__version__,
         "threads": torch.get_num_threads(), "params": num_params,
         "clients_per_round": s["sampled"], "samples_per_client": s["per_client"], "batch_size": s["batch"],
-        "engine_sec_per_round": round(engine, 4), "naive_sec_per_round": round(naive, 4),
-        "speedup_vs_naive": round(naive / engine, 2), "engine_gflops": round(engine_gflops, 2),
+        "engine_sec_per_round": round(engine, 4), "naive_sec_per_round": ratio(naive, 1, 4),
+        "speedup_vs_naive": ratio(naive, engine), "engine_gflops": round(engine_gflops, 2),
         "peak_gflops": round(peak, 2), "peak_fraction": round(engine_gflops / peak, 3),
+        "engine_shape_gflops": round(shape_rate, 2),
         "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2, 3),
-        "engine_cpu_sec_per_round": round(engine_cpu, 4), "naive_cpu_sec_per_round": round(naive_cpu, 4),
-        "speedup_vs_naive_cpu": round(naive_cpu / engine_cpu, 2), "peak_gflops_cpu": round(peak_cpu, 2),
+        "engine_cpu_sec_per_round": round(engine_cpu, 4), "naive_cpu_sec_per_round": ratio(naive_cpu, 1, 4),
+        "speedup_vs_naive_cpu": ratio(naive_cpu, engine_cpu), "peak_gflops_cpu": round(peak_cpu, 2),
         "peak_fraction_cpu": round(flops / engine_cpu / 1e9 / peak_cpu, 3), "samples_per_round": samples,
         "padded_step_fraction": round(1 - sum(steps) / (len(steps) * max(steps)), 3),
         "counted_gflop_per_round": round(counted / 1e9, 1),
         "engine_gflops_counted": round(counted / engine / 1e9, 2),
-        "naive_gflops_counted": round(counted / naive / 1e9, 2),
+        "naive_gflops_counted": ratio(counted / 1e9, naive),
         "peak_fraction_counted": round(counted / engine / 1e9 / peak, 3),
-        "naive_peak_fraction_counted": round(counted / naive / 1e9 / peak, 3),
+        "naive_peak_fraction_counted": ratio(counted / 1e9 / peak, naive, 3),
         "products_floor_sec_per_round": None if floor is None else round(floor, 4),
-        "speedup_bound_vs_naive": None if floor is None else round(naive / floor, 2),
-        "load_average_1min": round(os.getloadavg()[0], 2),
+        "speedup_bound_vs_naive": ratio(naive, floor),
+        "load_average_1min": round(os.getloadavg()[0], 2), **extra,
     }))
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import yaml
 
@@ -126,6 +126,10 @@ class Config:
                                     "no unchanged client) or auto (disk when the estimated state of all clients "
                                     "exceeds 256 MiB; see docs/scaling.md)", choices=("auto", "memory", "disk"))
     device: str = field("cpu", "cpu, cuda or cuda:N", choices=None)
+    precision: Union[int, str] = field(32, "32: float32 throughout; bf16-mixed: the matrix products and convolutions "
+                                       "of local training in bfloat16 (float32 accumulation) over float32 master "
+                                       "weights; losses, steps, aggregation, method algebra and metrics in float32 "
+                                       "(docs/performance.md)", choices=(32, "32", "bf16-mixed"))
     threads: int = field(0, "torch CPU threads (0: torch's default; at most 4 per CPU of the machine)", min=0)
     data_root: Optional[str] = field(None, "data directory (null: $CFL_DATA, else the user cache)")
     wandb: WandbConfig = field(WandbConfig(), "")

@@ -13,6 +13,7 @@ from cfl.config import Config, _set_dotted, parse_overrides, read_yaml
 from cfl.cross_checks import check_methods, check_model_fits, check_threads, resolve_model
 from cfl.data.partition import PARTITIONERS
 from cfl.data.streams import STREAMS
+from cfl.engine.precision import parse_precision
 from cfl.methods import METHODS
 from cfl.models import MODELS
 from cfl.ops.aggregate import AGGREGATORS
@@ -113,7 +114,7 @@ def _validate_names(cfg: Config) -> Config:
         raise ConfigError(f"a method appears twice in method + plugins: {names}")
     check_methods(cfg, [method, *plugins])
     check_threads(cfg.threads)
-    cfg = dataclasses.replace(cfg, method=method, plugins=plugins,
+    cfg = dataclasses.replace(cfg, method=method, plugins=plugins, precision=parse_precision(cfg.precision),
                               model=dataclasses.replace(cfg.model, name=resolve_model(cfg.stream.name, cfg.model.name)))
     check_model_fits(cfg)
     return cfg

@@ -40,13 +40,15 @@ def test_batched_equals_sequential(case, scenario):
     run_both_paths(_cfg, stream, **case)
 
 
-def test_same_seed_same_matrix_bit_for_bit_and_other_seed_differs():
+@pytest.mark.parametrize("precision", [32, "bf16-mixed"])
+def test_same_seed_same_matrix_bit_for_bit_and_other_seed_differs(precision):
     stream = make_stream("task")
-    a = _run(_cfg(), stream).progress.acc_matrix
-    b = _run(_cfg(), stream).progress.acc_matrix
-    assert a == b
-    other = _run(_cfg(seed=1), stream).params["body.1.weight"]
-    assert not torch.equal(other, _run(_cfg(), stream).params["body.1.weight"])
+    a = _run(_cfg(precision=precision), stream)
+    b = _run(_cfg(precision=precision), stream)
+    assert a.progress.acc_matrix == b.progress.acc_matrix
+    assert all(torch.equal(a.params[k], b.params[k]) for k in a.params)
+    other = _run(_cfg(seed=1, precision=precision), stream).params["body.1.weight"]
+    assert not torch.equal(other, a.params["body.1.weight"])
 
 
 def test_fedavg_round_is_the_weighted_mean_of_client_results():

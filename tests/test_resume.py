@@ -44,11 +44,13 @@ def setup(tmp_path_factory):
     """The config and plugin files, and the uninterrupted run (in process, no sleeping)."""
     root = tmp_path_factory.mktemp("resume")
     (root / "tiny.yaml").write_text(yaml.safe_dump(TINY))
+    (root / "tiny-bf16.yaml").write_text(yaml.safe_dump({**TINY, "precision": "bf16-mixed"}))
     (root / "slow.py").write_text(SLOW_PLUGIN)
     namespace: dict = {}
     exec(SLOW_PLUGIN.replace("@register\n", ""), namespace)
     with METHODS.temporarily("slow", namespace["Slow"]):
         assert main(["run", str(root / "tiny.yaml"), "--out", str(root / "reference"), "--quiet"]) == 0
+        assert main(["run", str(root / "tiny-bf16.yaml"), "--out", str(root / "reference-bf16"), "--quiet"]) == 0
     return root
 
 
@@ -82,10 +84,12 @@ def saved_round(run_dir: Path) -> int:
 
 
 @pytest.mark.usefixtures("slow_registered")
-def test_sigkill_at_any_moment_then_resume_gives_the_same_run(setup):
-    out = setup / "killed"
+@pytest.mark.parametrize("config", ["tiny", "tiny-bf16"])
+def test_sigkill_at_any_moment_then_resume_gives_the_same_run(setup, config):
+    """Also in bf16-mixed: its bfloat16 products are as deterministic as float32's."""
+    out = setup / f"killed-{config}"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CFL_TEST_ROUND_SLEEP": "0.8"}
-    cmd = [sys.executable, "-m", "cfl", "run", str(setup / "tiny.yaml"), "--out", str(out), "--quiet",
+    cmd = [sys.executable, "-m", "cfl", "run", str(setup / f"{config}.yaml"), "--out", str(out), "--quiet",
            "--plugin", str(setup / "slow.py")]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
@@ -100,7 +104,9 @@ def test_sigkill_at_any_moment_then_resume_gives_the_same_run(setup):
 
     # resumed in this process (the kill is what needed a real process)
     assert main(["run", "--resume", str(out), "--quiet"]) == 0
-    assert_same_outputs(out, setup / "reference")
+    assert_same_outputs(out, setup / config.replace("tiny", "reference"))
+    if config == "tiny-bf16":  # the bf16 run is its own: its products differ from float32's
+        assert outputs(out)[1] != outputs(setup / "reference")[1]
 
 
 def stop_with(monkeypatch, signum: int, after_round: int) -> None:

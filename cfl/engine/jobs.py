@@ -27,6 +27,8 @@ class Hyper:
     client_block: int = 0
     # the run's training path (cfl.engine.path.choose_path); "": the batched trainer chooses per call
     path: str = ""
+    # 32 or bf16-mixed: the products of local training in bfloat16 over float32 weights (cfl/engine/precision.py)
+    precision: int | str = 32
 
 
 @dataclass

@@ -25,6 +25,7 @@ from cfl.engine import hooks
 from cfl.engine.heap import retain_freed_memory
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, client_schedule, replay_generator
 from cfl.engine.path import choose_path
+from cfl.engine.precision import autocast, to_float, warn_if_slow
 from cfl.engine.stacked_net import StackedNet
 from cfl.engine.stacking import Batch, client_rows, pad_samples, sample_counts, stack_states
 from cfl.methods.base import Method, overrides
@@ -118,6 +119,7 @@ def train_batched(model: nn.Module, global_params: Params, jobs: list[ClientJob]
     stacked path trains in these buffers and returns them, so the result is valid until the next call
     with the same workspace.
     """
+    warn_if_slow(hp.precision, x.device)
     order = sorted(range(len(jobs)), key=lambda c: -len(jobs[c].indices))  # stable: ties keep job order
     ordered = [jobs[c] for c in order]
     block = hp.client_block or auto_client_block(model, x.device, len(jobs))
@@ -201,7 +203,8 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
     x_buffer = torch.empty((C * hp.batch_size, *x.shape[1:]), dtype=x.dtype, device=device)
 
     def forward(p: Params, xb: torch.Tensor, tb: torch.Tensor) -> torch.Tensor:
-        return functional_call(model, (p, buffers), (xb, tb))
+        with autocast(hp.precision, device):  # bf16-mixed: products in bfloat16, the loss on float32 logits
+            return to_float(functional_call(model, (p, buffers), (xb, tb)))
 
     batched_forward = vmap(forward, randomness="different")
     model.train()

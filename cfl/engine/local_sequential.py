@@ -12,6 +12,7 @@ from torch.func import functional_call
 
 from cfl.engine import hooks
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, client_schedule, replay_generator
+from cfl.engine.precision import autocast, to_float, warn_if_slow
 from cfl.methods.base import overrides
 from cfl.ops.losses import masked_cross_entropy
 from cfl.tensors import Params
@@ -19,6 +20,7 @@ from cfl.tensors import Params
 
 def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.Tensor, y: torch.Tensor,
               task: int, hp: Hyper, plugins: Plugins) -> tuple[Params, ClientOutcome]:
+    warn_if_slow(hp.precision, x.device)
     params = {k: v.detach().clone().requires_grad_() for k, v in global_params.items()}
     momentum: dict[str, torch.Tensor] = {}
     methods, broadcasts = plugins.methods, plugins.broadcasts
@@ -37,7 +39,8 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
             if extra is not None:
                 xb, yb = torch.cat([xb, extra.x]), torch.cat([yb, extra.y])
                 tb, wb = torch.cat([tb, extra.task]), torch.cat([wb, torch.ones(len(extra.y), device=x.device)])
-        logits = functional_call(model, params, (xb, tb))
+        with autocast(hp.precision, x.device):  # bf16-mixed: products in bfloat16, the loss on float32 logits
+            logits = to_float(functional_call(model, params, (xb, tb)))
         per_sample = masked_cross_entropy(logits, yb, job.allowed)
         keep = wb > 0
         loss = (per_sample[keep] * wb[keep]).sum() / wb[keep].sum()

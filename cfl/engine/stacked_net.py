@@ -22,6 +22,9 @@ in a separate update pass cost more than the product itself (fresh pages, three 
 fused step writes into memory that is already mapped, and the weight gradient of the first layer drops
 from ~100 ms to ~45 ms per step at 64 clients on one core (``docs/performance.md``).
 
+In bf16-mixed (``precision``, :mod:`cfl.engine.precision`) the products above and the convolutions take
+bfloat16 operands over the float32 weights, which every step still updates in float32.
+
 Correctness: each layer's gradient depends on its saved input and on the gradient flowing in from the
 layers above, which compute their input gradients before they step, so every gradient is taken at the
 step's starting weights, as in the vmap path. Parameters outside the fused layers (convolutions, a
@@ -34,6 +37,7 @@ import torch
 from torch import nn
 
 from cfl.engine.jobs import Hyper
+from cfl.engine.precision import LOW, Bf16Weights, is_mixed, to_float
 from cfl.models.dropout import Dropout
 from cfl.models.heads import MultiHead, SharedHead
 from cfl.tensors import Params
@@ -49,24 +53,30 @@ class FusedLinearSGD(torch.autograd.Function):
     ``dropout``'s 0/1 keep mask (or None), both in place on the fresh output; the backward takes the gradient
     through them where the output is positive, in place on the incoming gradient when that is not a view.
     ``token`` is a scalar that requires grad, so the backward also runs for the first layer (whose input
-    does not). The returned gradients of the weights are None: they have been applied.
+    does not). The returned gradients of the weights are None: they have been applied. ``low``: in
+    bf16-mixed, the :class:`Bf16Weights` and this layer's name: the three products take bfloat16 operands
+    (the weights' kept bfloat16 copy) and the step lands on the float32 ``weight`` (``Bf16Weights.step``).
     """
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,  # noqa: ANN001
                 token: torch.Tensor, lr: float, decay: float, in_scale: float = 1.0,  # noqa: ARG004
                 relu: bool = False, dropout: Dropout | None = None,
-                penalty: tuple[PenaltyStep | None, PenaltyStep | None] = (None, None)) -> torch.Tensor:
-        h = _scaled_bmm(x, weight.mT, in_scale)
+                penalty: tuple[PenaltyStep | None, PenaltyStep | None] = (None, None),
+                low: tuple[Bf16Weights, str] | None = None) -> torch.Tensor:
+        w, b = weight, bias
+        if low is not None:  # bf16-mixed: bfloat16 operands (a copy of the float32 weights), float32 steps
+            x, w, b = x.to(LOW), low[0].cast(low[1], weight), None if bias is None else bias.to(LOW)
+        h = _scaled_bmm(x, w.mT, in_scale)
         if relu:
-            _add_relu_(h, bias)
+            _add_relu_(h, b)
             if dropout is not None:
                 h.mul_(dropout.keep_mask(h))
-        elif bias is not None:
-            h.add_(bias.unsqueeze(1))
+        elif b is not None:
+            h.add_(b.unsqueeze(1))
         ctx.save_for_backward(x, h if relu else None)
         ctx.weight, ctx.bias, ctx.lr, ctx.decay, ctx.in_scale = weight, bias, lr, decay, in_scale
-        ctx.penalty = penalty
+        ctx.penalty, ctx.low, ctx.operand = penalty, low, w
         return h
 
     @staticmethod
@@ -74,14 +84,17 @@ class FusedLinearSGD(torch.autograd.Function):
         x, out = ctx.saved_tensors
         weight, bias, scale = ctx.weight, ctx.bias, ctx.in_scale
         grad = grad_out if out is None else _through_positive(grad_out, out)
-        grad_x = _scaled_bmm(grad, weight, scale) if ctx.needs_input_grad[0] else None
+        grad_x = _scaled_bmm(grad, ctx.operand, scale) if ctx.needs_input_grad[0] else None
         weight_penalty, bias_penalty = ctx.penalty
         penalty_pre_step(weight, weight_penalty)
-        weight.baddbmm_(grad.mT, x, beta=ctx.decay, alpha=-ctx.lr * scale)
+        if ctx.low is None:
+            weight.baddbmm_(grad.mT, x, beta=ctx.decay, alpha=-ctx.lr * scale)
+        else:
+            ctx.low[0].step(ctx.low[1], weight, grad.mT, x, ctx.decay, -ctx.lr * scale)
         if bias is not None:
             penalty_pre_step(bias, bias_penalty)
-            bias.mul_(ctx.decay).add_(grad.sum(1), alpha=-ctx.lr)
-        return grad_x, None, None, None, None, None, None, None, None, None
+            bias.mul_(ctx.decay).add_(grad.sum(1, dtype=bias.dtype), alpha=-ctx.lr)
+        return grad_x, None, None, None, None, None, None, None, None, None, None
 
 
 PenaltyStep = tuple[torch.Tensor, torch.Tensor | None]  # (M, N) of :func:`penalty_pre_step`
@@ -116,10 +129,10 @@ def _scaled_bmm(a: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
 
 
 def _add_relu_(h: torch.Tensor, bias: torch.Tensor | None) -> None:
-    """``h <- relu(h + bias)`` in one pass where torch has the fused kernel (CPU), else two."""
+    """``h <- relu(h + bias)`` in one pass where torch has the fused kernel (CPU, float32/64), else two."""
     if bias is None:
         h.clamp_min_(0)
-    elif h.is_cpu:
+    elif h.is_cpu and h.dtype != LOW:
         torch.ops.aten._add_relu_(h, bias.unsqueeze(1))
     else:
         h.add_(bias.unsqueeze(1)).clamp_min_(0)
@@ -154,6 +167,8 @@ class StackedNet:
 
     def __init__(self, model: nn.Module, hp: Hyper) -> None:
         self.lr, self.decay = hp.lr, 1.0 - hp.lr * hp.weight_decay
+        # bf16-mixed: bfloat16 copies of the fused weights and their products' buffers (kept by :meth:`stack`)
+        self.bf16 = Bf16Weights({}) if is_mixed(hp.precision) else None
         self.layers: list[tuple[str, nn.Module]] = model.stack_layers()
         self.head = model.head
         self.fused = {f"{name}.{p}" for name, m in self.layers if isinstance(m, nn.Linear) for p in ("weight", "bias")}
@@ -187,6 +202,8 @@ class StackedNet:
         already mapped instead of faulting in ~160 MB of fresh pages (64 MLP clients).
         """
         workspace = {} if workspace is None else workspace
+        if self.bf16 is not None:
+            self.bf16 = Bf16Weights(workspace)
         out = {}
         for k, v in global_params.items():
             buf = workspace.get(k)
@@ -247,6 +264,8 @@ class StackedNet:
                         h = h.contiguous(memory_format=torch.channels_last)
                 w = params[f"{name}.weight"]
                 bias = params.get(f"{name}.bias")
+                if self.bf16 is not None:  # bf16-mixed: the convolution in bfloat16, float32 weight gradients
+                    h, w, bias = h.to(LOW), w.to(LOW), None if bias is None else bias.to(LOW)
                 h = nn.functional.conv2d(h, w.reshape(-1, *w.shape[2:]), None if bias is None else bias.reshape(-1),
                                          module.stride, module.padding, module.dilation, groups=C)
             elif isinstance(module, nn.Flatten):
@@ -258,8 +277,8 @@ class StackedNet:
                 h = module(h)  # dropout (one independent mask over the whole stack) or max-pooling
             i += 1
         if isinstance(self.head, SharedHead):
-            return self._linear(params, "head", h, token, penalty, scale)
-        logits = torch.einsum("cbf,ctkf->cbtk", h, params["head.weight"])
+            return to_float(self._linear(params, "head", h, token, penalty, scale))
+        logits = to_float(torch.einsum("cbf,ctkf->cbtk", h, params["head.weight"].to(h.dtype)))
         if scale != 1.0:
             logits = logits * scale
         if "head.bias" in params:
@@ -283,7 +302,8 @@ class StackedNet:
                 dropout: Dropout | None = None) -> torch.Tensor:
         return FusedLinearSGD.apply(h, params[f"{name}.weight"], params.get(f"{name}.bias"), token, self.lr,
                                     self.decay, scale, relu, dropout,
-                                    (penalty.get(f"{name}.weight"), penalty.get(f"{name}.bias")))
+                                    (penalty.get(f"{name}.weight"), penalty.get(f"{name}.bias")),
+                                    None if self.bf16 is None else (self.bf16, name))
 
     def backward_and_step(self, loss: torch.Tensor, params: Params, token: torch.Tensor,
                           penalty: dict[str, PenaltyStep] | None = None) -> None:

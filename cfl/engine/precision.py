@@ -1,0 +1,157 @@
+"""Mixed precision training: bfloat16 matrix products over float32 master weights (``precision: bf16-mixed``).
+
+Mixed precision (Micikevicius et al., 2018, "Mixed Precision Training", with bfloat16 as in Kalamkar et al.,
+2019): the forward's and backward's matrix products and convolutions take bfloat16 operands and accumulate
+in float32; the weights they read are bfloat16 copies of float32 master weights, and every step lands on
+the float32 masters (a bfloat16 weight would drop any step below 2**-8 of its size). Losses and softmax,
+penalties, the SGD step, aggregation, the methods' server-side algebra (GPSE, GPM, SVD) and every metric
+stay float32. bfloat16 keeps float32's exponent range, so no loss scaling is needed.
+
+- vmap and sequential trainers: the model's forward runs under :func:`autocast` (torch's own cast lists:
+  products and convolutions in bfloat16); the logits come back as float32 for the loss.
+- stacked trainer (:mod:`cfl.engine.stacked_net`): its hand-written products cast through
+  :class:`Bf16Weights`, whose buffers a kept workspace holds across rounds.
+
+Where the hardware has no bfloat16 units (x86 without ``avx512_bf16``/``amx_bf16``, Arm without ``bf16``;
+a GPU for which ``torch.cuda.is_bf16_supported()`` is false) torch emulates the products: bf16-mixed still
+trains, but slower than float32, and :func:`warn_if_slow` says so once per process and device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cfl.schema import ConfigError
+
+#: the values of the ``precision`` config key (Lightning's spelling): float32 throughout, or bf16 products
+PRECISIONS: tuple[int | str, ...] = (32, "bf16-mixed")
+MIXED = "bf16-mixed"
+LOW = torch.bfloat16
+
+#: /proc/cpuinfo flags of CPUs with bfloat16 products in hardware (x86: AVX-512 BF16, AMX; Arm: BF16)
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+
+
+def parse_precision(value: Any, key: str = "precision") -> int | str:
+    """``32`` or ``"bf16-mixed"`` from a config value (``32`` may come as the string ``"32"``)."""
+    if value == 32 and not isinstance(value, (bool, float)) or value == "32":
+        return 32
+    if value == MIXED:
+        return MIXED
+    raise ConfigError(f"'{key}' must be 32 (float32) or bf16-mixed (bfloat16 products, float32 weights), "
+                      f"got {value!r}")
+
+
+def is_mixed(precision: int | str) -> bool:
+    return precision == MIXED
+
+
+@contextlib.contextmanager
+def autocast(precision: int | str, device: torch.device) -> Iterator[None]:
+    """torch's autocast to bfloat16 on ``device`` in bf16-mixed, nothing in float32."""
+    if not is_mixed(precision):
+        yield
+        return
+    with torch.autocast(device.type, dtype=LOW):
+        yield
+
+
+def to_float(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as float32 when it came out of a bfloat16 product (logits before the loss), else ``t``."""
+    return t.float() if t.dtype == LOW else t
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str] | None:
+    """The CPU's feature flags (x86 ``flags``, Arm ``Features``), or None where the file cannot be read."""
+    try:
+        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    flags: set[str] = set()
+    for line in text.splitlines():
+        name, sep, value = line.partition(":")
+        if sep and name.strip() in ("flags", "Features"):
+            flags.update(value.split())
+    return flags
+
+
+def has_bf16_units(device: torch.device) -> bool | None:
+    """Whether ``device`` multiplies bfloat16 in hardware (None: cannot tell)."""
+    if device.type == "cuda":
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+    flags = cpu_flags()
+    if flags is None:
+        return None
+    return any(f in flags for f in BF16_CPU_FLAGS)
+
+
+_warned: set[str] = set()
+
+
+def warn_if_slow(precision: int | str, device: torch.device) -> None:
+    """Warn once per device type when bf16-mixed runs where bfloat16 products are emulated (or may be)."""
+    if not is_mixed(precision) or device.type in _warned:
+        return
+    _warned.add(device.type)
+    units = _units(device.type)
+    if units:
+        return
+    if units is None:
+        why = "/proc/cpuinfo cannot be read, so whether this CPU multiplies bfloat16 in hardware is unknown"
+    elif device.type == "cuda":
+        why = "torch.cuda.is_bf16_supported() is false"
+    else:
+        why = "this CPU's flags list none of " + ", ".join(BF16_CPU_FLAGS)
+    warnings.warn(f"precision: bf16-mixed on {device.type}: {why}; torch then emulates the bfloat16 products and the "
+                  "run will be slower than with precision: 32 (the results are still bf16-mixed's)",
+                  RuntimeWarning, stacklevel=3)
+
+
+@functools.cache
+def _units(device_type: str) -> bool | None:
+    return has_bf16_units(torch.device(device_type))
+
+
+class Bf16Weights:
+    """bfloat16 copies of stacked float32 weights, and the float32 step from a bfloat16 product, in buffers
+    kept in ``workspace`` (a dict the caller keeps across rounds: no fresh pages each step).
+
+    A buffer is sized for the most clients it has served; a step of fewer clients (a prefix of the stack)
+    uses a prefix of it.
+    """
+
+    def __init__(self, workspace: dict[str, torch.Tensor]) -> None:
+        self.workspace = workspace
+
+    def _buffer(self, key: str, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        buf = self.workspace.get(key)
+        if buf is None or buf.shape[1:] != like.shape[1:] or buf.shape[0] < like.shape[0] or buf.dtype != dtype \
+                or buf.device != like.device:
+            buf = self.workspace[key] = torch.empty(like.shape, dtype=dtype, device=like.device)
+        return buf[: like.shape[0]]
+
+    def cast(self, key: str, weight: torch.Tensor) -> torch.Tensor:
+        """``weight`` (float32, contiguous) rounded to bfloat16, in the buffer ``key``."""
+        return self._buffer(f"bf16:{key}", weight, LOW).copy_(weight)
+
+    def step(self, key: str, weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, decay: float,
+             alpha: float) -> None:
+        """``weight <- decay * weight + alpha * a @ b`` in place on the float32 ``weight`` (what
+        ``weight.baddbmm_(a, b, beta=decay, alpha=alpha)`` does in float32), the product taken from
+        bfloat16 ``a``, ``b`` with float32 accumulation, rounded to bfloat16, then added in float32."""
+        low = self._buffer(f"bf16-grad:{key}", weight, LOW)
+        fold = decay != 1.0 and 1.0 - decay >= 1e-8  # smaller: alpha / (1 - decay) could overflow
+        scale = alpha / (1.0 - decay) if fold else alpha
+        torch.baddbmm(low, a, b, beta=0.0, alpha=scale, out=low)
+        full = self._buffer(f"bf16-grad-full:{key}", weight, weight.dtype).copy_(low)
+        if fold:  # decay * w + (1 - decay) * (alpha / (1 - decay)) * ab: one pass
+            weight.lerp_(full, 1.0 - decay)
+        else:
+            weight.mul_(decay).add_(full) if decay != 1.0 else weight.add_(full)
