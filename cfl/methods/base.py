@@ -138,8 +138,9 @@ class Method:
     def extra_loss(self, params: Params, x: torch.Tensor, task: torch.Tensor, server: State,
                    state: State) -> torch.Tensor:
         """Per-sample extra loss ``(B,)`` of the step's batch ``x`` (distillation, e.g. LwF); the engine averages
-        it over the real samples. A pure tensor function of ``params``."""
-        raise NotImplementedError
+        it over the real samples. A pure tensor function of ``params``. The engine calls it only where a method
+        overrides it (an override sends the run to the vmap path, said on stderr)."""
+        return x.new_zeros(x.shape[0])
 
     def gradient_projection(self, state: State) -> dict[str, torch.Tensor]:
         """Per parameter, an orthonormal basis ``(d, k)`` of the layer-input directions its local gradients
