@@ -20,8 +20,8 @@ from torch import nn
 
 from cfl.engine.state_budget import StateSizing
 from cfl.methods.base import ClientData, Event, Method
-from cfl.ops.layer_inputs import layer_grams
-from cfl.ops.subspace import energy_rank, extend_basis, gram_spectrum
+from cfl.ops.layer_inputs import HeldInputs, layer_inputs_or_grams
+from cfl.ops.subspace import energy_rank, extend_basis, gram_residual_spectrum, thin_residual_spectrum
 from cfl.schema import field
 from cfl.tensors import Params, State
 
@@ -35,16 +35,24 @@ class GPMHyperparams:
 
 def extend_from_gram(gram: torch.Tensor, basis: torch.Tensor | None, eps: float) -> torch.Tensor:
     """GPM step for one layer from ``A A^T``: keep the residual's top directions by the energy criterion."""
-    d = gram.shape[0]
-    gram = gram.double()
-    total = float(gram.trace())
-    if basis is not None and basis.shape[1] > 0:
-        outside = torch.eye(d, dtype=gram.dtype, device=gram.device) - basis.double() @ basis.double().T
-        gram = outside @ gram @ outside
-    ratio = float(gram.trace()) / total if total > 0 else 0.0
-    vectors, svals = gram_spectrum(gram)
+    return _extend(gram_residual_spectrum(gram, basis), basis, eps)
+
+
+def extend_from_inputs(inputs: torch.Tensor, basis: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """The same GPM step from ``A`` itself (d x n): the thin SVD of the residual, for clients with ``n < d``."""
+    return _extend(thin_residual_spectrum(inputs, basis), basis, eps)
+
+
+def extend_from_held(held: HeldInputs, basis: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """GPM step on one layer's inputs as the client holds them: thin (``n < d``) or as their Gram."""
+    return (extend_from_gram if held.is_gram else extend_from_inputs)(held.matrix, basis, eps)
+
+
+def _extend(spectrum: tuple[torch.Tensor, torch.Tensor, float], basis: torch.Tensor | None,
+            eps: float) -> torch.Tensor:
+    vectors, svals, ratio = spectrum
     have = 0 if basis is None else basis.shape[1]
-    k = min(energy_rank(svals, eps, ratio), d - have)
+    k = min(energy_rank(svals, eps, ratio), vectors.shape[0] - have)
     return extend_basis(basis, vectors[:, :k]).float()
 
 
@@ -70,7 +78,7 @@ class GPM(Method):
         if event != "task_end" or len(data.x) == 0:
             return
         eps = min(1.0, self.hparams.eps + data.task * self.hparams.eps_inc)
-        grams = layer_grams(model, params, data.x, data.task, self.run_info.protected, self.hparams.chunk)
+        held = layer_inputs_or_grams(model, params, data.x, data.task, self.run_info.protected, self.hparams.chunk)
         bases = state.setdefault("bases", {})
-        for name, gram in grams.items():
-            bases[name] = extend_from_gram(gram, bases.get(name), eps)
+        for name, inputs in held.items():
+            bases[name] = extend_from_held(inputs, bases.get(name), eps)

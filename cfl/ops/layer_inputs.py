@@ -9,6 +9,7 @@ pre-activation output (bias aside) for every column, which is what the projectio
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -90,3 +91,37 @@ def layer_grams(model: nn.Module, params: Params, x: torch.Tensor, task: int, pr
             a = a.double()
             grams[n] = grams[n] + a @ a.T if n in grams else a @ a.T
     return grams
+
+
+@dataclass
+class HeldInputs:
+    """One layer's inputs on one client: ``A`` itself (d x n, float64) while n < d, else ``A A^T`` (d x d)."""
+
+    matrix: torch.Tensor
+    is_gram: bool
+
+    def add(self, block: torch.Tensor) -> HeldInputs:
+        """These inputs with the columns ``block`` appended; turned into the Gram once ``n >= d``."""
+        block = block.double()
+        if self.is_gram:
+            return HeldInputs(self.matrix + block @ block.T, True)
+        return HeldInputs.of(torch.cat([self.matrix, block], 1))
+
+    @staticmethod
+    def of(inputs: torch.Tensor) -> HeldInputs:
+        """``inputs`` (d x n) held as they are if ``n < d``, else as their Gram."""
+        inputs = inputs.double()
+        if inputs.shape[1] < inputs.shape[0]:
+            return HeldInputs(inputs, False)
+        return HeldInputs(inputs @ inputs.T, True)
+
+
+def layer_inputs_or_grams(model: nn.Module, params: Params, x: torch.Tensor, task: int, protected: dict[str, str],
+                          chunk: int = 256, train_mode: bool = False) -> dict[str, HeldInputs]:
+    """``{param name: A}`` for layers with fewer input columns than d (a client with few samples), else
+    ``A A^T`` accumulated chunk by chunk as in :func:`layer_grams`: memory stays O(d * (d + chunk))."""
+    held: dict[str, HeldInputs] = {}
+    for block in iter_layer_inputs(model, params, x, task, protected, chunk, train_mode):
+        for n, a in block.items():
+            held[n] = held[n].add(a) if n in held else HeldInputs.of(a)
+    return held

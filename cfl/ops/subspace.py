@@ -86,3 +86,29 @@ def gram_spectrum(gram: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     evals, evecs = torch.linalg.eigh(gram.double())
     order = torch.argsort(evals, descending=True)
     return evecs[:, order], evals[order].clamp(min=0.0).sqrt()
+
+
+def gram_residual_spectrum(gram: torch.Tensor, basis: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(U, S) of the residual ``R = A - O O^T A`` from ``A A^T`` (d x d, eigh of ``R R^T``) and
+    ``r = ||R||^2 / ||A||^2``: GPM's (Saha et al. 2021) representation step, O(d^3)."""
+    gram = gram.double()
+    total = float(gram.trace())
+    if basis is not None and basis.shape[1] > 0:
+        outside = torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device) - basis.double() @ basis.double().T
+        gram = outside @ gram @ outside
+    vectors, svals = gram_spectrum(gram)
+    return vectors, svals, float(gram.trace()) / total if total > 0 else 0.0
+
+
+def thin_residual_spectrum(inputs: torch.Tensor, basis: torch.Tensor | None
+                           ) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """As :func:`gram_residual_spectrum` from ``A`` itself (d x n): thin SVD of ``R``, O(d n^2 + d k n).
+
+    ``U`` (d x n) holds the left singular vectors of ``R``, the eigenvectors of ``R R^T`` with nonzero
+    eigenvalue, so for ``n < d`` it gives the same directions and the same energy criterion for less work.
+    """
+    inputs = inputs.double()
+    rest = residual(inputs, None if basis is None else basis.double())
+    total = float((inputs ** 2).sum())
+    u, s, _ = torch.linalg.svd(rest, full_matrices=False)
+    return u, s, float((rest ** 2).sum()) / total if total > 0 else 0.0

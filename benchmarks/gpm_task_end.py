@@ -1,0 +1,57 @@
+"""GPM+FL's task end per client: milliseconds of ``GPM.client_end`` against the client's sample count.
+
+The Permuted-MNIST reference MLP (784-400-400-400-10, protected layers d = 784, 400, 400), Gaussian inputs
+(the cost depends on the shapes, not the values). Per sample count: a client's first task end (no basis)
+and its second (on new samples, with the basis of the first), each timed ``--repeats`` times on fresh
+states; prints one JSON line per sample count with the medians in ms and the basis widths after each.
+
+    python benchmarks/gpm_task_end.py [--samples 6 60 480] [--repeats 5] [--eps 0.96]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from cfl.methods.base import ClientData, RunInfo
+from cfl.methods.gpm import GPM, GPMHyperparams
+from cfl.models import ModelShape, build_model
+from cfl.models.layers import protected_layers
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--samples", type=int, nargs="+", default=[6, 60, 480])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--eps", type=float, default=0.96)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    model = build_model("mlp", ModelShape((1, 28, 28), 10, 2, False))
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    info = RunInfo(num_tasks=2, scenario="domain", num_clients=1, clients_per_round=1, seed=0, model=model,
+                   protected=protected_layers(model))
+    gpm = GPM(GPMHyperparams(eps=args.eps), info)
+    gen = torch.Generator()
+    for n in args.samples:
+        data = [ClientData(torch.randn(n, 1, 28, 28), torch.zeros(n, dtype=torch.long), t) for t in range(2)]
+        times: list[list[float]] = [[], []]
+        widths: list[dict[str, int]] = [{}, {}]
+        for _ in range(args.repeats):
+            state: dict = {}
+            for t in range(2):
+                start = time.perf_counter()
+                gpm.client_end("task_end", model, params, data[t], state, {}, gen)
+                times[t].append(time.perf_counter() - start)
+                widths[t] = {k: b.shape[1] for k, b in state["bases"].items()}
+        print(json.dumps({"samples": n, "first_task_end_ms": round(1000 * statistics.median(times[0]), 1),
+                          "second_task_end_ms": round(1000 * statistics.median(times[1]), 1),
+                          "k_first": widths[0], "k_second": widths[1], "threads": torch.get_num_threads(),
+                          "torch": torch.__version__}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
