@@ -100,15 +100,20 @@ def gram_residual_spectrum(gram: torch.Tensor, basis: torch.Tensor | None) -> tu
     return vectors, svals, float(gram.trace()) / total if total > 0 else 0.0
 
 
-def thin_residual_spectrum(inputs: torch.Tensor, basis: torch.Tensor | None
+def thin_residual_spectrum(inputs: torch.Tensor, basis: torch.Tensor | None, floor: float = 1e-6
                            ) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """As :func:`gram_residual_spectrum` from ``A`` itself (d x n): thin SVD of ``R``, O(d n^2 + d k n).
+    """As :func:`gram_residual_spectrum` from ``A`` itself (d x n): eigh of the n x n ``R^T R = V S^2 V^T``,
+    ``U = R V S^-1``, O(d n^2 + n^3): for ``n < d`` the same directions and energy criterion for less work.
 
-    ``U`` (d x n) holds the left singular vectors of ``R``, the eigenvectors of ``R R^T`` with nonzero
-    eigenvalue, so for ``n < d`` it gives the same directions and the same energy criterion for less work.
+    Directions with ``S_j <= floor * S_1`` (under ``floor^2`` of the top energy, where eigh's rounding of
+    ``R^T R`` lies) are left out; those the ``d x d`` path would add there span noise.
     """
     inputs = inputs.double()
     rest = residual(inputs, None if basis is None else basis.double())
-    total = float((inputs ** 2).sum())
-    u, s, _ = torch.linalg.svd(rest, full_matrices=False)
-    return u, s, float((rest ** 2).sum()) / total if total > 0 else 0.0
+    total = float((inputs * inputs).sum())
+    evals, evecs = torch.linalg.eigh(rest.T @ rest)
+    order = torch.argsort(evals, descending=True)
+    svals = evals[order].clamp(min=0.0).sqrt()
+    live = svals > floor * svals[0]  # none when R = 0
+    vectors = (rest @ evecs[:, order[live]]) / svals[live]
+    return vectors, svals[live], float((rest * rest).sum()) / total if total > 0 else 0.0
