@@ -3,9 +3,11 @@
 The Permuted-MNIST reference MLP (784-400-400-400-10, protected layers d = 784, 400, 400), Gaussian inputs
 (the cost depends on the shapes, not the values). Per sample count: a client's first task end (no basis)
 and its second (on new samples, with the basis of the first), each timed ``--repeats`` times on fresh
-states; prints one JSON line per sample count with the medians in ms and the basis widths after each.
+states after one untimed pass (the first calls of a process warm up the BLAS threads); prints one JSON
+line per sample count with the medians in ms and the basis widths after each. ``--threads 1`` gives
+steadier figures on a machine shared with other jobs.
 
-    python benchmarks/gpm_task_end.py [--samples 6 60 480] [--repeats 5] [--eps 0.96]
+    python benchmarks/gpm_task_end.py [--samples 6 60 480] [--repeats 5] [--eps 0.96] [--threads N]
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ def main() -> None:
     ap.add_argument("--samples", type=int, nargs="+", default=[6, 60, 480])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--eps", type=float, default=0.96)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     args = ap.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = build_model("mlp", ModelShape((1, 28, 28), 10, 2, False))
     params = {k: v.detach() for k, v in model.named_parameters()}
@@ -40,13 +45,14 @@ def main() -> None:
         data = [ClientData(torch.randn(n, 1, 28, 28), torch.zeros(n, dtype=torch.long), t) for t in range(2)]
         times: list[list[float]] = [[], []]
         widths: list[dict[str, int]] = [{}, {}]
-        for _ in range(args.repeats):
+        for _ in range(args.repeats + 1):
             state: dict = {}
             for t in range(2):
                 start = time.perf_counter()
                 gpm.client_end("task_end", model, params, data[t], state, {}, gen)
                 times[t].append(time.perf_counter() - start)
                 widths[t] = {k: b.shape[1] for k, b in state["bases"].items()}
+        times = [t[1:] for t in times]
         print(json.dumps({"samples": n, "first_task_end_ms": round(1000 * statistics.median(times[0]), 1),
                           "second_task_end_ms": round(1000 * statistics.median(times[1]), 1),
                           "k_first": widths[0], "k_second": widths[1], "threads": torch.get_num_threads(),
