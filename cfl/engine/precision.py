@@ -10,7 +10,8 @@ stay float32. bfloat16 keeps float32's exponent range, so no loss scaling is nee
 - vmap and sequential trainers: the model's forward runs under :func:`autocast` (torch's own cast lists:
   products and convolutions in bfloat16); the logits come back as float32 for the loss.
 - stacked trainer (:mod:`cfl.engine.stacked_net`): its hand-written products cast through
-  :class:`Bf16Weights`, whose buffers a kept workspace holds across rounds.
+  :class:`Bf16Weights`, whose buffers a kept workspace holds across rounds; each step updates the float32
+  weight and writes its bfloat16 copy in one compiled pass (:mod:`cfl.engine.bf16_step`).
 
 Where the hardware has no bfloat16 units (x86 without ``avx512_bf16``/``amx_bf16``, Arm without ``bf16``;
 a GPU for which ``torch.cuda.is_bf16_supported()`` is false) torch emulates the products: bf16-mixed still
