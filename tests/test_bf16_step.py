@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 import torch
+import torch._dynamo
 from torch._dynamo.utils import counters
 
 from cfl.engine import bf16_step
@@ -81,12 +82,16 @@ def test_one_compilation_serves_every_shape_and_scalar():
     assert counters["stats"]["unique_graphs"] == graphs
 
 
-@pytest.mark.parametrize("how", ["raises", "wrong"])
+@pytest.mark.parametrize("how", ["raises", "wrong", "disabled"])
 def test_without_a_compiled_pass_the_eager_step_runs_and_says_so_once(monkeypatch, how):
-    """torch.compile raising (no C++ compiler, say), or a compiled pass that fails the check on first use."""
+    """torch.compile raising (no C++ compiler, say: the wrapped error's first line is named), a compiled pass
+    that fails the check on first use, or torch.compile disabled (it would run the pass eagerly, unvectorised)."""
     def broken(fn, **kwargs):  # noqa: ANN001, ANN003, ARG001
         if how == "raises":
-            raise RuntimeError("no working C++ compiler found\nmore lines")
+            try:
+                raise RuntimeError("no working C++ compiler found\nmore lines")
+            except RuntimeError as e:
+                raise ValueError("backend='inductor' raised:") from e
         return lambda *_: None  # writes nothing: the check's step differs
     monkeypatch.setattr(bf16_step, "_kernels", {})
     monkeypatch.setattr(torch, "compile", broken)
@@ -95,12 +100,14 @@ def test_without_a_compiled_pass_the_eager_step_runs_and_says_so_once(monkeypatc
     with monkeypatch.context() as m:
         _eager(m)
         Bf16Weights({}).step("fc", expected, a, b, 0.99, -0.1)
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, torch._dynamo.config.patch(disable=how == "disabled"):
         warnings.simplefilter("always")
         Bf16Weights({}).step("fc", w, a, b, 0.99, -0.1)
         Bf16Weights({}).step("fc", w.clone(), a, b, 0.99, -0.1)
     lines = [str(c.message) for c in caught if issubclass(c.category, RuntimeWarning)]
     assert len(lines) == 1 and "could not be compiled" in lines[0] and "eager passes" in lines[0]
-    assert ("no working C++ compiler found" in lines[0]) == (how == "raises")
+    assert ("ValueError: backend='inductor' raised (RuntimeError: no working C++ compiler found)" in lines[0]) \
+        == (how == "raises")
+    assert ("torch.compile is disabled" in lines[0]) == (how == "disabled")
     assert "more lines" not in lines[0]
     assert torch.equal(w, expected)

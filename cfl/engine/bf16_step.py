@@ -12,8 +12,9 @@ compiled by ``torch.compile`` (Inductor) on flat 1-D views with dynamic shapes: 
 process and device type serves every layer and client count. It is checked once against the eager
 formula on a small tensor before it is used.
 
-Where it cannot be compiled (no C++ compiler, ``torch.compile`` raises, the check fails) :func:`step_cast`
-returns False and the caller takes the eager passes; a warning says so and why, once per device type.
+Where it cannot be compiled (no C++ compiler, ``torch.compile`` raises or is disabled, the check fails)
+:func:`step_cast` returns False and the caller takes the eager passes; a warning says so and why, once per
+device type.
 """
 
 from __future__ import annotations
@@ -52,18 +53,41 @@ def _kernel(device: torch.device) -> Callable | None:
         return _kernels[device.type]
     kernel: Callable | None = None
     try:
-        compiled = torch.compile(_step_cast, dynamic=True, fullgraph=True)
-        why = _check(compiled, device)
+        why = _refusal()
         if why is None:
-            kernel = compiled
+            compiled = torch.compile(_step_cast, dynamic=True, fullgraph=True)
+            why = _check(compiled, device)
+            kernel = compiled if why is None else None
     except Exception as e:  # noqa: BLE001 - any compiler failure means the eager passes, said below
-        why = f"torch.compile raised {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        why = f"torch.compile raised {_first_line(e)}"
     _kernels[device.type] = kernel
     if kernel is None:
         warnings.warn(f"precision: bf16-mixed on {device.type}: the fused float32 step and bfloat16 copy could not "
                       f"be compiled ({why}); the step runs as eager passes (about twice the memory traffic: slower, "
                       "the same numerics up to float32 rounding)", RuntimeWarning, stacklevel=2)
     return kernel
+
+
+def _first_line(e: BaseException) -> str:
+    """``Type: first line`` of ``e``, and of the error inside it where it wraps one (Inductor's
+    ``BackendCompilerFailed`` says only which backend raised on its first line), at most 300 characters."""
+    inner = getattr(e, "inner_exception", None) or e.__cause__
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    text = f"{type(e).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    if inner is not None and inner is not e:
+        text += f" ({_first_line(inner)})"
+    return text[:300]
+
+
+def _refusal() -> str | None:
+    """Why torch.compile would run ``_step_cast`` eagerly here (None: it compiles): disabled, or no Dynamo."""
+    import torch._dynamo  # here: importing it costs every process, bf16-mixed or not
+
+    if torch._dynamo.config.disable:
+        return "torch.compile is disabled (TORCH_COMPILE_DISABLE or torch._dynamo.config.disable)"
+    if not torch._dynamo.is_dynamo_supported():
+        return "torch.compile does not support this Python"
+    return None
 
 
 def _check(kernel: Callable, device: torch.device) -> str | None:
