@@ -19,8 +19,10 @@ device type.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -55,8 +57,9 @@ def _kernel(device: torch.device) -> Callable | None:
     try:
         why = _refusal()
         if why is None:
-            compiled = torch.compile(_step_cast, dynamic=True, fullgraph=True)
-            why = _check(compiled, device)
+            with _quiet_cuda_home():
+                compiled = torch.compile(_step_cast, dynamic=True, fullgraph=True)
+                why = _check(compiled, device)
             kernel = compiled if why is None else None
     except Exception as e:  # noqa: BLE001 - any compiler failure means the eager passes, said below
         why = f"torch.compile raised {_first_line(e)}"
@@ -66,6 +69,20 @@ def _kernel(device: torch.device) -> Callable | None:
                       f"be compiled ({why}); the step runs as eager passes (about twice the memory traffic: slower, "
                       "the same numerics up to float32 rounding)", RuntimeWarning, stacklevel=2)
     return kernel
+
+
+@contextlib.contextmanager
+def _quiet_cuda_home() -> Iterator[None]:
+    """Without torch's "No CUDA runtime is found, using CUDA_HOME=..." line, which a CUDA build of torch logs
+    when Inductor first imports ``torch.utils.cpp_extension`` on a machine without a GPU: the pass compiles
+    for the CPU and needs no CUDA."""
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _first_line(e: BaseException) -> str:
