@@ -139,10 +139,24 @@ def test_store_choice_and_the_disk_refusal(tmp_path, monkeypatch):
     assert state_budget.choose_store("auto", state_budget.MEMORY_BYTES + 1) == "disk"
     assert state_budget.choose_store("memory", 10**15) == "memory"
     assert state_budget.choose_store("disk", 0) == "disk"
-    state_budget.check_disk(tmp_path / "run", {"ewc": 125 * 5_110_000}, 125)  # 0.6 GB fits
+    def sizing(clients: int, tasks: int, rounds_per_task: int = 2) -> state_budget.StateSizing:
+        return state_budget.StateSizing(model_bytes=2_555_240, sample_bytes=3136, samples_per_client=6.0,
+                                        num_clients=clients, num_tasks=tasks, rounds=tasks * rounds_per_task,
+                                        clients_per_round=20, protected={})
+
+    state_budget.check_disk(tmp_path / "run", {"ewc": 125 * 5_110_000}, sizing(125, 10))  # 0.6 GB fits
     monkeypatch.setattr(state_budget, "free_bytes", lambda _: 20 * 10**9)
     with pytest.raises(ConfigError, match=r"ewc ~5.11 MB per client.*51.1 GB.*needs up to 103.3 GB.*20.0 GB free"):
-        state_budget.check_disk(tmp_path / "run", {"ewc": 10_000 * 5_110_000, "fedprox": 0}, 10_000)
+        state_budget.check_disk(tmp_path / "run", {"ewc": 10_000 * 5_110_000, "fedprox": 0}, sizing(10_000, 10))
+    # two tasks: one task end writes every client once; dead records only from the 4 rounds' 20 clients
+    total = 10_000 * 5_110_000
+    assert state_budget.disk_need(total, sizing(10_000, 2)) == total + 4 * 20 * 5_110_000 + state_budget.SEGMENT_BYTES
+    assert state_budget.disk_need(total, sizing(10_000, 3)) == 2 * total + state_budget.SEGMENT_BYTES
+    assert state_budget.disk_need(1000, sizing(10, 10)) == 2 * 1000 + 1000  # a segment no larger than the state
+    monkeypatch.setattr(state_budget, "free_bytes", lambda _: 60 * 10**9)
+    state_budget.check_disk(tmp_path / "run", {"ewc": total}, sizing(10_000, 2))  # 52.6 GB fits in 60
+    with pytest.raises(ConfigError, match=r"needs up to 103.3 GB.*over 3 tasks and 6 rounds"):
+        state_budget.check_disk(tmp_path / "run", {"ewc": total}, sizing(10_000, 3))
 
 
 def test_the_last_clients_states_are_kept_and_older_ones_read_again(tmp_path):

@@ -10,7 +10,8 @@ stay float32. bfloat16 keeps float32's exponent range, so no loss scaling is nee
 - vmap and sequential trainers: the model's forward runs under :func:`autocast` (torch's own cast lists:
   products and convolutions in bfloat16); the logits come back as float32 for the loss.
 - stacked trainer (:mod:`cfl.engine.stacked_net`): its hand-written products cast through
-  :class:`Bf16Weights`, whose buffers a kept workspace holds across rounds.
+  :class:`Bf16Weights`, whose buffers a kept workspace holds across rounds; each step updates the float32
+  weight and writes its bfloat16 copy in one compiled pass (:mod:`cfl.engine.bf16_step`).
 
 Where the hardware has no bfloat16 units (x86 without ``avx512_bf16``/``amx_bf16``, Arm without ``bf16``;
 a GPU for which ``torch.cuda.is_bf16_supported()`` is false) torch emulates the products: bf16-mixed still
@@ -28,6 +29,7 @@ from typing import Any
 
 import torch
 
+from cfl.engine.bf16_step import step_cast
 from cfl.schema import ConfigError
 
 #: the values of the ``precision`` config key (Lightning's spelling): float32 throughout, or bf16 products
@@ -124,11 +126,15 @@ class Bf16Weights:
     kept in ``workspace`` (a dict the caller keeps across rounds: no fresh pages each step).
 
     A buffer is sized for the most clients it has served; a step of fewer clients (a prefix of the stack)
-    uses a prefix of it.
+    uses a prefix of it. A step writes the stepped weight's bfloat16 copy too (:mod:`cfl.engine.bf16_step`),
+    which the next :meth:`cast` of that weight returns as it is, unless the weight changed since.
     """
 
     def __init__(self, workspace: dict[str, torch.Tensor]) -> None:
         self.workspace = workspace
+        #: per key, the weight whose copy a step wrote: (data_ptr, clients, trailing shape, version), and
+        #: the copy's version; a weight of that storage, at most that many clients and unchanged, has it
+        self._fresh: dict[str, tuple[tuple[int, int, torch.Size, int], int]] = {}
 
     def _buffer(self, key: str, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         buf = self.workspace.get(key)
@@ -138,18 +144,39 @@ class Bf16Weights:
         return buf[: like.shape[0]]
 
     def cast(self, key: str, weight: torch.Tensor) -> torch.Tensor:
-        """``weight`` (float32, contiguous) rounded to bfloat16, in the buffer ``key``."""
-        return self._buffer(f"bf16:{key}", weight, LOW).copy_(weight)
+        """``weight`` (float32, contiguous) rounded to bfloat16, in the buffer ``key``: copied, unless the last
+        :meth:`step` of ``key`` wrote it and neither the weight nor the copy changed since."""
+        buf = self._buffer(f"bf16:{key}", weight, LOW)
+        fresh = self._fresh.pop(key, None)
+        if fresh is not None:
+            (ptr, clients, trailing, version), copy_version = fresh
+            if weight.data_ptr() == ptr and weight.shape[0] <= clients and weight.shape[1:] == trailing \
+                    and weight._version == version and buf._version == copy_version:
+                self._fresh[key] = fresh
+                return buf
+        return buf.copy_(weight)
 
     def step(self, key: str, weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, decay: float,
              alpha: float) -> None:
         """``weight <- decay * weight + alpha * a @ b`` in place on the float32 ``weight`` (what
-        ``weight.baddbmm_(a, b, beta=decay, alpha=alpha)`` does in float32), the product taken from
-        bfloat16 ``a``, ``b`` with float32 accumulation, rounded to bfloat16, then added in float32."""
+        ``weight.baddbmm_(a, b, beta=decay, alpha=alpha)`` does in float32), and its bfloat16 copy for the
+        next :meth:`cast`. The product is taken from bfloat16 ``a``, ``b`` with float32 accumulation as
+        ``scale * a @ b`` and rounded once to bfloat16; the step is float32 master-weight math on it:
+        ``decay * w + (1 - decay) * product`` with ``scale = alpha / (1 - decay)`` (decay folded into the
+        product), or ``decay * w + product`` with ``scale = alpha`` where ``1 - decay`` is 0 or below 1e-8.
+        One compiled pass (:func:`cfl.engine.bf16_step.step_cast`) writes the weight and its copy; where it
+        cannot be compiled, eager passes (the product into a float32 buffer, ``lerp_``; the next
+        :meth:`cast` copies), equal to float32 rounding."""
         low = self._buffer(f"bf16-grad:{key}", weight, LOW)
         fold = decay != 1.0 and 1.0 - decay >= 1e-8  # smaller: alpha / (1 - decay) could overflow
         scale = alpha / (1.0 - decay) if fold else alpha
         torch.baddbmm(low, a, b, beta=0.0, alpha=scale, out=low)
+        self._fresh.pop(key, None)
+        copy = self._buffer(f"bf16:{key}", weight, LOW)
+        if step_cast(weight, low, copy, decay, 1.0 - decay if fold else 1.0):
+            self._fresh[key] = ((weight.data_ptr(), weight.shape[0], weight.shape[1:], weight._version),
+                                copy._version)
+            return
         full = self._buffer(f"bf16-grad-full:{key}", weight, weight.dtype).copy_(low)
         if fold:  # decay * w + (1 - decay) * (alpha / (1 - decay)) * ab: one pass
             weight.lerp_(full, 1.0 - decay)

@@ -79,8 +79,7 @@ def build_stores(cfg: Config, sizing: StateSizing, methods: list[Method], state_
     temporary = state_dir is None
     root = Path(tempfile.mkdtemp(prefix="cfl-client-states-")) if temporary else Path(state_dir)
     try:
-        state_budget.check_disk(root, {m.name: e or 0 for m, e in zip(methods, estimates, strict=True)},
-                                cfg.num_clients)
+        state_budget.check_disk(root, {m.name: e or 0 for m, e in zip(methods, estimates, strict=True)}, sizing)
     except BaseException:
         if temporary:
             shutil.rmtree(root, ignore_errors=True)
