@@ -39,7 +39,7 @@ def extend_from_gram(gram: torch.Tensor, basis: torch.Tensor | None, eps: float)
 
 
 def extend_from_inputs(inputs: torch.Tensor, basis: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """The same GPM step from ``A`` itself (d x n): the thin SVD of the residual, for clients with ``n < d``."""
+    """The same GPM step from ``A`` itself (d x n), through the residual's n x n Gram, for clients with ``n < d``."""
     return _extend(thin_residual_spectrum(inputs, basis), basis, eps)
 
 
