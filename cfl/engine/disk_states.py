@@ -10,10 +10,11 @@ the same interface as the in-memory store (``get``, ``put``, ``ids``, ``len``, `
   length)`` at it; the client's previous record becomes dead bytes. ``get`` reads one record with one
   ``pread`` into a buffer its tensors are views of: memory is bounded by the states in use, not by the
   number of clients (the index costs ~100 bytes a client).
-- Writes are flushed to disk every ``SYNC_BYTES`` (a task end rewrites every client), and ``state_dict``
-  fsyncs what was written since the last call and returns the *manifest*: the index as two
-  int64 tensors (40 bytes a client). It goes into ``checkpoint.pt``, which is replaced atomically, so a
-  checkpoint and the records it names are committed together; a checkpoint rewrites no client state.
+- Writes are flushed to disk every ``SYNC_BYTES`` and a full segment when it is sealed (a task end rewrites
+  every client), and ``state_dict`` fsyncs what was written since the last call (at most ``SYNC_BYTES``
+  are left) and returns the *manifest*: the index as two int64 tensors (40 bytes a client). It goes into
+  ``checkpoint.pt``, which is replaced atomically, so a checkpoint and the records it names are committed
+  together; a checkpoint rewrites no client state.
 - ``committed`` (called once the checkpoint holding the last manifest is durable) deletes segment files that
   neither the live index nor that manifest reference. Until then nothing a durable checkpoint may name is
   deleted or overwritten (segments are only appended to), so a SIGKILL at any moment, in a write included,
@@ -46,7 +47,7 @@ from cfl.engine.state_codec import decode, encode
 
 State = dict[str, Any]
 SEGMENT_BYTES = 1 << 30
-SYNC_BYTES = 256 << 20  # written bytes flushed to disk as they accumulate, so a checkpoint waits for few
+SYNC_BYTES = 32 << 20  # written bytes flushed to disk as they accumulate, so a checkpoint waits for few
 COMPACT_MIN_BYTES = 64 << 20
 MANIFEST_FORMAT = 1
 _IOV_MAX = 512
@@ -326,8 +327,11 @@ class DiskClientStates:
             self._next = max(_segment_files(self.root), default=0) + 1
         seg, self._next = self._next, self._next + 1
         if self._active is not None and self._active in self._fds:  # reopen the sealed one read-only on use
+            if self._unsynced:  # seal it durable now: the next checkpoint waits only for the active one's tail
+                os.fdatasync(self._fds[self._active])
+                self._dirty.discard(self._active)
             os.close(self._fds.pop(self._active))
-        self._unsynced = 0  # the sealed segment stays dirty until the next state_dict
+        self._unsynced = 0
         self._fds[seg] = os.open(self.root / _segment_name(seg), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
         self._active, self._size[seg], self._live[seg], self._new_files = seg, 0, 0, True
 
