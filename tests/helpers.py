@@ -24,3 +24,15 @@ def layer_inputs(model: nn.Module, params: Params, x: torch.Tensor, task: int, p
         for n, a in block.items():
             parts[n].append(a)
     return {n: torch.cat(p, 1) for n, p in parts.items() if p}
+
+
+class TwoLayerNet(nn.Module):
+    """Bias-free ``in -> hidden -> out`` ReLU net (as GPM's MLP), so projected weight steps are the only change."""
+
+    def __init__(self, inputs: int = 8, hidden: int = 6, outputs: int = 3) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(inputs, hidden, bias=False)
+        self.fc2 = nn.Linear(hidden, outputs, bias=False)
+
+    def forward(self, x: torch.Tensor, task: torch.Tensor) -> torch.Tensor:  # noqa: ARG002
+        return self.fc2(torch.relu(self.fc1(x)))

@@ -12,6 +12,7 @@ from cfl.methods.gpm import GPM, GPMHyperparams, extend_from_gram
 from cfl.metrics.results import method_stats
 from cfl.validation import from_dict
 from tests.conftest import make_stream, run_both_paths
+from tests.helpers import TwoLayerNet
 
 
 def _low_rank(d: int, energies: list[float], n: int, seed: int = 0) -> torch.Tensor:
@@ -32,17 +33,6 @@ def test_basis_grows_per_the_threshold():
     assert (a.float() - second @ (second.T @ a.float())).norm() < 1e-4 * a.norm()
 
 
-class _Net(nn.Module):
-    """Bias-free two-layer net (as GPM's MLP), so projected weight steps are the only change."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(8, 6, bias=False)
-        self.fc2 = nn.Linear(6, 3, bias=False)
-
-    def forward(self, x: torch.Tensor, task: torch.Tensor) -> torch.Tensor:  # noqa: ARG002
-        return self.fc2(torch.relu(self.fc1(x)))
-
 
 def _gpm(model: nn.Module, eps: float) -> GPM:
     info = RunInfo(num_tasks=2, scenario="domain", num_clients=2, clients_per_round=2, seed=0, model=model,
@@ -52,7 +42,7 @@ def _gpm(model: nn.Module, eps: float) -> GPM:
 
 def test_projected_gradients_are_orthogonal_to_the_basis_and_old_outputs_stay():
     torch.manual_seed(0)
-    model = _Net()
+    model = TwoLayerNet()
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     x_old = _low_rank(8, [4.0, 2.0, 1.0], 30, seed=1).T * 5  # old inputs span 3 of 8 dims
     gpm = _gpm(model, eps=0.99999)
@@ -75,7 +65,7 @@ def test_projected_gradients_are_orthogonal_to_the_basis_and_old_outputs_stay():
 
 
 def test_stack_states_zero_pads_ragged_bases():
-    gpm = _gpm(_Net(), eps=0.9)
+    gpm = _gpm(TwoLayerNet(), eps=0.9)
     b2 = torch.linalg.qr(torch.randn(8, 2))[0]
     b3 = torch.linalg.qr(torch.randn(8, 3))[0]
     stacked = stack_states([{"bases": {"fc1.weight": b2}}, {"bases": {"fc1.weight": b3}}, {}], gpm.ragged)["bases"]

@@ -2,12 +2,12 @@
 
 import pytest
 import torch
-from torch import nn
 
 from cfl.methods.base import ClientData, RunInfo
 from cfl.methods.gpm import GPM, GPMHyperparams, extend_from_gram, extend_from_held, extend_from_inputs
 from cfl.ops.layer_inputs import HeldInputs, layer_grams, layer_inputs_or_grams
 from cfl.ops.subspace import gram_residual_spectrum, thin_residual_spectrum
+from tests.helpers import TwoLayerNet
 
 
 def _projector(basis: torch.Tensor) -> torch.Tensor:
@@ -72,21 +72,10 @@ def test_duplicate_samples_add_no_directions_on_either_path():
     assert extend_from_inputs(dup, None, 1.0).shape == (9, 3)
 
 
-class _Net(nn.Module):
-    """fc1: d = 8 inputs; fc2: d = 20 hidden units. With 10 samples fc1 has n >= d, fc2 n < d."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(8, 20, bias=False)
-        self.fc2 = nn.Linear(20, 3, bias=False)
-
-    def forward(self, x: torch.Tensor, task: torch.Tensor) -> torch.Tensor:  # noqa: ARG002
-        return self.fc2(torch.relu(self.fc1(x)))
-
 
 def test_inputs_are_held_thin_below_d_and_as_the_gram_from_d_on():
     torch.manual_seed(0)
-    net = _Net()
+    net = TwoLayerNet(hidden=20)  # fc1: d = 8, fc2: d = 20; with 10 samples fc1 has n >= d, fc2 n < d
     params = dict(net.named_parameters())
     protected = {"fc1.weight": "linear", "fc2.weight": "linear"}
     x = torch.randn(10, 8)
@@ -101,7 +90,7 @@ def test_inputs_are_held_thin_below_d_and_as_the_gram_from_d_on():
 
 def test_client_end_keeps_the_bases_of_the_gram_path_on_both_branches():
     torch.manual_seed(0)
-    net = _Net()
+    net = TwoLayerNet(hidden=20)
     params = {k: v.detach() for k, v in net.named_parameters()}
     protected = {"fc1.weight": "linear", "fc2.weight": "linear"}
     info = RunInfo(num_tasks=2, scenario="domain", num_clients=1, clients_per_round=1, seed=0, model=net,
