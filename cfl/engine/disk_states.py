@@ -25,7 +25,7 @@ the same interface as the in-memory store (``get``, ``put``, ``ids``, ``len``, `
   or at the next ``committed`` where the committed manifest still names them. Disk use stays below about
   twice the live states plus one segment.
 - The last ``cache_clients`` states given out or put are kept as they are (the runner sets it to the clients
-  of a round, which the round reads twice), and a ``put`` of such a dict whose tensors are the same objects
+  of a round, which a round may read twice), and a ``put`` of such a dict whose tensors are the same objects
   at the same version (torch counts in-place writes) and whose other values are equal writes nothing: a
   method that only reads its state during a round costs one read per sampled client.
 
@@ -136,8 +136,8 @@ class DiskClientStates:
     def get(self, cid: int) -> State:
         """The client's state (``{}`` for a client without one); write changes back with ``put``. One of the
         last ``cache_clients`` clients gets the very dict it was last given or put (as the memory store does:
-        a round reads its clients' states twice, for training and for ``client_end``); others are read from
-        disk."""
+        a round reads its clients' states for training and, for methods acting after rounds, ``client_end``);
+        others are read from disk."""
         cid = int(cid)
         if cid in self._cache:
             self._cache.move_to_end(cid)

@@ -28,7 +28,16 @@ from cfl.engine.server import Server
 from cfl.engine.snapshot import Progress, RunSnapshot
 from cfl.engine.state_stores import build_stores, sizing_of
 from cfl.methods import METHODS
-from cfl.methods.base import ClientData, Event, Method, MethodState, RunInfo, overrides, takes_part_at_task_end
+from cfl.methods.base import (
+    ClientData,
+    Event,
+    Method,
+    MethodState,
+    RunInfo,
+    acts_after_rounds,
+    overrides,
+    takes_part_at_task_end,
+)
 from cfl.metrics import client_forgetting
 from cfl.metrics.comm import CommLedger, nbytes, task_end_model_line
 from cfl.metrics.matrix import empty_matrix
@@ -166,7 +175,7 @@ class Runner:
         rows = keep.nonzero().flatten().tolist()
         for i, m in enumerate(self.methods):
             uploads: dict[int, Any] = {}
-            if overrides(m, "client_end"):
+            if acts_after_rounds(m):
                 for job, row in zip(jobs, rows, strict=True):
                     client_params = {k: v[row] for k, v in trained.items()}
                     cdata = ClientData(data.train_x, data.train_y, self.progress.task, rows=job.indices)

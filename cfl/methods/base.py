@@ -26,6 +26,7 @@ from cfl.engine.state_budget import StateSizing
 from cfl.tensors import Params, State
 
 Event = Literal["round", "task_end"]
+EVENTS: tuple[Event, ...] = ("round", "task_end")
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,15 @@ class Method:
     #: whether the task-end participants download the task's final global model (counted in
     #: ``download_bytes`` and on the line ``method_stats.<name>.task_end_model_download_bytes``)
     downloads_model_at_task_end: ClassVar[bool] = True
+    #: the events whose ``client_end`` the method acts on; the engine calls it for those only (a method that
+    #: acts at task ends only costs its rounds nothing: no state read, no call per client)
+    client_events: ClassVar[tuple[Event, ...]] = ("round", "task_end")
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        unknown = [e for e in cls.client_events if e not in EVENTS]
+        if unknown:
+            raise TypeError(f"{cls.__name__}.client_events lists {unknown}; the events are {list(EVENTS)}")
 
     def __init__(self, hparams: Any, run_info: RunInfo) -> None:
         self.hparams = hparams
@@ -188,4 +198,9 @@ def overrides(method: Method, hook: str) -> bool:
 
 def takes_part_at_task_end(method: Method) -> bool:
     """Whether any client runs ``client_end("task_end")`` for ``method``."""
-    return overrides(method, "client_end") and method.task_end_clients != 0
+    return overrides(method, "client_end") and "task_end" in method.client_events and method.task_end_clients != 0
+
+
+def acts_after_rounds(method: Method) -> bool:
+    """Whether the round's kept clients run ``client_end("round")`` for ``method``."""
+    return overrides(method, "client_end") and "round" in method.client_events

@@ -53,6 +53,7 @@ class ER(Method):
     about = "ER+FL: each client replays a balanced memory of its own earlier-task samples"
     Hyperparams = ERHyperparams
     downloads_model_at_task_end = False  # memories come from local data only: nothing is downloaded
+    client_events = ("task_end",)
 
     def client_state_bytes(self, sizing: StateSizing) -> int:
         """Every client keeps ``mem_per_client`` slots: an input, a label and a task id (int64), a valid flag."""
@@ -60,8 +61,6 @@ class ER(Method):
 
     def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
                    server: State, generator: torch.Generator) -> None:
-        if event != "task_end":
-            return
         groups = self._memory_groups(state)  # task -> class -> sample rows (x, y) in random order
         order = torch.randperm(len(data.y), generator=generator).to(data.y.device)
         x, y = data.x[order], data.y[order]

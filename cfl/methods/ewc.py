@@ -44,6 +44,7 @@ class EWC(Method):
     name = "ewc"
     about = "EWC+FL: per-client diagonal-Fisher penalty lambda/2 sum F (w - w*)^2 on finished tasks"
     Hyperparams = EWCHyperparams
+    client_events = ("task_end",)
 
     def penalty(self, global_params: Params, server: State, state: State) -> dict[str, Quadratic] | None:
         if "fisher" not in state:  # no finished task yet
@@ -56,8 +57,6 @@ class EWC(Method):
 
     def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
                    server: State, generator: torch.Generator) -> None:
-        if event != "task_end":
-            return
         hp = self.hparams
         x, y = data.x, data.y
         if hp.fisher_samples is not None and len(y) > hp.fisher_samples:

@@ -35,10 +35,7 @@ class FedCurv(Method):
     about = "FedCurv: Fisher-weighted penalty towards the previous round's other clients (u, v broadcast)"
     Hyperparams = FedCurvHyperparams
     broadcast = {"round": ("u", "v", "round")}
-
-    def __init__(self, hparams: FedCurvHyperparams, run_info: object) -> None:
-        super().__init__(hparams, run_info)
-        self.task_end_clients = 0  # nothing happens at task ends
+    client_events = ("round",)  # nothing happens at task ends
 
     # ---- server ----
     def server_end(self, event: Event, uploads: dict[int, State], server: State, task: int) -> None:
@@ -63,8 +60,6 @@ class FedCurv(Method):
                    server: State, generator: torch.Generator) -> State | None:
         """Diagonal Fisher at the client's trained weights on its local data; kept in its state as well,
         stamped with the round it enters the server's sums."""
-        if event != "round":
-            return None
         fisher = diagonal_fisher(model, params, data.x, data.y, data.task, self.hparams.fisher,
                                  batch_size=self.run_info.batch_size)
         weighted = {k: fisher[k] * params[k].detach() for k in fisher}

@@ -60,6 +60,7 @@ class FOT(Method):
     about = "FOT: projected aggregation off the global input subspace of old tasks (GPSE at task ends)"
     Hyperparams = FOTHyperparams
     broadcast = {"task_end": ("basis",)}
+    client_events = ("task_end",)
 
     @classmethod
     def check(cls, hparams: FOTHyperparams, cfg: Any) -> None:
@@ -110,7 +111,7 @@ class FOT(Method):
 
     def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
                    server: State, generator: torch.Generator) -> State | None:
-        if event != "task_end" or len(data.x) == 0:
+        if len(data.x) == 0:
             return None
         start = time.perf_counter()
         blocks = iter_layer_inputs(model, params, data.x, data.task, self.run_info.protected, self.hparams.chunk,

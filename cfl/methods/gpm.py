@@ -61,6 +61,7 @@ class GPM(Method):
     about = "GPM+FL: each client projects its local gradients off its own old-task input bases"
     Hyperparams = GPMHyperparams
     ragged = {"bases": 1}  # k differs between clients
+    client_events = ("task_end",)
 
     def gradient_projection(self, state: State) -> dict[str, torch.Tensor]:
         return dict(state.get("bases", {}))
@@ -75,7 +76,7 @@ class GPM(Method):
 
     def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
                    server: State, generator: torch.Generator) -> None:
-        if event != "task_end" or len(data.x) == 0:
+        if len(data.x) == 0:
             return
         eps = min(1.0, self.hparams.eps + data.task * self.hparams.eps_inc)
         held = layer_inputs_or_grams(model, params, data.x, data.task, self.run_info.protected, self.hparams.chunk)

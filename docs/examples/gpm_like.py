@@ -32,13 +32,14 @@ class GPMLike(Method):
     about = "GPM-like: project local gradients off each client's old-task input directions (example plugin)"
     Hyperparams = GPMLikeHyperparams
     ragged = {"bases": 1}  # (d, k): k differs between clients
+    client_events = ("task_end",)  # nothing to do after rounds
 
     def gradient_projection(self, state: State) -> dict[str, torch.Tensor]:
         return dict(state.get("bases", {}))
 
     def client_end(self, event: Event, model: torch.nn.Module, params: Params, data: ClientData, state: State,
                    server: State, generator: torch.Generator) -> None:
-        if event != "task_end" or len(data.x) == 0:
+        if len(data.x) == 0:
             return
         bases = state.setdefault("bases", {})
         for name, gram in layer_grams(model, params, data.x, data.task, self.run_info.protected).items():

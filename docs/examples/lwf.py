@@ -32,12 +32,11 @@ class LwF(Method):
     name = "lwf"
     about = "LwF: distil the previous task's global model on current data (example plugin)"
     Hyperparams = LwFHyperparams
+    client_events = ("task_end",)  # nothing to do after rounds
 
     def client_end(self, event: Event, model: torch.nn.Module, params: Params, data: ClientData, state: State,
                    server: State, generator: torch.Generator) -> None:
         """At a task end: remember the task's final global model and which heads it has trained."""
-        if event != "task_end":
-            return
         old_heads = torch.zeros(self.run_info.num_tasks)
         old_heads[: data.task + 1 if self.run_info.scenario == "task" else 1] = 1.0
         state["old"] = {k: v.clone() for k, v in params.items()}
