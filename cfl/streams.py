@@ -13,6 +13,7 @@ from cfl.data.avalanche_in import from_avalanche
 from cfl.data.avalanche_out import to_avalanche
 from cfl.data.request import StreamRequest
 from cfl.data.stream import SCENARIOS, Stream, Task, prefix
+from cfl.data.stream_checks import check_stream
 from cfl.data.streams import STREAMS, StreamEntry
 from cfl.schema import ConfigError
 
@@ -94,12 +95,11 @@ def registered(name: str, build: Callable[[StreamRequest], Stream], *, about: st
 def lent(stream: Stream, name: str | None = None) -> Iterator[str]:
     """Register a built :class:`Stream` under ``name`` (default: its own name) for one run (``cfl.run(...,
     stream=...)``, or ``stream.name: avalanche``): validation sees its real input shape, head and default
-    model; its prefixes are its first tasks."""
+    model; its prefixes are its first tasks. Its tensors are checked first (:func:`check_stream`)."""
     if not isinstance(stream, Stream):
         raise ConfigError(f"stream= takes a cfl Stream (cfl.streams.Stream, e.g. from a builder or "
                           f"from_avalanche), got {type(stream).__name__}")
-    if not stream.tasks:
-        raise ConfigError(f"stream '{stream.name}' has no tasks")
+    check_stream(stream)  # before the config is validated against it, so before any run file
     name = stream.name if name is None else name
     with registered(name, lambda request: prefix(stream, request.num_tasks), tasks=stream.num_tasks,
                     scenarios=(stream.scenario,), input_shape=tuple(stream.input_shape),

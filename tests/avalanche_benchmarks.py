@@ -28,6 +28,19 @@ def digits(n_experiences: int = 5, task_labels: bool = True, **kw: Any) -> Any:
                         task_labels=task_labels, **{"shuffle": False, **kw})
 
 
+def digits_uint8(n_experiences: int = 5, **kw: Any) -> Any:
+    """:func:`digits` with 8-bit integer inputs, as raw pixels would be (refused by cfl's stream check)."""
+    from avalanche.benchmarks.scenarios.deprecated.generators import nc_benchmark
+
+    (xtr, ytr), (xte, yte) = load_digits_tensors()
+
+    def pixels(x: torch.Tensor) -> torch.Tensor:
+        return x.mul(64).add(64).clamp(0, 255).to(torch.uint8)
+
+    return nc_benchmark(labelled(pixels(xtr), ytr), labelled(pixels(xte), yte),
+                        n_experiences=n_experiences, task_labels=True, shuffle=False, **kw)
+
+
 def not_a_benchmark(size: int = 3) -> list[int]:
     """A callable whose result is no benchmark (refused)."""
     return list(range(size))

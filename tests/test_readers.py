@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 from pathlib import Path
 
 import numpy as np
@@ -80,6 +81,24 @@ def test_cache_with_wrong_content_is_rebuilt_with_a_warning(tmp_path, bad):
         again = load_idx_raw(MNIST, tmp_path)
     assert set(again) == set(first) and all(torch.equal(again[k], first[k]) for k in first)
     assert set(torch.load(cache, weights_only=True)) == set(first)  # the cache file was rewritten
+
+
+@pytest.mark.parametrize(("key", "change", "why"), [
+    ("train_y", lambda y: y.fill_(10), "train_y: labels 10..10, expected 0..9"),
+    ("test_y", lambda y: y.sub(1), "test_y: labels -1..8, expected 0..9"),
+    ("train_y", lambda y: y.float(), "expected uint8 and int64"),
+    ("test_x", lambda x: x.long(), "expected uint8 and int64"),
+    ("train_x", lambda x: x[:, :27, :27], "expected (N, 28, 28)"),
+])
+def test_cache_failing_the_readers_checks_is_rebuilt_with_a_warning(tmp_path, key, change, why):
+    fake_data.write_idx_dataset(tmp_path / "mnist")
+    first = load_idx_raw(MNIST, tmp_path)
+    (cache,) = (tmp_path / "cache").glob("mnist-*.pt")
+    torch.save({**first, key: change(first[key].clone())}, cache)
+    with pytest.warns(UserWarning, match=f"{cache} fails the reader's checks .*{re.escape(why)}.*rebuilding"):
+        again = load_idx_raw(MNIST, tmp_path)
+    assert all(torch.equal(again[k], first[k]) for k in first)
+    assert torch.equal(torch.load(cache, weights_only=True)[key], first[key])  # the cache file was rewritten
 
 
 def test_cache_builds_once(tmp_path):

@@ -13,10 +13,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 
+import cfl
 from cfl.cli import main
+from cfl.data.cache import cache_key
+from cfl.data.files import find_one
+from cfl.data.idx import read_idx
+from cfl.data.mnist_like import IDX_FILES
+from cfl.data.request import StreamRequest
+from cfl.data.stream import Stream
+from cfl.data.streams import STREAMS
+from cfl.schema import ConfigError
+from cfl.streams import registered
 from tests import fake_data
+from tests.conftest import make_stream
 
 
 def _corrupt_gzip(root: Path) -> Path:
@@ -109,6 +121,17 @@ def _plain_gzip_garbage(root: Path) -> Path:
     return path  # labels 0..19: out of range for 10 classes
 
 
+def _idx_label_in_the_cache_too(root: Path) -> Path:
+    """Labels 10 in the file and in a tensor cache keyed to the files (as a foreign writer would leave it): the
+    cache is checked like the file, rebuilt, and the reader refuses the file."""
+    path = _idx_rewrite("mnist", "train-labels-idx1-ubyte.gz", np.full(60, 10))(root)
+    sources = {k: find_one(root / "mnist", names) for k, names in IDX_FILES.items()}
+    tensors = {k: read_idx(f) if k.endswith("_x") else read_idx(f).long() for k, f in sources.items()}
+    (root / "cache").mkdir()
+    torch.save(tensors, root / "cache" / f"mnist-{cache_key('mnist', sources.values())}.pt")
+    return path
+
+
 MINI = "mini-imagenet"
 # (case, stream, num_tasks, writer of a data root returning the spoiled file, words the message must contain)
 CASES = [
@@ -122,6 +145,8 @@ CASES = [
     ("IDX labels out of range (split)", "split-fmnist", 2,
      _idx_rewrite("fashion-mnist", "train-labels-idx1-ubyte.gz", np.arange(60) % 12), ["0..9"]),
     ("IDX labels out of range, test file", "permuted-mnist", 1, _plain_gzip_garbage, ["0..9"]),
+    ("IDX labels out of range, also in the tensor cache", "permuted-mnist", 1, _idx_label_in_the_cache_too,
+     ["0..9"]),
     ("IDX labels lack the classes of a task", "split-fmnist", 5, _fmnist_six_classes, ["task 3", "Lower"]),
     ("CIFAR-100 pickle is a list", "split-cifar100", 2,
      _pickle_instead("cifar-100-python", "train", [1, 2, 3], fake_data.write_cifar100), ["list"]),
@@ -219,3 +244,102 @@ def test_checkpoint_without_fingerprint_resumes_with_a_warning(tmp_path, capsys)
     capsys.readouterr()
     assert main(["run", "--resume", str(run), "--quiet"]) == 0
     assert "holds no data fingerprint" in capsys.readouterr().err
+
+
+# ---- streams from every source pass one check (cfl.data.stream_checks) before any run file is written ----
+def _task(t: int, **tensors: Callable[[torch.Tensor], object]) -> Callable[[Stream], None]:
+    """Replace tensors of task ``t`` (``train_x=lambda x: ...``) by a function of the old ones."""
+    def spoil(stream: Stream) -> None:
+        for key, change in tensors.items():
+            setattr(stream.tasks[t], key, change(getattr(stream.tasks[t], key)))
+    return spoil
+
+
+def _set(value: float, at: tuple[int, ...]) -> Callable[[torch.Tensor], torch.Tensor]:
+    def change(x: torch.Tensor) -> torch.Tensor:
+        x = x.clone()
+        x[at] = value
+        return x
+    return change
+
+
+def _classes(t: int, classes: list[int]) -> Callable[[Stream], None]:
+    return lambda stream: setattr(stream.tasks[t], "classes", classes)
+
+
+TINY_RUN = {"num_clients": 4, "clients_per_round": 2, "rounds_per_task": 1, "batch_size": 8, "threads": 1,
+            "wandb": {"mode": "disabled"}}
+# (case, scenario, spoiler of a 2-task blobs stream (3 classes a task, 60 train / 30 test samples of 12 inputs),
+#  words of the message besides "stream 'blobs', task T")
+STREAM_CASES = [
+    ("integer inputs", "task", 0, _task(0, train_x=lambda x: x.mul(50).clamp(0, 255).to(torch.uint8)),
+     ["train_x holds integers (torch.uint8)", "x.float().div(255)"]),
+    ("float64 inputs", "task", 1, _task(1, test_x=lambda x: x.double()), ["test_x is torch.float64", "x.float()"]),
+    ("float16 inputs", "task", 0, _task(0, train_x=lambda x: x.half()), ["torch.float16", "x.float()"]),
+    ("NaN input", "task", 1, _task(1, test_x=_set(float("nan"), (3, 4))), ["test_x holds 1 non-finite", "replace"]),
+    ("inf input", "task", 0, _task(0, train_x=_set(float("inf"), (0, 0))), ["train_x holds 1 non-finite"]),
+    ("float labels", "task", 0, _task(0, train_y=lambda y: y.float()), ["train_y holds floats", "y.long()"]),
+    ("uint8 labels", "task", 0, _task(0, test_y=lambda y: y.to(torch.uint8)), ["test_y holds torch.uint8", "y.long()"]),
+    ("numpy labels", "task", 0, _task(0, train_y=lambda y: y.numpy()), ["train_y is a ndarray, not a torch tensor"]),
+    ("label beyond the head", "task", 0, _task(0, train_y=_set(3, (5,))),
+     ["train_y holds labels 0..3, expected 0..2 (classes_per_head 3", "relabel"]),
+    ("label beyond the head, test set", "task", 1, _task(1, test_y=_set(7, (0,))), ["test_y holds labels 0..7"]),
+    ("negative label", "task", 0, _task(0, train_y=_set(-1, (2,))), ["train_y holds labels -1..2, expected 0..2"]),
+    ("negative label, test set", "class", 1, _task(1, test_y=_set(-3, (2,))), ["test_y holds labels -3..5"]),
+    ("fewer labels than inputs", "task", 0, _task(0, train_y=lambda y: y[:55]),
+     ["train_y holds 55 labels for 60 inputs"]),
+    ("more labels than inputs", "task", 1, _task(1, test_x=lambda x: x[:20]), ["test_y holds 30 labels for 20 inputs"]),
+    ("labels not a vector", "task", 0, _task(0, train_y=lambda y: y.unsqueeze(1)), ["train_y has shape (60, 1)"]),
+    ("inputs of another shape in a later task", "task", 1, _task(1, train_x=lambda x: x[:, :10]),
+     ["train_x has shape (60, 10), expected (N, 12)"]),
+    ("a task without test samples", "task", 1, _task(1, test_x=lambda x: x[:0], test_y=lambda y: y[:0]),
+     ["test_x holds no samples"]),
+    ("class-incremental label outside the classes seen", "class", 0, _task(0, train_y=_set(4, (1,))),
+     ["train_y holds labels [4]", "Task.classes"]),
+    ("class-incremental Task.classes beyond the head", "class", 1, _classes(1, [3, 4, 9]),
+     ["Task.classes of task 'blob-1' holds [9]", "0..5"]),
+]
+
+
+def test_the_stream_table_is_complete():
+    assert len({c[0] for c in STREAM_CASES}) == len(STREAM_CASES) >= 19
+
+
+@pytest.mark.parametrize(("scenario", "task", "spoil", "words"), [c[1:] for c in STREAM_CASES],
+                         ids=[c[0] for c in STREAM_CASES])
+def test_a_bad_stream_object_is_refused_before_any_file(tmp_path, scenario, task, spoil, words):
+    stream = make_stream(scenario, num_tasks=2)
+    spoil(stream)
+    with pytest.raises(ConfigError) as err:
+        cfl.run(TINY_RUN, out=tmp_path / "run", stream=stream)
+    for word in [f"stream 'blobs', task {task} ('blob-{task}'): ", *words]:
+        assert word in str(err.value), (word, str(err.value))
+    assert not (tmp_path / "run").exists() and "blobs" not in STREAMS
+
+
+def test_a_registered_builders_bad_labels_exit_2_and_leave_no_run(tmp_path, capsys):
+    """The registry route (plugins, built-in readers): checked in load_stream, after the data loads."""
+    def build(request: StreamRequest) -> Stream:
+        stream = make_stream("task", num_tasks=request.num_tasks)
+        _task(1, train_y=_set(5, (0,)))(stream)
+        return stream
+
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump({**TINY_RUN, "stream": {"name": "bad-blobs"}}))
+    with registered("bad-blobs", build, tasks=2, scenarios=("task",), input_shape=(12,), classes_per_task=3,
+                    default_model="digits-mlp"):
+        code = main(["run", str(tmp_path / "cfg.yaml"), "--out", str(tmp_path / "run"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "cfl: config error: stream 'blobs', task 1 ('blob-1'): train_y holds labels 0..5, expected 0..2" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_avalanche_benchmark_with_integer_inputs_exits_2_before_a_run_directory(tmp_path, capsys):
+    config = {**TINY_RUN, "stream": {"name": "avalanche", "benchmark": "tests.avalanche_benchmarks.digits_uint8"}}
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(config))
+    assert main(["run", str(tmp_path / "cfg.yaml"), "--out", str(tmp_path / "run"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    for word in ["'stream.benchmark: tests.avalanche_benchmarks.digits_uint8': stream 'avalanche-digits_uint8', "
+                 "task 0 ('exp-0'): train_x holds integers (torch.uint8)", "x.float().div(255)"]:
+        assert word in err, err
+    assert not (tmp_path / "run").exists()

@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from cfl.data.stream import SCENARIOS, Stream, Task
+from cfl.data.stream_checks import check_stream
 from cfl.schema import ConfigError
 
 SUPPORTED = ("from_avalanche supports classification benchmarks whose experiences hold (input, class id"
@@ -169,5 +170,7 @@ def from_avalanche(benchmark: Any, *, scenario: str = "auto", name: str | None =
     info: dict[str, Any] = {"avalanche_task_labels": task_labels}
     if hasattr(benchmark, "classes_order_original_ids"):
         info["original_class_ids"] = [int(c) for c in benchmark.classes_order_original_ids]
-    return Stream(name or f"avalanche-{type(benchmark).__name__}", scenario, tasks, heads, shape,
-                  default_model or _default_model(shape), info)
+    stream = Stream(name or f"avalanche-{type(benchmark).__name__}", scenario, tasks, heads, shape,
+                    default_model or _default_model(shape), info)
+    check_stream(stream)  # e.g. integer or float64 inputs: refused here, not in training
+    return stream

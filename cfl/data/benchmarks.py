@@ -12,16 +12,30 @@ import torch.nn.functional as F
 
 from cfl.data.augment import CropFlip
 from cfl.data.cache import cached_tensors
-from cfl.data.cifar import CIFAR100_ARCHIVE, cifar10_files, cifar100_files, how_to_get, read_cifar10, read_cifar100
+from cfl.data.cifar import (
+    CIFAR10_LAYOUT,
+    CIFAR100_ARCHIVE,
+    CIFAR100_LAYOUT,
+    cifar10_files,
+    cifar100_files,
+    how_to_get,
+    read_cifar10,
+    read_cifar100,
+)
 from cfl.data.derive import avalanche_permutations, permuted_tasks, split_tasks
 from cfl.data.files import require_classes
+from cfl.data.mini_imagenet import (
+    MINI_LAYOUT,
+    mini_imagenet_sources,
+    read_mini_imagenet_folder,
+    read_mini_imagenet_pickles,
+)
 from cfl.data.mini_imagenet import how_to_get as mini_imagenet_how
-from cfl.data.mini_imagenet import mini_imagenet_sources, read_mini_imagenet_folder, read_mini_imagenet_pickles
 from cfl.data.mnist_like import FASHION_MNIST, MNIST, load_idx, load_idx_raw
-from cfl.data.notmnist import notmnist_files, read_notmnist
+from cfl.data.notmnist import NOTMNIST_LAYOUT, notmnist_files, read_notmnist
 from cfl.data.request import StreamRequest
 from cfl.data.stream import Stream, Task
-from cfl.data.svhn import read_svhn, svhn_files
+from cfl.data.svhn import SVHN_LAYOUT, read_svhn, svhn_files
 
 Split = tuple[torch.Tensor, torch.Tensor]
 
@@ -54,7 +68,8 @@ def permuted_mnist(req: StreamRequest) -> Stream:
 def split_cifar100(req: StreamRequest) -> Stream:
     """Avalanche's SplitCIFAR100 with a fixed label-order class split: 10 tasks of 10 classes."""
     files = cifar100_files(req.data_root, req.download)
-    raw = cached_tensors(req.data_root / "cache", "cifar-100", files, lambda: read_cifar100(files))
+    raw = cached_tensors(req.data_root / "cache", "cifar-100", files, lambda: read_cifar100(files),
+                         layout=CIFAR100_LAYOUT)
     require_classes("CIFAR-100", files, raw, 10 * req.num_tasks, how_to_get(files[0].parent, CIFAR100_ARCHIVE))
     train, test, _ = channel_normalise(raw)
     tasks = split_tasks(train, test, 10, req.num_tasks, req.scenario == "class", "split-cifar100")
@@ -79,12 +94,14 @@ def _five_sources(root: Path, download: bool) -> list[tuple[str, Callable[[], di
     load_idx_raw(MNIST, root, download)
     load_idx_raw(FASHION_MNIST, root, download)
     notmnist = notmnist_files(root)
-    return [("cifar-10", lambda: cached_tensors(cache, "cifar-10", c10, lambda: read_cifar10(c10))),
+    return [("cifar-10", lambda: cached_tensors(cache, "cifar-10", c10, lambda: read_cifar10(c10),
+                                                layout=CIFAR10_LAYOUT)),
             ("mnist", lambda: _grey_to_rgb32(load_idx_raw(MNIST, root, download))),
-            ("svhn", lambda: cached_tensors(cache, "svhn", svhn, lambda: read_svhn(svhn))),
+            ("svhn", lambda: cached_tensors(cache, "svhn", svhn, lambda: read_svhn(svhn), layout=SVHN_LAYOUT)),
             ("fashion-mnist", lambda: _grey_to_rgb32(load_idx_raw(FASHION_MNIST, root, download))),
             ("notmnist", lambda: _grey_to_rgb32(cached_tensors(cache, "notmnist", notmnist,
-                                                               lambda: read_notmnist(notmnist))))]
+                                                               lambda: read_notmnist(notmnist),
+                                                               layout=NOTMNIST_LAYOUT)))]
 
 
 def five_datasets(req: StreamRequest) -> Stream:
@@ -103,7 +120,7 @@ def mini_imagenet(req: StreamRequest) -> Stream:
     kind, files = mini_imagenet_sources(req.data_root)
     read = (lambda: read_mini_imagenet_pickles(files)) if kind == "pickle" else (
         lambda: read_mini_imagenet_folder(files[0]))
-    raw = cached_tensors(req.data_root / "cache", f"mini-imagenet-{kind}", files, read)
+    raw = cached_tensors(req.data_root / "cache", f"mini-imagenet-{kind}", files, read, layout=MINI_LAYOUT)
     require_classes("Mini-ImageNet", files, raw, 5 * req.num_tasks, mini_imagenet_how(req.data_root))
     train, test, black = channel_normalise(raw)
     tasks = split_tasks(train, test, 5, req.num_tasks, False, "mini-imagenet")

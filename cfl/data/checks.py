@@ -16,15 +16,15 @@ import torch
 Array = np.ndarray | torch.Tensor
 
 
-def check_images(path: Path, images: Array, shape: tuple[int, ...]) -> None:
-    """``images`` is a non-empty ``(N, *shape)`` array."""
+def check_images(path: Path | str, images: Array, shape: tuple[int, ...]) -> None:
+    """``images`` is a non-empty ``(N, *shape)`` array (``path``: the file, or the cached tensor's key)."""
     if tuple(images.shape[1:]) != shape or len(images.shape) != len(shape) + 1:
         raise ValueError(f"{path}: images of shape {tuple(images.shape)}, expected (N, {', '.join(map(str, shape))})")
     if images.shape[0] == 0:
         raise ValueError(f"{path}: holds no images")
 
 
-def check_labels(path: Path, labels: Array, count: int, low: int, high: int) -> None:
+def check_labels(path: Path | str, labels: Array, count: int, low: int, high: int) -> None:
     """``labels`` is a vector of ``count`` integers in ``low..high``."""
     if len(labels.shape) != 1 or labels.shape[0] != count:
         raise ValueError(f"{path}: {tuple(labels.shape)} labels for {count} images")

@@ -12,12 +12,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from cfl.data.cache import Layout
 from cfl.data.checks import check_images, check_labels, load_pickle
 from cfl.data.files import locate, reading
 
 CIFAR10_FILES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch",)
 CIFAR100_FILES = ("train", "test")
 CIFAR10_ARCHIVE, CIFAR100_ARCHIVE = "cifar-10-python.tar.gz", "cifar-100-python.tar.gz"
+CIFAR10_LAYOUT, CIFAR100_LAYOUT = Layout((3, 32, 32), 10), Layout((3, 32, 32), 100)
 Split = tuple[torch.Tensor, torch.Tensor]
 
 

@@ -11,6 +11,7 @@ import torch
 from cfl.data.fingerprint import fingerprint
 from cfl.data.request import StreamRequest
 from cfl.data.stream import Stream
+from cfl.data.stream_checks import check_stream
 from cfl.data.streams import STREAMS
 from cfl.schema import ConfigError
 
@@ -30,7 +31,7 @@ def load_stream(name: str, *, num_tasks: int | None, scenario: str, seed: int, d
                 device: torch.device | str = "cpu") -> Stream:
     """Build registered stream ``name`` (the config's stream fields: ``Config.stream_fields()``): its first
     ``num_tasks`` tasks (None: all) under ``scenario`` (``auto``: the stream's default), checked against its
-    registration and fingerprinted, then moved to ``device``."""
+    registration and by :func:`cfl.data.stream_checks.check_stream`, fingerprinted, then moved to ``device``."""
     from cfl.data.avalanche_route import ROUTE, converted, entry_of
 
     if name == ROUTE:  # stream.name: avalanche: the benchmark converted at validation (kept per process)
@@ -46,6 +47,7 @@ def load_stream(name: str, *, num_tasks: int | None, scenario: str, seed: int, d
     )
     stream = entry.build(request)
     check_built(name, stream, request, entry.input_shape)
+    check_stream(stream)  # dtypes, finiteness, label ranges: before any run file is written
     fingerprint(stream)  # on the CPU tensors, before they move to the device
     for task in stream.tasks:
         task.train_x, task.train_y = task.train_x.to(device), task.train_y.to(device)

@@ -20,11 +20,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from cfl.data.cache import Layout
 from cfl.data.checks import check_images, load_pickle
 from cfl.data.files import missing_data, reading
 
 PICKLES = tuple(f"mini-imagenet-cache-{s}.pkl" for s in ("train", "val", "test"))
 TEST_FRACTION_DENOMINATOR = 6  # 100 of each class's 600 images
+MINI_LAYOUT = Layout((3, 84, 84), None)  # as many classes as the files hold
 
 
 def how_to_get(root: Path) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from cfl.data.cache import cached_tensors
+from cfl.data.cache import Layout, cached_tensors
 from cfl.data.checks import check_images, check_labels
 from cfl.data.files import find_one, locate, reading
 from cfl.data.idx import read_idx
@@ -19,6 +19,7 @@ IDX_FILES = {
     "test_x": "t10k-images-idx3-ubyte.gz|t10k-images-idx3-ubyte|t10k-images.idx3-ubyte",
     "test_y": "t10k-labels-idx1-ubyte.gz|t10k-labels-idx1-ubyte|t10k-labels.idx1-ubyte",
 }
+IDX_LAYOUT = Layout((28, 28), 10)
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,8 @@ def load_idx_raw(ds: IdxDataset, root: Path, download: bool = False) -> dict[str
                     check_labels(path, out[key], len(out[images]), 0, 9)  # type: ignore[arg-type]
         return {k: v if k.endswith("_x") else v.long() for k, v in out.items()}
 
-    return cached_tensors(root / "cache", ds.name.lower(), sources.values(), build)  # type: ignore[arg-type]
+    return cached_tensors(root / "cache", ds.name.lower(), sources.values(), build,  # type: ignore[arg-type]
+                          layout=IDX_LAYOUT)
 
 
 def load_idx(ds: IdxDataset, root: Path, download: bool = False) -> tuple[Split, Split]:

@@ -13,10 +13,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from cfl.data.cache import Layout
 from cfl.data.files import locate, missing_data
 
 LETTERS = "ABCDEFGHIJ"
 TEST_EVERY = 5
+NOTMNIST_LAYOUT = Layout((28, 28), 10)
 
 
 def _how(folder: Path) -> str:

@@ -10,10 +10,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from cfl.data.cache import Layout
 from cfl.data.checks import check_images, check_labels
 from cfl.data.files import locate, reading
 
 SVHN_FILES = ("train_32x32.mat", "test_32x32.mat")
+SVHN_LAYOUT = Layout((3, 32, 32), 10)
 Split = tuple[torch.Tensor, torch.Tensor]
 
 
