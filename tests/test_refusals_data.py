@@ -7,6 +7,7 @@ the CLI on it: no traceback, exit 2, the file's path and the way to get correct 
 from __future__ import annotations
 
 import gzip
+import os
 import pickle
 from collections.abc import Callable
 from pathlib import Path
@@ -61,6 +62,32 @@ def _pickle_instead(sub: str, name: str, obj: object, write: Callable[[Path], ob
         path = root / sub / name
         with open(path, "wb") as fh:
             pickle.dump(obj, fh)
+        return path
+    return spoil
+
+
+MARKER = "PWNED"  # what a crafted pickle's payload would create in the data root
+
+
+class _Payload:
+    """Unpickled by plain ``pickle.load``, it creates ``marker``: with ``os.system`` (a shell command) or
+    ``builtins.open``, as a crafted data file would run its code."""
+
+    def __init__(self, marker: Path, shell: bool) -> None:
+        self.marker, self.shell = marker, shell
+
+    def __reduce__(self) -> tuple:
+        return (os.system, (f"touch '{self.marker}'",)) if self.shell else (open, (str(self.marker), "w"))
+
+
+def _payload(sub: str, name: str, write: Callable[[Path], object], shell: bool,
+             wrap: Callable[[_Payload], object]) -> Callable[[Path], Path]:
+    """The dataset in its real layout, with ``sub/name`` a pickle of the expected keys holding a payload."""
+    def spoil(root: Path) -> Path:
+        write(root)
+        path = root / sub / name
+        with open(path, "wb") as fh:
+            pickle.dump(wrap(_Payload(root / MARKER, shell)), fh)
         return path
     return spoil
 
@@ -161,6 +188,17 @@ CASES = [
     ("Mini-ImageNet too few classes", MINI, 2, _mini_too_few, ["6 classes", "10"]),
     ("Mini-ImageNet images not 84x84", MINI, 2, _mini_image_size, ["84, 84, 3"]),
     ("SVHN label out of range", "five-datasets", 3, _svhn_label, ["1..10"]),
+    ("CIFAR-100 pickle running builtins.open", "split-cifar100", 2,
+     _payload("cifar-100-python", "train", fake_data.write_cifar100, False,
+              lambda p: {b"data": p, b"fine_labels": list(range(100))}), ["refused: the pickle calls io.open"]),
+    ("CIFAR-10 pickle running os.system", "five-datasets", 1,
+     _payload("cifar-10-batches-py", "data_batch_1", _five_datasets, True,
+              lambda p: {b"data": np.zeros((20, 3072), np.uint8), b"labels": [p]}),
+     ["refused: the pickle calls posix.system", "not a genuine dataset file"]),
+    ("Mini-ImageNet pickle running os.system", MINI, 2,
+     _payload(MINI, "mini-imagenet-cache-val.pkl", lambda r: fake_data.write_mini_imagenet(r), True,
+              lambda p: {"image_data": np.zeros((12, 84, 84, 3), np.uint8), "class_dict": {"n1": p}}),
+     ["refused: the pickle calls posix.system"]),
 ]
 
 
@@ -181,6 +219,7 @@ def test_data_refusal(tmp_path, capsys, stream, num_tasks, spoil, words):
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(config))
     code = main(["run", str(tmp_path / "cfg.yaml"), "--out", str(tmp_path / "run"), "--quiet"])
     err = capsys.readouterr().err
+    assert not (root / MARKER).exists(), err  # no code of a data file ran
     assert code == 2, err
     assert err.startswith("cfl: config error: "), err
     for word in [str(bad), *words]:

@@ -6,12 +6,13 @@ into the data error of :func:`cfl.data.files.missing_data` (exit code 2), before
 
 from __future__ import annotations
 
-import pickle
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from cfl.data.safe_pickle import ForbiddenGlobal, load_data_pickle
 
 Array = np.ndarray | torch.Tensor
 
@@ -33,12 +34,19 @@ def check_labels(path: Path | str, labels: Array, count: int, low: int, high: in
 
 
 def load_pickle(path: Path, keys: tuple[str, ...], **kw: Any) -> dict[str, Any]:
-    """The dict pickled in ``path`` (bytes keys decoded), holding at least ``keys``; anything else is a ValueError."""
+    """The dict pickled in ``path`` (bytes keys decoded), holding at least ``keys``; anything else is a ValueError.
+
+    Read by :class:`cfl.data.safe_pickle.DataUnpickler`: a pickle naming anything but numpy arrays and plain
+    containers is refused before any of its code runs."""
     try:
         with open(path, "rb") as fh:
-            obj = pickle.load(fh, **kw)
+            obj = load_data_pickle(fh, **kw)
     except OSError:
         raise
+    except ForbiddenGlobal as err:
+        raise ValueError(f"{path}: refused: the pickle calls {err}, which no data file needs (cfl loads only numpy "
+                         f"arrays, numbers, strings and containers from pickles, so that a file cannot run code); "
+                         f"it is not a genuine dataset file") from None
     except Exception as err:  # noqa: BLE001 - unpickling can fail in many ways; all mean a damaged file
         raise ValueError(f"{path}: not a readable pickle ({type(err).__name__}: {err})") from err
     if not isinstance(obj, dict):
