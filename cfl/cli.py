@@ -23,7 +23,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     load_plugins(args.plugin)
     if args.resume:
         clash = [flag for flag, given in (("a config file", args.config), ("--out", args.out),
-                                          ("--overwrite", args.overwrite)) if given]
+                                          ("--overwrite", args.overwrite),
+                                          ("--trust-callables", args.trust_callables)) if given]
         if clash:
             raise ConfigError(f"--resume {args.resume} continues that run with its own config and directory; "
                               f"drop {' and '.join(clash)}")
@@ -33,7 +34,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 0
     if args.config is None:
         raise ConfigError("cfl run needs a YAML config file (e.g. configs/quickstart.yaml) or --resume RUN_DIR")
-    cfg, source = load_with_sweep(args.config, args.set)  # under `wandb agent`: the sweep's parameters too
+    # under `wandb agent`: the sweep's parameters too
+    cfg, source = load_with_sweep(args.config, args.set, args.trust_callables)
     out = Path(args.out) if args.out else sweep_run_dir(cfg)
     execute(cfg, out, overwrite=args.overwrite, quiet=args.quiet, source=source)
     return 0
@@ -159,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--overwrite", action="store_true", help="replace the outputs of an existing run directory")
     run.add_argument("--plugin", action="append", default=[], metavar="FILE.py", help=PLUGIN_HELP)
     run.add_argument("--quiet", action="store_true", help="no progress bars or summary")
+    run.add_argument("--trust-callables", action="store_true",
+                     help="under a W&B sweep: let its parameters name any stream.benchmark callable (a config is "
+                          "code; by default only avalanche.benchmarks.* and --plugin files; docs/streams.md)")
     run.set_defaults(func=_cmd_run)
     swp = sub.add_parser("sweep", help="run every combination of a base config and a grid (see cfl/sweep.py)")
     swp.add_argument("sweep", nargs="+", help="sweep YAML(s): base, grid, optional set and out")

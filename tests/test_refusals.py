@@ -109,16 +109,20 @@ CASES = [
      ["'method.lam'", "method 'fedavg' takes no parameters"]),
     ("client forgetting on more clients than a round has", ["{cfg}", "--set", "client_forgetting_clients=4"],
      ["'client_forgetting_clients' (4)", "'clients_per_round' (3)"]),
+    ("resume: a W&B run id that is a path", ["--resume", "{badid}"],
+     ["the W&B run id in checkpoint.pt '../../elsewhere' is not a W&B id", "--overwrite"]),
+    ("--trust-callables outside a W&B sweep", ["{cfg}", "--trust-callables"],
+     ["--trust-callables is read only under a W&B sweep"]),
 ]
 #: refusals that depend on the data (the training set sizes): made after loading it, before any round
 AFTER_DATA_LOADS = {"shards: a client gets no data"}
 
 
-def write_run(path, cfg, edit=None):
+def write_run(path, cfg, edit=None, wandb_run_id=None):
     """A run directory as ``cfl run`` leaves it after its round-0 checkpoint (built without loading data)."""
     path.mkdir()
     (path / "config.yaml").write_text(dump_yaml(cfg if edit is None else edit(cfg)))
-    checkpoint.save(path, checkpoint.capture(Runner(cfg, make_stream()).snapshot(), None))
+    checkpoint.save(path, checkpoint.capture(Runner(cfg, make_stream()).snapshot(), wandb_run_id))
 
 
 @pytest.fixture(scope="module")
@@ -135,12 +139,13 @@ def files(tmp_path_factory):
     write_run(tmp / "run", cfg)
     write_run(tmp / "edited", cfg, edit=lambda c: replace(c, lr=0.5))
     write_run(tmp / "damaged", cfg)
+    write_run(tmp / "badid", cfg, wandb_run_id="../../elsewhere")
     (tmp / "damaged" / "checkpoint.pt").write_bytes((tmp / "damaged" / "checkpoint.pt").read_bytes()[:100])
     (tmp / "plugged").mkdir()
     (tmp / "plugged" / "config.yaml").write_text(dump_yaml(cfg).replace("plugins: []", "plugins: [{name: gone}]"))
     (tmp / "fresh").mkdir()
     (tmp / "fresh" / "config.yaml").write_text(dump_yaml(cfg))
-    names = ("run", "edited", "damaged", "fresh", "plugged", "broken", "listed", "typo", "binary", "dup")
+    names = ("run", "edited", "damaged", "badid", "fresh", "plugged", "broken", "listed", "typo", "binary", "dup")
     return {"tmp": str(tmp), "cfg": str(tmp / "ok.yaml"), "elsewhere": str(tmp_path_factory.mktemp("elsewhere")),
             **{n: str(tmp / n) if (tmp / n).is_dir() else str(tmp / f"{n}.yaml") for n in names}}
 

@@ -116,6 +116,78 @@ def test_commands_that_cannot_take_sweep_parameters_refuse_them(monkeypatch, tmp
     assert "cannot take the sweep's parameters" in capsys.readouterr().err
 
 
+# ---- a config is code: a sweep's stream.benchmark is admitted only from trusted modules ----
+@pytest.mark.parametrize(("benchmark", "named"), [
+    ("subprocess.getoutput", "'stream.benchmark: subprocess.getoutput' comes from the W&B sweep parameter file"),
+    ("tests.avalanche_benchmarks.digits", "may name only callables of avalanche.benchmarks"),
+    ("avalanche.benchmarks.classic.cmnist.torch.hub.load", "is defined in module torch.hub, not in the module"),
+    ("avalanche.benchmarks.classic.__builtins__.eval", "a config is code"),
+])
+def test_a_sweep_cannot_name_code_to_run(monkeypatch, tmp_path, capsys, benchmark, named):
+    marker = tmp_path / "PWNED"
+    stream = {"name": "avalanche", "benchmark": benchmark, "args": {"cmd": f"touch '{marker}'"}}
+    argv = cfl_argv(agent_command({"stream": {"value": stream}}, monkeypatch, tmp_path), tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert not marker.exists(), err  # the shell command never ran
+    for word in [named, "--trust-callables or CFL_TRUST_CALLABLES=1", "W&B sweep parameters"]:
+        assert word in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+def _sweep_config(monkeypatch, tmp_path, stream_params: dict, file_stream: dict | None = None) -> Path:
+    """Under a simulated agent whose parameters set ``stream.*``: the config file's path."""
+    params = tmp_path / "config-run7.yaml"
+    config_util.save_config_file_from_dict(str(params), {f"stream.{k}": {"value": v} for k, v in stream_params.items()})
+    monkeypatch.setenv("WANDB_SWEEP_PARAM_PATH", str(params))
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump({**TINY, "stream": file_stream or TINY["stream"]}))
+    return config
+
+
+DIGITS = "tests.avalanche_benchmarks.digits"
+
+
+@pytest.mark.parametrize("how", ["--trust-callables", "CFL_TRUST_CALLABLES=1", "a --plugin file", "the file's own"])
+def test_a_sweep_benchmark_is_admitted_when_trusted(monkeypatch, tmp_path, how):
+    import cfl.plugins
+    from cfl.report.wandb_sweep import load_with_sweep
+
+    benchmark = DIGITS
+    stream, file_stream = {"name": "avalanche", "benchmark": DIGITS, "args": {"n_experiences": 5}}, None
+    if how == "CFL_TRUST_CALLABLES=1":
+        monkeypatch.setenv("CFL_TRUST_CALLABLES", "1")
+    if how == "a --plugin file":
+        plugin = tmp_path / "bench.py"
+        plugin.write_text(f"from {DIGITS.rsplit('.', 1)[0]} import digits as upstream\n\n\n"
+                          "def digits(**kw):\n    return upstream(**kw)\n")
+        monkeypatch.setattr(cfl.plugins, "LOADED", {})
+        cfl.plugins.load_plugins([str(plugin)])
+        stream["benchmark"] = benchmark = "cfl_plugin_bench.digits"
+    if how == "the file's own":
+        stream, file_stream = {"args": {"n_experiences": 5, "task_labels": False}}, {"name": "avalanche",
+                                                                                     "benchmark": DIGITS}
+    cfg, _ = load_with_sweep(_sweep_config(monkeypatch, tmp_path, stream, file_stream), [],
+                             trust_callables=how == "--trust-callables")
+    assert cfg.stream.benchmark == benchmark and cfg.stream.args["n_experiences"] == 5
+
+
+@pytest.mark.parametrize(("sweep_id", "run_id", "named"), [
+    ("swp1", "a/../../../outside", "$WANDB_RUN_ID 'a/../../../outside' is not a W&B id"),
+    ("../../outside", "run7", "$WANDB_SWEEP_ID '../../outside' is not a W&B id"),
+    ("swp1", "..", "$WANDB_RUN_ID '..' is not a W&B id"),
+    ("swp1", "run\\7", "$WANDB_RUN_ID 'run\\\\7'"),
+])
+def test_unsafe_sweep_or_run_ids_are_refused_before_any_path(monkeypatch, tmp_path, capsys, sweep_id, run_id, named):
+    monkeypatch.chdir(tmp_path)
+    config = _sweep_config(monkeypatch, tmp_path, {"num_tasks": 1})
+    monkeypatch.setenv("WANDB_SWEEP_ID", sweep_id)
+    monkeypatch.setenv("WANDB_RUN_ID", run_id)
+    assert main(["run", str(config), "--quiet"]) == 2
+    assert named in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config-run7.yaml", "tiny.yaml"]
+
+
 def test_the_parameter_file_nested_values_become_dotted_keys(tmp_path):
     path = tmp_path / "config-r.yaml"
     config_util.save_config_file_from_dict(str(path), {"method": {"value": {"name": "fedprox", "mu": 0.01}},

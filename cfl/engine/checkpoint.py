@@ -28,6 +28,7 @@ from cfl.data.fingerprint import differences, fingerprint
 from cfl.data.stream import Stream
 from cfl.engine.snapshot import Progress, RunSnapshot
 from cfl.report.files import atomic_write_bytes
+from cfl.report.wandb_ids import checked_id
 from cfl.schema import ConfigError
 from cfl.validation import resolve_saved_model
 
@@ -150,6 +151,9 @@ def load(run_dir: Path) -> dict[str, Any]:
                           f"start the run again with --overwrite, or resume it with the cfl that wrote it")
     if not isinstance(payload, dict) or payload.get("format") != FORMAT or keys - set(payload):
         raise ConfigError(f"--resume {run_dir}: {path.name} is not a cfl checkpoint of format {FORMAT}")
+    if payload["wandb_run_id"] is not None:  # handed to wandb.init, which puts it in paths
+        checked_id(payload["wandb_run_id"], f"--resume {run_dir}: the W&B run id in {path.name}",
+                   "start the run again with --overwrite")
     return payload
 
 

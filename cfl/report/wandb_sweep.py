@@ -10,6 +10,9 @@
       value: 0.01
 
 Keys are cfl's dotted keys (a nested sweep parameter arrives as a mapping and is read as dotted keys).
+The sweep's author is not the config file's: a ``stream.benchmark`` from the parameters must pass
+:func:`cfl.data.benchmark_trust.check_foreign_benchmark`, and the sweep and run ids are checked
+(:mod:`cfl.report.wandb_ids`) before they name a directory.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import yaml
 
 from cfl.config import Config, ConfigError, parse_overrides, read_yaml
 from cfl.config import _set_dotted as set_dotted
+from cfl.data.benchmark_trust import check_foreign_benchmark, trusted_by_env
+from cfl.report.wandb_ids import checked_id
 from cfl.validation import from_dict
 
 PARAM_PATH_ENV = "WANDB_SWEEP_PARAM_PATH"
@@ -75,17 +80,23 @@ def read_sweep_params(path: Path) -> dict[str, Any]:
     return params
 
 
-def load_with_sweep(path: str | Path, overrides: list[str]) -> tuple[Config, RunSource]:
+def load_with_sweep(path: str | Path, overrides: list[str], trust_callables: bool = False) -> tuple[Config, RunSource]:
     """The config ``cfl run`` runs, and its :class:`RunSource`.
 
     Order: the YAML file, then the sweep's parameters, then ``--set``, validated together like ``--set``
     alone; a key set by both the sweep and ``--set`` is refused, as is any parameter that is not a cfl key or
-    has a bad value (exit 2, naming it).
+    has a bad value (exit 2, naming it), and a ``stream.benchmark`` from the sweep that is not admitted
+    (:func:`check_foreign_benchmark`) unless ``trust_callables`` (``--trust-callables``) or ``CFL_TRUST_CALLABLES=1``.
     """
     data = read_yaml(path)
     file_data = copy.deepcopy(data)
     params_file = sweep_param_path()
+    if trust_callables and not params_file:
+        raise ConfigError(f"--trust-callables is read only under a W&B sweep (${PARAM_PATH_ENV} set): a config file "
+                          "and --set are your own and always trusted; drop --trust-callables")
     params = read_sweep_params(params_file) if params_file else {}
+    if params_file:
+        sweep_ids()
     sets = parse_overrides(overrides)
     both = sorted({key for key, _ in sets for p in params if _overlap(key, p)})
     if both:
@@ -94,6 +105,8 @@ def load_with_sweep(path: str | Path, overrides: list[str]) -> tuple[Config, Run
     try:
         for key, value in [*params.items(), *sets]:
             set_dotted(data, key, value)
+        if params and not (trust_callables or trusted_by_env()):
+            _check_sweep_benchmark(data, file_data, sets, params_file)
         cfg = from_dict(data)
     except ConfigError as err:
         if not params:
@@ -105,6 +118,22 @@ def load_with_sweep(path: str | Path, overrides: list[str]) -> tuple[Config, Run
                       "set wandb.mode: online in the sweep's config file", stacklevel=2)
     return cfg, RunSource(_base(file_data) if cfg.wandb.mode != "disabled" and cfg.wandb.group is None else None,
                           params)
+
+
+def _benchmark(data: dict[str, Any]) -> Any:
+    stream = data.get("stream")
+    return stream.get("benchmark") if isinstance(stream, dict) else None
+
+
+def _check_sweep_benchmark(data: dict[str, Any], file_data: dict[str, Any], sets: list[tuple[str, Any]],
+                           params_file: Path | None) -> None:
+    """A ``stream.benchmark`` other than the config file's (with ``--set``) came from the sweep: admit it only
+    through :func:`check_foreign_benchmark`."""
+    own = copy.deepcopy(file_data)
+    for key, value in sets:
+        set_dotted(own, key, value)
+    if _benchmark(data) is not None and _benchmark(data) != _benchmark(own):
+        check_foreign_benchmark(_benchmark(data), f"the W&B sweep parameter file {params_file} (${PARAM_PATH_ENV})")
 
 
 def _base(data: dict[str, Any]) -> Config | None:
@@ -125,11 +154,20 @@ def _overlap(key: str, other: str) -> bool:
 def sweep_run_dir(cfg: Config) -> Path | None:
     """Under a sweep: ``runs/sweep-<id>/<stream>-<method>-<partition>-s<seed>-<run id>`` (one per agent run,
     so two parameter sets with the same seed never share a directory); None outside a sweep."""
-    sweep_id, run_id = os.environ.get(SWEEP_ID_ENV), os.environ.get(RUN_ID_ENV)
+    sweep_id, run_id = sweep_ids()
     if not (sweep_param_path() and sweep_id and run_id):
         return None
     label = f"{cfg.stream.name}-{cfg.method_label}-{cfg.partition.name}-s{cfg.seed}-{run_id}"
     return Path("runs") / f"sweep-{sweep_id}" / label
+
+
+def sweep_ids() -> tuple[str | None, str | None]:
+    """``$WANDB_SWEEP_ID`` and ``$WANDB_RUN_ID`` (None where unset), each refused unless a safe W&B id."""
+    ids = os.environ.get(SWEEP_ID_ENV), os.environ.get(RUN_ID_ENV)
+    for env, value in zip((SWEEP_ID_ENV, RUN_ID_ENV), ids, strict=True):
+        if value:
+            checked_id(value, f"${env}", "run under `wandb agent`, which sets it, or fix the value")
+    return ids
 
 
 def refuse_under_sweep(command: str, reason: str) -> None:
