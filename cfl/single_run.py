@@ -15,9 +15,10 @@ import torch
 from cfl.config import Config, ConfigError, _set_dotted, dump_yaml, parse_overrides, read_yaml
 from cfl.data.load import load_stream
 from cfl.engine import checkpoint, rundir
-from cfl.engine.lock import locked
+from cfl.engine.lock import LockLost, RunLock, locked
 from cfl.engine.runner import Runner
 from cfl.engine.server import NonFiniteError
+from cfl.engine.state_codec import RecordDamaged
 from cfl.engine.stop import RunStopped, StopRequest, signal_exit_code
 from cfl.metrics.results import build_results
 from cfl.report.files import atomic_write_bytes, atomic_write_json
@@ -27,7 +28,7 @@ from cfl.report.wandb_log import WandbLogger
 from cfl.report.wandb_sweep import RunSource
 from cfl.validation import from_dict
 
-EXIT_NONFINITE = 3
+EXIT_NONFINITE = 3  # also: any stop mid-run with the last checkpoint kept (a lost lock, a damaged client state)
 EXIT_DISK_FULL = 4
 
 
@@ -51,6 +52,7 @@ def resume_config(run_dir: Path, overrides: list[str] | list[tuple[str, Any]]) -
             raise ConfigError(f"--set {key} cannot be combined with --resume: it would change the results of a run "
                               f"that is half done (a resumed run keeps {run_dir}/config.yaml); allowed with --resume: "
                               f"{', '.join(checkpoint.RESUME_SAFE_KEYS)}. Start a new run with --out instead")
+    rundir.check_searchable(Path(run_dir), "--resume")
     if not Path(run_dir).is_dir():
         raise ConfigError(f"--resume {run_dir}: no such run directory")
     if not (Path(run_dir) / "config.yaml").is_file():
@@ -74,10 +76,12 @@ class Checkpointer:
     """``Runner.after_round``: checkpoint at task ends, every ``checkpoint_every`` rounds and when stopping."""
 
     def __init__(self, runner: Runner, out: Path, stop: StopRequest, wandb_run_id: str | None,
-                 attempt: Attempt) -> None:
+                 attempt: Attempt, lock: RunLock) -> None:
         self.runner, self.out, self.stop, self.wandb_run_id, self.attempt = runner, out, stop, wandb_run_id, attempt
+        self.lock = lock
 
     def save(self) -> None:
+        self.lock.check()  # never a checkpoint into a directory another run may have taken over
         checkpoint.save(self.out, checkpoint.capture(self.runner.snapshot(), self.wandb_run_id))
         for state in self.runner.states:  # the checkpoint is durable: drop client-state files no checkpoint names
             state.clients.committed()
@@ -112,6 +116,7 @@ def execute(cfg: Config, out: Path | None = None, overwrite: bool = False, quiet
     device = resolve_device(cfg)
     out = Path(out) if out is not None else default_run_dir(cfg)
     rundir.check_writable(out)
+    rundir.check_state_dirs(out)
     saved = _checked_checkpoint(out, cfg) if resume else None
     if not resume:
         rundir.refuse_outputs(out, overwrite)
@@ -119,10 +124,15 @@ def execute(cfg: Config, out: Path | None = None, overwrite: bool = False, quiet
     attempt = Attempt(out, resume, created)
     stop = StopRequest()
     try:
-        with stop.installed(), locked(out):
-            return _execute(cfg, out, device, overwrite, quiet, saved, started, stop, attempt, source)
+        with stop.installed(), locked(out) as lock:
+            return _execute(cfg, out, device, overwrite, quiet, saved, started, stop, attempt, source, lock)
     except NonFiniteError as err:
         raise RunStopped(f"{err}. Stopped; {attempt.kept()}", EXIT_NONFINITE) from None
+    except LockLost as err:  # nothing is cleaned up: the files may be another run's now
+        raise RunStopped(f"{err}. Stopped; {attempt.kept(locked_out=True)}", EXIT_NONFINITE) from None
+    except RecordDamaged as err:  # read in the middle of the run (a resume checks every record first)
+        raise RunStopped(f"client state on disk damaged during the run: {err}. Stopped; {attempt.kept()} "
+                         f"(the resume checks every record the checkpoint names)", EXIT_NONFINITE) from None
     except KeyboardInterrupt as err:
         attempt.clean_up()
         code = signal_exit_code(err)
@@ -146,13 +156,15 @@ class Attempt:
         self.out, self.resume, self.created = out, resume, created
         self.saved_round = -1  # the round of the last checkpoint this process wrote or restored
         self.writing = False  # this process has started writing the directory's outputs
+        self.marked = False  # this process wrote the run-directory marker
 
-    def kept(self, full: bool = False) -> str:
+    def kept(self, full: bool = False, locked_out: bool = False) -> str:
         if self.saved_round < 0:
             return "nothing was trained, so nothing is kept" + ("; free some space and run it again" if full else "")
         valid = (" and still valid (a checkpoint is replaced atomically, so a failed write leaves the previous one)"
                  if full else "")
-        action = "free some space, then resume" if full else "resume"
+        action = ("make sure no other cfl run uses the directory, then resume" if locked_out
+                  else "free some space, then resume" if full else "resume")
         return (f"the last checkpoint (after round {self.saved_round}) is kept in "
                 f"{self.out}/{checkpoint.CHECKPOINT}{valid}; {action} with: cfl run --resume {self.out}")
 
@@ -164,6 +176,8 @@ class Attempt:
             for name in ("config.yaml", "metrics.jsonl"):
                 (self.out / name).unlink(missing_ok=True)
             shutil.rmtree(self.out / rundir.CLIENT_STATES, ignore_errors=True)
+        if self.marked:
+            (self.out / rundir.MARKER).unlink(missing_ok=True)
         if self.created:
             rundir.remove_if_empty(self.out)
 
@@ -176,7 +190,7 @@ def _checked_checkpoint(out: Path, cfg: Config) -> dict[str, Any]:
 
 def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quiet: bool,
              saved: dict[str, Any] | None, started: float, stop: StopRequest, attempt: Attempt,
-             source: RunSource | None) -> dict[str, Any]:
+             source: RunSource | None, lock: RunLock) -> dict[str, Any]:
     """The run itself, in a locked directory: build everything, replace old outputs, train, write outputs."""
     if saved is None:
         rundir.refuse_outputs(out, overwrite)  # again: another run may have written here before the lock
@@ -192,14 +206,15 @@ def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quie
     bars = ProgressBars(stream.num_tasks, cfg.rounds_per_task, method, enabled=not quiet)
     runner = Runner(cfg, stream, [], device, state_dir=out / rundir.CLIENT_STATES)
     attempt.writing = True
+    attempt.marked = rundir.mark(out)  # before any output: a directory cfl made (a resumed older run's too)
     if saved is None:
         rundir.clear_outputs(out)  # --overwrite: only now that data and model are there
     else:
         checkpoint.remove_stale_temp_files(out)
     atomic_write_bytes(out / "config.yaml", dump_yaml(cfg).encode())
     logger = WandbLogger(cfg, out, source, run_id=saved["wandb_run_id"] if saved else None)
-    runner.observers = [bars, MetricsWriter(out / "metrics.jsonl"), logger]
-    saver = Checkpointer(runner, out, stop, logger.run_id, attempt)
+    runner.observers = [lock, bars, MetricsWriter(out / "metrics.jsonl"), logger]  # the lock checked first
+    saver = Checkpointer(runner, out, stop, logger.run_id, attempt, lock)
     if saved is not None:
         runner.resume(checkpoint.restore(runner.snapshot(), saved))
         attempt.saved_round = runner.progress.global_round
@@ -222,6 +237,7 @@ def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quie
     results["wandb_run_id"] = logger.run_id
     plots = write_plots(results, runner.progress.evaluations, cfg.rounds_per_task, out)
     results["wall_seconds"] = time.perf_counter() - started
+    lock.check()
     atomic_write_json(out / "results.json", results)  # last local output: complete results.json, complete outputs
     logger.finish(results, out, plots)  # then W&B, which logs the files as an artifact
     if not quiet:

@@ -169,3 +169,46 @@ def test_the_last_clients_states_are_kept_and_older_ones_read_again(tmp_path):
     assert store.bytes_read > read and same(first, state(0))
     first["count"] = -1  # changed in place and never put: the memory store would give it back too
     assert store.get(0)["count"] == -1
+
+
+def test_every_record_is_checksummed_and_a_changed_one_is_refused_naming_its_file(tmp_path):
+    from cfl.engine.state_codec import RecordDamaged, check
+
+    buffers, length, _ = encode(state(1))
+    raw = bytearray(b"".join(bytes(b) for b in buffers))
+    check(raw)
+    for i in (9, 20, length - 70):  # the header length, the header, the last tensor's data
+        bad = bytearray(raw)
+        bad[i] ^= 0x04
+        with pytest.raises(RecordDamaged, match="checksum mismatch"):
+            decode(bad)
+    with pytest.raises(RecordDamaged, match="older cfl, without a checksum"):
+        check(b"CFLS" + bytes(raw[4:]))
+
+    store = DiskClientStates(tmp_path)
+    for c in range(3):
+        store.put(c, state(c))
+    manifest = store.state_dict()
+    store.close()
+    seg, offset, _, _ = manifest["records"][1].tolist()
+    path = tmp_path / f"seg-{seg:06d}.log"
+    data = bytearray(path.read_bytes())
+    data[offset + 200] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(RecordDamaged, match=rf"{path}: the record of client 1 at byte {offset} is damaged"):
+        DiskClientStates(tmp_path).load_state_dict(manifest)  # a resume checks every record first
+    assert path.exists()  # and deletes nothing when it refuses
+    store = DiskClientStates(tmp_path, cache_clients=0)
+    store._index = {int(c): tuple(r) for c, r in zip(manifest["cids"].tolist(), manifest["records"].tolist(),
+                                                      strict=True)}
+    with pytest.raises(RecordDamaged, match="client 1"):
+        store.get(1)  # damaged during a run: refused on the read too
+    assert same(store.get(0), state(0))
+
+
+def test_a_store_of_records_without_checksums_is_refused_with_the_way_out(tmp_path):
+    store = DiskClientStates(tmp_path)
+    store.put(0, state(0))
+    manifest = {**store.state_dict(), "format": 1}
+    with pytest.raises(ValueError, match="older cfl, whose records carry no checksum.*--overwrite"):
+        DiskClientStates(tmp_path).load_state_dict(manifest)

@@ -5,6 +5,7 @@ modification times), so no refusal or stop ever damages earlier results.
 """
 
 import errno
+import json
 import os
 from pathlib import Path
 
@@ -44,8 +45,174 @@ CASES = [
      ["disk full (OSError 28", "while writing {tmp}/full", "after round 2", "still valid", "free some space",
       "cfl run --resume {tmp}/full"]),
     ("disk full before the first round", ["{cfg}", "--out", "{tmp}/full0"], "disk0", 4,
-     ["disk full (OSError 28", "config.yaml", "nothing was trained"]),
+     ["disk full (OSError 28", "{tmp}/full0/.cfl-run", "nothing was trained"]),  # the marker: written first
 ]
+
+# ---- run directories, the lock, the disk client-state store, file-system faults (issue 27, items 12-15) ----
+STATE_ERROR = ["client_states/0-ewc/seg-", "the record of client", "is damaged", "checksum mismatch",
+               "named by the checkpoint (after round 4)"]
+CASES += [
+    ("--overwrite of a directory cfl did not make", ["{cfg}", "--out", "{user}", "--overwrite"], "", 2,
+     ["--overwrite: '{user}' holds files but is not a cfl run directory", "nothing in it is deleted",
+      "touch {user}/.cfl-run"]),
+    ("lock file is a symbolic link", ["{cfg}", "--out", "{linked}"], "", 2,
+     ["{linked}/.cfl.lock is a symbolic link", "does not follow it", "Remove the link"]),
+    ("lock file is a hard link", ["{cfg}", "--out", "{hardlinked}"], "", 2,
+     ["{hardlinked}/.cfl.lock has 2 hard links", "Remove {hardlinked}/.cfl.lock"]),
+    ("lock file deleted mid-run", ["{cfg}", "--out", "{tmp}/lost"], "lock deleted", 3,
+     ["{tmp}/lost/.cfl.lock was deleted while this run held it", "another cfl run may be using",
+      "last checkpoint (after round 1)", "make sure no other cfl run uses the directory"]),
+    ("lock file replaced mid-run", ["{cfg}", "--out", "{tmp}/replaced-lock"], "lock replaced", 3,
+     ["{tmp}/replaced-lock/.cfl.lock was replaced by another file", "after round 1"]),
+    ("client state: a flipped bit", ["--resume", "{tmp}/flip"], "state flip", 2, STATE_ERROR),
+    ("client state: a scaled value", ["--resume", "{tmp}/scale"], "state scale", 2, STATE_ERROR),
+    ("client state: a damaged header", ["--resume", "{tmp}/header"], "state header", 2, STATE_ERROR),
+    ("resume with read-only client_states", ["--resume", "{tmp}/ro-states"], "states read-only", 2,
+     ["{tmp}/ro-states/client_states is not writable", "chmod -R u+w {tmp}/ro-states/client_states"]),
+    ("--out under an unsearchable directory", ["{cfg}", "--out", "{tmp}/closed/run"], "unsearchable", 2,
+     ["--out {tmp}/closed/run: cannot look inside {tmp}/closed", "no search permission"]),
+    ("binary W&B sweep parameter file", ["{cfg}"], "binary params", 2,
+     ["W&B sweep parameter file '{tmp}/params.bin'", "is not UTF-8 text", "WANDB_SWEEP_PARAM_PATH"]),
+]
+FS_FAULTS = {"lock deleted", "lock replaced", "state flip", "state scale", "state header", "states read-only",
+             "unsearchable", "binary params"}
+DISK_TINY = {**TINY, "method": {"name": "ewc"}, "client_state_store": "disk"}
+
+
+def damage_record(run_dir: Path, kind: str) -> None:
+    """Change the first client-state record the checkpoint names: a bit of its data, a float32 value x2, or a
+    byte of its JSON header (cfl.engine.state_codec's layout: 12-byte prefix, header, data at 64 bytes)."""
+    import struct
+
+    from cfl.engine.disk_states import _segment_name
+
+    seg, offset, _, _ = checkpoint.load(run_dir)["states"][0]["clients"]["records"][0].tolist()
+    path = next((run_dir / rundir.CLIENT_STATES).glob(f"*/{_segment_name(seg)}"))
+    raw = bytearray(path.read_bytes())
+    header = struct.unpack_from("<I", raw, offset + 8)[0]
+    data = offset + 12 + header + (-(12 + header) % 64)
+    if kind == "flip":
+        raw[data + 2] ^= 0x10
+    elif kind == "scale":
+        struct.pack_into("<f", raw, data, 2 * struct.unpack_from("<f", raw, data)[0])
+    else:
+        raw[offset + 12 + header // 2] ^= 0x01
+    path.write_bytes(bytes(raw))
+
+
+def lose_lock_in_round(monkeypatch, how: str, round_: int = 2) -> None:
+    """Delete or replace the run's .cfl.lock once round ``round_`` has trained (another process could then
+    lock the directory)."""
+    real_round = Runner.run_round
+
+    def run_round(self, task, rnd):
+        record = real_round(self, task, rnd)
+        if record["round"] == round_:
+            lock = next(Path(o.run_dir) for o in self.observers if hasattr(o, "run_dir")) / ".cfl.lock"
+            if how == "deleted":
+                lock.unlink()
+            else:
+                lock.with_name("other").write_text("another run's lock")
+                os.replace(lock.with_name("other"), lock)
+        return record
+
+    monkeypatch.setattr(Runner, "run_round", run_round)
+
+
+def deny_access(monkeypatch, path: str, mode: int) -> None:
+    """os.access as a user without ``mode`` on ``path`` (root passes every permission check, so the check
+    would not see the mode bits the case sets; tests/test_fs_permissions.py runs the same as a real user)."""
+    real_access = os.access
+    monkeypatch.setattr(rundir.os, "access", lambda p, m: not (Path(p) == Path(path) and m & mode)
+                        and real_access(p, m))
+
+
+def apply_fs_fault(fault: str, files: dict, monkeypatch, stack) -> None:
+    import shutil
+
+    tmp = Path(files["tmp"])
+    if fault.startswith("lock "):
+        lose_lock_in_round(monkeypatch, fault.split()[1])
+    elif fault.startswith("state "):
+        kind = fault.split()[1]
+        shutil.copytree(files["disk"], tmp / kind)
+        damage_record(tmp / kind, kind)
+    elif fault == "states read-only":
+        shutil.copytree(files["disk"], tmp / "ro-states")
+        os.chmod(tmp / "ro-states" / "client_states", 0o555)
+        stack.callback(os.chmod, tmp / "ro-states" / "client_states", 0o755)
+        deny_access(monkeypatch, str(tmp / "ro-states" / "client_states"), os.W_OK)
+    elif fault == "unsearchable":
+        (tmp / "closed").mkdir(exist_ok=True)
+        os.chmod(tmp / "closed", 0o600)
+        stack.callback(os.chmod, tmp / "closed", 0o755)
+        deny_access(monkeypatch, str(tmp / "closed"), os.X_OK)
+    elif fault == "binary params":
+        (tmp / "params.bin").write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe binary")
+        monkeypatch.setenv("WANDB_SWEEP_PARAM_PATH", str(tmp / "params.bin"))
+
+
+def make_fs_files(tmp: Path) -> dict:
+    """A user's own project directory, directories whose lock file is a link, and a finished disk-store run."""
+    user = tmp / "project"
+    for name in ("wandb/run-1", "client_states/0-ewc"):
+        (user / name).mkdir(parents=True)
+    for name in ("config.yaml", "results.json", "wandb/run-1/files.txt", "client_states/0-ewc/seg-000001.log"):
+        (user / name).write_text(f"the user's own {name}")
+    (tmp / "victim.txt").write_text("a file the lock must never touch")
+    for name in ("linked", "hardlinked"):
+        (tmp / name).mkdir()
+    (tmp / "linked" / ".cfl.lock").symlink_to(tmp / "victim.txt")
+    os.link(tmp / "victim.txt", tmp / "hardlinked" / ".cfl.lock")
+    (tmp / "disk.yaml").write_text(yaml.safe_dump(DISK_TINY))
+    assert main(["run", str(tmp / "disk.yaml"), "--out", str(tmp / "disk"), "--quiet"]) == 0
+    return {"user": str(user), "linked": str(tmp / "linked"), "hardlinked": str(tmp / "hardlinked"),
+            "disk": str(tmp / "disk")}
+
+
+def tree(path: str) -> dict:
+    return {str(p.relative_to(path)): p.read_bytes() for p in Path(path).rglob("*") if p.is_file()}
+
+
+def test_overwrite_and_links_leave_the_users_files_as_they_were(files):
+    before = tree(files["user"]), (Path(files["tmp"]) / "victim.txt").read_text()
+    for out in (files["user"], files["linked"], files["hardlinked"]):
+        assert main(["run", files["cfg"], "--out", out, "--overwrite", "--quiet"]) == 2
+    assert (tree(files["user"]), (Path(files["tmp"]) / "victim.txt").read_text()) == before
+
+
+def test_overwrite_replaces_a_marked_run_directory_and_a_marked_older_one(files):
+    out = Path(files["tmp"]) / "older"
+    assert main(["run", files["cfg"], "--out", str(out), "--quiet"]) == 0
+    assert json.loads((out / ".cfl-run").read_text())["cfl_run_directory"] is True
+    (out / ".cfl-run").unlink()  # as a cfl from before the marker left it
+    assert main(["run", files["cfg"], "--out", str(out), "--overwrite", "--quiet"]) == 2
+    (out / ".cfl-run").touch()  # what the refusal says to do
+    assert main(["run", files["cfg"], "--out", str(out), "--overwrite", "--quiet", "--set", "seed=1"]) == 0
+    assert json.loads((out / "results.json").read_text())["seed"] == 1
+
+
+def test_a_lost_lock_stops_before_the_rounds_line_and_keeps_the_checkpoint(files, monkeypatch):
+    out = Path(files["tmp"]) / "lost-then-resumed"
+    lose_lock_in_round(monkeypatch, "deleted")
+    assert main(["run", files["cfg"], "--out", str(out), "--quiet"]) == 3
+    rounds = [line for line in (out / "metrics.jsonl").read_text().splitlines() if '"kind": "round"' in line]
+    assert len(rounds) == 1 and checkpoint.load(out)["progress"]["global_round"] == 1
+    monkeypatch.undo()
+    assert main(["run", "--resume", str(out), "--quiet"]) == 0
+    assert (out / "metrics.jsonl").read_text() == (Path(files["finished"]) / "metrics.jsonl").read_text()
+
+
+def test_non_utf8_bytes_after_the_last_line_are_cut_on_resume(files):
+    import shutil
+
+    out = Path(files["tmp"]) / "binary-tail"
+    shutil.copytree(files["finished"], out)
+    whole = (out / "metrics.jsonl").read_bytes()
+    for tail in (b"\xff\xfe\x00\x80 torn", b'{"kind": "round", "task": \xe9\n'):
+        (out / "metrics.jsonl").write_bytes(whole + tail)
+        assert main(["run", "--resume", str(out), "--quiet"]) == 0
+        assert (out / "metrics.jsonl").read_bytes() == whole
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +225,10 @@ def files(tmp_path_factory):
     (tmp / "busy").mkdir()
     (tmp / "busy" / "config.yaml").write_text((tmp / "finished" / "config.yaml").read_text())
     checkpoint.save(tmp / "busy", checkpoint.load(tmp / "finished"))
+    (tmp / "busy" / ".cfl-run").touch()  # a run directory cfl made
     return {"tmp": str(tmp), "cfg": str(tmp / "tiny.yaml"), "file": str(tmp / "afile"),
-            "readonly": str(tmp / "readonly"), "finished": str(tmp / "finished"), "busy": str(tmp / "busy")}
+            "readonly": str(tmp / "readonly"), "finished": str(tmp / "finished"), "busy": str(tmp / "busy"),
+            **make_fs_files(tmp)}
 
 
 def fail_writes_after_round(monkeypatch, after_round: int) -> None:
@@ -91,10 +260,13 @@ def apply_fault(fault: str, files: dict, monkeypatch, stack) -> None:
     elif fault == "readonly":
         os.chmod(files["readonly"], 0o555)
         stack.callback(os.chmod, files["readonly"], 0o755)
-        real_access = os.access  # root may write anywhere: let the check see the mode bits
-        monkeypatch.setattr(rundir.os, "access", lambda p, m: Path(p) != Path(files["readonly"]) and real_access(p, m))
+        real_access = os.access  # root may write anywhere: let the check see the mode bits (r-x)
+        monkeypatch.setattr(rundir.os, "access", lambda p, m: not (Path(p) == Path(files["readonly"]) and m & os.W_OK)
+                            and real_access(p, m))
     elif fault in ("disk", "disk0"):
         fail_writes_after_round(monkeypatch, 2 if fault == "disk" else 0)
+    elif fault in FS_FAULTS:
+        apply_fs_fault(fault, files, monkeypatch, stack)
 
 
 def snapshot(run_dir: str) -> dict:
@@ -103,7 +275,7 @@ def snapshot(run_dir: str) -> dict:
 
 
 def test_the_table_covers_every_fault():
-    assert {c[2] for c in CASES} == {"", "data", "lock", "readonly", "disk", "disk0"}
+    assert {c[2] for c in CASES} == {"", "data", "lock", "readonly", "disk", "disk0"} | FS_FAULTS
     assert len({c[0] for c in CASES}) == len(CASES)
 
 

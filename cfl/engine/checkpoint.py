@@ -221,7 +221,8 @@ def restore(run: RunSnapshot, payload: dict[str, Any]) -> RunSnapshot:
         try:
             state.load_state_dict(_to(saved, run.device))
         except ValueError as err:  # a client-state store that cannot take the checkpoint's client states
-            raise ConfigError(f"--resume: the client states of method '{method.name}': {err}") from None
+            raise ConfigError(f"--resume: the client states of method '{method.name}' named by the checkpoint (after "
+                              f"round {payload['progress']['global_round']}): {err}") from None
     run.comm.load_state_dict(payload["comm"])
     progress = Progress(**payload["progress"])
     set_rng_state(payload["rng"])

@@ -35,6 +35,7 @@ Format measurements (against SQLite, a file per client and a memory-mapped file)
 
 from __future__ import annotations
 
+import itertools
 import os
 import weakref
 from collections import OrderedDict
@@ -43,13 +44,13 @@ from typing import Any
 
 import torch
 
-from cfl.engine.state_codec import decode, encode
+from cfl.engine.state_codec import RecordDamaged, check, decode, encode
 
 State = dict[str, Any]
 SEGMENT_BYTES = 1 << 30
 SYNC_BYTES = 32 << 20  # written bytes flushed to disk as they accumulate, so a checkpoint waits for few
 COMPACT_MIN_BYTES = 64 << 20
-MANIFEST_FORMAT = 1
+MANIFEST_FORMAT = 2  # 2: every record carries a CRC-32 (1: records without one, refused)
 _IOV_MAX = 512
 
 
@@ -146,7 +147,9 @@ class DiskClientStates:
         if entry is None:
             return {}
         seg, offset, length, _ = entry
-        state = decode(self._read(seg, offset, length), self.device)
+        raw = self._read(seg, offset, length)
+        self._check(raw, cid, seg, offset)
+        state = decode(raw, self.device)
         self._remember(cid, state)
         return state
 
@@ -211,7 +214,8 @@ class DiskClientStates:
 
     def load_state_dict(self, manifest: dict[Any, Any]) -> None:
         """Point the index at a checkpoint's records; delete segments written after it (they hold no record it
-        names) and write on to a new segment. Raises ``ValueError`` when the files do not hold the records.
+        names) and write on to a new segment. Every record is read and its checksum checked first: raises
+        ``ValueError`` (:class:`RecordDamaged` for a changed record) when the files do not hold the records.
 
         A checkpoint of the in-memory store (client id -> state) is written into a fresh store instead."""
         if manifest.get("store") != "disk":
@@ -219,6 +223,11 @@ class DiskClientStates:
             for cid, state in manifest.items():
                 self.put(int(cid), state)
             return
+        if manifest.get("format") == 1:
+            raise ValueError(f"the client states in {self.root} were written by an older cfl, whose records carry no "
+                             f"checksum (manifest format 1; this cfl reads format {MANIFEST_FORMAT} only, so that a "
+                             "changed record is never read as a state); resume the run with the cfl that wrote it, "
+                             "or start it again with --overwrite")
         if manifest.get("format") != MANIFEST_FORMAT:
             raise ValueError(f"not a disk client-state manifest of format {MANIFEST_FORMAT}")
         self.close()
@@ -234,6 +243,7 @@ class DiskClientStates:
                 raise ValueError(f"{self.root / _segment_name(seg)} is missing or shorter ({size} bytes) than the "
                                  f"checkpoint's records need ({end} bytes)")
         self._index = index  # type: ignore[assignment]
+        self._verify(files)
         self._size = {seg: files[seg].stat().st_size for seg in needed}
         self._live = dict.fromkeys(needed, 0)
         for seg, _, length, _ in index.values():
@@ -278,6 +288,7 @@ class DiskClientStates:
             for offset, cid in moving:
                 _, _, length, data = self._index[cid]
                 raw = self._read(seg, offset, length)
+                self._check(raw, cid, seg, offset)  # a damaged record is not copied on as if it were sound
                 new_seg, new_offset = self._append([raw], length)
                 self._index[cid] = (new_seg, new_offset, length, data)
                 self._live[new_seg] += length
@@ -319,6 +330,24 @@ class DiskClientStates:
     def _read(self, seg: int, offset: int, length: int) -> bytearray:
         self.bytes_read += length
         return _read_exact(self._fd(seg), length, offset)
+
+    def _check(self, raw: bytearray, cid: int, seg: int, offset: int) -> None:
+        try:
+            check(raw)
+        except RecordDamaged as err:
+            raise RecordDamaged(f"{self.root / _segment_name(seg)}: the record of client {cid} at byte {offset} is "
+                                f"damaged: {err}; the file was changed after cfl wrote it") from None
+
+    def _verify(self, files: dict[int, Path]) -> None:
+        """Read every record the index names, in file order, and check its checksum (one record in memory)."""
+        in_order = sorted(self._index.items(), key=lambda item: item[1][:2])
+        for seg, records in itertools.groupby(in_order, key=lambda item: item[1][0]):
+            fd = os.open(files[seg], os.O_RDONLY)
+            try:
+                for cid, (_, offset, length, _) in records:
+                    self._check(_read_exact(fd, length, offset), cid, seg, offset)
+            finally:
+                os.close(fd)
 
     def _roll(self) -> None:
         """Start a new active segment (a new file, never one that exists)."""

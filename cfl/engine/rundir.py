@@ -1,22 +1,44 @@
-"""Run directories: checked before any work, cleared only after everything that can refuse has run."""
+"""Run directories: checked before any work, cleared only after everything that can refuse has run.
+
+cfl marks each run directory it writes with ``.cfl-run`` (a small JSON file, written before any output), and
+``--overwrite`` replaces only a marked directory: a directory of the user's own files (``--out .``) is refused.
+A run directory of a cfl from before the marker is refused too; the message says how to mark it.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+from datetime import datetime
 from pathlib import Path
 
+from cfl import __version__
 from cfl.engine import checkpoint
 from cfl.engine.lock import LOCK_FILE
+from cfl.report.files import atomic_write_bytes
 from cfl.schema import ConfigError
 
 CLIENT_STATES = "client_states"  # the disk client-state store (cfl/engine/disk_states.py)
+MARKER = ".cfl-run"  # a run directory cfl made; only such a directory may be overwritten
+BOOKKEEPING = (LOCK_FILE, MARKER)  # files of a run directory that are not outputs
 OUTPUT_FILES = ("results.json", "metrics.jsonl", "config.yaml", "acc_matrix.png", "accuracy_curve.png",
                 "task_accuracy.png", checkpoint.CHECKPOINT)
 
 
+def check_searchable(out: Path, flag: str = "--out") -> None:
+    """Refuse a path under a directory this process may not search (no ``x`` permission), where every look
+    at the path would fail with a permission error (exit code 2)."""
+    for parent in reversed(Path(os.path.abspath(out)).parents):
+        if parent.is_dir() and not os.access(parent, os.X_OK):
+            raise ConfigError(f"{flag} {out}: cannot look inside {parent} (no search permission, the x bit, for "
+                              f"this user); choose another {flag} or ask for access (chmod +x {parent})")
+
+
 def check_writable(out: Path) -> None:
-    """Refuse a run directory that is a file, lies under a file, or cannot be written (exit code 2)."""
+    """Refuse a run directory that is a file, lies under a file or an unsearchable directory, or cannot be
+    written (exit code 2)."""
+    check_searchable(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a directory; choose another --out")
     existing = out
@@ -30,17 +52,54 @@ def check_writable(out: Path) -> None:
                           f"choose another --out")
 
 
+def check_state_dirs(out: Path) -> None:
+    """Refuse a run directory whose disk client-state store cannot be written (exit code 2): a resumed run
+    appends records there and removes those no checkpoint names; ``--overwrite`` deletes them."""
+    root = out / CLIENT_STATES
+    if not root.is_dir():
+        return
+    for folder in [root, *sorted(p for p in root.iterdir() if p.is_dir())]:
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise ConfigError(f"run directory '{out}': {folder} is not writable (read-only directory or file "
+                              f"system), and the disk client-state store writes and removes its records there; "
+                              f"make it writable (chmod -R u+w {root}) and run again")
+
+
 def holds_outputs(out: Path) -> bool:
-    return out.is_dir() and any(p.name != LOCK_FILE for p in out.iterdir())
+    return out.is_dir() and any(p.name not in BOOKKEEPING for p in out.iterdir())
+
+
+def is_marked(out: Path) -> bool:
+    """``out`` is a run directory cfl made (its marker is a regular file, not a link)."""
+    return (out / MARKER).is_file() and not (out / MARKER).is_symlink()
+
+
+def mark(out: Path) -> bool:
+    """Mark ``out`` as a cfl run directory; True when this call wrote the marker."""
+    if is_marked(out):
+        return False
+    made = datetime.now().astimezone().isoformat(timespec="seconds")
+    atomic_write_bytes(out / MARKER, json.dumps({"cfl_run_directory": True, "cfl_version": __version__,
+                                                 "marked": made}).encode() + b"\n")
+    return True
 
 
 def refuse_outputs(out: Path, overwrite: bool) -> None:
-    """Refuse to replace an earlier run's outputs unless ``overwrite`` (nothing is deleted here)."""
-    if holds_outputs(out) and not overwrite:
+    """Refuse to replace an earlier run's outputs unless ``overwrite``, and to replace anything in a directory
+    cfl did not mark as a run directory (nothing is deleted here)."""
+    if not holds_outputs(out):
+        return
+    if not overwrite:
         unfinished = (out / checkpoint.CHECKPOINT).is_file() and not (out / "results.json").is_file()
         hint = f", or continue that unfinished run with: cfl run --resume {out}" if unfinished else ""
         raise ConfigError(f"run directory '{out}' already holds outputs; pass --overwrite to replace them "
                           f"or --out to choose another directory{hint}")
+    if not is_marked(out):
+        raise ConfigError(f"--overwrite: '{out}' holds files but is not a cfl run directory (it has no {MARKER} "
+                          f"file; cfl marks each run directory it makes and replaces only those), so nothing in it "
+                          f"is deleted. Choose a new or empty --out, or empty '{out}' yourself. If it is a run "
+                          f"directory of an older cfl (made before the marker existed), mark it first: "
+                          f"touch {out}/{MARKER}")
 
 
 def clear_outputs(out: Path) -> None:
@@ -62,7 +121,8 @@ def make(out: Path) -> bool:
 
 
 def remove_if_empty(out: Path) -> None:
-    """Remove a directory this run created and left nothing in but its lock file."""
+    """Remove a directory this run created and left nothing in but its lock file and marker."""
     if out.is_dir() and not holds_outputs(out):
-        (out / LOCK_FILE).unlink(missing_ok=True)
+        for name in BOOKKEEPING:
+            (out / name).unlink(missing_ok=True)
         out.rmdir()

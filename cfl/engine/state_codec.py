@@ -4,22 +4,30 @@ No pickle: a record holds only the tree's shape, dtypes, shapes and plain values
 strings, None) in its header and each tensor's bytes, 64-byte aligned, after it. Decoding reads the record
 into one buffer and returns tensors that are views of it (no copy), so a decoded state costs its own size.
 
-Layout: ``MAGIC`` (4 bytes), header length (4 bytes, little endian), header (UTF-8 JSON), zero padding to
-64 bytes, then the tensors' data in header order, each padded to 64 bytes.
+Layout: ``MAGIC`` (4 bytes), a CRC-32 (``zlib.crc32``) of every byte after it (4 bytes), the header length
+(4 bytes; both little endian), the header (UTF-8 JSON), zero padding to 64 bytes, then the tensors' data in
+header order, each padded to 64 bytes. :func:`decode` and :func:`check` refuse a record whose checksum does
+not match (:class:`RecordDamaged`): a changed value, a flipped bit or a damaged header is never read as a state.
 """
 
 from __future__ import annotations
 
 import json
 import struct
+import zlib
 from typing import Any
 
 import torch
 
-MAGIC = b"CFLS"
+MAGIC = b"CFLC"  # b"CFLS": the first format, without a checksum (no longer read)
 ALIGN = 64
-_PREFIX = struct.Struct("<4sI")
+_PREFIX = struct.Struct("<4sII")  # magic, CRC-32 of the rest of the record, header length
+_CHECKED = 8  # the checksum covers the record from this byte on: the header length, header, padding, data
 _ZEROS = bytes(ALIGN)
+
+
+class RecordDamaged(ValueError):
+    """A client-state record whose bytes are not the ones cfl wrote (checksum mismatch, unknown magic)."""
 
 
 def _pad(n: int) -> int:
@@ -57,8 +65,9 @@ def encode(state: dict[str, Any]) -> tuple[list[memoryview | bytes], int, int]:
     tensors: list[torch.Tensor] = []
     offset = [0, 0]  # data bytes so far, bytes of plain numbers
     header = json.dumps(_tree(state, tensors, offset, "state"), separators=(",", ":")).encode()
-    head = _PREFIX.pack(MAGIC, len(header)) + header
-    buffers: list[memoryview | bytes] = [head, _ZEROS[: _pad(len(head))]]
+    size = struct.pack("<I", len(header))
+    head_len = _PREFIX.size + len(header)
+    buffers: list[memoryview | bytes] = [b"", header, _ZEROS[: _pad(head_len)]]
     data = offset[1]
     for t in tensors:
         n = t.numel() * t.element_size()
@@ -66,7 +75,11 @@ def encode(state: dict[str, Any]) -> tuple[list[memoryview | bytes], int, int]:
             buffers.append(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
             buffers.append(_ZEROS[: _pad(n)])
         data += n
-    return buffers, len(head) + _pad(len(head)) + offset[0], data
+    crc = zlib.crc32(size)  # the bytes from _CHECKED on, buffer by buffer
+    for b in buffers[1:]:
+        crc = zlib.crc32(b, crc)
+    buffers[0] = _PREFIX.pack(MAGIC, crc, len(header))
+    return buffers, head_len + _pad(head_len) + offset[0], data
 
 
 def _build(node: dict[str, Any], buf: bytearray, base: int, device: torch.device) -> Any:
@@ -86,11 +99,23 @@ def _build(node: dict[str, Any], buf: bytearray, base: int, device: torch.device
     return node["v"]
 
 
-def decode(buf: bytearray, device: torch.device | str = "cpu") -> dict[str, Any]:
-    """The state a record encodes; CPU tensors are views of ``buf``."""
-    magic, length = _PREFIX.unpack_from(buf, 0)
+def check(buf: bytearray | bytes) -> None:
+    """Refuse (:class:`RecordDamaged`) a record whose magic or checksum is not the one :func:`encode` wrote."""
+    if len(buf) < _PREFIX.size:
+        raise RecordDamaged(f"record of {len(buf)} bytes is shorter than its {_PREFIX.size}-byte prefix")
+    magic, stored, _ = _PREFIX.unpack_from(buf, 0)
     if magic != MAGIC:
-        raise ValueError("not a client-state record (bad magic bytes)")
+        old = " (a record of an older cfl, without a checksum)" if magic == b"CFLS" else ""
+        raise RecordDamaged(f"record starts with {bytes(magic)!r}, not {MAGIC!r}{old}")
+    computed = zlib.crc32(memoryview(buf)[_CHECKED:])
+    if computed != stored:
+        raise RecordDamaged(f"checksum mismatch (CRC-32 stored 0x{stored:08x}, computed 0x{computed:08x})")
+
+
+def decode(buf: bytearray, device: torch.device | str = "cpu") -> dict[str, Any]:
+    """The state a record encodes, once its checksum is checked; CPU tensors are views of ``buf``."""
+    check(buf)
+    _, _, length = _PREFIX.unpack_from(buf, 0)
     end = _PREFIX.size + length
     header = json.loads(bytes(buf[_PREFIX.size:end]))
     return _build(header, buf, end + _pad(end), torch.device(device))

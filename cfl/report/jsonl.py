@@ -43,15 +43,27 @@ def lines_before_checkpoint(lines: list[str], rounds: int, evaluations: int) -> 
     return lines if seen == want else None
 
 
+def readable_lines(path: Path) -> list[str]:
+    """The complete lines of ``path`` up to the first one that is not UTF-8 JSON: a line torn by a kill (no
+    newline) or holding bytes a kill left (a partly written block of a file system) ends what can be read."""
+    lines: list[str] = []
+    for raw in path.read_bytes().split(b"\n")[:-1] if path.is_file() else []:  # the last part has no newline
+        try:
+            line = raw.decode("utf-8")
+            json.loads(line)
+        except ValueError:  # UnicodeDecodeError and JSONDecodeError both
+            break
+        lines.append(line + "\n")
+    return lines
+
+
 def keep_lines_up_to(path: Path, rounds: int, evaluations: list[dict[str, Any]]) -> str:
     """The text of ``path`` cut back to a checkpoint after ``rounds`` global rounds with these evaluations.
 
     If lines written before the checkpoint are missing (a file deleted or cut by hand), the evaluation
     lines are rebuilt from the checkpoint and a warning says that round lines are lost.
     """
-    lines = path.read_text().splitlines(keepends=True) if path.is_file() else []
-    complete = [line for line in lines if line.endswith("\n")]
-    kept = lines_before_checkpoint(complete, rounds, len(evaluations))
+    kept = lines_before_checkpoint(readable_lines(path), rounds, len(evaluations))
     if kept is not None:
         return "".join(kept)
     warnings.warn(f"{path} lacks lines written before the checkpoint (after round {rounds}); its evaluation "

@@ -66,6 +66,9 @@ def read_sweep_params(path: Path) -> dict[str, Any]:
     except OSError as err:
         raise ConfigError(f"cannot read the {where}: {err.strerror}; run under `wandb agent` or unset "
                           f"{PARAM_PATH_ENV}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"the {where} is not UTF-8 text (byte {err.start} is 0x{err.object[err.start]:02x}; a "
+                          f"binary file?); point {PARAM_PATH_ENV} at the YAML file the W&B agent wrote") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"the {where} is not valid YAML: {err}") from None
     if not isinstance(data, dict):
