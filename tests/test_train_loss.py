@@ -35,7 +35,7 @@ def round_losses(runner: Runner, task: int) -> dict[str, float]:
 
 
 def runner_after_task_0(method: dict) -> Runner:
-    runner = Runner(tiny_config(method=method, local_epochs=3), make_stream(n_train=90))
+    runner = Runner(tiny_config(method=method, local_epochs=2), make_stream())
     runner.run_round(0, 0)
     runner.task_end(0)
     return runner
