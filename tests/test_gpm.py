@@ -7,6 +7,7 @@ from torch import nn
 from cfl.engine.hooks import projected as projected_by
 from cfl.engine.runner import Runner
 from cfl.engine.stacking import stack_states
+from cfl.methods import gpm as gpm_module
 from cfl.methods.base import ClientData, RunInfo
 from cfl.methods.gpm import GPM, GPMHyperparams, extend_from_gram
 from cfl.metrics.results import method_stats
@@ -102,3 +103,17 @@ def test_stats_report_client_state_bytes_and_nothing_is_uploaded():
     assert stats["client_state_bytes_max"] == max(sizes)
     assert stats["client_state_bytes_mean"] == pytest.approx(sum(sizes) / len(sizes))
     assert runner.comm.upload_bytes == 2 * 2 * 3 * runner.model_bytes
+
+
+def test_eps_grows_by_eps_inc_per_task_and_stops_at_1(monkeypatch):
+    """Issue 27 item 19 (i): a client's basis step of task t uses ``min(1, eps + t * eps_inc)``."""
+    model = TwoLayerNet()
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    gpm = GPM(GPMHyperparams(eps=0.998, eps_inc=0.001), _gpm(model, 0.9).run_info)
+    used: list[float] = []
+    monkeypatch.setattr(gpm_module, "extend_from_held", lambda _held, basis, eps: used.append(eps) or basis)
+    for task in range(4):
+        gpm.client_end("task_end", model, params, ClientData(torch.randn(5, 8), torch.zeros(5), task), {}, {},
+                       torch.Generator())
+    assert used[::2] == pytest.approx([0.998, 0.999, 1.0, 1.0], abs=1e-12)  # two protected layers per task
+    assert used[1::2] == used[::2]
