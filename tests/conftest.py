@@ -57,3 +57,11 @@ def run_both_paths(make_cfg, stream: Stream, **kw):
         assert torch.allclose(batched.params[k], sequential.params[k], atol=1e-5, rtol=1e-4), k
     assert batched.progress.acc_matrix == sequential.progress.acc_matrix
     return batched, sequential
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _probe_cache_in_a_temporary_directory(tmp_path_factory):
+    """bf16-mixed's speed probe (cfl/engine/bf16_probe.py) caches its rates here, not in the user's cache."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CFL_PROBE_CACHE", str(tmp_path_factory.mktemp("probe") / "bf16_probe.json"))
+        yield

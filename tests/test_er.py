@@ -87,6 +87,20 @@ def test_replay_batch_mixes_memory_with_weights_and_pads_an_empty_client():
     assert pad_samples([er.replay({}, torch.Generator()), None]) is None
 
 
+def test_replay_draws_uniformly_from_the_whole_memory():
+    """Issue 27 item 19 (iii): a replay batch is a random draw without replacement from all valid memory rows
+    (the generator's), not the first rows: over 240 draws of 5 from 12 rows each row comes ~100 times."""
+    er, state = _er(mem=12, replay=5), {}
+    _end(er, _task_data(0), state, torch.Generator().manual_seed(0))
+    rows = {tuple(r.tolist()): i for i, r in enumerate(state["x"])}
+    counts = Counter(rows[tuple(r.tolist())] for seed in range(240)
+                     for r in er.replay(state, torch.Generator().manual_seed(seed)).x)
+    assert sorted(counts) == list(range(12))  # every memory row is drawn
+    assert all(60 <= c <= 140 for c in counts.values()), counts  # expected 240 * 5 / 12 = 100 each
+    again = er.replay(state, torch.Generator().manual_seed(7)).x
+    assert torch.equal(again, er.replay(state, torch.Generator().manual_seed(7)).x)  # the generator decides
+
+
 def test_small_memory_gives_a_short_replay_batch():
     er, state = _er(mem=3, replay=5), {}
     _end(er, _task_data(0), state, torch.Generator())

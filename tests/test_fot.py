@@ -176,3 +176,14 @@ def test_explicit_sketch_factors_override_the_reference_and_unknown_models_must_
     assert fot.widths() == {"conv.weight": 3 * 18, "head.weight": 2 * 48}
     with pytest.raises(ConfigError, match="conv_sketch_factor"):
         FOT(FOTHyperparams(sketch_factor=2.0), _run_info(model))
+
+
+def test_eps_grows_by_eps_inc_after_each_task_and_stops_at_1():
+    """Issue 27 item 19 (i): GPSE of task t uses ``min(1, eps + t * eps_inc)`` (the reference's +0.001 per task)."""
+    hparams = FOTHyperparams(eps=0.998, eps_inc=0.001, sketch_factor=1.0, conv_sketch_factor=1.0)
+    fot = FOT(hparams, _run_info(_ConvNet()))
+    state = MethodState()
+    for task in range(4):
+        fot.server_end("task_end", {}, state.server, task=task)
+    assert [entry["eps"] for entry in state.server["log"]] == pytest.approx([0.998, 0.999, 1.0, 1.0], abs=1e-12)
+    assert state.server["eps"] == 1.0

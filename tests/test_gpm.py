@@ -5,9 +5,13 @@ import torch
 from torch import nn
 
 from cfl.engine.hooks import projected as projected_by
+from cfl.engine.jobs import ClientJob, Hyper, Plugins
+from cfl.engine.local_batched import BatchedTrainer
+from cfl.engine.local_sequential import train_sequential
 from cfl.engine.runner import Runner
 from cfl.engine.stacking import stack_states
-from cfl.methods.base import ClientData, RunInfo
+from cfl.methods import gpm as gpm_module
+from cfl.methods.base import ClientData, MethodState, RunInfo
 from cfl.methods.gpm import GPM, GPMHyperparams, extend_from_gram
 from cfl.metrics.results import method_stats
 from cfl.validation import from_dict
@@ -102,3 +106,43 @@ def test_stats_report_client_state_bytes_and_nothing_is_uploaded():
     assert stats["client_state_bytes_max"] == max(sizes)
     assert stats["client_state_bytes_mean"] == pytest.approx(sum(sizes) / len(sizes))
     assert runner.comm.upload_bytes == 2 * 2 * 3 * runner.model_bytes
+
+
+def test_eps_grows_by_eps_inc_per_task_and_stops_at_1(monkeypatch):
+    """Issue 27 item 19 (i): a client's basis step of task t uses ``min(1, eps + t * eps_inc)``."""
+    model = TwoLayerNet()
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    gpm = GPM(GPMHyperparams(eps=0.998, eps_inc=0.001), _gpm(model, 0.9).run_info)
+    used: list[float] = []
+    monkeypatch.setattr(gpm_module, "extend_from_held", lambda _held, basis, eps: used.append(eps) or basis)
+    for task in range(4):
+        gpm.client_end("task_end", model, params, ClientData(torch.randn(5, 8), torch.zeros(5), task), {}, {},
+                       torch.Generator())
+    assert used[::2] == pytest.approx([0.998, 0.999, 1.0, 1.0], abs=1e-12)  # two protected layers per task
+    assert used[1::2] == used[::2]
+
+
+@pytest.mark.parametrize("trainer", [train_sequential, BatchedTrainer()], ids=["sequential", "batched"])
+def test_weight_decay_is_projected_with_the_gradient(trainer):
+    """Issue 27 item 19 (ii), docs/methods/gpm.md: each local step projects ``g + wd * w`` (after weight decay),
+    so one step moves fc1.weight by ``-lr * (g + wd w)(I - M M^T)``, nothing along the basis M. Projecting
+    before the decay would move it by ``-lr * wd * w M M^T`` along M (checked below to be large)."""
+    torch.manual_seed(0)
+    model = TwoLayerNet()
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    basis = torch.linalg.qr(torch.randn(8, 3))[0]
+    states = [MethodState()]
+    states[0].clients.put(0, {"bases": {"fc1.weight": basis}})
+    x, y = torch.randn(6, 8), torch.tensor([0, 1, 2, 0, 1, 2])
+    lr, wd = 0.1, 0.5
+    hp = Hyper(lr, 0.0, wd, 1, 6)  # one step on all 6 samples
+    trained, _ = trainer(model, params, [ClientJob(0, torch.arange(6), None, 0)], x, y, 0, hp,
+                         Plugins([_gpm(model, 0.9)], states, [{}]))
+    moved = trained["fc1.weight"][0] - params["fc1.weight"]
+    p = {k: v.clone().requires_grad_() for k, v in params.items()}
+    loss = nn.functional.cross_entropy(torch.func.functional_call(model, p, (x, None)), y)
+    g = torch.autograd.grad(loss, p["fc1.weight"])[0]
+    decayed = g + wd * params["fc1.weight"]
+    assert torch.allclose(moved, -lr * (decayed - decayed @ basis @ basis.T), atol=1e-6)
+    assert (moved @ basis).norm() < 1e-6
+    assert (lr * wd * params["fc1.weight"] @ basis).norm() > 0.02  # what projecting first would leave along M

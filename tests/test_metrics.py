@@ -32,6 +32,12 @@ def test_rounds_to_targets():
     assert rounds_to_targets(curve, [85, 90, 95]) == {"85": 10, "90": 15, "95": None}
 
 
+def test_an_accuracy_equal_to_the_target_reaches_it():
+    """Issue 27 item 19 (iv): "reaches" is ``>=`` (``>`` would give 85 at round 10 and 90 never)."""
+    assert rounds_to_targets([(5, 85.0), (10, 90.0)], [85, 90]) == {"85": 5, "90": 10}
+    assert rounds_to_targets([(5, 84.999)], [85]) == {"85": None}
+
+
 def _evaluation(task, rnd, *accs):
     return {"task": task, "round": rnd, "acc": {str(j): a for j, a in enumerate(accs)}}
 

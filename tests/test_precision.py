@@ -46,16 +46,18 @@ def test_cpu_flags_read_x86_and_arm_cpuinfo(tmp_path):
     assert cpu_flags(tmp_path / "missing") is None
 
 
-@pytest.mark.parametrize(("units", "warns"), [(False, True), (None, True), (True, False)])
-def test_bf16_mixed_without_bfloat16_units_warns_once(monkeypatch, units, warns):
+@pytest.mark.parametrize(("units", "warns"), [(False, True), (True, False)])
+def test_bf16_mixed_on_a_gpu_without_bfloat16_units_warns_once(monkeypatch, units, warns):
+    """On CUDA no probe runs: torch.cuda.is_bf16_supported() decides (a CPU's rates: tests/test_bf16_probe.py)."""
     monkeypatch.setattr(precision, "_warned", set())
     monkeypatch.setattr(precision, "_units", lambda _: units)
-    cpu = torch.device("cpu")
+    monkeypatch.setattr(precision.bf16_probe, "probed_rates", lambda: pytest.fail("probed on CUDA"))
+    cuda = torch.device("cuda")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        warn_if_slow(32, cpu)
-        warn_if_slow("bf16-mixed", cpu)
-        warn_if_slow("bf16-mixed", cpu)
+        warn_if_slow(32, cuda)
+        warn_if_slow("bf16-mixed", cuda)
+        warn_if_slow("bf16-mixed", cuda)
     slow = [w for w in caught if "slower than with precision: 32" in str(w.message)]
     assert len(slow) == (1 if warns else 0)
 

@@ -116,6 +116,19 @@ def test_a_target_no_run_reached_says_so(tmp_path):
     assert row(report([tmp_path]))["rounds to 99%"] == "never reached"
 
 
+def test_a_group_that_set_no_target_is_not_said_to_have_missed_it(tmp_path):
+    """Issue 27 item 5: the group without target_accuracies showed "never reached" (the CSV was right)."""
+    write_results(tmp_path / "a", 0, 70.0, 1.0, config={"lr": 0.05}, rounds_to_target={"0": {"90": None}})
+    write_results(tmp_path / "b", 0, 80.0, 1.0, config={"lr": 0.5, "target_accuracies": [50]},
+                  rounds_to_target={"0": {"50": 3}})
+    write_results(tmp_path / "c", 0, 60.0, 1.0, config={"lr": 5.0})
+    found = {r["method"]: (r["rounds to 50%"], r["rounds to 90%"]) for r in rows(report([tmp_path]))}
+    assert found == {"fedavg lr=0.05": ("no target set", "never reached"), "fedavg lr=0.5": ("3.0", "no target set"),
+                     "fedavg lr=5.0": ("no target set", "no target set")}
+    csv_rows = {r["method"]: r for r in csv.DictReader(io.StringIO(report([tmp_path], "csv")))}
+    assert [csv_rows["fedavg lr=5.0"][f"rounds to 50% {c}"] for c in ("mean", "std", "n")] == ["", "", "0"]
+
+
 def test_one_seed_shows_zero_std_and_missing_fields_a_dash(tmp_path):
     write_results(tmp_path / "s0", 0, 71.234, -0.5)
     r = row(report([tmp_path]))

@@ -52,6 +52,18 @@ def test_thin_and_gram_paths_agree_with_and_without_a_basis(d, n, rank, eps):
     assert _same_span(thin, gram) and torch.equal(thin[:, : first.shape[1]], first)
 
 
+@pytest.mark.parametrize("scale", [1e-9, 1.0, 1e7])
+def test_the_noise_cut_off_is_relative_to_the_top_singular_value(scale):
+    """Issue 27 item 19 (v): directions with ``S_j <= 1e-6 S_1`` are noise whatever the inputs' scale. Rank-3
+    inputs keep exactly 3 directions at every scale; an absolute cut (``S_j > 1e-6``) keeps none at 1e-9
+    and rounding noise at 1e7 (eigh's error on ``R^T R`` there is ~1e-16 * 1e14: singular values ~0.1)."""
+    a = _inputs(10, 6, 3) * scale
+    vectors, svals, ratio = thin_residual_spectrum(a, None)
+    assert vectors.shape == (10, 3) and ratio == pytest.approx(1.0)
+    assert torch.allclose(svals / scale, torch.tensor([1.0, 0.5, 0.25], dtype=torch.float64), rtol=1e-9)
+    assert _same_span(vectors, thin_residual_spectrum(_inputs(10, 6, 3), None)[0])
+
+
 def test_residual_spectrum_and_ratio_match_the_gram_path():
     a = _inputs(10, 6, 6)
     basis = torch.linalg.qr(torch.randn(10, 2, generator=torch.Generator().manual_seed(3), dtype=torch.float64))[0]

@@ -82,5 +82,7 @@ class ClientOutcome:
 
     cid: int
     num_samples: int
+    #: the task loss (the steps' weighted cross-entropy, replay included), averaged over the client's steps; the
+    #: same in every path: no penalty or extra loss (the stacked path never forms a penalty's value)
     mean_loss: float
     finite: bool

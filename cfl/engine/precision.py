@@ -13,9 +13,10 @@ stay float32. bfloat16 keeps float32's exponent range, so no loss scaling is nee
   :class:`Bf16Weights`, whose buffers a kept workspace holds across rounds; each step updates the float32
   weight and writes its bfloat16 copy in one compiled pass (:mod:`cfl.engine.bf16_step`).
 
-Where the hardware has no bfloat16 units (x86 without ``avx512_bf16``/``amx_bf16``, Arm without ``bf16``;
-a GPU for which ``torch.cuda.is_bf16_supported()`` is false) torch emulates the products: bf16-mixed still
-trains, but slower than float32, and :func:`warn_if_slow` says so once per process and device.
+Where bfloat16 products are no faster than float32 ones bf16-mixed still trains, but slower than float32, and
+:func:`warn_if_slow` says so, with the figures, once per process and device: on a CPU it decides from measured
+product rates (:mod:`cfl.engine.bf16_probe`), since flags do not settle it (a Xeon with ``avx512_bf16`` and no
+AMX ran bfloat16 products at half float32's rate); on a GPU from ``torch.cuda.is_bf16_supported()``.
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ import contextlib
 import functools
 import warnings
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from cfl.engine import bf16_probe
 from cfl.engine.bf16_step import step_cast
+from cfl.engine.cpuinfo import cpu_flags
 from cfl.schema import ConfigError
 
 #: the values of the ``precision`` config key (Lightning's spelling): float32 throughout, or bf16 products
@@ -70,22 +72,9 @@ def to_float(t: torch.Tensor) -> torch.Tensor:
     return t.float() if t.dtype == LOW else t
 
 
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str] | None:
-    """The CPU's feature flags (x86 ``flags``, Arm ``Features``), or None where the file cannot be read."""
-    try:
-        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
-    flags: set[str] = set()
-    for line in text.splitlines():
-        name, sep, value = line.partition(":")
-        if sep and name.strip() in ("flags", "Features"):
-            flags.update(value.split())
-    return flags
-
-
 def has_bf16_units(device: torch.device) -> bool | None:
-    """Whether ``device`` multiplies bfloat16 in hardware (None: cannot tell)."""
+    """Whether ``device`` multiplies bfloat16 in hardware by its flags (None: cannot tell). On a CPU the flags
+    are only a hint (see :mod:`cfl.engine.bf16_probe`); :func:`warn_if_slow` decides from measured rates."""
     if device.type == "cuda":
         return bool(torch.cuda.is_bf16_supported(including_emulation=False))
     flags = cpu_flags()
@@ -98,22 +87,41 @@ _warned: set[str] = set()
 
 
 def warn_if_slow(precision: int | str, device: torch.device) -> None:
-    """Warn once per device type when bf16-mixed runs where bfloat16 products are emulated (or may be)."""
+    """Warn once per device type when bf16-mixed will run slower than float32: on a CPU whose measured
+    bfloat16 product rate is no better than its float32 one (:mod:`cfl.engine.bf16_probe`: a probe of tens
+    of milliseconds, cached per machine), on a GPU for which ``torch.cuda.is_bf16_supported()`` is false."""
     if not is_mixed(precision) or device.type in _warned:
         return
     _warned.add(device.type)
-    units = _units(device.type)
-    if units:
-        return
-    if units is None:
-        why = "/proc/cpuinfo cannot be read, so whether this CPU multiplies bfloat16 in hardware is unknown"
-    elif device.type == "cuda":
-        why = "torch.cuda.is_bf16_supported() is false"
-    else:
-        why = "this CPU's flags list none of " + ", ".join(BF16_CPU_FLAGS)
-    warnings.warn(f"precision: bf16-mixed on {device.type}: {why}; torch then emulates the bfloat16 products and the "
-                  "run will be slower than with precision: 32 (the results are still bf16-mixed's)",
-                  RuntimeWarning, stacklevel=3)
+    why = slow_reason(device)
+    if why is not None:
+        warnings.warn(why, RuntimeWarning, stacklevel=3)
+
+
+def slow_reason(device: torch.device) -> str | None:
+    """Why bf16-mixed will be slower than float32 on ``device``, with the figures, or None."""
+    if device.type == "cuda":
+        if _units("cuda"):
+            return None
+        return ("precision: bf16-mixed on cuda: torch.cuda.is_bf16_supported() is false; torch then emulates the "
+                "bfloat16 products and the run will be slower than with precision: 32 (the results are still "
+                "bf16-mixed's)")
+    if device.type != "cpu":
+        return None
+    probe = bf16_probe.probed_rates()
+    if not bf16_probe.bf16_slower(probe.rates):
+        return None
+    return slow_cpu_message(probe)
+
+
+def slow_cpu_message(probe: bf16_probe.ProbeResult) -> str:
+    """The warning for a CPU whose bfloat16 products measured no faster than its float32 ones."""
+    rates, flags = probe.rates, cpu_flags()
+    listed = "unreadable" if flags is None else ", ".join(f for f in BF16_CPU_FLAGS if f in flags) or "none"
+    return (f"precision: bf16-mixed will be SLOWER than precision: 32 on this CPU: bfloat16 matrix products "
+            f"measured {rates.bf16_gflops:.1f} GFLOP/s against {rates.fp32_gflops:.1f} GFLOP/s in float32 "
+            f"({rates.ratio:.2f}x; {probe.key}; bfloat16 CPU flags: {listed}; {probe.source}). "
+            "For speed set precision: 32 (--set precision=32); bf16-mixed's results stay its own, only slower")
 
 
 @functools.cache

@@ -1,6 +1,8 @@
 """``metrics.jsonl``: one JSON object per round and per evaluation, appended and flushed as the run goes.
 
-Each line has a ``kind``: ``"round"`` (``task``, ``round``, ``clients``, ``train_loss``, this round's
+Each line has a ``kind``: ``"round"`` (``task``, ``round``, ``clients``, ``train_loss`` (the task loss: each
+client's mean over its steps of the step's cross-entropy, averaged over the kept clients; no penalty or extra
+loss, in every engine path: docs/concepts.md), this round's
 ``round_upload_bytes`` / ``round_download_bytes`` and the running ``upload_bytes`` / ``download_bytes``, as
 W&B receives them) or ``"evaluation"`` (``acc`` per seen task, ``mean_acc``, ``final``). An evaluation
 made in a round comes just before that round's line.

@@ -6,7 +6,8 @@ group's runs of ACC, FGT and BWT (%), rounds to each target accuracy (when runs 
 upload (GiB) and wall time (s).
 Rounds to a target: per run, the mean over tasks of the rounds (from the task's start) until the task's
 own accuracy reached it; a run with a task that never reached it is left out of the mean, and the cell
-says of how many runs it is. CSV gives the mean and the std in columns of their own, at full precision.
+says of how many runs it is ("never reached": none did). A group none of whose runs set that target (others in
+the table did) shows "no target set". CSV gives the mean and the std in columns of their own, at full precision.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from typing import Any
 from cfl.report.groups import Group, Run, group_runs, is_number, load_runs, mean_std
 
 FORMATS = ("md", "csv", "latex")
+#: a rounds-to-target cell of a group none of whose runs set that target (others in the table did)
+NO_TARGET = "no target set"
 GIB = 1024 ** 3
 
 
@@ -68,8 +71,15 @@ def rounds_to(run: Run, target: str) -> float | None:
     return statistics.fmean(per_task)
 
 
+def sets_target(run: Run, target: str) -> bool:
+    """Whether the run measured the rounds to ``target`` (had it in its ``target_accuracies``)."""
+    return any(target in task for task in (run.results.get("rounds_to_target") or {}).values())
+
+
 def target_column(target: str) -> Column:
     def cell(g: Group) -> Cell:
+        if not any(sets_target(run, target) for run in g.runs):
+            return NO_TARGET
         reached = [r for r in (rounds_to(run, target) for run in g.runs) if r is not None]
         return stat(g, reached, 1) or "never reached"
     return Column(f"rounds to {target}%", cell, numeric=True)
