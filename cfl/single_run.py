@@ -15,7 +15,10 @@ import torch
 from cfl.config import Config, ConfigError, _set_dotted, dump_yaml, parse_overrides, read_yaml
 from cfl.data.load import load_stream
 from cfl.engine import checkpoint, rundir
+from cfl.engine.hook_guard import HookError
 from cfl.engine.lock import locked
+from cfl.engine.path_limits import check_path_length
+from cfl.engine.preflight import dry_run_hooks
 from cfl.engine.runner import Runner
 from cfl.engine.server import NonFiniteError
 from cfl.engine.stop import RunStopped, StopRequest, signal_exit_code
@@ -27,7 +30,7 @@ from cfl.report.wandb_log import WandbLogger
 from cfl.report.wandb_sweep import RunSource
 from cfl.validation import from_dict
 
-EXIT_NONFINITE = 3
+EXIT_NONFINITE = 3  # also a method's hook failing during training: stopped, the last checkpoint kept
 EXIT_DISK_FULL = 4
 
 
@@ -111,6 +114,7 @@ def execute(cfg: Config, out: Path | None = None, overwrite: bool = False, quiet
     started = time.perf_counter()
     device = resolve_device(cfg)
     out = Path(out) if out is not None else default_run_dir(cfg)
+    check_path_length(out)  # before any look at the file system that a long name would turn into OSError 36
     rundir.check_writable(out)
     saved = _checked_checkpoint(out, cfg) if resume else None
     if not resume:
@@ -191,6 +195,7 @@ def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quie
     method = cfg.method_label
     bars = ProgressBars(stream.num_tasks, cfg.rounds_per_task, method, enabled=not quiet)
     runner = Runner(cfg, stream, [], device, state_dir=out / rundir.CLIENT_STATES)
+    dry_run_hooks(runner)  # a hook that raises or returns wrong shapes is refused before any file is written
     attempt.writing = True
     if saved is None:
         rundir.clear_outputs(out)  # --overwrite: only now that data and model are there
@@ -210,6 +215,8 @@ def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quie
     runner.after_round, runner.should_stop = saver, stop
     try:
         runner.run()
+    except HookError as err:
+        raise RunStopped(f"{err}; at {position(runner)}. Stopped; {attempt.kept()}", EXIT_NONFINITE) from None
     finally:
         bars.close()
         runner.client_stores.close()
@@ -227,6 +234,14 @@ def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quie
     if not quiet:
         print(summary(results, out))
     return results
+
+
+def position(runner: Runner) -> str:
+    """Where the run is: in which round of which task, or at a task's end (0-based task, as in messages)."""
+    prog = runner.progress
+    if prog.round_in_task < runner.cfg.rounds_per_task:
+        return f"task {prog.task} (0-based), round {prog.round_in_task + 1} of the task"
+    return f"the end of task {prog.task} (0-based)"
 
 
 def keep_metrics_lines(path: Path, rounds: int, evaluations: list[dict[str, Any]]) -> None:

@@ -45,7 +45,7 @@ def test_duplicate_refused_unless_replace():
     assert reg["red"] == 1
     assert reg.register("red", 9, about="replaced", replace=True) == 9
     assert reg["red"] == 9 and reg.about("red") == "replaced" and list(reg) == ["red", "green"]
-    with pytest.raises(ConfigError, match="non-empty string"):
+    with pytest.raises(ConfigError, match="must be letters, digits"):
         reg.register("", 3)
 
 
