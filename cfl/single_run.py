@@ -216,7 +216,8 @@ def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quie
     try:
         runner.run()
     except HookError as err:
-        raise RunStopped(f"{err}; at {position(runner)}. Stopped; {attempt.kept()}", EXIT_NONFINITE) from None
+        raise RunStopped(f"{err}; at {position(runner)}. Stopped; {attempt.kept()} once the hook is fixed",
+                         EXIT_NONFINITE) from None
     finally:
         bars.close()
         runner.client_stores.close()

@@ -32,6 +32,13 @@ def _parameter(key: object, params: Params, rule: str) -> torch.Tensor:
     return params[key]
 
 
+def _broadcasts(weight: torch.Tensor, p: torch.Tensor) -> bool:
+    try:
+        return torch.broadcast_shapes(weight.shape, p.shape) == p.shape
+    except RuntimeError:
+        return False
+
+
 def check_penalty(result: Any, params: Params) -> dict[str, Quadratic]:
     if result is None:
         return {}
@@ -45,8 +52,7 @@ def check_penalty(result: Any, params: Params) -> dict[str, Quadratic]:
             raise BrokenRule(f"{PENALTY}; the anchor of '{key}' (shape {tuple(p.shape)}) {_got(q.anchor)}")
         weight = q.weight
         if isinstance(weight, bool) or not isinstance(weight, (int, float, torch.Tensor)) or (
-                isinstance(weight, torch.Tensor) and weight.shape != p.shape
-                and torch.broadcast_shapes(weight.shape, p.shape) != p.shape):
+                isinstance(weight, torch.Tensor) and weight.shape != p.shape and not _broadcasts(weight, p)):
             raise BrokenRule(f"{PENALTY}; the weight of '{key}' must be a number or a tensor that broadcasts to "
                              f"{tuple(p.shape)}, {_got(weight)}")
     return result
