@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from cfl.engine.hook_guard import hook_error
+from cfl.failures import USER_FAILURES
 from cfl.schema import ConfigError
 
 #: most torch CPU threads per CPU core a run may ask for (each is an OS thread)
@@ -72,7 +74,12 @@ def check_methods(cfg: Any, specs: list[dict[str, Any]]) -> None:
 
     for spec in specs:
         cls = METHODS[spec["name"]]
-        cls.check(cls.Hyperparams(**{k: v for k, v in spec.items() if k != "name"}), cfg)
+        try:
+            cls.check(cls.Hyperparams(**{k: v for k, v in spec.items() if k != "name"}), cfg)
+        except ConfigError:  # the way a method refuses a config
+            raise
+        except USER_FAILURES as err:  # anything else is a fault of the method's own code
+            raise hook_error(cls, "check", err) from err
 
 
 def check_threads(threads: int) -> None:

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from cfl.failures import USER_FAILURES, line_in, one_line, show_traceback
 from cfl.schema import ConfigError
 
 #: (file name, source) of every plugin file imported in this process -> its module (each imported once)
@@ -51,11 +52,26 @@ def _exec(file: str, text: str) -> ModuleType:
         del sys.modules[name]
         where = f" at line {err.lineno}" if err.lineno else ""
         raise ConfigError(f"plugin file '{file}' is not valid Python{where}: {err.msg}") from None
-    except BaseException:
+    except USER_FAILURES as err:  # anything the file's own code raises, sys.exit too: a refusal naming it
+        del sys.modules[name]
+        raise import_failure(file, err) from None
+    except BaseException:  # Ctrl-C, SIGTERM
         del sys.modules[name]
         raise
     return module
 
+
+def import_failure(file: str, err: BaseException) -> ConfigError:
+    """The refusal of a plugin file whose import raised ``err`` (or called ``sys.exit``)."""
+    show_traceback(err)
+    line = line_in(err, file)
+    where = f" at line {line}" if line else ""
+    if isinstance(err, ConfigError):  # a registration cfl refused (a bad or taken name, a bad stream)
+        return ConfigError(f"plugin file '{file}'{where}: {err}")
+    hint = ("; install the missing module or fix the import" if isinstance(err, ImportError) else
+            "; a plugin file may only define and register (docs/plugins.md)" if isinstance(err, SystemExit) else "")
+    return ConfigError(f"plugin file '{file}' failed while being imported{where}: {one_line(err)}{hint} "
+                       "(CFL_TRACEBACK=1 shows the traceback)")
 
 
 def ship_to_ray(ray: ModuleType) -> None:

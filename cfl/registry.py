@@ -3,6 +3,7 @@ and losses. Each maps names to entries, with a one-line description per name (wh
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Generic, TypeVar, overload
@@ -10,6 +11,22 @@ from typing import Generic, TypeVar, overload
 from cfl.schema import ConfigError
 
 T = TypeVar("T")
+
+#: what every registered name may be (streams, models, partitioners, methods, aggregators, losses): names go
+#: into run directory names (``runs/<stream>-<method>-<partition>-s<seed>``), so no path separator, no ``..``
+#: and no leading dot, and short enough for a file name
+NAME_MAX_LENGTH = 100
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def name_error(kind: str, name: object) -> str | None:
+    """Why ``name`` cannot name a ``kind`` (None: it can)."""
+    if not isinstance(name, str) or not NAME.fullmatch(name) or ".." in name:
+        return (f"{kind} name {name!r} must be letters, digits, '-', '_' or '.' (starting with a letter or digit, "
+                f"no '..'), e.g. 'my-{kind}': names become parts of run directory names")
+    if len(name) > NAME_MAX_LENGTH:
+        return f"{kind} name '{name[:20]}...' has {len(name)} characters; at most {NAME_MAX_LENGTH} are allowed"
+    return None
 
 
 class UnknownName(ConfigError, KeyError):
@@ -87,8 +104,8 @@ class Registry(Mapping[str, T], Generic[T]):
             def decorate(obj: T) -> T:
                 return self.register(name, obj, about=about, replace=replace)
             return decorate
-        if not isinstance(name, str) or not name:
-            raise ConfigError(f"a {self.kind} name must be a non-empty string, got {name!r}")
+        if (why := name_error(self.kind, name)) is not None:
+            raise ConfigError(why)
         if name in self._entries and not replace:
             raise ConfigError(f"{self.kind} '{name}' is already registered; choose another name (registered: "
                               f"{', '.join(self._entries)})")

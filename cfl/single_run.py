@@ -15,7 +15,10 @@ import torch
 from cfl.config import Config, ConfigError, _set_dotted, dump_yaml, parse_overrides, read_yaml
 from cfl.data.load import load_stream
 from cfl.engine import checkpoint, rundir
+from cfl.engine.hook_guard import HookError
 from cfl.engine.lock import LockLost, RunLock, locked
+from cfl.engine.path_limits import check_path_length
+from cfl.engine.preflight import dry_run_hooks
 from cfl.engine.runner import Runner
 from cfl.engine.server import NonFiniteError
 from cfl.engine.state_codec import RecordDamaged
@@ -28,7 +31,9 @@ from cfl.report.wandb_log import WandbLogger
 from cfl.report.wandb_sweep import RunSource
 from cfl.validation import from_dict
 
-EXIT_NONFINITE = 3  # also: any stop mid-run with the last checkpoint kept (a lost lock, a damaged client state)
+# also any other stop mid-run with the last checkpoint kept: a lost lock, a damaged client state, a method's
+# hook failing during training
+EXIT_NONFINITE = 3
 EXIT_DISK_FULL = 4
 
 
@@ -115,6 +120,7 @@ def execute(cfg: Config, out: Path | None = None, overwrite: bool = False, quiet
     started = time.perf_counter()
     device = resolve_device(cfg)
     out = Path(out) if out is not None else default_run_dir(cfg)
+    check_path_length(out)  # before any look at the file system that a long name would turn into OSError 36
     rundir.check_writable(out)
     rundir.check_state_dirs(out)
     saved = _checked_checkpoint(out, cfg) if resume else None
@@ -205,6 +211,7 @@ def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quie
     method = cfg.method_label
     bars = ProgressBars(stream.num_tasks, cfg.rounds_per_task, method, enabled=not quiet)
     runner = Runner(cfg, stream, [], device, state_dir=out / rundir.CLIENT_STATES)
+    dry_run_hooks(runner)  # a hook that raises or returns wrong shapes is refused before any file is written
     attempt.writing = True
     attempt.marked = rundir.mark(out)  # before any output: a directory cfl made (a resumed older run's too)
     if saved is None:
@@ -225,6 +232,9 @@ def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quie
     runner.after_round, runner.should_stop = saver, stop
     try:
         runner.run()
+    except HookError as err:
+        raise RunStopped(f"{err}; at {position(runner)}. Stopped; {attempt.kept()} once the hook is fixed",
+                         EXIT_NONFINITE) from None
     finally:
         bars.close()
         runner.client_stores.close()
@@ -243,6 +253,14 @@ def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quie
     if not quiet:
         print(summary(results, out))
     return results
+
+
+def position(runner: Runner) -> str:
+    """Where the run is: in which round of which task, or at a task's end (0-based task, as in messages)."""
+    prog = runner.progress
+    if prog.round_in_task < runner.cfg.rounds_per_task:
+        return f"task {prog.task} (0-based), round {prog.round_in_task + 1} of the task"
+    return f"the end of task {prog.task} (0-based)"
 
 
 def keep_metrics_lines(path: Path, rounds: int, evaluations: list[dict[str, Any]]) -> None:

@@ -4,7 +4,6 @@ lend a built :class:`Stream` to one run, and turn Avalanche benchmarks into cfl 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -15,13 +14,11 @@ from cfl.data.request import StreamRequest
 from cfl.data.stream import SCENARIOS, Stream, Task, prefix
 from cfl.data.stream_checks import check_stream
 from cfl.data.streams import STREAMS, StreamEntry
+from cfl.registry import name_error
 from cfl.schema import ConfigError
 
 __all__ = ["STREAMS", "SCENARIOS", "Stream", "StreamRequest", "Task", "register", "registered", "unregister",
            "lent", "from_avalanche", "to_avalanche"]
-
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-
 
 def register(name: str, build: Callable[[StreamRequest], Stream], *, tasks: int, scenarios: tuple[str, ...],
              input_shape: tuple[int, ...], classes_per_task: int, default_model: str, about: str = "",
@@ -42,8 +39,8 @@ def _checked_entry(name: str, build: Callable[[StreamRequest], Stream], tasks: i
                    input_shape: tuple[int, ...], classes_per_task: int, default_model: str,
                    head: int | None = None) -> StreamEntry:
     """The registry entry for :func:`register`'s arguments, each checked (a taken name too)."""
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise ConfigError(f"stream name {name!r} must be letters, digits, '-', '_' or '.', e.g. 'my-dataset'")
+    if (why := name_error("stream", name)) is not None:  # the rule of every registry, checked before the rest
+        raise ConfigError(why)
     if not callable(build):
         raise ConfigError(f"stream '{name}': build must be a callable taking a StreamRequest, got "
                           f"{type(build).__name__}")

@@ -45,7 +45,7 @@ def test_duplicate_refused_unless_replace():
     assert reg["red"] == 1
     assert reg.register("red", 9, about="replaced", replace=True) == 9
     assert reg["red"] == 9 and reg.about("red") == "replaced" and list(reg) == ["red", "green"]
-    with pytest.raises(ConfigError, match="non-empty string"):
+    with pytest.raises(ConfigError, match="must be letters, digits"):
         reg.register("", 3)
 
 
@@ -92,3 +92,25 @@ def test_preserved_restores_everything_even_on_error():
         reg.register("green", 0, replace=True)
         raise RuntimeError
     assert dict(reg.items()) == {"red": 1, "green": 2} and reg.about("red") == "the first"
+
+
+REGISTRIES = ["cfl.data.streams:STREAMS", "cfl.models:MODELS", "cfl.data.partition:PARTITIONERS",
+              "cfl.methods:METHODS", "cfl.ops.aggregate:AGGREGATORS", "cfl.ops.losses:LOSSES"]
+BAD_NAMES = ["", "../evil", "x/y", "x/../../../escaped", ".hidden", "a..b", "a b", "m" * 101, 3]
+
+
+@pytest.mark.parametrize("where", REGISTRIES)
+@pytest.mark.parametrize("name", BAD_NAMES, ids=[repr(n)[:12] for n in BAD_NAMES])
+def test_every_registry_refuses_a_name_that_cannot_be_part_of_a_file_name(where, name):
+    import importlib
+
+    module, attr = where.split(":")
+    registry = getattr(importlib.import_module(module), attr)
+    with pytest.raises(ConfigError, match="must be letters, digits|at most 100 are allowed"), registry.preserved():
+        registry.register(name, None)
+    assert name not in registry
+
+
+def test_names_as_long_as_allowed_and_every_built_in_name_pass():
+    reg: Registry[int] = Registry("colour")
+    assert reg.register("m" * 100, 1) == 1 and reg.register("a-b_c.d9", 2) == 2

@@ -20,6 +20,7 @@ from typing import Any
 from cfl.data.avalanche_in import from_avalanche
 from cfl.data.stream import Stream, prefix
 from cfl.data.streams import STREAMS, StreamEntry
+from cfl.failures import USER_FAILURES, one_line
 from cfl.schema import ConfigError
 
 ROUTE = "avalanche"
@@ -70,7 +71,7 @@ def import_callable(path: str) -> Callable[..., Any]:
             if err.name == module_name or module_name.startswith(f"{err.name}."):
                 continue  # no module of this name: try a shorter prefix
             raise _import_failed(path, module_name, err) from None
-        except Exception as err:  # noqa: BLE001 - any failure of the module's own code is the same refusal
+        except USER_FAILURES as err:  # any failure of the module's own code, sys.exit too: the same refusal
             raise _import_failed(path, module_name, err) from None
         break
     else:
@@ -89,7 +90,7 @@ def import_callable(path: str) -> Callable[..., Any]:
 
 def _import_failed(path: str, module: str, err: BaseException) -> ConfigError:
     return ConfigError(f"'stream.benchmark: {path}': importing module '{module}' failed: "
-                       f"{type(err).__name__}: {err}")
+                       f"{one_line(err)}")
 
 
 def is_benchmark(obj: Any) -> bool:
@@ -106,9 +107,9 @@ def build_benchmark(path: str, args: dict[str, Any]) -> Any:
     make = import_callable(path)
     try:
         benchmark = make(**args)
-    except Exception as err:  # noqa: BLE001 - whatever the callable raises is a refusal of this config
+    except USER_FAILURES as err:  # whatever the callable raises, sys.exit too, is a refusal of this config
         raise ConfigError(f"'stream.benchmark: {path}' failed when called with stream.args {args}: "
-                          f"{type(err).__name__}: {err}") from None
+                          f"{one_line(err)}") from None
     if not is_benchmark(benchmark):
         raise ConfigError(f"'stream.benchmark: {path}' returned a {type(benchmark).__name__}, not an Avalanche "
                           "benchmark (a CLScenario, e.g. from SplitMNIST or nc_benchmark)")

@@ -1,13 +1,17 @@
 """The engine's side of the one-client training hooks: a declared quadratic penalty as a loss and as the
 ``A * w - B`` terms of its gradient, the per-sample extra loss averaged over real samples, and the
-gradient projection. Each function takes one client; the batched trainer ``vmap``s them over clients."""
+gradient projection. Each function takes one client; the batched trainer ``vmap``s them over clients.
+Each calls its hook and uses the result inside ``guarded`` (a failure names the method and the hook) and
+checks the result against the hook's rule (:mod:`cfl.engine.hook_rules`)."""
 
 from __future__ import annotations
 
 import torch
 from torch.func import vmap
 
-from cfl.methods.base import Method, Quadratic
+from cfl.engine.hook_guard import guarded
+from cfl.engine.hook_rules import check_extra_loss, check_penalty, check_projection, check_replay
+from cfl.methods.base import Method, Quadratic, Samples
 from cfl.ops.losses import weighted_mean
 from cfl.ops.subspace import project_out
 from cfl.tensors import Params, State
@@ -25,16 +29,18 @@ def quadratic_loss(params: Params, quadratics: dict[str, Quadratic] | None) -> t
 
 def penalty_loss(method: Method, params: Params, global_params: Params, server: State, state: State) -> torch.Tensor:
     """One client's penalty, derived from its declared quadratics."""
-    return quadratic_loss(params, method.penalty(global_params, server, state))
+    with guarded(method, "penalty"):
+        return quadratic_loss(params, check_penalty(method.penalty(global_params, server, state), params))
 
 
 def _terms(method: Method, global_params: Params, server: State, state: State) -> PenaltyTerms:
     out = {}
-    for k, q in (method.penalty(global_params, server, state) or {}).items():
-        like = global_params[k]
-        weight = q.weight if isinstance(q.weight, torch.Tensor) else torch.tensor(q.weight, dtype=like.dtype,
-                                                                                   device=like.device)
-        out[k] = (weight, q.anchor * q.weight)
+    with guarded(method, "penalty"):
+        for k, q in check_penalty(method.penalty(global_params, server, state), global_params).items():
+            like = global_params[k]
+            weight = q.weight if isinstance(q.weight, torch.Tensor) else torch.tensor(q.weight, dtype=like.dtype,
+                                                                                       device=like.device)
+            out[k] = (weight, q.anchor * q.weight)
     return out
 
 
@@ -49,7 +55,8 @@ def penalty_terms(method: Method, global_params: Params, server: State, stacked:
 def extra_loss(method: Method, params: Params, x: torch.Tensor, task: torch.Tensor, weight: torch.Tensor,
                server: State, state: State) -> torch.Tensor:
     """One client's extra loss averaged over its real samples (``weight`` 0 marks padding)."""
-    return weighted_mean(method.extra_loss(params, x, task, server, state), weight)
+    with guarded(method, "extra_loss"):
+        return weighted_mean(check_extra_loss(method.extra_loss(params, x, task, server, state), x), weight)
 
 
 def project(grads: Params, bases: dict[str, torch.Tensor]) -> Params:
@@ -59,4 +66,11 @@ def project(grads: Params, bases: dict[str, torch.Tensor]) -> Params:
 
 def projected(method: Method, grads: Params, state: State) -> Params:
     """One client's gradients projected off ``method.gradient_projection``."""
-    return project(grads, method.gradient_projection(state))
+    with guarded(method, "gradient_projection"):
+        return project(grads, check_projection(method.gradient_projection(state), grads))
+
+
+def replayed(method: Method, state: State, generator: torch.Generator, like: torch.Tensor) -> Samples | None:
+    """One client's replay samples for a step (``like``: the stream's inputs, whose shape they must have)."""
+    with guarded(method, "replay"):
+        return check_replay(method.replay(state, generator), like)

@@ -218,7 +218,7 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
         yb, wb, tb = y[index[:n, s]], weight[:n, s], task_ids[:n]
         if hp.augment is not None:  # per sample, over the (clients x batch) samples at once
             xb = hp.augment(xb.flatten(0, 1), None).view_as(xb)
-        draws = [[m.replay(raw[c], generators[c]) for c in range(n)] for m, raw in replaying]
+        draws = [[hooks.replayed(m, raw[c], generators[c], x) for c in range(n)] for m, raw in replaying]
         extras = [pad_samples(d) for d in draws]
         # the clients' prefix of the penalty steps (a client dim of 1, shared by all, stays 1)
         step_penalty = penalty if n == C else {k: (m[:n], None if b is None else b[:n])

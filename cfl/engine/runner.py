@@ -19,6 +19,8 @@ from torch import nn
 from cfl.config import Config
 from cfl.data.stream import Stream
 from cfl.engine.evaluate import accuracy
+from cfl.engine.hook_guard import guarded
+from cfl.engine.hook_rules import check_upload
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, derive_seed
 from cfl.engine.local_batched import BatchedTrainer
 from cfl.engine.local_sequential import train_sequential
@@ -74,7 +76,7 @@ class Runner:
                                 cfg.seed, self.model, protected_layers(self.model), stream.name,
                                 cfg.batch_size)
         specs = [cfg.method, *cfg.plugins]
-        self.methods: list[Method] = [METHODS[s["name"]](self._hparams_of(s), self.run_info) for s in specs]
+        self.methods: list[Method] = [built(METHODS[s["name"]], self._hparams_of(s), self.run_info) for s in specs]
         sizing = sizing_of(cfg, stream, self.model, self.run_info.protected)
         self.client_stores = build_stores(cfg, sizing, self.methods, state_dir, self.device)
         self.state_store, self.state_estimate = self.client_stores.kind, self.client_stores.estimates
@@ -153,7 +155,8 @@ class Runner:
         self.server.step(trained, keep, weights, task, rnd)  # uses up ``trained``'s memory
         for m, st, pl in zip(self.methods, self.states, payloads, strict=True):
             if overrides(m, "server_end"):
-                m.server_end("round", pl, st.server, task)
+                with guarded(m, "server_end"):
+                    m.server_end("round", pl, st.server, task)
         down = len(jobs) * (self.model_bytes + nbytes(broadcasts))
         up = len(kept_jobs) * self.model_bytes + nbytes(payloads)
         self.comm.down(down)
@@ -189,7 +192,9 @@ class Runner:
         """Method ``i``'s ``client_end`` on client ``cid``: its state written back, its upload kept."""
         clients = self.states[i].clients
         state = clients.get(cid)
-        result = self.methods[i].client_end(event, self.model, params, data, state, server, generator)
+        with guarded(self.methods[i], "client_end"):
+            result = check_upload(self.methods[i].client_end(event, self.model, params, data, state, server,
+                                                             generator))
         clients.put(cid, state)
         if result is not None:
             uploads[cid] = result
@@ -225,7 +230,8 @@ class Runner:
                 self.comm.down(len(cids) * nbytes(broadcast))
                 self.comm.up(nbytes(uploads))
             if overrides(m, "server_end"):
-                m.server_end("task_end", uploads, st.server, task)
+                with guarded(m, "server_end"):
+                    m.server_end("task_end", uploads, st.server, task)
         self.progress.task_end_seconds += time.perf_counter() - start
 
     def _emit(self, kind: str, *args: Any) -> None:
@@ -277,6 +283,12 @@ class Runner:
             if self.should_stop():
                 return prog
         return prog
+
+
+def built(cls: type[Method], hparams: Any, run_info: RunInfo) -> Method:
+    """``cls(hparams, run_info)``; what its ``__init__`` raises names the method and its file."""
+    with guarded(cls, "__init__"):
+        return cls(hparams, run_info)
 
 
 def broadcast_of(method: Method, event: str, server: State) -> State:

@@ -14,9 +14,12 @@ import warnings
 import torch
 
 from cfl.config import Config
+from cfl.engine.hook_guard import guarded
+from cfl.engine.hook_rules import SERVER_UPDATE, TRANSFORM, check_params
 from cfl.engine.jobs import ClientOutcome
 from cfl.methods.base import Method, MethodState, Params, overrides
 from cfl.ops.aggregate import aggregate
+from cfl.tensors import State
 
 
 class NonFiniteError(RuntimeError):
@@ -66,13 +69,13 @@ class Server:
         GMA's mask if any, then every method's ``transform_update`` (FOT projects the step actually taken)."""
         lr = self.cfg.server_lr
         new = next((p for m, st in zip(self.methods, self.states, strict=True)
-                    if (p := m.server_update(self.params, delta, st.server, lr)) is not None), None)
+                    if (p := updated(m, self.params, delta, st.server, lr)) is not None), None)
         step = {k: new[k] - self.params[k] for k in self.params} if new is not None else \
             {k: lr * delta[k] for k in self.params}
         if mask is not None:
             step = {k: mask[k] * step[k] for k in self.params}
         for m, st in zip(self.methods, self.states, strict=True):
-            step = m.transform_update(step, st.server, task)
+            step = transformed(m, step, st.server, task, self.params)
         return {k: self.params[k] + step[k] for k in self.params}
 
     def check_step(self, new: Params, task: int, rnd: int) -> Params:
@@ -88,3 +91,17 @@ class Server:
             + (f" or check the server optimiser of {', '.join(server)}" if server else "")
             + f", or the aggregator ({self.cfg.aggregator.name})")
 
+
+def updated(method: Method, params: Params, delta: Params, server: State, lr: float) -> Params | None:
+    """``method.server_update``: the new global parameters, or None for the default step."""
+    if not overrides(method, "server_update"):
+        return None
+    with guarded(method, "server_update"):
+        new = method.server_update(params, delta, server, lr)
+        return None if new is None else check_params(new, params, SERVER_UPDATE)
+
+
+def transformed(method: Method, step: Params, server: State, task: int, params: Params) -> Params:
+    """``method.transform_update`` of the server ``step`` (the step of each of ``params``)."""
+    with guarded(method, "transform_update"):
+        return check_params(method.transform_update(step, server, task), params, TRANSFORM)

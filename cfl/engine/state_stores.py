@@ -25,6 +25,7 @@ from cfl.data.stream import Stream
 from cfl.engine import state_budget
 from cfl.engine.client_states import ClientStates
 from cfl.engine.disk_states import DiskClientStates
+from cfl.engine.hook_guard import BrokenRule, guarded
 from cfl.engine.state_budget import StateSizing
 
 if TYPE_CHECKING:
@@ -61,11 +62,19 @@ class ClientStores:
                 store.close()
 
 
+def _estimate(method: Method, sizing: StateSizing) -> int | None:
+    with guarded(method, "client_state_bytes"):
+        estimate = method.client_state_bytes(sizing)
+        if estimate is not None and (isinstance(estimate, bool) or not isinstance(estimate, int) or estimate < 0):
+            raise BrokenRule(f"must return None or a number of bytes (an int >= 0); got {estimate!r}")
+        return estimate
+
+
 def build_stores(cfg: Config, sizing: StateSizing, methods: list[Method], state_dir: Path | None,
                  device: torch.device) -> ClientStores:
     """One store per method; refuses (``ConfigError``) a disk store the file system cannot hold, and says on
     stderr when ``auto`` chose the disk or could not estimate a method's state."""
-    estimates = [m.client_state_bytes(sizing) for m in methods]
+    estimates = [_estimate(m, sizing) for m in methods]
     total = sum(e or 0 for e in estimates)
     kind = state_budget.choose_store(cfg.client_state_store, total)
     if cfg.client_state_store == "auto":

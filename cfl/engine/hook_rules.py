@@ -1,0 +1,105 @@
+"""What each hook must return (docs/plugins.md), checked where the engine takes the result: a few ``isinstance``
+and shape comparisons per call, so a wrong result is named at its hook instead of failing later in the engine.
+Each check raises :class:`~cfl.engine.hook_guard.BrokenRule` (inside ``guarded``, which names the method)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from cfl.engine.hook_guard import BrokenRule
+from cfl.methods.base import Quadratic, Samples
+from cfl.tensors import Params
+
+PENALTY = "must return None or {parameter name: Quadratic(weight, anchor)}, the anchor shaped like the parameter"
+PROJECTION = "must return {parameter name: basis (d, k)}, d the parameter's size over its first dim (im2col width)"
+EXTRA_LOSS = "must return one float loss per sample of the batch x, a tensor of shape (B,) with B = x.shape[0]"
+REPLAY = "must return None or Samples(x, y, task): x shaped like the stream's inputs, y and task integer vectors"
+UPLOAD = "must return None or the client's upload, a dict"
+SERVER_UPDATE = "must return None or the new global parameters: {every parameter name: tensor shaped like it}"
+TRANSFORM = "must return the server step: {every parameter name: tensor shaped like it}"
+
+
+def _got(value: Any) -> str:
+    return f"got {type(value).__name__}" if not isinstance(value, torch.Tensor) else \
+        f"got a {value.dtype} tensor of shape {tuple(value.shape)}"
+
+
+def _parameter(key: object, params: Params, rule: str) -> torch.Tensor:
+    if key not in params:
+        raise BrokenRule(f"{rule}; {key!r} is not a parameter (the model's: {', '.join(params)})")
+    return params[key]
+
+
+def _broadcasts(weight: torch.Tensor, p: torch.Tensor) -> bool:
+    try:
+        return torch.broadcast_shapes(weight.shape, p.shape) == p.shape
+    except RuntimeError:
+        return False
+
+
+def check_penalty(result: Any, params: Params) -> dict[str, Quadratic]:
+    if result is None:
+        return {}
+    if not isinstance(result, dict):
+        raise BrokenRule(f"{PENALTY}; {_got(result)}")
+    for key, q in result.items():
+        p = _parameter(key, params, PENALTY)
+        if not isinstance(q, Quadratic):
+            raise BrokenRule(f"{PENALTY}; for '{key}' {_got(q)}")
+        if not isinstance(q.anchor, torch.Tensor) or q.anchor.shape != p.shape:
+            raise BrokenRule(f"{PENALTY}; the anchor of '{key}' (shape {tuple(p.shape)}) {_got(q.anchor)}")
+        weight = q.weight
+        if isinstance(weight, bool) or not isinstance(weight, (int, float, torch.Tensor)) or (
+                isinstance(weight, torch.Tensor) and weight.shape != p.shape and not _broadcasts(weight, p)):
+            raise BrokenRule(f"{PENALTY}; the weight of '{key}' must be a number or a tensor that broadcasts to "
+                             f"{tuple(p.shape)}, {_got(weight)}")
+    return result
+
+
+def check_extra_loss(result: Any, x: torch.Tensor) -> torch.Tensor:
+    if not isinstance(result, torch.Tensor) or result.shape != (x.shape[0],) or not result.is_floating_point():
+        raise BrokenRule(f"{EXTRA_LOSS} (here {x.shape[0]}); {_got(result)}")
+    return result
+
+
+def check_projection(result: Any, grads: Params) -> dict[str, torch.Tensor]:
+    if not isinstance(result, dict):
+        raise BrokenRule(f"{PROJECTION}; {_got(result)}")
+    for key, basis in result.items():
+        g = _parameter(key, grads, PROJECTION)
+        width = g.numel() // max(g.shape[0], 1) if g.dim() else 1
+        if not isinstance(basis, torch.Tensor) or basis.dim() != 2 or basis.shape[0] != width:
+            raise BrokenRule(f"{PROJECTION}; for '{key}' (d = {width}) {_got(basis)}")
+    return result
+
+
+def check_replay(result: Any, like: torch.Tensor) -> Samples | None:
+    if result is None:
+        return None
+    if not isinstance(result, Samples):
+        raise BrokenRule(f"{REPLAY}; {_got(result)}")
+    x, y, task = result.x, result.y, result.task
+    if not isinstance(x, torch.Tensor) or x.shape[1:] != like.shape[1:]:
+        raise BrokenRule(f"{REPLAY}; x must be of shape (n, {', '.join(map(str, like.shape[1:]))}), {_got(x)}")
+    for label, v in (("y", y), ("task", task)):
+        if not isinstance(v, torch.Tensor) or v.shape != (x.shape[0],) or v.is_floating_point():
+            raise BrokenRule(f"{REPLAY}; {label} must be an integer vector of {x.shape[0]} (as x), {_got(v)}")
+    return result
+
+
+def check_upload(result: Any) -> Any:
+    if result is not None and not isinstance(result, dict):
+        raise BrokenRule(f"{UPLOAD}; {_got(result)}")
+    return result
+
+
+def check_params(result: Any, params: Params, rule: str) -> Any:
+    if not isinstance(result, dict) or set(result) != set(params):
+        missing = sorted(set(params) - set(result)) if isinstance(result, dict) else []
+        raise BrokenRule(f"{rule}; {_got(result)}" + (f" without {', '.join(missing)}" if missing else ""))
+    for key, p in params.items():
+        if not isinstance(result[key], torch.Tensor) or result[key].shape != p.shape:
+            raise BrokenRule(f"{rule}; for '{key}' (shape {tuple(p.shape)}) {_got(result[key])}")
+    return result

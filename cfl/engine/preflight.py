@@ -1,0 +1,43 @@
+"""A dry call of every method's per-step and server hooks before the run writes anything: a hook that raises
+or returns the wrong shapes, keys or types on a fresh client is refused (exit code 2) instead of stopping the
+run at its first round. Each hook is called once, as the engine calls it, on the first two training samples,
+an empty client state and copies of the server state; torch's generators are restored afterwards, so the run
+draws what it would have drawn. ``client_end`` and ``server_end`` are not called here (they need a trained
+round): their failures stop the run with exit code 3 and its checkpoint kept."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from cfl.engine import hooks
+from cfl.engine.runner import Runner, broadcast_of
+from cfl.engine.server import transformed, updated
+from cfl.methods.base import overrides
+
+
+def dry_run_hooks(runner: Runner) -> None:
+    """Call each overridden per-step and server hook of ``runner``'s methods once; raise ``HookError``."""
+    data = runner.stream.tasks[0]
+    x, y = data.train_x[:2], data.train_y[:2]
+    task = torch.zeros_like(y)
+    weight = torch.ones(len(y), device=x.device)
+    params = runner.params
+    devices = [runner.device] if runner.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), torch.no_grad():
+        for m, st in zip(runner.methods, runner.states, strict=True):
+            server = copy.deepcopy(st.server)
+            broadcast = broadcast_of(m, "round", server)
+            if overrides(m, "penalty"):
+                hooks.penalty_loss(m, params, params, broadcast, {})
+            if overrides(m, "extra_loss"):
+                hooks.extra_loss(m, params, x, task, weight, broadcast, {})
+            if overrides(m, "gradient_projection"):
+                hooks.projected(m, {k: torch.zeros_like(v) for k, v in params.items()}, {})
+            if overrides(m, "replay"):
+                hooks.replayed(m, {}, torch.Generator().manual_seed(0), x)
+            delta = {k: torch.zeros_like(v) for k, v in params.items()}
+            updated(m, params, delta, server, runner.cfg.server_lr)
+            if overrides(m, "transform_update"):
+                transformed(m, delta, server, 0, params)

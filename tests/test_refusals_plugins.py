@@ -1,0 +1,162 @@
+"""Every way a plugin can fail, through the real ``cfl`` command (a subprocess): exit code 2 before any file is
+written (naming the plugin file, the hook and the rule), or 3 during training with the checkpoint kept, and
+never a traceback; registered names and run directory paths that the file system or ``runs/`` cannot hold."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = {"stream": {"name": "split-digits", "num_tasks": 2}, "num_clients": 4, "clients_per_round": 2,
+        "rounds_per_task": 2, "batch_size": 32, "threads": 1, "wandb": {"mode": "disabled"}}
+HEAD = "import sys\nimport torch\nfrom cfl.methods import register\nfrom cfl.methods.base import Method, Quadratic\n"
+
+
+def method(name: str, body: str, cls: str = "Bad") -> str:
+    """A plugin file registering method ``name`` with the class body ``body`` (indented by 4)."""
+    return f"{HEAD}\n@register\nclass {cls}(Method):\n    name = {name!r}\n{body}"
+
+
+TASK_END_MARK = ("    client_events = ('task_end',)\n"
+                 "    def client_end(self, event, model, params, data, state, server, generator):\n"
+                 "        state['seen'] = torch.ones(1)\n")
+PLUGINS = {
+    "raises": "x = 1\nraise RuntimeError('boom at import')\n",
+    "imports": "import cfl_no_such_module_xyz\n",
+    "exits": "import sys\nsys.exit(0)\n",
+    "events": method("ev", "    client_events = ('rounds',)\n"),
+    "dotdot": method("../evil", ""),
+    "slash": method("x/y", ""),
+    "escaped": method("x/../../../escaped", ""),
+    "huge": method("m" * 5000, ""),
+    "long3": "\n".join(method(c * 100, "", f"M{c}") for c in "abc"),  # three names of 100: one label of 300
+    "penalty_key": method("pk", "    def penalty(self, g, server, state):\n"
+                                "        return {'nope': Quadratic(1.0, torch.zeros(3))}\n"),
+    "penalty_raises": method("pr", "    def penalty(self, g, server, state):\n        return 1 / 0\n"),
+    "extra_shape": method("es", "    def extra_loss(self, params, x, task, server, state):\n"
+                                "        return x.sum()\n"),
+    "hook_exits": method("he", "    def gradient_projection(self, state):\n        sys.exit(0)\n"),
+    "late_projection": method("lp", TASK_END_MARK + "    def gradient_projection(self, state):\n"
+                                    "        return {'body.1.weight': torch.zeros(3, 1)} if 'seen' in state else {}\n"),
+    "late_item": method("li", TASK_END_MARK + "    def extra_loss(self, params, x, task, server, state):\n"
+                              "        if 'seen' in state and state['seen'].sum().item() > 0:\n"
+                              "            return x.new_zeros(x.shape[0])\n"
+                              "        return x.new_zeros(x.shape[0])\n"),
+    "late_client_end": method("lc", "    client_events = ('task_end',)\n"
+                                    "    def client_end(self, event, model, params, data, state, server, generator):\n"
+                                    "        raise KeyError('fisher')\n"),
+}
+BENCHMARK = "import sys\n\ndef make():\n    sys.exit(0)\n"  # a stream.benchmark callable ending the process
+NAME_RULE = "must be letters, digits, '-', '_' or '.'"
+
+# (case, argv with {placeholders}, exit code, words the message must contain)
+CASES = [
+    ("import raises: run", ["run", "{cfg}", "--plugin", "{tmp}/raises.py"], 2,
+     ["plugin file '{tmp}/raises.py'", "at line 2", "RuntimeError: boom at import"]),
+    ("import raises: list", ["list", "--plugin", "{tmp}/raises.py"], 2, ["raises.py", "RuntimeError: boom"]),
+    ("import raises: sweep --jobs 2", ["sweep", "{sweep}", "--jobs", "2", "--plugin", "{tmp}/raises.py"], 2,
+     ["raises.py", "RuntimeError: boom"]),
+    ("ImportError in a plugin", ["run", "{cfg}", "--plugin", "{tmp}/imports.py"], 2,
+     ["imports.py", "ModuleNotFoundError: No module named 'cfl_no_such_module_xyz'", "install the missing module"]),
+    ("unknown client_events entry", ["list", "--plugin", "{tmp}/events.py"], 2,
+     ["events.py", "client_events lists ['rounds']", "the events are ['round', 'task_end']"]),
+    ("sys.exit(0) in a plugin file", ["run", "{cfg}", "--plugin", "{tmp}/exits.py"], 2,
+     ["exits.py", "at line 2", "sys.exit(0)"]),
+    ("sys.exit(0) in a stream.benchmark callable",
+     ["run", "{cfg}", "--set", "stream={{name: avalanche, benchmark: cfl_test_exit_benchmark.make, args: {{}}}}"], 2,
+     ["'stream.benchmark: cfl_test_exit_benchmark.make' failed", "sys.exit(0)"]),
+    ("method name with ..", ["run", "{cfg}", "--plugin", "{tmp}/dotdot.py", "--set", "method.name=../evil"], 2,
+     ["dotdot.py", "method name '../evil'", NAME_RULE]),
+    ("method name with a slash", ["run", "{cfg}", "--plugin", "{tmp}/slash.py", "--set", "method.name=x/y"], 2,
+     ["slash.py", "method name 'x/y'", NAME_RULE]),
+    ("method name escaping the working directory", ["run", "{cfg}", "--plugin", "{tmp}/escaped.py"], 2,
+     ["method name 'x/../../../escaped'", NAME_RULE]),
+    ("method name of 5000 characters", ["list", "--plugin", "{tmp}/huge.py"], 2,
+     ["huge.py", "has 5000 characters; at most 100"]),
+    ("default run directory name too long", ["run", "{cfg}", "--plugin", "{tmp}/long3.py", "--set",
+                                             f"method.name={'a' * 100}", "--set",
+                                             f"plugins=[{{{{name: {'b' * 100}}}}}, {{{{name: {'c' * 100}}}}}]"], 2,
+     ["run directory 'runs/split-digits-aaaa", "bytes long", "NAME_MAX"]),
+    ("--out name too long", ["run", "{cfg}", "--out", "{tmp}/" + "o" * 300], 2, ["is 300 bytes long", "NAME_MAX"]),
+    ("--out path too long", ["run", "{cfg}", "--out", "{tmp}/" + "deep/" * 900], 2, ["bytes long", "PATH_MAX"]),
+    ("penalty: a key that is no parameter", ["run", "{cfg}", "--plugin", "{tmp}/penalty_key.py", "--set",
+                                             "method.name=pk", "--out", "{tmp}/pk"], 2,
+     ["method 'pk' (Bad in {tmp}/penalty_key.py), hook penalty", "{{parameter name: Quadratic(weight, anchor)}}",
+      "'nope' is not a parameter", "body.1.weight"]),
+    ("penalty raises", ["run", "{cfg}", "--plugin", "{tmp}/penalty_raises.py", "--set", "method.name=pr", "--out",
+                        "{tmp}/pr"], 2,
+     ["method 'pr'", "penalty_raises.py", "hook penalty raised ZeroDivisionError: division by zero"]),
+    ("extra_loss: a scalar instead of (B,)", ["run", "{cfg}", "--plugin", "{tmp}/extra_shape.py", "--set",
+                                              "method.name=es", "--out", "{tmp}/es"], 2,
+     ["hook extra_loss", "tensor of shape (B,)", "got a torch.float32 tensor of shape ()"]),
+    ("sys.exit(0) in a hook", ["run", "{cfg}", "--plugin", "{tmp}/hook_exits.py", "--set", "method.name=he",
+                               "--out", "{tmp}/he"], 2,
+     ["method 'he'", "hook gradient_projection", "sys.exit(0)"]),
+    ("mid-run: projection of the wrong shape under vmap", ["run", "{cfg}", "--plugin", "{tmp}/late_projection.py",
+                                                           "--set", "method.name=lp", "--out", "{tmp}/lp"], 3,
+     ["method 'lp'", "late_projection.py", "hook gradient_projection", "basis (d, k)", "(d = 64)",
+      "shape (3, 1)", "at task 1 (0-based), round 1 of the task", "checkpoint (after round 2) is kept",
+      "cfl run --resume {tmp}/lp"]),
+    ("mid-run: .item() under vmap", ["run", "{cfg}", "--plugin", "{tmp}/late_item.py", "--set", "method.name=li",
+                                     "--out", "{tmp}/li"], 3,
+     ["method 'li'", "hook extra_loss raised RuntimeError: vmap", "pure tensor functions", "is kept"]),
+    ("mid-run: client_end raises at a task end", ["run", "{cfg}", "--plugin", "{tmp}/late_client_end.py", "--set",
+                                                  "method.name=lc", "--out", "{tmp}/lc"], 3,
+     ["method 'lc'", "hook client_end raised KeyError: 'fisher'", "at the end of task 0 (0-based)", "is kept"]),
+]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("plugins") / "work"  # its parent shows any path escaping the working directory
+    tmp.mkdir()
+    for name, text in PLUGINS.items():
+        (tmp / f"{name}.py").write_text(text)
+    (tmp / "cfl_test_exit_benchmark.py").write_text(BENCHMARK)
+    (tmp / "tiny.yaml").write_text(yaml.safe_dump(TINY))
+    (tmp / "sweep.yaml").write_text(yaml.safe_dump({"base": "tiny.yaml", "grid": {"lr": [0.05, 0.1]},
+                                                    "out": str(tmp / "swept")}))
+    return {"tmp": str(tmp), "cfg": str(tmp / "tiny.yaml"), "sweep": str(tmp / "sweep.yaml")}
+
+
+def tree(top: Path) -> set[Path]:
+    return set(top.rglob("*"))
+
+
+def test_the_table_covers_each_command_and_outcome():
+    assert {c[1][0] for c in CASES} == {"run", "list", "sweep"} and {c[2] for c in CASES} == {2, 3}
+    assert len({c[0] for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize(("argv", "code", "words"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_plugin_refusal_or_stop(argv, code, words, files):
+    tmp = Path(files["tmp"])
+    before = tree(tmp.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp)])}
+    env.pop("CFL_TRACEBACK", None)
+    proc = subprocess.run([sys.executable, "-m", "cfl", *[a.format(**files) for a in argv],
+                           *(["--quiet"] if argv[0] == "run" else [])],
+                          cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == code, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    for word in words:
+        assert word.format(**files) in proc.stderr, proc.stderr
+    new = tree(tmp.parent) - before
+    if code == 2:  # nothing written anywhere
+        assert not new, sorted(new)
+    else:  # only the run directory, its round-0 and task-end checkpoints kept
+        out = Path(argv[argv.index("--out") + 1].format(**files))
+        assert {p.relative_to(out).parts[0] for p in new if p != out} <= {"checkpoint.pt", "config.yaml",
+                                                                       "metrics.jsonl", ".cfl.lock"}
+        assert (out / "checkpoint.pt").is_file() and not (out / "results.json").exists()
+
+
+def test_a_traceback_is_shown_on_request(files):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CFL_TRACEBACK": "1"}
+    proc = subprocess.run([sys.executable, "-m", "cfl", "list", "--plugin", f"{files['tmp']}/raises.py"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" in proc.stderr and "RuntimeError: boom at import" in proc.stderr
