@@ -94,7 +94,8 @@ class Config:
     lr: float = field(0.01, "local SGD learning rate", gt=0)
     momentum: float = field(0.0, "local SGD momentum (fresh each round)", min=0.0, max=0.999)
     weight_decay: float = field(0.0, "local SGD weight decay", min=0.0)
-    server_lr: float = field(1.0, "server learning rate eta_g applied to the aggregated update", gt=0)
+    server_lr: float = field(1.0, "server learning rate eta_g applied to the aggregated update (not read by fedadam "
+                             "and fedyogi, which have their own)", gt=0)
     loss: str = field("ce", "client loss: ce or tce (truncated cross-entropy)")
     method: dict[str, Any] = field({"name": "fedavg"}, "method name and its parameters (see docs/methods)")
     plugins: list[dict[str, Any]] = field([], "extra methods combined with `method` (e.g. fedprox)")

@@ -87,6 +87,9 @@ def _check_methods(cfg: Any, specs: list[dict[str, Any]]) -> None:
 
     for i, spec in enumerate(specs):
         for key, why in METHODS[spec["name"]].unread_keys.items():
+            if key not in (f.name for f in dataclasses.fields(cfg)):
+                raise ConfigError(f"method '{spec['name']}' declares unread_keys '{key}', which is not a top-level "
+                                  "config key (cfl config-reference lists them); fix the method's unread_keys")
             if _changed(cfg, key):
                 chooser = "method.name" if i == 0 else f"plugins[{i - 1}].name"
                 raise IgnoredKey(key, getattr(cfg, key), chooser, spec["name"], why, f"remove {key}")

@@ -50,8 +50,8 @@ def _check_method_spec(spec: dict[str, Any], key: str) -> dict[str, Any]:
         raise ConfigError(f"unknown config key {keys}: method '{name}' takes no parameters; remove it")
     params = to_dict(build(METHODS[name].Hyperparams, given, key))
     for param, value in params.items():  # given values are checked by build; defaults (a plugin's) here
-        refuse_nonfinite(value, f"{key}.{param}", "" if param in given else
-                         f" (the default in the Hyperparams of method '{name}'; fix that default, or set {key}.{param})")
+        origin = f" (the default in the Hyperparams of method '{name}'; fix that default, or set {key}.{param})"
+        refuse_nonfinite(value, f"{key}.{param}", "" if param in given else origin)
     return {"name": name, **params}
 
 
