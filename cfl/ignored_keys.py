@@ -15,10 +15,27 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from cfl.schema import ConfigError
+
+#: within :func:`tolerated`: an ignored key is printed, not refused
+_TOLERATED: ContextVar[bool] = ContextVar("cfl_ignored_keys_tolerated", default=False)
+
+
+@contextmanager
+def tolerated() -> Iterator[None]:
+    """Within the block, a key that has no effect is printed to stderr instead of refused: a resumed run keeps
+    the config it started with (a cfl before this rule may have accepted it; the key changes no result)."""
+    token = _TOLERATED.set(True)
+    try:
+        yield
+    finally:
+        _TOLERATED.reset(token)
 
 
 class IgnoredKey(ConfigError):
@@ -103,7 +120,17 @@ def _check_wandb(wandb: Any) -> None:
 
 
 def check_ignored_keys(cfg: Any, specs: list[dict[str, Any]]) -> None:
-    """Refuse every key of ``cfg`` (method + plugins ``specs``) that is set but not read (module docstring)."""
+    """Refuse a key of ``cfg`` (method + plugins ``specs``) that is set but not read (module docstring); within
+    :func:`tolerated`, print it."""
+    try:
+        _check_all(cfg, specs)
+    except IgnoredKey as err:
+        if not _TOLERATED.get():
+            raise
+        print(f"cfl: warning: {err}. Resumed with the config the run started with", file=sys.stderr)
+
+
+def _check_all(cfg: Any, specs: list[dict[str, Any]]) -> None:
     from cfl.data.partition import PARTITIONERS
     from cfl.ops.aggregate import AGGREGATORS
 

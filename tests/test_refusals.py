@@ -285,3 +285,16 @@ def test_refusal_with_own_files(written, env, argv, words, tmp_path, monkeypatch
     for word in words:
         assert word.format(tmp=tmp_path) in err, err
     assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before  # nothing written, no run started
+
+
+def test_a_run_whose_config_sets_a_key_without_effect_still_resumes_and_says_so(tmp_path, capsys):
+    """An older cfl accepted partition.alpha with iid: its half-done run resumes (the key changes nothing)."""
+    from cfl.ignored_keys import tolerated
+
+    with tolerated():
+        cfg = tiny_config(partition={"name": "iid", "alpha": 0.3}, rounds_per_task=1, threads=1,
+                          stream={"name": "split-digits", "num_tasks": 1})
+        cfl.single_run.execute(cfg, tmp_path / "old", quiet=True)
+    capsys.readouterr()
+    assert main(["run", "--resume", str(tmp_path / "old"), "--quiet"]) == 0
+    assert "cfl: warning: 'partition.alpha: 0.3' has no effect with 'partition.name: iid'" in capsys.readouterr().err
