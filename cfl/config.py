@@ -94,7 +94,8 @@ class Config:
     lr: float = field(0.01, "local SGD learning rate", gt=0)
     momentum: float = field(0.0, "local SGD momentum (fresh each round)", min=0.0, max=0.999)
     weight_decay: float = field(0.0, "local SGD weight decay", min=0.0)
-    server_lr: float = field(1.0, "server learning rate eta_g applied to the aggregated update", gt=0)
+    server_lr: float = field(1.0, "server learning rate eta_g applied to the aggregated update (not read by fedadam "
+                             "and fedyogi, which have their own)", gt=0)
     loss: str = field("ce", "client loss: ce or tce (truncated cross-entropy)")
     method: dict[str, Any] = field({"name": "fedavg"}, "method name and its parameters (see docs/methods)")
     plugins: list[dict[str, Any]] = field([], "extra methods combined with `method` (e.g. fedprox)")
@@ -170,8 +171,51 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     node[keys[-1]] = value
 
 
+#: most values (scalars, lists, mappings) one YAML document may hold once its aliases are expanded: a config or
+#: sweep file holds a few hundred, while a 1 KB "billion laughs" file of nested aliases expands to 10**9
+YAML_VALUE_LIMIT = 100_000
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+
+def expanded_size(root: yaml.Node, limit: int = YAML_VALUE_LIMIT) -> int | None:
+    """The values of a composed YAML document with every alias expanded (counted up to ``limit + 1``; each
+    shared node is visited once, so a bomb costs no more than its text), or None for a recursive alias."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()  # the path from the root to the node being counted
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_counted = stack.pop()
+        if children_counted:
+            open_nodes.discard(id(node))
+            sizes[id(node)] = min(limit + 1, 1 + sum(sizes[id(c)] for c in _children(node)))
+        elif id(node) in open_nodes:
+            return None
+        elif id(node) not in sizes:
+            open_nodes.add(id(node))
+            stack.append((node, True))
+            stack.extend((child, False) for child in _children(node))
+    return sizes[id(root)]
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a key given twice in one mapping (plain YAML keeps the last silently)."""
+    """YAML's safe loader, refusing a key given twice in one mapping (plain YAML keeps the last silently) and a
+    document of more than ``YAML_VALUE_LIMIT`` values once its aliases are expanded (or a recursive alias)."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        size = expanded_size(node)
+        if size is None:
+            raise ConfigError("a YAML alias (*name) refers to a list or mapping that holds the alias itself; "
+                              "write the values out")
+        if size > YAML_VALUE_LIMIT:
+            raise ConfigError(f"it holds more than {YAML_VALUE_LIMIT:,} values once its YAML aliases (*name) are "
+                              f"expanded (the limit of a config; a config holds a few hundred): write it without "
+                              f"nested aliases")
+        return super().construct_document(node)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
@@ -212,8 +256,12 @@ def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config file '{path}' is a directory; pass a YAML file such as configs/quickstart.yaml "
+                          "(to continue the run in a run directory: cfl run --resume DIR)")
     if not path.is_file():
-        raise ConfigError(f"config file '{path}' does not exist; pass a YAML file such as configs/quickstart.yaml")
+        state = "does not exist" if not path.exists() else "is not a regular file"
+        raise ConfigError(f"config file '{path}' {state}; pass a YAML file such as configs/quickstart.yaml")
     try:
         data = parse_yaml(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as err:

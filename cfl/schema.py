@@ -113,6 +113,20 @@ def _finite_float(value: Any, key: str) -> float:
     return number
 
 
+def refuse_nonfinite(value: Any, key: str, note: str = "") -> None:
+    """Refuse NaN or an infinity anywhere in ``value`` (nested mappings and lists, e.g. ``stream.args`` or a
+    method's parameters with their defaults), naming its dotted key; ``note`` says where the value came from."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"'{key}' is {value!r}{note}, not a finite number; NaN and infinities are refused (they "
+                          "train to nothing, and a NaN config never equals itself, so its run could not resume)")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            refuse_nonfinite(v, f"{key}.{k}" if key else str(k), note)
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            refuse_nonfinite(v, f"{key}[{i}]", note)
+
+
 def _names(cls: type) -> list[str]:
     return [f.name for f in dataclasses.fields(cls)]
 

@@ -23,6 +23,7 @@ from cfl.engine.runner import Runner
 from cfl.engine.server import NonFiniteError
 from cfl.engine.state_codec import RecordDamaged
 from cfl.engine.stop import RunStopped, StopRequest, signal_exit_code
+from cfl.ignored_keys import tolerated
 from cfl.metrics.results import build_results
 from cfl.report.files import atomic_write_bytes, atomic_write_json
 from cfl.report.jsonl import MetricsWriter, keep_lines_up_to
@@ -66,7 +67,8 @@ def resume_config(run_dir: Path, overrides: list[str] | list[tuple[str, Any]]) -
     for key, value in pairs:
         _set_dotted(data, key, value)
     try:
-        return from_dict(data)
+        with tolerated():  # a key without effect that an older cfl accepted: said, not refused
+            return from_dict(data)
     except ConfigError as err:
         if "unknown method" in str(err):
             raise ConfigError(f"{err} (a run started with --plugin needs the same --plugin to resume)") from None

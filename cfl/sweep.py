@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from cfl.config import Config, ConfigError, _set_dotted, read_yaml
+from cfl.ignored_keys import IgnoredKey
 from cfl.plugins import PluginSource
 from cfl.validation import from_dict
 
@@ -83,9 +84,11 @@ def load_sweep(path: str | Path, out: str | Path | None = None) -> list[SweepRun
     if not isinstance(fixed, dict):
         raise ConfigError(f"sweep 'set' in '{path}' must be a mapping of dotted keys to values")
     root = Path(out or spec.get("out") or Path("runs") / path.stem)
+    check_out_root(root, path)
     base_cfg = _base_config(base, fixed)
     runs = []
     keys = list(grid)
+    named: dict[str, tuple[Any, ...]] = {}
     for values in itertools.product(*(grid[k] for k in keys)):
         data = json.loads(json.dumps(base))
         settings = list(fixed.items())
@@ -94,12 +97,45 @@ def load_sweep(path: str | Path, out: str | Path | None = None) -> list[SweepRun
         for key, value in settings:
             _set_dotted(data, key, value)
         name = "__".join(_name_part(k, v) for k, v in zip(keys, values, strict=True)) or "run"
+        if name in named:
+            raise _same_name(path, name, keys, named[name], values)
+        named[name] = values
         try:
             cfg = from_dict(data)
+        except IgnoredKey as err:
+            raise ConfigError(f"sweep combination {name}: {err}. {err.sweep_advice()}") from None
         except ConfigError as err:
             raise ConfigError(f"sweep combination {name}: {err}") from None
+        if (root / name).exists() and not (root / name).is_dir():
+            raise ConfigError(f"sweep combination {name}: its run directory {root / name} is a file; move it away "
+                              "or choose another 'out'")
         runs.append(SweepRun(name, cfg, root / name, base_cfg))
     return runs
+
+
+def _same_name(path: Path, name: str, keys: list[str], first: tuple[Any, ...], second: tuple[Any, ...]) -> ConfigError:
+    """Two combinations whose grid values give one directory name (``_slug`` keeps letters, digits, '.+-')."""
+    clashes = [f"{k}: {_label(a)} and {_label(b)}" for k, a, b in zip(keys, first, second, strict=True) if a != b]
+    return ConfigError(f"sweep '{path}': the grid values {'; '.join(clashes)} both give the run directory name "
+                       f"'{name}' (a name keeps only letters, digits, '.', '+' and '-'); make them differ there, or "
+                       "give each a 'variant' entry with its own label")
+
+
+def _label(value: Any) -> str:
+    if isinstance(value, dict) and "label" in value:
+        return f"{value['label']!r} (a variant's label)"
+    return repr(value)
+
+
+def check_out_root(root: Path, path: Path) -> None:
+    """Refuse a sweep's ``out`` that is a file or lies under one, before any run starts."""
+    existing = root
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        where = "is a file" if existing == root else f"lies under {existing}, which is a file"
+        raise ConfigError(f"sweep '{path}': its run directories' folder {root} {where}, not a directory; choose "
+                          "another 'out' (or --out)")
 
 
 def _base_config(base: dict[str, Any], fixed: dict[str, Any]) -> Config | None:
@@ -119,13 +155,15 @@ def load_sweeps(paths: list[str | Path], out: str | Path | None = None) -> list[
     if out is not None and len(paths) > 1:
         raise ConfigError(f"--out names the directory of one sweep; {len(paths)} sweep files were given "
                           "(set 'out' in each sweep file instead)")
-    runs = [run for path in paths for run in load_sweep(path, out)]
-    seen: set[Path] = set()
-    for run in runs:
-        if run.out in seen:
-            raise ConfigError(f"two sweep combinations write to the same directory '{run.out}'; "
-                              "give the sweep files different 'out' directories")
-        seen.add(run.out)
+    runs: list[SweepRun] = []
+    seen: dict[Path, Path] = {}
+    for path in paths:
+        for run in load_sweep(path, out):
+            if run.out in seen:  # one sweep's own names never clash (load_sweep refuses that)
+                raise ConfigError(f"the sweep files '{seen[run.out]}' and '{path}' both write into the same directory "
+                                  f"'{run.out}'; give the sweep files different 'out' directories")
+            seen[run.out] = Path(path)
+            runs.append(run)
     return runs
 
 

@@ -14,11 +14,12 @@ from cfl.cross_checks import check_methods, check_model_fits, check_threads, res
 from cfl.data.partition import PARTITIONERS
 from cfl.data.streams import STREAMS
 from cfl.engine.precision import parse_precision
+from cfl.ignored_keys import check_ignored_keys
 from cfl.methods import METHODS
 from cfl.models import MODELS
 from cfl.ops.aggregate import AGGREGATORS
 from cfl.ops.losses import LOSSES
-from cfl.schema import ConfigError, build, to_dict
+from cfl.schema import ConfigError, build, refuse_nonfinite, to_dict
 
 __all__ = ["from_dict", "load_config", "resolve_saved_model", "validate_names"]
 
@@ -47,8 +48,11 @@ def _check_method_spec(spec: dict[str, Any], key: str) -> dict[str, Any]:
     if given and not dataclasses.fields(METHODS[name].Hyperparams):
         keys = ", ".join(f"'{key}.{k}'" for k in sorted(given))
         raise ConfigError(f"unknown config key {keys}: method '{name}' takes no parameters; remove it")
-    params = build(METHODS[name].Hyperparams, given, key)
-    return {"name": name, **to_dict(params)}
+    params = to_dict(build(METHODS[name].Hyperparams, given, key))
+    for param, value in params.items():  # given values are checked by build; defaults (a plugin's) here
+        origin = f" (the default in the Hyperparams of method '{name}'; fix that default, or set {key}.{param})"
+        refuse_nonfinite(value, f"{key}.{param}", "" if param in given else origin)
+    return {"name": name, **params}
 
 
 def _check_registered(cfg: Config) -> None:
@@ -66,6 +70,7 @@ def validate_names(cfg: Config) -> Config:
     ``stream.name: avalanche`` has its benchmark imported, built and converted here (once per process)."""
     from cfl.data.avalanche_route import ROUTE, route_stream
 
+    refuse_nonfinite(to_dict(cfg), "")  # the keys typed Any (stream.args, method parameters), nested
     stream = route_stream(cfg.stream)
     if stream is None:
         return _validate_names(cfg)
@@ -113,6 +118,7 @@ def _validate_names(cfg: Config) -> Config:
     if len(set(names)) != len(names):
         raise ConfigError(f"a method appears twice in method + plugins: {names}")
     check_methods(cfg, [method, *plugins])
+    check_ignored_keys(cfg, [method, *plugins])
     check_threads(cfg.threads)
     cfg = dataclasses.replace(cfg, method=method, plugins=plugins, precision=parse_precision(cfg.precision),
                               model=dataclasses.replace(cfg.model, name=resolve_model(cfg.stream.name, cfg.model.name)))

@@ -161,3 +161,24 @@ def test_duplicate_keys_are_refused_but_merge_keys_may_override(tmp_path):
     assert read_yaml(path) == {"defaults": {"lr": 0.1, "seed": 3}}
     path.write_text("a: &d {lr: 0.1, seed: 3}\nb:\n  <<: *d\n  lr: 0.2\n")
     assert read_yaml(path)["b"] == {"lr": 0.2, "seed": 3}
+
+
+def test_each_partition_and_aggregator_key_is_read_by_the_functions_that_name_it():
+    """What cfl/ignored_keys.py takes as read: the built-in functions' own parameters, each key by one at least."""
+    from cfl.data.partition import PARTITIONERS
+    from cfl.ignored_keys import parameter_names
+    from cfl.ops.aggregate import AGGREGATORS
+
+    reads = {n: parameter_names(f) & {"shards_per_client", "alpha", "beta", "min_samples", "tau"}
+             for registry in (PARTITIONERS, AGGREGATORS) for n, f in registry.items()}
+    assert reads == {"iid": set(), "shards": {"shards_per_client"}, "dirichlet": {"alpha", "min_samples"},
+                     "quantity": {"beta", "min_samples"}, "mean": set(), "gma": {"tau"}}
+
+
+def test_a_key_that_has_no_effect_is_accepted_at_its_default_as_a_resolved_config_holds_it():
+    cfg = from_dict({"partition": {"name": "iid", "alpha": 0.5}, "aggregator": {"tau": 0.4}, "ray_workers": 2})
+    assert from_dict(cfg.to_dict()) == cfg  # a run's config.yaml: every key, at its default where unread
+    with pytest.raises(ConfigError, match="'partition.alpha: 0.6' has no effect"):
+        from_dict({"partition": {"name": "iid", "alpha": 0.6}})
+    wandb = {"mode": "disabled", "log_artifacts": False, "log_checkpoint": True}  # W&B off: its keys are kept
+    assert from_dict({"wandb": wandb}).wandb.log_checkpoint

@@ -113,6 +113,44 @@ CASES = [
      ["the W&B run id in checkpoint.pt '../../elsewhere' is not a W&B id", "--overwrite"]),
     ("--trust-callables outside a W&B sweep", ["{cfg}", "--trust-callables"],
      ["--trust-callables is read only under a W&B sweep"]),
+    # ---- issue 27 item 6: a key the chosen component does not read, set away from its default ----
+    ("ignored key: dirichlet alpha with iid", ["{cfg}", "--set", "partition.alpha=0.3"],
+     ["'partition.alpha: 0.3' has no effect with 'partition.name: iid'", "only dirichlet reads it",
+      "remove partition.alpha, or set partition.name: dirichlet"]),
+    ("ignored key: shards_per_client with dirichlet", ["{cfg}", "--set", "partition={{name: dirichlet, "
+                                                                       "shards_per_client: 3}}"],
+     ["'partition.shards_per_client: 3'", "'partition.name: dirichlet'", "only shards reads it"]),
+    ("ignored key: min_samples with shards", ["{cfg}", "--set", "partition={{name: shards, min_samples: 4}}"],
+     ["'partition.min_samples: 4'", "'partition.name: shards'", "only dirichlet, quantity read it"]),
+    ("ignored key: gma tau with mean", ["{cfg}", "--set", "aggregator.tau=0.2"],
+     ["'aggregator.tau: 0.2' has no effect with 'aggregator.name: mean'", "only gma reads it"]),
+    ("ignored key: ray_workers on the local backend", ["{cfg}", "--set", "ray_workers=4"],
+     ["'ray_workers: 4' has no effect with 'backend: local'", "read only with backend: ray"]),
+    ("ignored key: client_block of sequential clients", ["{cfg}", "--set", "client_execution=sequential", "--set",
+                                                         "client_block=2"],
+     ["'client_block: 2' has no effect with 'client_execution: sequential'", "set client_execution: batched"]),
+    ("ignored key: server_lr with an adaptive server", ["{cfg}", "--set", "method.name=fedadam", "--set",
+                                                        "server_lr=0.5"],
+     ["'server_lr: 0.5' has no effect with 'method.name: fedadam'", "the method's own server_lr"]),
+    ("ignored key: server_lr with an adaptive plugin", ["{cfg}", "--set", "plugins=[{{name: fedyogi}}]", "--set",
+                                                        "server_lr=0.5"],
+     ["'server_lr: 0.5' has no effect with 'plugins[0].name: fedyogi'"]),
+    ("ignored key: log_checkpoint without artifacts",
+     ["{cfg}", "--set", "wandb={{mode: offline, log_artifacts: false, log_checkpoint: true}}"],
+     ["'wandb.log_checkpoint: true' has no effect with 'wandb.log_artifacts: false'", "no artifact is logged"]),
+    # ---- issue 27 item 9: NaN and infinities anywhere in a config ----
+    ("non-finite: stream.args, nested", ["{cfg}", "--set", "stream={{name: avalanche, benchmark: nowhere.make, "
+                                                           "args: {{noise: [1, .nan]}}}}"],
+     ["'stream.args.noise[1]' is nan", "not a finite number"]),
+    ("non-finite: stream.args by --set", ["{cfg}", "--set", "stream.args.noise=.inf"],
+     ["'stream.args.noise' is inf", "not a finite number"]),
+    # ---- issue 27 item 16: YAML aliases expanded beyond the limit ----
+    ("YAML alias bomb in a --set value", ["{cfg}", "--set", "stream.args=" + "[&a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1], "
+                                          + ", ".join(f"&{b} [{', '.join([f'*{a}'] * 10)}]" for a, b in
+                                                      zip("abcdefgh", "bcdefghi", strict=True)) + "]"],
+     ["--set stream.args", "more than 100,000 values", "aliases"]),
+    # ---- issue 27 item 18: smaller messages ----
+    ("config file is a directory", ["{tmp}"], ["config file '{tmp}' is a directory", "cfl run --resume"]),
 ]
 #: refusals that depend on the data (the training set sizes): made after loading it, before any round
 AFTER_DATA_LOADS = {"shards: a client gets no data"}
@@ -169,3 +207,94 @@ def test_refusal(case, argv, words, files, monkeypatch, capsys):
         assert word.format(**files) in err, err
     after = {p: p.stat().st_mtime_ns for p in Path(files["tmp"]).rglob("*")}
     assert after == before  # nothing written, nothing created
+
+
+# ---- issue 27 items 9, 16, 18 (and 6 in a sweep): cases that write their own files, run from tmp_path ----
+def laughs(leaf: str = "lol") -> str:
+    """A 'billion laughs' flow mapping under 1 KB: nine levels of ten aliases each, 10**9 leaves expanded."""
+    levels = [f"a: &a [{', '.join([leaf] * 10)}]"]
+    levels += [f"{b}: &{b} [{', '.join([f'*{a}'] * 10)}]" for a, b in zip("abcdefgh", "bcdefghi", strict=True)]
+    return "{" + ", ".join(levels) + "}"
+
+
+NAN_PLUGIN = """from dataclasses import dataclass
+from cfl.methods import Method, register
+
+@dataclass(frozen=True)
+class NanParams:
+    gamma: float = float("nan")
+
+@register
+class Nanny(Method):
+    name = "nanny"
+    about = "a method whose parameter defaults to NaN"
+    Hyperparams = NanParams
+"""
+GRID = "base: ok.yaml\ngrid: {seed: [0, 1]}\n"
+# (case, {file: text} written besides ok.yaml, environment, argv ({tmp}: tmp_path), words of the message)
+OWN_FILE_CASES = [
+    ("non-finite: a plugin method's default", {"nan_plugin.py": NAN_PLUGIN}, {},
+     ["run", "ok.yaml", "--plugin", "nan_plugin.py", "--set", "method.name=nanny"],
+     ["'method.gamma' is nan (the default in the Hyperparams of method 'nanny'", "or set method.gamma", "finite"]),
+    ("YAML alias bomb in a config file", {"bomb.yaml": f"stream: {{name: avalanche, args: {laughs()}}}\n"}, {},
+     ["run", "bomb.yaml"], ["config file 'bomb.yaml'", "more than 100,000 values", "aliases"]),
+    ("YAML alias bomb in a sweep file", {"s.yaml": f"base: ok.yaml\nset: {{stream.args: {laughs()}}}\n"}, {},
+     ["sweep", "s.yaml"], ["'s.yaml'", "more than 100,000 values"]),
+    ("YAML alias bomb in a resumed config.yaml", {"old/config.yaml": f"lr: 0.1\nstream: {{args: {laughs()}}}\n"}, {},
+     ["run", "--resume", "old"], ["'old/config.yaml'", "more than 100,000 values"]),
+    ("YAML alias bomb in a W&B sweep parameter file", {"params.yaml": f"stream.args: {{value: {laughs()}}}\n"},
+     {"WANDB_SWEEP_PARAM_PATH": "{tmp}/params.yaml"}, ["run", "ok.yaml"],
+     ["W&B sweep parameter file '{tmp}/params.yaml'", "more than 100,000 values"]),
+    ("recursive YAML alias", {"loop.yaml": "stream: {name: avalanche, args: &r {again: *r}}\n"}, {},
+     ["run", "loop.yaml"], ["config file 'loop.yaml'", "holds the alias itself"]),
+    ("data_root is a file", {}, {}, ["run", "ok.yaml", "--out", "out", "--set", "data_root=ok.yaml"],
+     ["the data root ok.yaml (from config key 'data_root') is a file, not a directory", "--set data_root=DIR"]),
+    ("sweep: out is a file", {"s.yaml": GRID + "out: afile\n", "afile": "x"}, {}, ["sweep", "s.yaml"],
+     ["sweep 's.yaml'", "folder afile is a file", "choose another 'out'"]),
+    ("sweep: out lies under a file", {"s.yaml": GRID, "afile": "x"}, {}, ["sweep", "s.yaml", "--out", "afile/runs"],
+     ["sweep 's.yaml'", "afile/runs lies under afile, which is a file"]),
+    ("sweep: two grid values give one directory name", {"s.yaml": "base: ok.yaml\ngrid: {wandb.name: [x y, x_y]}\n"},
+     {}, ["sweep", "s.yaml"], ["the grid values wandb.name: 'x y' and 'x_y'", "run directory name 'wandb=x_y'"]),
+    ("sweep: a key its grid leaves unread", {"s.yaml": "base: ok.yaml\nset: {partition.alpha: 0.3}\n"
+                                             "grid: {partition.name: [iid, dirichlet]}\n"}, {}, ["sweep", "s.yaml"],
+     ["sweep combination partition=iid: 'partition.alpha: 0.3' has no effect with 'partition.name: iid'",
+      "variant: [{{label: a, partition.name: iid}}, {{label: b, partition.name: dirichlet, partition.alpha: 0.3}}]"]),
+]
+
+
+@pytest.mark.parametrize(("written", "env", "argv", "words"), [c[1:] for c in OWN_FILE_CASES],
+                         ids=[c[0] for c in OWN_FILE_CASES])
+def test_refusal_with_own_files(written, env, argv, words, tmp_path, monkeypatch, capsys):
+    from cfl import plugins
+    from cfl.methods import METHODS
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(plugins, "LOADED", {})  # the plugin file is imported here, its method dropped after
+    (tmp_path / "ok.yaml").write_text(yaml.safe_dump(VALID))
+    for name, text in written.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value.format(tmp=tmp_path))
+    before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
+    with METHODS.preserved():
+        code = main([*[a.format(tmp=tmp_path) for a in argv], "--quiet"] if argv[0] == "run" else argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("cfl: config error: "), err
+    for word in words:
+        assert word.format(tmp=tmp_path) in err, err
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before  # nothing written, no run started
+
+
+def test_a_run_whose_config_sets_a_key_without_effect_still_resumes_and_says_so(tmp_path, capsys):
+    """An older cfl accepted partition.alpha with iid: its half-done run resumes (the key changes nothing)."""
+    from cfl.ignored_keys import tolerated
+
+    with tolerated():
+        cfg = tiny_config(partition={"name": "iid", "alpha": 0.3}, rounds_per_task=1, threads=1,
+                          stream={"name": "split-digits", "num_tasks": 1})
+        cfl.single_run.execute(cfg, tmp_path / "old", quiet=True)
+    capsys.readouterr()
+    assert main(["run", "--resume", str(tmp_path / "old"), "--quiet"]) == 0
+    assert "cfl: warning: 'partition.alpha: 0.3' has no effect with 'partition.name: iid'" in capsys.readouterr().err

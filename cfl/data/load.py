@@ -17,13 +17,19 @@ from cfl.schema import ConfigError
 
 
 def root_dir(data_root: str | None) -> Path:
-    """The config's ``data_root``, else ``$CFL_DATA``, else the per-user cache (~/.cache/cfl)."""
+    """The config's ``data_root``, else ``$CFL_DATA``, else the per-user cache (~/.cache/cfl); refused when it
+    exists but is not a directory (a file given by mistake)."""
     if data_root:
-        return Path(data_root).expanduser()
-    if os.environ.get("CFL_DATA"):
-        return Path(os.environ["CFL_DATA"]).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "cfl"
+        root, source = Path(data_root).expanduser(), "config key 'data_root'"
+    elif os.environ.get("CFL_DATA"):
+        root, source = Path(os.environ["CFL_DATA"]).expanduser(), "$CFL_DATA"
+    else:
+        cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        root, source = Path(cache) / "cfl", "the user cache ($XDG_CACHE_HOME or ~/.cache, then cfl)"
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"the data root {root} (from {source}) is a file, not a directory; point data_root "
+                          f"(--set data_root=DIR) or $CFL_DATA at the folder holding the datasets (docs/data.md)")
+    return root
 
 
 def load_stream(name: str, *, num_tasks: int | None, scenario: str, seed: int, data_root: str | None,

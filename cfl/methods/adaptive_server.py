@@ -31,6 +31,7 @@ class AdaptiveServer(Method):
     """Shared server step of FedAdam and FedYogi; subclasses define the second moment."""
 
     Hyperparams = AdaptiveServerHyperparams
+    unread_keys = {"server_lr": "its adaptive step uses the method's own server_lr; set that one instead"}
 
     def second_moment(self, v: torch.Tensor, d2: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError  # abstract

@@ -122,6 +122,9 @@ class Method:
     #: the events whose ``client_end`` the method acts on; the engine calls it for those only (a method that
     #: acts at task ends only costs its rounds nothing: no state read, no call per client)
     client_events: ClassVar[tuple[Event, ...]] = ("round", "task_end")
+    #: top-level config keys the method makes unread -> why (a run setting one away from its default is refused,
+    #: cfl/ignored_keys.py), e.g. an adaptive server's ``{"server_lr": "..."}``
+    unread_keys: ClassVar[dict[str, str]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -27,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from cfl.config import ConfigError, parse_yaml
 from cfl.engine.checkpoint import is_resume_safe
 
 TEXT_FIELDS = ("stream", "partition", "method")
@@ -132,8 +133,8 @@ def read_config(path: Path, results: dict[str, Any]) -> dict[str, Any] | None:
         return results["config"]
     beside = path.parent / "config.yaml"
     try:
-        config = yaml.safe_load(beside.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        config = parse_yaml(beside.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, ConfigError) as err:
         return _skip(path, f"no 'config' field and no readable {beside.name} beside it ({type(err).__name__})")
     if not isinstance(config, dict):
         return _skip(path, f"no 'config' field and {beside.name} beside it is not a mapping")

@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from cfl.config import Config, ConfigError, parse_overrides, read_yaml
+from cfl.config import Config, ConfigError, parse_overrides, parse_yaml, read_yaml
 from cfl.config import _set_dotted as set_dotted
 from cfl.data.benchmark_trust import check_foreign_benchmark, trusted_by_env
 from cfl.report.wandb_ids import checked_id
@@ -62,7 +62,9 @@ def read_sweep_params(path: Path) -> dict[str, Any]:
     """``{dotted key: value}`` from the agent's parameter file (:class:`ConfigError` when unreadable)."""
     where = f"W&B sweep parameter file '{path}' (${PARAM_PATH_ENV})"
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = parse_yaml(path.read_text(encoding="utf-8")) or {}
+    except ConfigError as err:  # a duplicate key, an alias bomb
+        raise ConfigError(f"the {where}: {err}") from None
     except OSError as err:
         raise ConfigError(f"cannot read the {where}: {err.strerror}; run under `wandb agent` or unset "
                           f"{PARAM_PATH_ENV}") from None
