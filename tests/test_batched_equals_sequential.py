@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import warnings
 from dataclasses import replace
 
@@ -27,7 +28,7 @@ from cfl.engine.local_sequential import train_sequential
 from cfl.engine.path import choose_path
 from cfl.engine.runner import Runner
 from cfl.methods import METHODS
-from cfl.methods.base import MethodState
+from cfl.methods.base import Method, MethodState, Quadratic, Samples
 from cfl.methods.fedavg import FedAvg
 from cfl.models import MODELS, ModelShape, build_model
 from cfl.models.dropout import Dropout
@@ -73,9 +74,10 @@ def test_every_model_trains_alike_in_both_engines_with_ragged_clients(name):
 def test_every_model_trains_alike_in_both_engines_in_bf16_mixed(name):
     """bf16-mixed, ragged clients as above: the two trainers multiply in bfloat16 in a different order and
     grouping, so they agree to bfloat16 rounding: each parameter within 0.25 of its update's norm (measured:
-    at most 0.16, resnet18-reduced; 0.07 mlp, 0.04 alexnet). BatchNorm nets are left out: batch statistics
-    of 1-4 samples amplify bfloat16 rounding to the size of the update itself (measured 1.3 on
-    resnet18-mini; float32 against bf16-mixed differs as much)."""
+    at most 0.07, mlp; 3e-5 resnet18-reduced and 1e-6 alexnet, whose convolutions take the same bfloat16
+    operands in both: before the vmap path cast them explicitly, they ran in float32 there, 0.16 and 0.2).
+    BatchNorm nets are left out: batch statistics of 1-4 samples amplify bfloat16 rounding to the size of
+    the update itself (measured 1.3 on resnet18-mini; float32 against bf16-mixed differs as much)."""
     torch.manual_seed(0)
     model = without_dropout(build_model(name, ModelShape(IMAGE, 3, 2, True)))
     x, y = torch.randn(11, *IMAGE), torch.arange(11) % 3
@@ -153,10 +155,20 @@ def float64_without_dropout():
 def _round_with(runner: Runner, trainer: object, task: int, path: str) -> tuple[dict, list[float]]:
     """Run one round of ``task`` with ``trainer`` on ``path`` from the runner's current state, leaving that state
     as it was; returns the new global parameters and the accuracies on the tasks so far."""
+    params, accuracies, _ = _round_and_states_with(runner, trainer, task, path)
+    return params, accuracies
+
+
+def _round_and_states_with(runner: Runner, trainer: object, task: int,
+                           path: str) -> tuple[dict, list[float], tuple[list[dict], list[dict], int]]:
+    """:func:`_round_with`, also returning the methods' states after the round (their server states and every
+    client's state) and the round's upload bytes."""
     saved = copy.deepcopy((runner.params, runner.states, runner.comm, runner.progress, runner.hyper))
     runner.trainer, runner.hyper.path = trainer, path
     runner.run_round(task, 0)
-    out = runner.params, runner.evaluate(task)
+    states = ([st.server for st in runner.states],
+              [{c: st.clients.get(c) for c in st.clients.ids()} for st in runner.states], runner.comm.upload_bytes)
+    out = runner.params, runner.evaluate(task), copy.deepcopy(states)
     runner.params, runner.states, runner.comm, runner.progress, runner.hyper = saved
     return out
 
@@ -192,3 +204,164 @@ def test_every_model_and_method_run_alike_end_to_end(model, method):
         runner.params = sequential
         if task == 0:
             runner.task_end(0)
+
+
+# ---- every Method hook, in a variant that reads no state and one that does --------------------------------------
+
+#: the hooks a method may override, read off :class:`Method` itself, so a new hook fails
+#: :func:`test_every_hook_has_both_variants` until it has its variants (``client_state_bytes`` only sizes the
+#: client-state store before the run, and ``check`` only validates the config: neither changes a number)
+HOOKS = sorted(name for name, v in vars(Method).items()
+               if inspect.isfunction(v) and not name.startswith("_") and name != "client_state_bytes")
+
+#: what the state-dependent variants read: client 0's state (client 1 has none, so the batched trainer
+#: stacks zeros for it where the sequential one hands over ``{}``), and the server state of every variant;
+#: ``other``: other values, for the control that the variant reads them
+def _client_state(d: int, dim: int, other: bool = False) -> dict:
+    return {"w": torch.tensor(0.9 if other else 0.3), "basis": torch.eye(d)[:, (3, 4) if other else (1, 2)],
+            "x": torch.linspace(-1, 1, 2 * dim).view(2, dim) * (3 if other else 1),
+            "y": torch.tensor([1, 1] if other else [2, 0])}
+
+
+def _server_state(other: bool = False) -> dict:
+    return {"scale": torch.tensor(0.9 if other else 0.6)}
+
+
+def _first_weight(method: Method) -> tuple[str, int]:
+    """The name and input width of the model's first linear layer."""
+    return next((k, v.shape[1]) for k, v in method.run_info.model.named_parameters() if v.dim() == 2)
+
+
+def _zero() -> torch.Tensor:
+    return torch.zeros(())
+
+
+def _input_dim(method: Method) -> int:
+    return int(method.run_info.model.body[1].in_features)
+
+
+#: per hook, (a state-free implementation, a state-dependent one); the state-dependent ones read a missing
+#: key as zeros, which is what the batched trainer stacks for a client without it
+VARIANTS = {
+    "penalty": (
+        lambda _self, global_params, _server, _state: {k: Quadratic(0.1, v + 0.01) for k, v in global_params.items()},
+        lambda _self, global_params, _server, state: {k: Quadratic(state.get("w", _zero()), v + 0.01)
+                                                      for k, v in global_params.items()},
+    ),
+    "extra_loss": (
+        lambda self, params, x, _task, _server, _state:
+            0.05 * x.flatten(1).pow(2).mean(1) * params[_first_weight(self)[0]].pow(2).sum(),
+        lambda self, params, x, _task, _server, state:
+            state.get("w", _zero()) * x.flatten(1).pow(2).mean(1) * params[_first_weight(self)[0]].pow(2).sum(),
+    ),
+    "gradient_projection": (
+        lambda self, _state: {_first_weight(self)[0]: torch.eye(_first_weight(self)[1])[:, :2].contiguous()},
+        lambda self, state: {_first_weight(self)[0]: state["basis"]} if "basis" in state else {},
+    ),
+    "replay": (
+        lambda self, _state, generator: Samples(torch.randn(3, _input_dim(self), generator=generator),
+                                                torch.randint(0, 3, (3,), generator=generator),
+                                                torch.zeros(3, dtype=torch.long)),
+        lambda _self, state, _generator: Samples(state["x"], state["y"], torch.zeros_like(state["y"]))
+        if "x" in state else None,
+    ),
+    "client_end": (
+        lambda self, _event, _model, params, _data, _state, _server, _generator:
+            {"norm": params[_first_weight(self)[0]].norm().reshape(1)},
+        lambda self, _event, _model, params, _data, state, _server, _generator:
+            _accumulate(state, params[_first_weight(self)[0]].sum().reshape(1)),
+    ),
+    "server_end": (
+        lambda _self, _event, uploads, server, _task: server.update(count=torch.tensor(float(len(uploads)))),
+        lambda _self, _event, _uploads, server, _task: server.update(scale=server["scale"] * 0.5),
+    ),
+    "server_update": (
+        lambda _self, global_params, delta, _server, server_lr: {k: w + 0.5 * server_lr * delta[k]
+                                                                 for k, w in global_params.items()},
+        lambda _self, global_params, delta, server, server_lr: {k: w + server["scale"] * server_lr * delta[k]
+                                                                for k, w in global_params.items()},
+    ),
+    "transform_update": (
+        lambda _self, delta, _server, _task: {k: 0.5 * d for k, d in delta.items()},
+        lambda _self, delta, server, _task: {k: server["scale"] * d for k, d in delta.items()},
+    ),
+}
+
+
+def _accumulate(state: dict, value: torch.Tensor) -> dict:
+    """``state["sum"] += value`` (from 0), uploading the new sum."""
+    state["sum"] = state.get("sum", torch.zeros(1)) + value
+    return {"sum": state["sum"].clone()}
+
+
+def test_every_hook_has_both_variants():
+    assert sorted(VARIANTS) == HOOKS
+    assert len(HOOKS) == 8  # the base class's docstring says eight
+
+
+def _assert_states_close(a: object, b: object, where: str) -> None:
+    if isinstance(b, dict):
+        assert isinstance(a, dict) and sorted(a) == sorted(b), (where, a, b)
+        for k in b:
+            _assert_states_close(a[k], b[k], f"{where}.{k}")
+    elif isinstance(b, list | tuple):
+        assert len(a) == len(b), where
+        for i, (u, v) in enumerate(zip(a, b, strict=True)):
+            _assert_states_close(u, v, f"{where}[{i}]")
+    elif isinstance(b, torch.Tensor):
+        assert torch.allclose(a, b, atol=1e-9, rtol=1e-7), (where, a, b)
+    else:
+        assert a == b, (where, a, b)
+
+
+@pytest.mark.usefixtures("float64_without_dropout")
+@pytest.mark.parametrize("variant", ["state-free", "state-dependent"])
+@pytest.mark.parametrize("hook", HOOKS)
+def test_every_hook_runs_alike_in_both_engines(hook, variant):
+    """A method overriding ``hook`` alone, in a variant that holds and reads no state and one that reads its
+    state (client 0 holds a client state, client 1 none; the server holds one): one round gives the same
+    global model, states and upload bytes with the sequential trainer and with the batched one on every path
+    the run can take. (The batched trainer once skipped a gradient projection whenever no client held state,
+    so a state-free one was never applied.)"""
+    impl = VARIANTS[hook][variant == "state-dependent"]
+    name = f"hook-{hook.replace('_', '-')}-{variant}"
+    cls = type(name, (Method,), {"name": name, hook: impl})
+    with METHODS.temporarily(name, cls):
+        cfg = from_dict({"num_clients": 2, "clients_per_round": 2, "rounds_per_task": 1, "batch_size": 4,
+                         "lr": 0.05, "weight_decay": 0.01, "partition": {"name": "quantity", "beta": 0.5},
+                         "method": {"name": name}, "wandb": {"mode": "disabled"}})
+        runner = Runner(cfg, make_stream("task", n_train=15, n_test=6))
+        if variant == "state-dependent":  # the state-free variant runs with no state at all
+            _seed_states(runner, other=False)
+        sequential = _round_and_states_with(runner, train_sequential, 0, "sequential")
+        for path in {runner.engine_path.path, "vmap"}:
+            batched = _round_and_states_with(runner, BatchedTrainer(), 0, path)
+            for k in sequential[0]:
+                assert torch.allclose(batched[0][k], sequential[0][k], atol=1e-9, rtol=1e-7), (k, path)
+            assert batched[1] == sequential[1], path
+            _assert_states_close(batched[2], sequential[2], path)
+        # the control: the hook changes the round (state-free: against no hook), and reads its state
+        if variant == "state-free":
+            runner.methods[0] = Method(None, runner.run_info)
+        else:
+            _seed_states(runner, other=True)
+        control = _round_and_states_with(runner, train_sequential, 0, "sequential")
+        assert _round_differs(control, sequential)
+
+
+def _seed_states(runner: Runner, other: bool) -> None:
+    method = runner.methods[0]
+    runner.states[0].clients.put(0, _client_state(_first_weight(method)[1], _input_dim(method), other))
+    runner.states[0].server.update(_server_state(other))
+
+
+def _round_differs(a: tuple, b: tuple) -> bool:
+    """Whether two rounds' outcomes (:func:`_round_and_states_with`) differ in a parameter, a state or the
+    upload bytes."""
+    try:
+        for k in b[0]:
+            assert torch.equal(a[0][k], b[0][k])
+        _assert_states_close(a[2], b[2], "")
+    except AssertionError:
+        return True
+    return False

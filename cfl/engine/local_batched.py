@@ -86,11 +86,7 @@ class SGDStep:
         if hp.weight_decay:
             torch._foreach_add_(g, p, alpha=hp.weight_decay)
         for i in self.projecting:
-            if states[i]:  # no client has a basis yet: nothing to project
-                m = plugins.methods[i]
-                grads = vmap(lambda gr, st, m=m: hooks.projected(m, gr, st))(dict(zip(params, g, strict=True)),
-                                                                           states[i])
-                g = list(grads.values())
+            g = list(_projected(plugins.methods[i], dict(zip(params, g, strict=True)), states[i]).values())
         if hp.momentum > 0:
             if s == 0:
                 self.momentum = [gk.clone() for gk in g]
@@ -105,6 +101,16 @@ class SGDStep:
             on = active.to(p[0].dtype)
             for k, pk, gk in zip(params, p, g, strict=True):
                 pk.addcmul_(gk, on.view(self.shapes[k]), value=-hp.lr)
+
+
+def _projected(method: Method, grads: Params, state: State) -> Params:
+    """The stacked clients' gradients projected off ``method.gradient_projection``, per client under ``vmap``.
+    Where no client of the stack holds state (``state`` is ``{}``) every client's hook sees ``{}``: it is
+    called once and its bases, if any, apply to all (a hook that reads no state projects all the same)."""
+    if state:
+        return vmap(lambda gr, st: hooks.projected(method, gr, st))(grads, state)
+    bases = method.gradient_projection({})
+    return vmap(lambda gr: hooks.project(gr, bases))(grads) if bases else grads
 
 
 def train_batched(model: nn.Module, global_params: Params, jobs: list[ClientJob], x: torch.Tensor,

@@ -7,8 +7,10 @@ the float32 masters (a bfloat16 weight would drop any step below 2**-8 of its si
 penalties, the SGD step, aggregation, the methods' server-side algebra (GPSE, GPM, SVD) and every metric
 stay float32. bfloat16 keeps float32's exponent range, so no loss scaling is needed.
 
-- vmap and sequential trainers: the model's forward runs under :func:`autocast` (torch's own cast lists:
-  products and convolutions in bfloat16); the logits come back as float32 for the loss.
+- vmap and sequential trainers: the model's forward runs under :func:`autocast`: torch's own cast lists
+  (products in bfloat16), and the linear layers and convolutions cast their operands to bfloat16
+  explicitly (:class:`LowProducts`), since under ``vmap`` autocast does not reach a convolution; the
+  logits come back as float32 for the loss.
 - stacked trainer (:mod:`cfl.engine.stacked_net`): its hand-written products cast through
   :class:`Bf16Weights`, whose buffers a kept workspace holds across rounds; each step updates the float32
   weight and writes its bfloat16 copy in one compiled pass (:mod:`cfl.engine.bf16_step`).
@@ -28,6 +30,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch.nn import functional as F
+from torch.overrides import TorchFunctionMode
 
 from cfl.engine import bf16_probe
 from cfl.engine.bf16_step import step_cast
@@ -57,13 +61,36 @@ def is_mixed(precision: int | str) -> bool:
     return precision == MIXED
 
 
+#: the layers' products whose operands bf16-mixed casts to bfloat16 itself, ahead of autocast: under ``vmap``
+#: torch's autocast never sees a convolution (the batching rule turns ``conv2d`` into ``aten.convolution``,
+#: which is on no CPU cast list), so the vmap path would convolve in float32
+LOW_PRODUCTS = frozenset({F.linear, F.conv1d, F.conv2d, F.conv3d, F.conv_transpose1d, F.conv_transpose2d,
+                          F.conv_transpose3d})
+
+
+def _low(value: Any) -> Any:
+    return value.to(LOW) if isinstance(value, torch.Tensor) and value.dtype == torch.float32 else value
+
+
+class LowProducts(TorchFunctionMode):
+    """Calls of :data:`LOW_PRODUCTS` take their float32 tensor operands as bfloat16 (what autocast does to
+    them where it reaches them: the same products, bit for bit); every other call passes unchanged."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func in LOW_PRODUCTS:
+            args, kwargs = tuple(_low(a) for a in args), {k: _low(v) for k, v in kwargs.items()}
+        return func(*args, **kwargs)
+
+
 @contextlib.contextmanager
 def autocast(precision: int | str, device: torch.device) -> Iterator[None]:
-    """torch's autocast to bfloat16 on ``device`` in bf16-mixed, nothing in float32."""
+    """In bf16-mixed, torch's autocast to bfloat16 on ``device`` with the layers' products cast explicitly
+    (:class:`LowProducts`, which autocast misses under ``vmap``); nothing in float32."""
     if not is_mixed(precision):
         yield
         return
-    with torch.autocast(device.type, dtype=LOW):
+    with torch.autocast(device.type, dtype=LOW), LowProducts():
         yield
 
 

@@ -41,6 +41,17 @@ def split_words(words: torch.Tensor, bits: int) -> torch.Tensor:
     return (fields - (fields >= (1 << (bits - 1))).long() * (1 << bits)).flatten(-2)
 
 
+def _stored_channels_last(x: torch.Tensor) -> bool:
+    """Whether ``x`` is a 4-d tensor stored channels-last and not contiguous (the stacked engine path's
+    grouped activations on CPU). Inside a ``torch.func`` transform (the vmap path) the answer is False
+    without asking: ``vmap`` cannot tell the memory format of a non-contiguous tensor ("NYI: querying
+    is_contiguous inside of vmap"), so there the noise is drawn in the logical (contiguous) order, as it
+    is for every tensor a transform can tell apart (a contiguous one)."""
+    if x.dim() != 4 or x.is_contiguous() or torch._C._functorch.maybe_current_level() is not None:
+        return False
+    return x.is_contiguous(memory_format=torch.channels_last)
+
+
 def _noise_bits(p: float) -> int:
     return 8 if float(p * 256).is_integer() else 16
 
@@ -77,10 +88,10 @@ class Dropout(nn.Module):
 
     def _noise(self, x: torch.Tensor) -> torch.Tensor:
         """Signed integer noise of ``x``'s shape, drawn in ``x``'s memory order (contiguous or channels-last,
-        so the mask needs no layout change)."""
+        so the mask needs no layout change; under ``vmap``: in its logical order, :func:`_stored_channels_last`)."""
         n = x.numel()
         per_word = 64 // self.bits
-        channels_last = x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+        channels_last = _stored_channels_last(x)
         flat = x.permute(0, 2, 3, 1).reshape(-1) if channels_last else x.reshape(-1)  # views, no copies
         # empty_like of a slice stays batched under vmap, so each client gets its own draw
         words = torch.empty_like(flat[: (n + per_word - 1) // per_word], dtype=torch.int64).random_(-(2**63), None)
