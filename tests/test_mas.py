@@ -10,6 +10,7 @@ from cfl.methods.mas import MAS, MASHyperparams
 from cfl.models.heads import SharedHead
 from cfl.models.mlp import MLP
 from cfl.ops.fisher import output_norm_importance
+from cfl.ops.fisher_linear import linear_layers
 from cfl.schema import ConfigError
 from cfl.validation import from_dict
 from tests.conftest import make_stream, run_both_paths
@@ -48,6 +49,7 @@ def _end(mas, model, params, x, state, task=0, seed=0):
 @pytest.mark.parametrize("per_sample", [False, True], ids=["linear-shortcut", "per-sample-gradients"])
 def test_importance_of_a_linear_model_is_the_mean_absolute_gradient_of_the_squared_output_norm(per_sample):
     model, params = _linear()
+    assert linear_layers(model, set(params)) is not None  # the default path takes the shortcut on this model
     omega = output_norm_importance(model, params, X, 0, per_sample=per_sample)
     assert torch.allclose(omega["weight"], OMEGA_W) and torch.allclose(omega["bias"], OMEGA_B)
 

@@ -24,7 +24,7 @@ from cfl.tensors import Params
 def linear_layers(model: nn.Module, names: set[str]) -> dict[str, nn.Module] | None:
     """``{module name: module}`` if every parameter in ``names`` belongs to a Linear or MultiHead, else None."""
     layers = {n: m for n, m in model.named_modules() if isinstance(m, (nn.Linear, MultiHead))}
-    covered = {f"{n}.{p}" for n, m in layers.items() for p, _ in m.named_parameters(recurse=False)}
+    covered = {f"{n}.{p}" if n else p for n, m in layers.items() for p, _ in m.named_parameters(recurse=False)}
     return layers if names <= covered and covered <= names else None
 
 
