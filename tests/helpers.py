@@ -36,3 +36,16 @@ class TwoLayerNet(nn.Module):
 
     def forward(self, x: torch.Tensor, task: torch.Tensor) -> torch.Tensor:  # noqa: ARG002
         return self.fc2(torch.relu(self.fc1(x)))
+
+
+class BatchStatNet(nn.Module):
+    """conv -> BatchNorm with batch statistics only (as the Mini-ImageNet ResNet) -> linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 2, 3, padding=1)
+        self.bn = nn.BatchNorm2d(2, track_running_stats=False)
+        self.head = nn.Linear(2 * 4 * 4, 3)
+
+    def forward(self, x: torch.Tensor, task: torch.Tensor) -> torch.Tensor:  # noqa: ARG002
+        return self.head(torch.relu(self.bn(self.conv(x))).flatten(1))

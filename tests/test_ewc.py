@@ -16,6 +16,7 @@ from cfl.ops.fisher import diagonal_fisher
 from cfl.schema import ConfigError
 from cfl.validation import from_dict
 from tests.conftest import make_stream, run_both_paths
+from tests.helpers import BatchStatNet
 
 
 def _ewc(model, **kw):
@@ -208,19 +209,6 @@ def test_penalty_changes_training_after_the_first_task():
     assert not torch.allclose(plain.params["body.1.weight"], ewc.params["body.1.weight"])
 
 
-class _BatchStatNet(torch.nn.Module):
-    """conv -> BatchNorm with batch statistics only (as the Mini-ImageNet ResNet) -> linear head."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = torch.nn.Conv2d(1, 2, 3, padding=1)
-        self.bn = torch.nn.BatchNorm2d(2, track_running_stats=False)
-        self.head = torch.nn.Linear(2 * 4 * 4, 3)
-
-    def forward(self, x: torch.Tensor, task: torch.Tensor) -> torch.Tensor:  # noqa: ARG002
-        return self.head(torch.relu(self.bn(self.conv(x))).flatten(1))
-
-
 def _batch_mode_fisher_by_hand(model, x, y, batch, kind):
     """Autograd, one sample at a time, through the forward of its whole batch (as training sees it)."""
     params = list(model.parameters())
@@ -239,7 +227,7 @@ def _batch_mode_fisher_by_hand(model, x, y, batch, kind):
 @pytest.mark.parametrize("kind", ["empirical", "true"])
 def test_fisher_of_a_batch_statistics_model_is_taken_through_its_training_batches(kind):
     torch.manual_seed(0)
-    model = _BatchStatNet()
+    model = BatchStatNet()
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     x, y = torch.randn(7, 1, 4, 4), torch.tensor([0, 1, 2, 0, 1, 2, 0])
     expected = _batch_mode_fisher_by_hand(model, x, y, 3, kind)  # batches of 3, 3 and 1 samples

@@ -12,6 +12,7 @@ from cfl.methods.fedprox import FedProx
 from cfl.methods.fedyogi import FedYogi
 from cfl.methods.fot import FOT
 from cfl.methods.gpm import GPM
+from cfl.methods.mas import MAS
 from cfl.registry import Registry
 
 METHODS: Registry[type[Method]] = Registry("method")
@@ -29,6 +30,7 @@ register(FedCurv)
 register(FedAdam)
 register(FedYogi)
 register(EWC)
+register(MAS)
 register(ER)
 register(FOT)  # eps per stream: PMNIST 0.96 IID / 0.94 non-IID; CIFAR-100 0.87 (+0.001/task);
 register(GPM)  # 5-Datasets 0.95 (+0.001); Mini-ImageNet 0.90 (+0.001) -- same values for gpm

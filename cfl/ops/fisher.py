@@ -1,4 +1,4 @@
-"""Diagonal Fisher information of a classifier on a set of samples, from per-sample gradients.
+"""Diagonal Fisher information of a classifier on a set of samples, from per-sample gradients; and MAS's importance.
 
 ``F_i = mean_n E_c[(d/dw_i log p(c | x_n, w))^2]`` where the expectation over the label ``c`` is either
 the observed label (``empirical`` Fisher: ``c = y_n``) or the model's own predictive distribution
@@ -6,6 +6,10 @@ the observed label (``empirical`` Fisher: ``c = y_n``) or the model's own predic
 gradients come from ``torch.func`` (``vmap`` of ``grad``/``jacrev`` over samples, in chunks); networks
 made only of linear layers (MLPs, heads) take the exact shortcut of :mod:`cfl.ops.fisher_linear` instead.
 The model runs in eval mode (dropout off), so the Fisher is deterministic.
+
+The same machinery gives MAS's importance (Aljundi et al. 2018, kind ``output-norm``): the mean over the
+samples of ``|d ||f(x_n)||_2^2 / dw_i|``, the absolute per-sample gradient of the squared L2 norm of the logits
+(the linear shortcut holds for absolute values too: ``|delta_n a_n^T| = |delta_n| |a_n|^T``).
 
 A model whose forward couples the samples of a batch (BatchNorm with batch statistics only, as the
 Mini-ImageNet ResNet) is trained as a function of whole mini-batches: each sample's logits depend on its
@@ -32,6 +36,9 @@ FLOAT_BUDGET = 1 << 24
 #: samples per chunk of the linear-layer shortcut
 LINEAR_CHUNK = 1024
 
+#: the per-sample statistic of MAS: absolute gradients of the squared L2 norm of the output
+OUTPUT_NORM = "output-norm"
+
 
 def batch_coupled(model: nn.Module) -> bool:
     """Whether the model's forward mixes the samples of a batch (BatchNorm without running statistics)."""
@@ -49,13 +56,32 @@ def diagonal_fisher(model: nn.Module, params: Params, x: torch.Tensor, y: torch.
     """
     if kind not in ("empirical", "true"):
         raise ValueError(f"Fisher kind must be 'empirical' or 'true', got {kind!r}")
+    return _diagonal_statistic(model, params, x, y, task, kind, allowed, per_sample, batch_size)
+
+
+def output_norm_importance(model: nn.Module, params: Params, x: torch.Tensor, task: int, per_sample: bool = False,
+                           batch_size: int = 0) -> Params:
+    """MAS importance at ``params``: ``mean_n |d ||f(x_n)||_2^2 / dw|`` over samples ``x`` with head ``task``
+    (``f``: the logits the model returns), in eval mode; zeros if no samples. Arguments as :func:`diagonal_fisher`."""
+    labels = torch.zeros(len(x), dtype=torch.long, device=x.device)  # unused by this statistic
+    return _diagonal_statistic(model, params, x, labels, task, OUTPUT_NORM, None, per_sample, batch_size)
+
+
+def _magnitude(kind: str, g: torch.Tensor) -> torch.Tensor:
+    """What is averaged of a per-sample gradient: its square (Fisher) or its absolute value (MAS)."""
+    return g.abs() if kind == OUTPUT_NORM else g.pow(2)
+
+
+def _diagonal_statistic(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor, task: int, kind: str,
+                        allowed: torch.Tensor | None, per_sample: bool, batch_size: int) -> Params:
     params = {k: v.detach() for k, v in params.items()}
     was_training = model.training
     model.eval()
     try:
         if batch_coupled(model):
             if batch_size < 1:
-                raise ValueError("this model normalises with batch statistics: its Fisher needs the run's batch_size")
+                raise ValueError("this model normalises with batch statistics: its Fisher (or MAS importance) needs "
+                                 "the run's batch_size")
             return _batch_mode_fisher(model, params, x, y, task, kind, allowed, batch_size)
         layers = None if per_sample else linear_layers(model, set(params))
         if layers is not None:
@@ -87,10 +113,13 @@ def _per_sample_fisher(model: nn.Module, params: Params, x: torch.Tensor, y: tor
     def log_likelihood(p: Params, xi: torch.Tensor, yi: torch.Tensor, ti: torch.Tensor) -> torch.Tensor:
         return log_probs(p, xi, ti).gather(0, yi.unsqueeze(0)).squeeze(0)
 
+    def output_norm(p: Params, xi: torch.Tensor, yi: torch.Tensor, ti: torch.Tensor) -> torch.Tensor:  # noqa: ARG001
+        return functional_call(model, (p, buffers), (xi.unsqueeze(0), ti.unsqueeze(0)))[0].pow(2).sum()
+
     n_params = sum(v.numel() for v in params.values())
     fisher = {k: torch.zeros_like(v) for k, v in params.items()}
-    if kind == "empirical":
-        per_sample = vmap(grad(log_likelihood), in_dims=(None, 0, 0, 0))
+    if kind != "true":
+        per_sample = vmap(grad(output_norm if kind == OUTPUT_NORM else log_likelihood), in_dims=(None, 0, 0, 0))
         chunk = max(1, FLOAT_BUDGET // n_params)
     else:
         per_class = vmap(jacrev(log_probs), in_dims=(None, 0, 0))
@@ -100,10 +129,10 @@ def _per_sample_fisher(model: nn.Module, params: Params, x: torch.Tensor, y: tor
     for start in range(0, len(x), chunk):
         xb, yb = x[start : start + chunk], y[start : start + chunk]
         tb = torch.full_like(yb, task)
-        if kind == "empirical":
+        if kind != "true":
             grads = per_sample(params, xb, yb, tb)
             for k, g in grads.items():
-                fisher[k] += g.pow(2).sum(0)
+                fisher[k] += _magnitude(kind, g).sum(0)
         else:
             jac = per_class(params, xb, tb)  # (B, K, *shape) per parameter
             with torch.no_grad():
@@ -117,23 +146,29 @@ def _per_sample_fisher(model: nn.Module, params: Params, x: torch.Tensor, y: tor
 
 def _batch_mode_fisher(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor, task: int, kind: str,
                        allowed: torch.Tensor | None, batch_size: int) -> Params:
-    """The Fisher of a batch-coupled model: per-sample gradients through each batch's forward."""
+    """The Fisher (or MAS importance) of a batch-coupled model: per-sample gradients through each batch's forward."""
     buffers = dict(model.named_buffers())
     fisher = {k: torch.zeros_like(v) for k, v in params.items()}
     for start in range(0, len(x), batch_size):
         xb, yb = x[start : start + batch_size], y[start : start + batch_size]
         tb = torch.full_like(yb, task)
 
-        def log_probs(p: Params, xb: torch.Tensor = xb, tb: torch.Tensor = tb) -> torch.Tensor:
-            logits = functional_call(model, (p, buffers), (xb, tb))
+        def outputs(p: Params, xb: torch.Tensor = xb, tb: torch.Tensor = tb) -> torch.Tensor:
+            return functional_call(model, (p, buffers), (xb, tb))
+
+        def log_probs(p: Params) -> torch.Tensor:
+            logits = outputs(p)
             if allowed is not None:
                 logits = logits.masked_fill(~allowed, float("-inf"))
             return F.log_softmax(logits, dim=-1)
 
-        if kind == "empirical":
-            rows = jacrev(lambda p, yb=yb: log_probs(p).gather(1, yb.unsqueeze(1)).squeeze(1))(params)
+        if kind != "true":
+            if kind == OUTPUT_NORM:
+                rows = jacrev(lambda p: outputs(p).pow(2).sum(1))(params)
+            else:
+                rows = jacrev(lambda p, yb=yb: log_probs(p).gather(1, yb.unsqueeze(1)).squeeze(1))(params)
             for k, g in rows.items():  # (B, *shape): sample n's gradient in row n
-                fisher[k] += g.pow(2).sum(0)
+                fisher[k] += _magnitude(kind, g).sum(0)
             continue
         with torch.no_grad():
             probs = log_probs(params).exp()  # (B, K)

@@ -5,7 +5,9 @@ For a linear layer ``z_n = W a_n + b`` the gradient of sample ``n`` is ``delta_n
 product instead of ``n`` materialised gradients. ``delta`` comes from ONE backward pass of the summed
 log-likelihood (samples are independent in eval mode). The true Fisher weights the backward of class
 ``c`` by ``sqrt(p_nc)``, so its squares carry ``p_nc`` (one backward per class). Per-task heads
-(``MultiHead``) get the same product in the rows of each sample's own task.
+(``MultiHead``) get the same product in the rows of each sample's own task. MAS's importance
+(``output-norm``) is the same product of absolute values, ``sum_n |g_n| = |delta|^T |a|``, with ``delta``
+from the backward of ``sum_n ||z_n||^2`` (``z``: the logits).
 """
 
 from __future__ import annotations
@@ -22,13 +24,14 @@ from cfl.tensors import Params
 def linear_layers(model: nn.Module, names: set[str]) -> dict[str, nn.Module] | None:
     """``{module name: module}`` if every parameter in ``names`` belongs to a Linear or MultiHead, else None."""
     layers = {n: m for n, m in model.named_modules() if isinstance(m, (nn.Linear, MultiHead))}
-    covered = {f"{n}.{p}" for n, m in layers.items() for p, _ in m.named_parameters(recurse=False)}
+    covered = {f"{n}.{p}" if n else p for n, m in layers.items() for p, _ in m.named_parameters(recurse=False)}
     return layers if names <= covered and covered <= names else None
 
 
 def linear_fisher_sum(model: nn.Module, layers: dict[str, nn.Module], params: Params, x: torch.Tensor,
                       y: torch.Tensor, task: int, kind: str, allowed: torch.Tensor | None) -> Params | None:
-    """``sum_n`` of squared per-sample gradients over this chunk; None if a layer input is not (B, features)."""
+    """``sum_n`` of squared per-sample gradients over this chunk (absolute ones for ``output-norm``); None if a
+    layer input is not (B, features)."""
     seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def keep(name: str):
@@ -51,7 +54,9 @@ def linear_fisher_sum(model: nn.Module, layers: dict[str, nn.Module], params: Pa
     logp = F.log_softmax(logits, dim=-1)
     names = list(seen)
     outputs = [seen[n][1] for n in names]
-    if kind == "empirical":
+    if kind == "output-norm":
+        backwards = [logits.pow(2).sum()]
+    elif kind == "empirical":
         backwards = [logp.gather(1, y.unsqueeze(1)).sum()]
     else:
         root_p = logp.detach().exp().sqrt()
@@ -61,7 +66,7 @@ def linear_fisher_sum(model: nn.Module, layers: dict[str, nn.Module], params: Pa
     for i, objective in enumerate(backwards):
         deltas = torch.autograd.grad(objective, outputs, retain_graph=i < len(backwards) - 1)
         for name, delta in zip(names, deltas, strict=True):
-            a2, d2 = seen[name][0] ** 2, delta**2
+            a2, d2 = (seen[name][0].abs(), delta.abs()) if kind == "output-norm" else (seen[name][0] ** 2, delta**2)
             module = layers[name]
             prefix = f"{name}." if name else ""
             if isinstance(module, MultiHead):
