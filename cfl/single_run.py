@@ -160,7 +160,7 @@ class Attempt:
     """How far this process got with a run directory: for the stop messages and to undo a run that never
     trained (so that a fixed re-run is not blocked by its config.yaml)."""
 
-    def __init__(self, out: Path, resume: bool, created: bool) -> None:
+    def __init__(self, out: Path, resume: bool, created: Path | None) -> None:
         self.out, self.resume, self.created = out, resume, created
         self.saved_round = -1  # the round of the last checkpoint this process wrote or restored
         self.writing = False  # this process has started writing the directory's outputs
@@ -186,8 +186,8 @@ class Attempt:
             shutil.rmtree(self.out / rundir.CLIENT_STATES, ignore_errors=True)
         if self.marked:
             (self.out / rundir.MARKER).unlink(missing_ok=True)
-        if self.created:
-            rundir.remove_if_empty(self.out)
+        if self.created is not None:
+            rundir.remove_if_empty(self.out, self.created)
 
 
 def _checked_checkpoint(out: Path, cfg: Config) -> dict[str, Any]:

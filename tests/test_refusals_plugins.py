@@ -90,6 +90,9 @@ CASES = [
     ("penalty raises", ["run", "{cfg}", "--plugin", "{tmp}/penalty_raises.py", "--set", "method.name=pr", "--out",
                         "{tmp}/pr"], 2,
      ["method 'pr'", "penalty_raises.py", "hook penalty raised ZeroDivisionError: division by zero"]),
+    ("penalty raises: nothing left of the default run directory, runs/ included",
+     ["run", "{cfg}", "--plugin", "{tmp}/penalty_raises.py", "--set", "method.name=pr"], 2,
+     ["method 'pr'", "hook penalty raised ZeroDivisionError"]),
     ("extra_loss: a scalar instead of (B,)", ["run", "{cfg}", "--plugin", "{tmp}/extra_shape.py", "--set",
                                               "method.name=es", "--out", "{tmp}/es"], 2,
      ["hook extra_loss", "tensor of shape (B,)", "got a torch.float32 tensor of shape ()"]),
@@ -151,7 +154,7 @@ def test_plugin_refusal_or_stop(argv, code, words, files):
     else:  # only the run directory, its round-0 and task-end checkpoints kept
         out = Path(argv[argv.index("--out") + 1].format(**files))
         assert {p.relative_to(out).parts[0] for p in new if p != out} <= {"checkpoint.pt", "config.yaml",
-                                                                       "metrics.jsonl", ".cfl.lock"}
+                                                                       "metrics.jsonl", ".cfl.lock", ".cfl-run"}
         assert (out / "checkpoint.pt").is_file() and not (out / "results.json").exists()
 
 

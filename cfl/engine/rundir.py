@@ -110,19 +110,31 @@ def clear_outputs(out: Path) -> None:
     shutil.rmtree(out / CLIENT_STATES, ignore_errors=True)
 
 
-def make(out: Path) -> bool:
-    """Create ``out`` (and its parents); True when it did not exist before."""
-    created = not out.exists()
+def make(out: Path) -> Path | None:
+    """Create ``out`` (and its parents); the topmost directory this created (``runs/`` for a first default run
+    directory), or None when ``out`` existed."""
+    top = None
+    for missing in (out, *out.parents):
+        if missing.exists():
+            break
+        top = missing
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ConfigError(f"--out {out}: cannot create it ({err.strerror}); choose another --out") from None
-    return created
+    return top
 
 
-def remove_if_empty(out: Path) -> None:
-    """Remove a directory this run created and left nothing in but its lock file and marker."""
-    if out.is_dir() and not holds_outputs(out):
-        for name in BOOKKEEPING:
-            (out / name).unlink(missing_ok=True)
-        out.rmdir()
+def remove_if_empty(out: Path, top: Path) -> None:
+    """Remove a directory this run created and left nothing in but its lock file and marker, and the empty
+    parents it created with it, up to ``top``."""
+    if not out.is_dir() or holds_outputs(out):
+        return
+    for name in BOOKKEEPING:
+        (out / name).unlink(missing_ok=True)
+    for created in (out, *out.parents):
+        if next(created.iterdir(), None) is not None:
+            return
+        created.rmdir()
+        if created == top:
+            return
