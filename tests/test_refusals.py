@@ -113,6 +113,16 @@ CASES = [
      ["the W&B run id in checkpoint.pt '../../elsewhere' is not a W&B id", "--overwrite"]),
     ("--trust-callables outside a W&B sweep", ["{cfg}", "--trust-callables"],
      ["--trust-callables is read only under a W&B sweep"]),
+    # -- FedLwF / FLwF-2T (issue 28) --
+    ("fedlwf: negative lambda", ["{cfg}", "--set", "method={{name: fedlwf, lam: -1}}"], ["'method.lam'", ">= 0"]),
+    ("fedlwf: zero temperature", ["{cfg}", "--set", "method={{name: fedlwf, temperature: 0}}"],
+     ["'method.temperature'", "> 0"]),
+    ("flwf2t: non-finite temperature", ["{cfg}", "--set", "method={{name: flwf2t, temperature: .inf}}"],
+     ["'method.temperature'", "finite"]),
+    ("flwf2t: zero cross-entropy weight", ["{cfg}", "--set", "method={{name: flwf2t, alpha: 0}}"],
+     ["'method.alpha'", "> 0"]),
+    ("flwf2t: alpha + beta > 1", ["{cfg}", "--set", "method={{name: flwf2t, alpha: 0.8, beta: 0.3}}"],
+     ["'method.alpha' + 'method.beta'", "exceeds 1"]),
 ]
 #: refusals that depend on the data (the training set sizes): made after loading it, before any round
 AFTER_DATA_LOADS = {"shards: a client gets no data"}
