@@ -151,6 +151,16 @@ CASES = [
      ["--set stream.args", "more than 100,000 values", "aliases"]),
     # ---- issue 27 item 18: smaller messages ----
     ("config file is a directory", ["{tmp}"], ["config file '{tmp}' is a directory", "cfl run --resume"]),
+    # -- FedLwF / FLwF-2T (issue 28) --
+    ("fedlwf: negative lambda", ["{cfg}", "--set", "method={{name: fedlwf, lam: -1}}"], ["'method.lam'", ">= 0"]),
+    ("fedlwf: zero temperature", ["{cfg}", "--set", "method={{name: fedlwf, temperature: 0}}"],
+     ["'method.temperature'", "> 0"]),
+    ("flwf2t: non-finite temperature", ["{cfg}", "--set", "method={{name: flwf2t, temperature: .inf}}"],
+     ["'method.temperature'", "finite"]),
+    ("flwf2t: zero cross-entropy weight", ["{cfg}", "--set", "method={{name: flwf2t, alpha: 0}}"],
+     ["'method.alpha'", "> 0"]),
+    ("flwf2t: alpha + beta > 1", ["{cfg}", "--set", "method={{name: flwf2t, alpha: 0.8, beta: 0.3}}"],
+     ["'method.alpha' + 'method.beta'", "exceeds 1"]),
 ]
 #: refusals that depend on the data (the training set sizes): made after loading it, before any round
 AFTER_DATA_LOADS = {"shards: a client gets no data"}

@@ -8,8 +8,10 @@ from cfl.methods.ewc import EWC
 from cfl.methods.fedadam import FedAdam
 from cfl.methods.fedavg import FedAvg
 from cfl.methods.fedcurv import FedCurv
+from cfl.methods.fedlwf import FedLwF
 from cfl.methods.fedprox import FedProx
 from cfl.methods.fedyogi import FedYogi
+from cfl.methods.flwf2t import FLwF2T
 from cfl.methods.fot import FOT
 from cfl.methods.gpm import GPM
 from cfl.methods.mas import MAS
@@ -32,5 +34,7 @@ register(FedYogi)
 register(EWC)
 register(MAS)
 register(ER)
+register(FedLwF)
+register(FLwF2T)
 register(FOT)  # eps per stream: PMNIST 0.96 IID / 0.94 non-IID; CIFAR-100 0.87 (+0.001/task);
 register(GPM)  # 5-Datasets 0.95 (+0.001); Mini-ImageNet 0.90 (+0.001) -- same values for gpm

@@ -5,6 +5,7 @@ training, the loss adds ``lambda * T^2 * KL(softmax(old(x)/T) || softmax(new(x)/
 every old task's head (task-incremental) or for the shared head. Nothing is sent.
 
 Run it with:  cfl run configs/quickstart.yaml --plugin docs/examples/lwf.py --set method.name=lwf
+The built-in ``fedlwf`` (docs/methods/fedlwf.md) is this method; ``lwf`` stays the plugin's own name.
 """
 
 from __future__ import annotations

@@ -1,0 +1,55 @@
+"""FedLwF: Learning without Forgetting (Li & Hoiem, ECCV 2016 / TPAMI 2017, arXiv 1606.09282) on each client.
+
+At the end of task ``t`` every client keeps the task's final global model as its teacher (the "old model"),
+with the heads it has trained (task-incremental: tasks ``0..t``; otherwise the one shared head). Every later
+local step adds, per sample of the batch,
+
+    lam * sum_{old heads j} KL( softmax(teacher(x, j) / T) || softmax(model(x, j) / T) )
+
+to the cross-entropy: LwF's ``lambda_o * L_old`` (its soft cross-entropy less the teacher's entropy, the same
+gradient). One model-sized teacher per client; nothing is uploaded. See docs/methods/fedlwf.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from cfl.engine.state_budget import StateSizing
+from cfl.methods.base import ClientData, Event, Method
+from cfl.ops.distill import Teacher, distillation, frozen, head_weights
+from cfl.schema import field
+from cfl.tensors import Params, State
+
+
+@dataclass(frozen=True)
+class FedLwFHyperparams:
+    lam: float = field(1.0, "lambda_o: weight of the distillation term (LwF paper: 1)", min=0.0)
+    temperature: float = field(2.0, "softmax temperature T of the distillation (LwF paper: 2)", gt=0.0)
+
+
+class FedLwF(Method):
+    name = "fedlwf"
+    about = "FedLwF: each client distils the previous task's global model on its old heads (LwF)"
+    Hyperparams = FedLwFHyperparams
+    client_events = ("task_end",)
+
+    def client_state_bytes(self, sizing: StateSizing) -> int:
+        """Every client keeps one model-sized teacher and a float per head."""
+        return sizing.num_clients * (sizing.model_bytes + 4 * sizing.num_tasks)
+
+    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
+                   server: State, generator: torch.Generator) -> None:
+        """At a task end (``params``: the task's final global model): it becomes the teacher."""
+        info = self.run_info
+        state["teacher"] = frozen(params)
+        state["heads"] = head_weights(info.num_tasks, info.scenario, data.task, next(iter(params.values())).device)
+
+    def extra_loss(self, params: Params, x: torch.Tensor, task: torch.Tensor, server: State,
+                   state: State) -> torch.Tensor:
+        if "teacher" not in state:  # the first task: no teacher yet
+            return torch.zeros(x.shape[0], device=x.device)
+        teacher = Teacher(state["teacher"], state["heads"], self.hparams.lam)
+        return distillation(self.run_info.model, params, x, task, [teacher], self.hparams.temperature)
