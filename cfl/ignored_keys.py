@@ -3,7 +3,8 @@
 A key has no effect when the component chosen by another key does not read it: ``partition.alpha`` with
 ``partition.name: iid``, ``aggregator.tau`` with ``aggregator.name: mean``, ``ray_workers`` with ``backend:
 local``, ``client_block`` with ``client_execution: sequential``, ``wandb.log_checkpoint`` without
-``wandb.log_artifacts``, the top-level ``server_lr`` with an adaptive server (FedAdam, FedYogi). Left at its
+``wandb.log_artifacts``, ``stream.seed`` or ``stream.download`` for a stream that does not read it
+(``StreamEntry.reads``), the top-level ``server_lr`` with an adaptive server (FedAdam, FedYogi). Left at its
 default (as every resolved ``config.yaml`` holds it) such a key is accepted; set to another value it is refused
 (exit 2), naming the key, the component that ignores it and the fix, just as an unknown method parameter is.
 What a partitioner or aggregator reads is the keys its function names as parameters; what a method makes
@@ -112,6 +113,23 @@ def _check_methods(cfg: Any, specs: list[dict[str, Any]]) -> None:
                 raise IgnoredKey(key, getattr(cfg, key), chooser, spec["name"], why, f"remove {key}")
 
 
+def _check_stream(stream: Any) -> None:
+    """``stream.seed`` / ``stream.download`` set for a registered stream whose builder does not read it (a
+    stream that declares nothing, such as a plugin's, reads them all; the Avalanche route checks its own)."""
+    from cfl.data.streams import OPTIONAL_FIELDS, STREAMS
+
+    entry = STREAMS.get(stream.name)
+    reads = getattr(entry, "reads", None)
+    if reads is None:
+        return
+    for name in OPTIONAL_FIELDS:
+        if name not in reads and _changed(stream, name):
+            readers = [n for n, e in STREAMS.items() if name in (getattr(e, "reads", None) or ())]
+            raise IgnoredKey(f"stream.{name}", getattr(stream, name), "stream.name", stream.name,
+                             f"stream '{stream.name}' does not read it; {', '.join(readers)} do",
+                             f"remove stream.{name}", readers[0] if readers else None)
+
+
 def _check_wandb(wandb: Any) -> None:
     if wandb.mode != "disabled" and wandb.log_checkpoint and not wandb.log_artifacts:
         raise IgnoredKey("wandb.log_checkpoint", True, "wandb.log_artifacts", False,
@@ -140,4 +158,5 @@ def _check_all(cfg: Any, specs: list[dict[str, Any]]) -> None:
         _check_choice(cfg, key, "backend", "ray")
     _check_choice(cfg, "client_block", "client_execution", "batched")
     _check_methods(cfg, specs)
+    _check_stream(cfg.stream)
     _check_wandb(cfg.wandb)

@@ -182,3 +182,17 @@ def test_a_key_that_has_no_effect_is_accepted_at_its_default_as_a_resolved_confi
         from_dict({"partition": {"name": "iid", "alpha": 0.6}})
     wandb = {"mode": "disabled", "log_artifacts": False, "log_checkpoint": True}  # W&B off: its keys are kept
     assert from_dict({"wandb": wandb}).wandb.log_checkpoint
+
+
+def test_each_stream_declares_the_optional_fields_its_builder_reads():
+    """``StreamEntry.reads`` is what refuses ``stream.seed`` / ``stream.download`` a builder ignores: it must
+    name exactly the request fields the builder's code reads (``req.<field>``)."""
+    import inspect
+
+    from cfl.data.streams import OPTIONAL_FIELDS, STREAMS
+
+    built_in = {name: entry for name, entry in STREAMS.items() if entry.build.__module__.startswith("cfl.data.")}
+    assert built_in and all(entry.reads is not None for entry in built_in.values())
+    for name, entry in built_in.items():
+        source = inspect.getsource(entry.build)
+        assert {f for f in OPTIONAL_FIELDS if f"req.{f}" in source} == entry.reads, name

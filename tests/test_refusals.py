@@ -138,6 +138,11 @@ CASES = [
     ("ignored key: log_checkpoint without artifacts",
      ["{cfg}", "--set", "wandb={{mode: offline, log_artifacts: false, log_checkpoint: true}}"],
      ["'wandb.log_checkpoint: true' has no effect with 'wandb.log_artifacts: false'", "no artifact is logged"]),
+    ("ignored key: stream.seed of a stream without permutations", ["{cfg}", "--set", "stream.seed=3"],
+     ["'stream.seed: 3' has no effect with 'stream.name: split-digits'", "stream 'split-digits' does not read it",
+      "permuted-digits", "remove stream.seed"]),
+    ("ignored key: stream.download of a bundled stream", ["{cfg}", "--set", "stream.download=true"],
+     ["'stream.download: true' has no effect with 'stream.name: split-digits'", "remove stream.download"]),
     # ---- issue 27 item 9: NaN and infinities anywhere in a config ----
     ("non-finite: stream.args, nested", ["{cfg}", "--set", "stream={{name: avalanche, benchmark: nowhere.make, "
                                                            "args: {{noise: [1, .nan]}}}}"],

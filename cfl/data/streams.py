@@ -13,6 +13,10 @@ from cfl.data.request import StreamRequest
 from cfl.data.stream import Stream
 from cfl.registry import Registry
 
+#: the config keys of ``stream`` that a builder may or may not read (``StreamEntry.reads``)
+OPTIONAL_FIELDS = ("seed", "download")
+SEED, DOWNLOAD, BOTH = frozenset({"seed"}), frozenset({"download"}), frozenset(OPTIONAL_FIELDS)
+
 
 @dataclass(frozen=True)
 class StreamEntry:
@@ -26,6 +30,9 @@ class StreamEntry:
     classes_per_task: int  # the class-incremental head has classes_per_task * full_tasks outputs
     default_model: str  # what `model: auto` resolves to
     head: int | None = None  # outputs of the head when not classes_per_task-derived (a given Stream object)
+    # which of the request's optional fields (OPTIONAL_FIELDS) the builder reads; None: not declared (a plugin's
+    # stream), then a config may set any of them. A set field the builder does not read is refused.
+    reads: frozenset[str] | None = None
 
     def head_classes(self, scenario: str) -> int:
         """Outputs of a head under ``scenario`` (the stream's own default when ``auto``)."""
@@ -62,21 +69,27 @@ def _split_fmnist(req: StreamRequest) -> Stream:
 
 
 STREAMS: Registry[StreamEntry] = Registry("stream")
-STREAMS.register("permuted-digits", StreamEntry(_permuted_digits, 10, ("domain",), (64,), 10, "digits-mlp"),
+STREAMS.register("permuted-digits", StreamEntry(_permuted_digits, 10, ("domain",), (64,), 10, "digits-mlp", reads=SEED),
                  about="sklearn 8x8 digits, one pixel permutation per task (offline)")
-STREAMS.register("split-digits", StreamEntry(_split_digits, 5, ("task", "class"), (1, 8, 8), 2, "digits-mlp"),
+STREAMS.register("split-digits", StreamEntry(_split_digits, 5, ("task", "class"), (1, 8, 8), 2, "digits-mlp",
+                                             reads=frozenset()),
                  about="sklearn 8x8 digits, 5 tasks of 2 classes (offline)")
-STREAMS.register("permuted-fmnist", StreamEntry(_permuted_fmnist, 10, ("domain",), (784,), 10, "mlp"),
+STREAMS.register("permuted-fmnist", StreamEntry(_permuted_fmnist, 10, ("domain",), (784,), 10, "mlp", reads=BOTH),
                  about="Fashion-MNIST, one pixel permutation per task, 784 inputs, shared head")
-STREAMS.register("split-fmnist", StreamEntry(_split_fmnist, 5, ("task", "class"), (1, 28, 28), 2, "mlp"),
+STREAMS.register("split-fmnist",
+                 StreamEntry(_split_fmnist, 5, ("task", "class"), (1, 28, 28), 2, "mlp", reads=DOWNLOAD),
                  about="Fashion-MNIST, 5 tasks of 2 classes in label order")
-STREAMS.register("permuted-mnist", StreamEntry(benchmarks.permuted_mnist, 10, ("domain",), (784,), 10, "mlp"),
+STREAMS.register("permuted-mnist",
+                 StreamEntry(benchmarks.permuted_mnist, 10, ("domain",), (784,), 10, "mlp", reads=BOTH),
                  about="MNIST, Avalanche PermutedMNIST permutations, 784 inputs, shared head")
 STREAMS.register("split-cifar100",
-                 StreamEntry(benchmarks.split_cifar100, 10, ("task", "class"), (3, 32, 32), 10, "alexnet"),
+                 StreamEntry(benchmarks.split_cifar100, 10, ("task", "class"), (3, 32, 32), 10, "alexnet",
+                             reads=DOWNLOAD),
                  about="CIFAR-100, 10 tasks of 10 classes in label order")
 STREAMS.register("five-datasets",
-                 StreamEntry(benchmarks.five_datasets, 5, ("task",), (3, 32, 32), 10, "resnet18-reduced"),
+                 StreamEntry(benchmarks.five_datasets, 5, ("task",), (3, 32, 32), 10, "resnet18-reduced",
+                             reads=DOWNLOAD),
                  about="CIFAR-10, MNIST, SVHN, Fashion-MNIST, notMNIST; 32x32x3, one task each")
-STREAMS.register("mini-imagenet", StreamEntry(benchmarks.mini_imagenet, 20, ("task",), (3, 84, 84), 5, "resnet18-mini"),
+STREAMS.register("mini-imagenet", StreamEntry(benchmarks.mini_imagenet, 20, ("task",), (3, 84, 84), 5, "resnet18-mini",
+                                             reads=frozenset()),
                  about="Mini-ImageNet 84x84, 20 tasks of 5 classes, train-time crop+flip")
