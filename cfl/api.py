@@ -9,20 +9,23 @@ from typing import Any
 
 from cfl.config import Config, ConfigError, _set_dotted, read_yaml
 from cfl.data.stream import Stream
+from cfl.run_result import RunResult
 from cfl.validation import from_dict
 
 
 def run(config: str | Path | Mapping[str, Any] | Config, *, overrides: Mapping[str, Any] | None = None,
         out: str | Path | None = None, stream: Stream | None = None, overwrite: bool = False,
-        quiet: bool = True, plugins: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
-    """Run one experiment as ``cfl run`` does; return its results (the content of ``results.json``).
+        quiet: bool = True, plugins: list[str] | tuple[str, ...] = ()) -> RunResult:
+    """Run one experiment as ``cfl run`` does; return its results: the content of ``results.json`` as a dict,
+    with the run directory (``.run_dir``) and the accuracy curves (``.curves``) as attributes.
 
     ``config``: a YAML path, a mapping of config keys or a :class:`Config`; ``overrides``: dotted keys to
     values, as ``--set`` (``{"method.name": "fot", "rounds_per_task": 5}``). Validated as the CLI validates
     (raises :class:`ConfigError` before any file is written). ``out``: the run directory (default
     ``runs/<stream>-<method>-<partition>-s<seed>``). ``stream``: a built :class:`Stream` that replaces the
     data loading: ``stream.name`` is set to its name, ``stream.num_tasks`` takes its first tasks,
-    ``model: auto`` is its ``default_model``. ``plugins``: files as ``--plugin``.
+    ``model: auto`` is its ``default_model``. ``plugins``: files as ``--plugin``; a file imported before is
+    imported again if its text changed, its classes replacing their earlier selves (with a warning).
     """
     from cfl.plugins import load_plugins
     from cfl.single_run import default_run_dir, execute
@@ -38,12 +41,14 @@ def run(config: str | Path | Mapping[str, Any] | Config, *, overrides: Mapping[s
                 raise ConfigError(f"'stream' must be a mapping, got {data['stream']!r}")
             data["stream"] = {**data["stream"], "name": name}
         cfg = from_dict(data)
-        return execute(cfg, Path(out) if out is not None else default_run_dir(cfg), overwrite=overwrite, quiet=quiet)
+        run_dir = Path(out) if out is not None else default_run_dir(cfg)
+        return RunResult(execute(cfg, run_dir, overwrite=overwrite, quiet=quiet), run_dir)
 
 
 def resume(run_dir: str | Path, *, overrides: Mapping[str, Any] | None = None, stream: Stream | None = None,
-           quiet: bool = True, plugins: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
-    """Continue the run in ``run_dir`` from its last checkpoint, as ``cfl run --resume``; its results.
+           quiet: bool = True, plugins: list[str] | tuple[str, ...] = ()) -> RunResult:
+    """Continue the run in ``run_dir`` from its last checkpoint, as ``cfl run --resume``; its results, as
+    :func:`run` returns them.
 
     A run given ``stream=`` needs the same stream again (its data fingerprint is checked against the
     checkpoint's); ``overrides`` may only hold result-neutral keys, as with ``--set``.
@@ -61,7 +66,7 @@ def resume(run_dir: str | Path, *, overrides: Mapping[str, Any] | None = None, s
     with _lent(stream):
         cfg = resume_config(Path(run_dir), _pairs(overrides))
         try:
-            return execute(cfg, Path(run_dir), quiet=quiet, resume=True)
+            return RunResult(execute(cfg, Path(run_dir), quiet=quiet, resume=True), Path(run_dir))
         except ConfigError as err:
             if stream is None or "not the data this run was trained on" not in str(err):
                 raise

@@ -8,9 +8,11 @@ from pathlib import Path
 from types import ModuleType
 
 from cfl.failures import USER_FAILURES, line_in, one_line, show_traceback
+from cfl.registry import unchanged_on_error
 from cfl.schema import ConfigError
 
-#: (file name, source) of every plugin file imported in this process -> its module (each imported once)
+#: (file name, source) of the plugin files imported in this process -> its module: each text imported once, and
+#: only the last text of a file kept (an edited file is imported again, and so is the earlier text after it)
 LOADED: dict[tuple[str, str], ModuleType] = {}
 
 PluginSource = tuple[str, str]  # (file name, its text): what travels to worker processes and Ray workers
@@ -37,28 +39,41 @@ def _read(file: Path) -> PluginSource:
 def load_sources(sources: list[PluginSource]) -> None:
     """Import plugin files from their texts (in a worker: the files need not exist there)."""
     for file, text in sources:
-        if (file, text) not in LOADED:
-            LOADED[file, text] = _exec(file, text)
+        if (file, text) in LOADED:
+            continue
+        module = _exec(file, text)  # an edited file: its classes replace their earlier selves (cfl.redefinition)
+        for earlier in [key for key in LOADED if key[0] == file]:
+            del LOADED[earlier]
+        LOADED[file, text] = module
 
 
 def _exec(file: str, text: str) -> ModuleType:
     name = f"cfl_plugin_{Path(file).stem}"
     module = ModuleType(name)
     module.__file__ = file
+    earlier = sys.modules.get(name)  # the same file's earlier text (Python API): kept if this one fails
     sys.modules[name] = module
     try:
-        exec(compile(text, file, "exec"), module.__dict__)  # noqa: S102 -- the user's own plugin file
+        with unchanged_on_error():  # a file that fails registers nothing (the earlier text's entries stay)
+            exec(compile(text, file, "exec"), module.__dict__)  # noqa: S102 -- the user's own plugin file
     except SyntaxError as err:  # also NUL bytes
-        del sys.modules[name]
+        _restore(name, earlier)
         where = f" at line {err.lineno}" if err.lineno else ""
         raise ConfigError(f"plugin file '{file}' is not valid Python{where}: {err.msg}") from None
     except USER_FAILURES as err:  # anything the file's own code raises, sys.exit too: a refusal naming it
-        del sys.modules[name]
+        _restore(name, earlier)
         raise import_failure(file, err) from None
     except BaseException:  # Ctrl-C, SIGTERM
-        del sys.modules[name]
+        _restore(name, earlier)
         raise
     return module
+
+
+def _restore(name: str, earlier: ModuleType | None) -> None:
+    if earlier is None:
+        sys.modules.pop(name, None)
+    else:
+        sys.modules[name] = earlier
 
 
 def import_failure(file: str, err: BaseException) -> ConfigError:

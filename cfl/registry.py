@@ -4,10 +4,12 @@ and losses. Each maps names to entries, with a one-line description per name (wh
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Generic, TypeVar, overload
 
+from cfl.redefinition import Definition, definition_of, warn_replaced
 from cfl.schema import ConfigError
 
 T = TypeVar("T")
@@ -43,17 +45,38 @@ class _Missing:
 _MISSING = _Missing()
 
 
+#: every registry made (streams, models, ..., and the tests' own): what :func:`unchanged_on_error` restores
+_EVERY: weakref.WeakValueDictionary[int, Registry] = weakref.WeakValueDictionary()  # id -> registry
+
+
+@contextmanager
+def unchanged_on_error() -> Iterator[None]:
+    """If the block raises, every registry holds exactly what it held on entry (a plugin file that fails
+    half-way through its import leaves none of its registrations behind)."""
+    saved = [(registry, dict(registry._entries)) for registry in list(_EVERY.values())]
+    try:
+        yield
+    except BaseException:
+        for registry, entries in saved:
+            registry._entries.clear()
+            registry._entries.update(entries)
+        raise
+
+
 class Registry(Mapping[str, T], Generic[T]):
     """Names -> entries of one kind, in registration order.
 
     Read it as a mapping (``REG[name]``, ``name in REG``, iteration, ``REG.items()``); change it only
     through :meth:`register`, :meth:`unregister` and the context managers :meth:`temporarily` and
     :meth:`preserved`, which restore it on exit (tests, notebooks, one run given a built stream).
+    Each entry keeps its definition (:func:`cfl.redefinition.definition_of`): registering the same
+    definition again replaces the entry with a warning; another one under a taken name is refused.
     """
 
     def __init__(self, kind: str) -> None:
         self.kind = kind  # "stream", "model", ...: named in errors
-        self._entries: dict[str, tuple[T, str]] = {}
+        self._entries: dict[str, tuple[T, str, Definition | None]] = {}  # name -> (entry, about, definition)
+        _EVERY[id(self)] = self
 
     # ---- reading ----
     def __getitem__(self, name: str) -> T:
@@ -90,27 +113,49 @@ class Registry(Mapping[str, T], Generic[T]):
 
     # ---- changing ----
     @overload
-    def register(self, name: str, entry: _Missing = ..., *, about: str = "",
-                 replace: bool = False) -> Callable[[T], T]: ...
+    def register(self, name: str, entry: _Missing = ..., *, about: str = "", replace: bool = False,
+                 defined_by: object = None) -> Callable[[T], T]: ...
 
     @overload
-    def register(self, name: str, entry: T, *, about: str = "", replace: bool = False) -> T: ...
+    def register(self, name: str, entry: T, *, about: str = "", replace: bool = False,
+                 defined_by: object = None) -> T: ...
 
-    def register(self, name: str, entry: T | _Missing = _MISSING, *, about: str = "",
-                 replace: bool = False) -> T | Callable[[T], T]:
+    def register(self, name: str, entry: T | _Missing = _MISSING, *, about: str = "", replace: bool = False,
+                 defined_by: object = None) -> T | Callable[[T], T]:
         """Add ``entry`` under ``name`` and return it; without ``entry``, a decorator that registers what it
-        decorates. A name already registered is refused unless ``replace=True``."""
+        decorates. A name already registered is refused (:meth:`refuse_taken`) unless ``replace=True`` or the
+        entry has the same definition as the registered one (same module, qualified name and module file:
+        a re-run notebook cell, an edited plugin file imported again), which replaces it with a
+        :class:`~cfl.redefinition.ReplacedRegistration` warning. ``defined_by``: the class or function that
+        defines the entry (default: the entry itself)."""
         if isinstance(entry, _Missing):
             def decorate(obj: T) -> T:
-                return self.register(name, obj, about=about, replace=replace)
+                return self.register(name, obj, about=about, replace=replace, defined_by=defined_by)
             return decorate
         if (why := name_error(self.kind, name)) is not None:
             raise ConfigError(why)
+        definition = definition_of(entry if defined_by is None else defined_by)
         if name in self._entries and not replace:
-            raise ConfigError(f"{self.kind} '{name}' is already registered; choose another name (registered: "
-                              f"{', '.join(self._entries)})")
-        self._entries[name] = (entry, about)
+            self.refuse_taken(name, definition)  # returns for the same definition only (never None)
+            if definition is not None and entry is not self._entries[name][0]:
+                warn_replaced(self.kind, name, definition)
+        self._entries[name] = (entry, about, definition)
         return entry
+
+    def refuse_taken(self, name: str, definition: Definition | None) -> None:
+        """Raise :class:`ConfigError` if ``name`` is registered by another definition than ``definition``
+        (``None``: any entry refuses it)."""
+        if name not in self._entries:
+            return
+        held = self._entries[name][2]
+        if definition is not None and definition == held:
+            return
+        by = (f" (by {held}; {definition} is another definition)" if definition is not None and held is not None
+              else f" (by {held})" if held is not None else "")
+        rule = (". Only the same class or function defined again (same module, qualified name and file: a re-run "
+                "notebook cell, an edited plugin file) replaces an entry") if definition is not None else ""
+        raise ConfigError(f"{self.kind} '{name}' is already registered{by}; choose another name (registered: "
+                          f"{', '.join(self._entries)}){rule}")
 
     def unregister(self, name: str) -> None:
         if name not in self._entries:
@@ -120,8 +165,11 @@ class Registry(Mapping[str, T], Generic[T]):
     @contextmanager
     def temporarily(self, name: str, entry: T, *, about: str = "", replace: bool = False) -> Iterator[T]:
         """:meth:`register` for the ``with`` block only: on exit, error or not, ``name`` is bound again to
-        what it was bound to before (or to nothing)."""
+        what it was bound to before (or to nothing). A taken name is refused unless ``replace=True``,
+        whatever the definitions."""
         previous = self._entries.get(name)
+        if not replace:
+            self.refuse_taken(name, None)
         self.register(name, entry, about=about, replace=replace)
         try:
             yield entry

@@ -14,6 +14,7 @@ from cfl.data.request import StreamRequest
 from cfl.data.stream import SCENARIOS, Stream, Task, prefix
 from cfl.data.stream_checks import check_stream
 from cfl.data.streams import STREAMS, StreamEntry
+from cfl.redefinition import Definition, definition_of
 from cfl.registry import name_error
 from cfl.schema import ConfigError
 
@@ -29,16 +30,20 @@ def register(name: str, build: Callable[[StreamRequest], Stream], *, tasks: int,
     ``request.scenario`` (one of ``scenarios``, the first being the default). The metadata (``tasks`` in
     all, ``input_shape`` of one sample, ``classes_per_task``, ``default_model`` for ``model: auto``)
     lets configs be validated without loading data; the built stream is checked against it when loaded.
-    Raises :class:`ConfigError` on a bad argument or a name already registered.
+    Raises :class:`ConfigError` on a bad argument or a name already registered by another ``build``; the same
+    ``build`` function registered again (a re-run notebook cell, an edited plugin file imported again: same
+    module and qualified name) replaces the entry with a warning.
     """
-    entry = _checked_entry(name, build, tasks, scenarios, input_shape, classes_per_task, default_model, head)
-    return STREAMS.register(name, entry, about=about or f"{name} (registered by a plugin)")
+    entry = _checked_entry(name, build, tasks, scenarios, input_shape, classes_per_task, default_model, head,
+                           definition=definition_of(build))
+    return STREAMS.register(name, entry, about=about or f"{name} (registered by a plugin)", defined_by=build)
 
 
 def _checked_entry(name: str, build: Callable[[StreamRequest], Stream], tasks: int, scenarios: tuple[str, ...],
                    input_shape: tuple[int, ...], classes_per_task: int, default_model: str,
-                   head: int | None = None) -> StreamEntry:
-    """The registry entry for :func:`register`'s arguments, each checked (a taken name too)."""
+                   head: int | None = None, *, definition: Definition | None = None) -> StreamEntry:
+    """The registry entry for :func:`register`'s arguments, each checked (a taken name too, unless taken by
+    the same ``definition``: :meth:`Registry.refuse_taken`)."""
     if (why := name_error("stream", name)) is not None:  # the rule of every registry, checked before the rest
         raise ConfigError(why)
     if not callable(build):
@@ -55,7 +60,8 @@ def _checked_entry(name: str, build: Callable[[StreamRequest], Stream], tasks: i
         raise ConfigError(f"stream '{name}': input_shape must be a tuple of positive integers (one sample's "
                           f"shape, e.g. (1, 28, 28)), got {input_shape!r}")
     entry = StreamEntry(build, tasks, scenarios, shape, classes_per_task, default_model, head)
-    with STREAMS.temporarily(name, entry):  # the fit check looks the stream up by name; refuses a taken name
+    STREAMS.refuse_taken(name, definition)
+    with STREAMS.temporarily(name, entry, replace=True):  # the fit check looks the stream up by name
         _check_default_model(name, entry)
     return entry
 

@@ -15,6 +15,8 @@ import pytest
 
 import cfl
 from cfl.data.streams import STREAMS
+from cfl.methods import METHODS
+from cfl.redefinition import ReplacedRegistration
 from cfl.validation import load_config
 from tests.conftest import make_stream
 
@@ -41,6 +43,24 @@ def test_run_from_a_dict_with_overrides_writes_the_cli_outputs_and_returns_resul
     assert "mu: 0.5" in saved
     for name in ("metrics.jsonl", "acc_matrix.png"):
         assert (tmp_path / "r" / name).is_file()
+
+
+def test_run_returns_its_directory_and_the_curves_of_its_evaluations(tmp_path):
+    config = {"stream": {"name": "split-digits", "num_tasks": 2}, **TINY, "rounds_per_task": 3, "eval_every": 2}
+    results = cfl.run(config, out=tmp_path / "r")
+    assert results.run_dir == tmp_path / "r" and isinstance(results, dict)
+    assert dict(results) == json.loads((tmp_path / "r" / "results.json").read_text())
+    lines = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    evaluations = [e for e in lines if e["kind"] == "evaluation"]
+    curves = results.curves  # 3 rounds per task, evaluated after round 2 of each task and at its end
+    assert curves.round == [2, 3, 5, 6] == [e["round"] for e in evaluations]
+    assert curves.task == [0, 0, 1, 1] and curves.final == [False, True, False, True]
+    assert curves.mean_acc == [e["mean_acc"] for e in evaluations]
+    assert len(curves.acc) == 2 and curves.acc[1][:2] == [None, None]
+    assert curves.acc == [[e["acc"]["0"] for e in evaluations], [None, None, *(e["acc"]["1"] for e in evaluations[2:])]]
+    assert [[curves.acc[j][i] for j in range(2)] for i in (1, 3)] == results["acc_matrix"]
+    again = cfl.resume(tmp_path / "r")  # a finished run: its results and curves again
+    assert again["acc_matrix"] == results["acc_matrix"] and again.curves == curves and again.run_dir == results.run_dir
 
 
 def test_run_from_a_path_and_from_a_config_object(tmp_path):
@@ -112,15 +132,19 @@ def test_resume_needs_the_same_stream(tmp_path):
 def test_the_guide_examples_run_in_order(tmp_path, monkeypatch):
     text = (ROOT / "docs" / "python-api.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
-    assert len(blocks) == 4
+    assert len(blocks) == 6
     monkeypatch.chdir(tmp_path)
-    namespace: dict = {}
+    namespace: dict = {"__name__": "__main__"}  # as in a notebook
     printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
+    with contextlib.redirect_stdout(printed), METHODS.preserved():
         for block in blocks:
-            exec(compile(block, "docs/python-api.md", "exec"), namespace)  # noqa: S102
+            exec(compile(block, "docs/python-api.md", "exec", dont_inherit=True), namespace)  # noqa: S102
+        with pytest.warns(ReplacedRegistration, match="method 'strong-prox' registered again"):
+            exec(compile(blocks[-1], "docs/python-api.md", "exec", dont_inherit=True), namespace)  # noqa: S102
     lines = printed.getvalue().splitlines()
-    assert lines[0].startswith("ewc: ACC ") and lines[1].startswith("unknown method 'method.name: fedavgg'")
-    assert lines[2].startswith("my-pairs 3 ACC ")
+    assert lines[0].startswith("ewc: ACC ") and lines[1] == "runs/api-ewc [2, 4] [True, True] [True, False]"
+    assert lines[2].startswith("unknown method 'method.name: fedavgg'")
+    assert lines[3].startswith("my-pairs 3 ACC ")
+    assert lines[4] == lines[5] == "{'name': 'strong-prox', 'mu': 0.5}"
     assert (tmp_path / "runs" / "api-pairs" / "results.json").is_file()
     assert not (tmp_path / "runs" / "api-typo").exists()

@@ -49,6 +49,10 @@ PLUGINS = {
     "late_client_end": method("lc", "    client_events = ('task_end',)\n"
                                     "    def client_end(self, event, model, params, data, state, server, generator):\n"
                                     "        raise KeyError('fisher')\n"),
+    # issue 28 item 6: a taken name, by another definition (the same definition registered again replaces)
+    "takes_fedavg": method("fedavg", "", "MyAvg"),
+    "takes_mine": method("mine", "", "Mine"),
+    "takes_mine_too": method("mine", "", "Mine"),
 }
 BENCHMARK = "import sys\n\ndef make():\n    sys.exit(0)\n"  # a stream.benchmark callable ending the process
 NAME_RULE = "must be letters, digits, '-', '_' or '.'"
@@ -110,6 +114,14 @@ CASES = [
     ("mid-run: client_end raises at a task end", ["run", "{cfg}", "--plugin", "{tmp}/late_client_end.py", "--set",
                                                   "method.name=lc", "--out", "{tmp}/lc"], 3,
      ["method 'lc'", "hook client_end raised KeyError: 'fisher'", "at the end of task 0 (0-based)", "is kept"]),
+    # issue 28 item 6: a taken name
+    ("a plugin taking a built-in method's name", ["list", "--plugin", "{tmp}/takes_fedavg.py"], 2,
+     ["plugin file '{tmp}/takes_fedavg.py' at line 6: method 'fedavg' is already registered (by FedAvg in ",
+      "MyAvg in {tmp}/takes_fedavg.py is another definition", "choose another name"]),
+    ("two plugin files registering one name", ["run", "{cfg}", "--plugin", "{tmp}/takes_mine.py", "--plugin",
+                                               "{tmp}/takes_mine_too.py"], 2,
+     ["method 'mine' is already registered (by Mine in {tmp}/takes_mine.py; Mine in {tmp}/takes_mine_too.py is "
+      "another definition)"]),
 ]
 
 

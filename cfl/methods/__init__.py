@@ -22,7 +22,8 @@ METHODS: Registry[type[Method]] = Registry("method")
 
 def register(cls: type[Method]) -> type[Method]:
     """Register a method class under its own ``name`` (a user's plugin: ``@register``); a name already
-    registered is refused."""
+    registered is refused, unless by the same class defined again (same module and qualified name: a re-run
+    notebook cell, an edited plugin file), which replaces it with a warning (docs/python-api.md)."""
     return METHODS.register(cls.name, cls, about=cls.about)
 
 
