@@ -1,7 +1,8 @@
 """Engine speed against the naive per-client loop and the machine's matrix-product peak (docs/performance.md).
 
 Permuted-MNIST reference setup by default: MLP 784-400-400-400-10 (dropout 0.2/0.5/0.5), 125 clients of
-480 samples, 64 sampled per round, batch 64, one local epoch, plain SGD lr 0.01 (synthetic data).
+480 samples, 64 sampled per round, batch 64, one local epoch, plain SGD lr 0.01 (synthetic data;
+``--optimizer adam``: the engine trains with local Adam instead, the path it takes in the JSON's ``path``).
 ``--setup cifar``: the AlexNet-like Split CIFAR-100 setup (25 of 50 clients, batch 16, 32x32x3).
 Prints a JSON object as its last line. ``peak_gflops`` is the machine's best rate in the engine's
 precision: a 2048x2048 by 2048x2048 product (float32, or bfloat16 with ``--precision bf16-mixed``), the best
@@ -21,7 +22,7 @@ engine is timed in the same run, its rounds interleaved with the bf16 ones so th
 
     python benchmarks/perf_engine.py [--rounds 3] [--setup pmnist|cifar] [--threads N] [--ragged BETA]
                                      [--device cpu|cuda] [--method fedavg|fedprox|ewc] [--vmap]
-                                     [--precision 32|bf16-mixed]
+                                     [--precision 32|bf16-mixed] [--optimizer sgd|adam|adamw]
 
 ``--device cuda``: model, data and both loops on the GPU (the naive loop's DataLoader indexes GPU tensors),
 the peak a float32 batched product there (TF32 off, torch's default), every timing synchronised.
@@ -198,6 +199,8 @@ def main() -> None:
                              "a synthetic per-client Fisher and anchor, as after a finished task")
     parser.add_argument("--vmap", action="store_true", help="force the vmap path (time penalties on both paths)")
     parser.add_argument("--precision", default="32", help="32 or bf16-mixed (then float32 is timed too)")
+    parser.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], default="sgd",
+                        help="the engine's local optimiser (betas 0.9/0.999, eps 1e-8; the naive loop stays SGD)")
     args = parser.parse_args()
     precision = parse_precision(args.precision, "--precision")
     dev = torch.device(args.device)
@@ -214,13 +217,15 @@ def main() -> None:
         sizes = (shares * n).long().clamp(min=1)
         parts = list(torch.randperm(n)[: int(sizes.sum())].split(sizes.tolist()))
     parts = [p.to(dev) for p in parts]
-    hp = Hyper(lr=0.01, momentum=0.0, weight_decay=1e-5, local_epochs=1, batch_size=s["batch"], precision=precision)
+    hp = Hyper(lr=0.01, momentum=0.0, weight_decay=1e-5, local_epochs=1, batch_size=s["batch"], precision=precision,
+               optimizer=args.optimizer)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     num_params = sum(v.numel() for v in params.values())
     plugins = method_plugins(args.method, params, s["clients"])
     path = "vmap" if args.vmap else choose_path(model, hp, plugins.methods).path
     hp = replace(hp, path=path)
-    hp32 = replace(hp, precision=32)  # the float32 engine (and the naive loop's hyperparameters)
+    hp32 = replace(hp, precision=32)  # the float32 engine
+    naive_hp = replace(hp32, optimizer="sgd")  # the naive loop is plain SGD
     sampled = list(range(s["sampled"]))
 
     mixed = is_mixed(precision)
@@ -244,7 +249,7 @@ def main() -> None:
     engine, engine_cpu = times["engine"]
     naive, naive_cpu = None, None
     if args.naive_rounds:
-        naive, naive_cpu = timed(lambda _: naive_round(model, x, y, [parts[c] for c in sampled], hp32, 0),
+        naive, naive_cpu = timed(lambda _: naive_round(model, x, y, [parts[c] for c in sampled], naive_hp, 0),
                                  args.naive_rounds)
     samples = sum(len(parts[c]) for c in sampled)
     steps = [-(-len(parts[c]) // s["batch"]) for c in sampled]
@@ -271,7 +276,7 @@ def main() -> None:
                  "fp32_engine_peak_fraction": round(flops / fp32 / 1e9 / fp32_peak, 3),
                  "bf16_units": has_bf16_units(dev)}
     print(json.dumps({
-        "setup": args.setup, "method": args.method, "path": path, "device": args.device,
+        "setup": args.setup, "method": args.method, "optimizer": args.optimizer, "path": path, "device": args.device,
         "precision": precision, "torch": torch.__version__,
         "threads": torch.get_num_threads(), "params": num_params,
         "clients_per_round": s["sampled"], "samples_per_client": s["per_client"], "batch_size": s["batch"],

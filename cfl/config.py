@@ -62,6 +62,19 @@ class AggregatorConfig:
 
 
 @dataclass(frozen=True)
+class OptimizerConfig:
+    name: str = field("sgd", "local optimiser: sgd (with the top-level momentum and weight_decay), adam (weight_decay "
+                      "as an L2 term in the gradient, as torch.optim.Adam) or adamw (decoupled weight decay, as "
+                      "torch.optim.AdamW); see docs/concepts.md", choices=("sgd", "adam", "adamw"))
+    betas: list[float] = field([0.9, 0.999], "adam/adamw: decay rates of the first and second moment estimates, "
+                               "each in [0, 1)", min=0.0)
+    eps: float = field(1e-8, "adam/adamw: added to the root of the second moment", gt=0)
+    state: str = field("fresh", "the optimiser's state (momentum buffer, Adam moments and step count): fresh, "
+                       "started anew by every client every round (kept across rounds is not supported yet and "
+                       "refused)", choices=("fresh", "kept"))
+
+
+@dataclass(frozen=True)
 class WandbConfig:
     mode: str = field("offline", "offline (default, sync later), online or disabled",
                       choices=("offline", "online", "disabled"))
@@ -91,9 +104,11 @@ class Config:
     local_epochs: int = field(1, "local epochs per round", min=1)
     batch_size: int = field(32, "local mini-batch size, at most 2**20 (the batched engine sizes its step masks "
                             "by it)", min=1, max=BATCH_SIZE_MAX)
-    lr: float = field(0.01, "local SGD learning rate", gt=0)
-    momentum: float = field(0.0, "local SGD momentum (fresh each round)", min=0.0, max=0.999)
-    weight_decay: float = field(0.0, "local SGD weight decay", min=0.0)
+    lr: float = field(0.01, "local learning rate (of optimizer.name)", gt=0)
+    momentum: float = field(0.0, "local SGD momentum (optimizer.name: sgd; fresh each round)", min=0.0, max=0.999)
+    weight_decay: float = field(0.0, "local weight decay (sgd, adam: an L2 term in the gradient; adamw: decoupled)",
+                                min=0.0)
+    optimizer: OptimizerConfig = field(OptimizerConfig(), "")
     server_lr: float = field(1.0, "server learning rate eta_g applied to the aggregated update (not read by fedadam "
                              "and fedyogi, which have their own)", gt=0)
     loss: str = field("ce", "client loss: ce or tce (truncated cross-entropy)")

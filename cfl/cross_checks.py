@@ -82,6 +82,30 @@ def check_methods(cfg: Any, specs: list[dict[str, Any]]) -> None:
             raise hook_error(cls, "check", err) from err
 
 
+def check_optimizer(cfg: Any, specs: list[dict[str, Any]]) -> None:
+    """The local optimiser's own keys: two betas in [0, 1), and the state kept fresh (``optimizer.state: kept``,
+    the moments carried per client across rounds, is not implemented: refused rather than run fresh); AdamW's
+    decoupled weight decay with a gradient projection, which would shrink the protected directions."""
+    from cfl.methods import METHODS
+    from cfl.methods.base import Method
+
+    optimizer = cfg.optimizer
+    projecting = [s["name"] for s in specs
+                  if METHODS[s["name"]].gradient_projection is not Method.gradient_projection]
+    if optimizer.name == "adamw" and cfg.weight_decay and projecting:
+        raise ConfigError(f"'optimizer.name: adamw' with 'weight_decay: {cfg.weight_decay}': method "
+                          f"{projecting[0]} projects the gradient off its protected subspace, but AdamW's decoupled "
+                          "decay would shrink the weights along it; use optimizer.name: adam (its L2 term is "
+                          "projected) or weight_decay: 0")
+    betas = optimizer.betas
+    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        raise ConfigError(f"'optimizer.betas' must be two numbers in [0, 1) (first and second moment), got {betas}")
+    if optimizer.state == "kept":
+        raise ConfigError("'optimizer.state: kept' (each client's optimiser state carried across rounds) is not "
+                          "supported yet; use optimizer.state: fresh (every client starts each round from zero "
+                          "moments and step 0)")
+
+
 def check_threads(threads: int) -> None:
     """Refuse more torch threads than ``THREADS_PER_CPU`` per CPU of this machine."""
     cpus = os.cpu_count() or 1

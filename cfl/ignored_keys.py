@@ -2,7 +2,8 @@
 
 A key has no effect when the component chosen by another key does not read it: ``partition.alpha`` with
 ``partition.name: iid``, ``aggregator.tau`` with ``aggregator.name: mean``, ``ray_workers`` with ``backend:
-local``, ``client_block`` with ``client_execution: sequential``, ``wandb.log_checkpoint`` without
+local``, ``client_block`` with ``client_execution: sequential``, ``momentum`` with ``optimizer.name: adam``
+(and ``optimizer.betas``, ``optimizer.eps`` with ``sgd``), ``wandb.log_checkpoint`` without
 ``wandb.log_artifacts``, ``stream.seed`` or ``stream.download`` for a stream that does not read it
 (``StreamEntry.reads``), the top-level ``server_lr`` with an adaptive server (FedAdam, FedYogi). Left at its
 default (as every resolved ``config.yaml`` holds it) such a key is accepted; set to another value it is refused
@@ -130,6 +131,20 @@ def _check_stream(stream: Any) -> None:
                              f"remove stream.{name}", readers[0] if readers else None)
 
 
+def _check_optimizer(cfg: Any) -> None:
+    """``momentum`` is SGD's; ``optimizer.betas`` and ``optimizer.eps`` are Adam's and AdamW's."""
+    name = cfg.optimizer.name
+    if name != "sgd" and _changed(cfg, "momentum"):
+        raise IgnoredKey("momentum", cfg.momentum, "optimizer.name", name, "read only with optimizer.name: sgd; "
+                         f"{name}'s first moment decays by optimizer.betas[0]", "remove momentum, or set "
+                         "optimizer.name: sgd", "sgd")
+    for key in ("betas", "eps"):
+        if name == "sgd" and _changed(cfg.optimizer, key):
+            raise IgnoredKey(f"optimizer.{key}", getattr(cfg.optimizer, key), "optimizer.name", name,
+                             "only adam, adamw read it", f"remove optimizer.{key}, or set optimizer.name: adam",
+                             "adam")
+
+
 def _check_wandb(wandb: Any) -> None:
     if wandb.mode != "disabled" and wandb.log_checkpoint and not wandb.log_artifacts:
         raise IgnoredKey("wandb.log_checkpoint", True, "wandb.log_artifacts", False,
@@ -159,4 +174,5 @@ def _check_all(cfg: Any, specs: list[dict[str, Any]]) -> None:
     _check_choice(cfg, "client_block", "client_execution", "batched")
     _check_methods(cfg, specs)
     _check_stream(cfg.stream)
+    _check_optimizer(cfg)
     _check_wandb(cfg.wandb)

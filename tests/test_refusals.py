@@ -156,6 +156,21 @@ CASES = [
      ["--set stream.args", "more than 100,000 values", "aliases"]),
     # ---- issue 27 item 18: smaller messages ----
     ("config file is a directory", ["{tmp}"], ["config file '{tmp}' is a directory", "cfl run --resume"]),
+    # -- local optimisers (issue 28 item 2) --
+    ("optimizer: unknown name", ["{cfg}", "--set", "optimizer.name=rmsprop"], ["'optimizer.name'", "adamw"]),
+    ("optimizer: a beta of 1", ["{cfg}", "--set", "optimizer={{name: adam, betas: [0.9, 1.0]}}"],
+     ["'optimizer.betas'", "two numbers in [0, 1)"]),
+    ("optimizer: one beta", ["{cfg}", "--set", "optimizer={{name: adam, betas: [0.9]}}"], ["'optimizer.betas'"]),
+    ("optimizer: zero eps", ["{cfg}", "--set", "optimizer={{name: adam, eps: 0}}"], ["'optimizer.eps'", "> 0"]),
+    ("optimizer: state kept across rounds", ["{cfg}", "--set", "optimizer.state=kept"],
+     ["'optimizer.state: kept'", "not supported yet", "optimizer.state: fresh"]),
+    ("optimizer: adamw decay with a gradient projection", ["{cfg}", "--set", "optimizer.name=adamw", "--set",
+                                                           "weight_decay=0.01", "--set", "method.name=gpm"],
+     ["'optimizer.name: adamw'", "method gpm projects", "use optimizer.name: adam"]),
+    ("ignored key: momentum with adam", ["{cfg}", "--set", "optimizer.name=adam", "--set", "momentum=0.9"],
+     ["'momentum: 0.9' has no effect with 'optimizer.name: adam'", "optimizer.betas"]),
+    ("ignored key: betas with sgd", ["{cfg}", "--set", "optimizer.betas=[0.8, 0.99]"],
+     ["'optimizer.betas: [0.8, 0.99]' has no effect with 'optimizer.name: sgd'", "set optimizer.name: adam"]),
     # -- FedLwF / FLwF-2T (issue 28) --
     ("fedlwf: negative lambda", ["{cfg}", "--set", "method={{name: fedlwf, lam: -1}}"], ["'method.lam'", ">= 0"]),
     ("fedlwf: zero temperature", ["{cfg}", "--set", "method={{name: fedlwf, temperature: 0}}"],

@@ -73,13 +73,15 @@ def test_stacked_path_matches_vmap_path(multi_head, replay):
     assert [o.mean_loss for o in fast_out] == pytest.approx([o.mean_loss for o in ref_out], rel=1e-5)
 
 
-def test_stacked_path_only_for_plain_sgd_on_listed_layers_and_fused_hooks():
+def test_stacked_path_only_on_listed_layers_and_fused_hooks():
     model = MLP(6, [5], 3)
     plain = Hyper(lr=0.1, momentum=0.0, weight_decay=0.0, local_epochs=1, batch_size=4)
     assert choose_path(model, plain, [FedAvg(None, None)]).path == "stacked"
     assert choose_path(model, plain, [FedProx(FedProxHyperparams(), None)]).path == "stacked"  # a fused penalty
-    momentum = choose_path(model, Hyper(0.1, 0.9, 0.0, 1, 4), [FedAvg(None, None)])
-    assert momentum.path == "vmap" and "momentum 0.9" in momentum.reason
+    momentum = choose_path(model, Hyper(0.1, 0.9, 0.0, 1, 4), [FedAvg(None, None)])  # issue 28: momentum, Adam
+    assert momentum.path == "stacked" and "SGD with momentum 0.9" in momentum.reason
+    adam = choose_path(model, replace(plain, optimizer="adam"), [FedProx(FedProxHyperparams(), None)])
+    assert adam.path == "stacked" and "adam steps" in adam.reason
 
     class PerSample(FedAvg):
         name = "per-sample"

@@ -14,7 +14,7 @@ from cfl.tensors import State
 
 @dataclass
 class Hyper:
-    """Local-training hyperparameters (a fresh SGD optimiser every round)."""
+    """Local-training hyperparameters (a fresh optimiser every round: :mod:`cfl.engine.local_optim`)."""
 
     lr: float
     momentum: float
@@ -29,6 +29,10 @@ class Hyper:
     path: str = ""
     # 32 or bf16-mixed: the products of local training in bfloat16 over float32 weights (cfl/engine/precision.py)
     precision: int | str = 32
+    # the local optimiser: sgd (momentum above), adam or adamw (betas, eps); cfl.engine.local_optim
+    optimizer: str = "sgd"
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
 
 
 @dataclass

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from cfl.engine import hooks
+from cfl.engine import hooks, local_optim
 from cfl.engine.heap import retain_freed_memory
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, client_schedule, replay_generator
 from cfl.engine.path import choose_path
@@ -101,6 +101,32 @@ class SGDStep:
             on = active.to(p[0].dtype)
             for k, pk, gk in zip(params, p, g, strict=True):
                 pk.addcmul_(gk, on.view(self.shapes[k]), value=-hp.lr)
+
+
+class OptimStep:
+    """Momentum-free SGD's counterpart for Adam and AdamW (:mod:`cfl.engine.local_optim`) on stacked parameters:
+    per-client moments ``(C, ...)``, fresh each round; a step updates only the clients still training (the
+    prefix of the stack in ``params``), so a client past its last step keeps its moments and parameters."""
+
+    loss_scale = 1.0
+
+    def __init__(self, hp: Hyper, params: Params, plugins: Plugins) -> None:
+        self.hp = hp
+        self.projecting = [i for i, m in enumerate(plugins.methods) if overrides(m, "gradient_projection")]
+        self.slots: dict[str, list[torch.Tensor]] | None = None
+
+    def __call__(self, s: int, params: Params, grads: Params, active: torch.Tensor | None, states: list,
+                 plugins: Plugins) -> None:
+        """As :meth:`SGDStep.__call__`; ``active`` must be None (every client in ``params`` steps)."""
+        if active is not None:
+            raise ValueError("OptimStep steps every client it is given; pass the clients still training")
+        if self.slots is None:  # the first step (after the parameters took the gradients' layout)
+            self.slots = {k: local_optim.new_slots(self.hp, v) for k, v in params.items()}
+        g = {k: local_optim.decayed(self.hp, params[k], gk) for k, gk in grads.items()}
+        for i in self.projecting:  # GPM: the projected gradient enters the moments
+            g = _projected(plugins.methods[i], g, states[i])
+        for k, p in params.items():
+            local_optim.apply_(self.hp, p, g[k], [slot[: p.shape[0]] for slot in self.slots[k]], s + 1)
 
 
 def _projected(method: Method, grads: Params, state: State) -> Params:
@@ -198,7 +224,9 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
     states = [_stacked_states(m, plugins.client_states(i, cids)) for i, m in enumerate(plugins.methods)]
     replaying = [(m, plugins.client_states(i, cids)) for i, m in enumerate(plugins.methods) if overrides(m, "replay")]
     generators = [replay_generator(job) for job in jobs]
-    update = SGDStep(hp, params, plugins)
+    update = (SGDStep if hp.optimizer == "sgd" else OptimStep)(hp, params, plugins)
+    if stacked is not None:
+        stacked.new_state(params)
     # the stacked path takes quadratic penalties' steps from their gradients (no penalty in the loss)
     penalty = stacked.penalty_steps([hooks.penalty_terms(m, global_params, plugins.broadcasts[i], states[i])
                                      for i, m in enumerate(plugins.methods) if overrides(m, "penalty")],
@@ -232,6 +260,7 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
         step_allowed = None if allowed is None else allowed[:n]
         if stacked is not None:  # no layer couples samples (StackedNet.model_refusal): padding is inert
             xb, yb, tb, wb = _with_replay((xb, yb, tb, wb), extras)
+            stacked.t = s + 1
             logits = stacked.forward(params, xb, tb, token, step_penalty)
             cross_entropy = weighted_mean(masked_cross_entropy(logits, yb, step_allowed), wb)
             per_client = cross_entropy

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from cfl.engine import hooks
+from cfl.engine import hooks, local_optim
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, client_schedule, replay_generator
 from cfl.engine.precision import autocast, to_float, warn_if_slow
 from cfl.methods.base import overrides
@@ -22,7 +22,7 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
               task: int, hp: Hyper, plugins: Plugins) -> tuple[Params, ClientOutcome]:
     warn_if_slow(hp.precision, x.device)
     params = {k: v.detach().clone().requires_grad_() for k, v in global_params.items()}
-    momentum: dict[str, torch.Tensor] = {}
+    slots = {k: local_optim.new_slots(hp, v) for k, v in params.items()}  # fresh each round
     methods, broadcasts = plugins.methods, plugins.broadcasts
     states = [st.clients.get(job.cid) for st in plugins.states]
     generator = replay_generator(job)
@@ -53,16 +53,12 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
         finite &= bool(torch.isfinite(loss))
         grads = dict(zip(params.keys(), torch.autograd.grad(loss, list(params.values())), strict=True))
         with torch.no_grad():
-            if hp.weight_decay:
-                grads = {k: g + hp.weight_decay * params[k] for k, g in grads.items()}
+            grads = {k: local_optim.decayed(hp, params[k], g) for k, g in grads.items()}
             for i, m in enumerate(methods):
                 if overrides(m, "gradient_projection"):
                     grads = hooks.projected(m, grads, states[i])
             for k, p in params.items():
-                g = grads[k]
-                if hp.momentum > 0:
-                    g = momentum[k] = g.clone() if s == 0 else momentum[k].mul_(hp.momentum).add_(g)
-                p.sub_(hp.lr * g)
+                local_optim.apply_(hp, p, grads[k], slots[k], s + 1)
     mean_loss = sum(losses) / max(len(losses), 1)
     return {k: v.detach() for k, v in params.items()}, ClientOutcome(job.cid, len(job.indices), mean_loss, finite)
 

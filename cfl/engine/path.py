@@ -1,8 +1,9 @@
 """Which training path the engine takes for a run, and why: decided once, printed once, kept in results.
 
-``stacked``: stacked tensor operations with each linear layer's SGD step fused into its backward
-(:mod:`cfl.engine.stacked_net`), for models that list their layers, plain SGD and methods whose hooks have
-a fused form. ``vmap``: autograd under ``torch.func.vmap`` over one-client code, for every model and
+``stacked``: stacked tensor operations with each linear layer's optimiser step taken in its backward
+(:mod:`cfl.engine.stacked_net`), for models that list their layers, every local optimiser (plain SGD fused
+into the weight-gradient product; momentum, Adam and AdamW from the materialised gradient) and methods whose
+hooks have a fused form. ``vmap``: autograd under ``torch.func.vmap`` over one-client code, for every model and
 method. ``sequential``: one client after another (``client_execution: sequential``).
 """
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from cfl.engine import local_optim
 from cfl.engine.jobs import Hyper
 from cfl.engine.stacked_net import StackedNet
 from cfl.methods.base import Method, overrides
@@ -48,9 +50,7 @@ def stacked_refusal(model: nn.Module, hp: Hyper, methods: list[Method]) -> str |
         for hook, why in _NOT_STACKED.items():
             if overrides(m, hook):
                 return f"method {m.name} overrides {hook}, {why}"
-    if hp.momentum != 0:
-        return f"momentum {hp.momentum}: the fused step is plain SGD"
-    if any(overrides(m, "penalty") for m in methods) and hp.lr * hp.weight_decay == 1.0:
+    if local_optim.plain_sgd(hp) and any(overrides(m, "penalty") for m in methods) and hp.lr * hp.weight_decay == 1.0:
         return "lr * weight_decay = 1: the penalty's fused pre-step would divide by 1 - lr * weight_decay"
     return StackedNet.model_refusal(model)
 
@@ -61,6 +61,6 @@ def choose_path(model: nn.Module, hp: Hyper, methods: list[Method], execution: s
         return EnginePath("sequential", "client_execution: sequential")
     refusal = stacked_refusal(model, hp, methods)
     if refusal is None:
-        return EnginePath("stacked", f"model {type(model).__name__} lists its layers, plain SGD, and every "
-                                     f"method's hooks have a fused form")
+        return EnginePath("stacked", f"model {type(model).__name__} lists its layers, {local_optim.describe(hp)} "
+                                     f"steps in its layers' backward, and every method's hooks have a fused form")
     return EnginePath("vmap", refusal)

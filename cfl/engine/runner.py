@@ -86,7 +86,8 @@ class Runner:
         self.progress = Progress(acc_matrix=empty_matrix(stream.num_tasks))
         self.schedule = Schedule(cfg, stream, self.device)  # checks the clients' shares before any round
         self.hyper = Hyper(cfg.lr, cfg.momentum, cfg.weight_decay, cfg.local_epochs, cfg.batch_size,
-                           augment=stream.augment, client_block=cfg.client_block, precision=cfg.precision)
+                           augment=stream.augment, client_block=cfg.client_block, precision=cfg.precision,
+                           optimizer=cfg.optimizer.name, betas=tuple(cfg.optimizer.betas), eps=cfg.optimizer.eps)
         self.engine_path = choose_path(self.model, self.hyper, self.methods, cfg.client_execution)
         self.hyper.path = self.engine_path.path
         self.engine_path.announce()  # once per run, on stderr; results.json keeps it as engine_path

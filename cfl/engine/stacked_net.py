@@ -1,8 +1,8 @@
 """Clients trained as stacked tensor operations, with each linear layer's SGD step fused into its backward.
 
 For models that list their layers (``stack_layers()``: :class:`cfl.models.MLP` and the AlexNet-like net)
-under SGD without momentum (no method with a per-sample extra loss or a gradient projection; quadratic
-penalties take a fused step: :mod:`cfl.engine.path`) the batched engine skips ``vmap`` and runs the
+(no method with a per-sample extra loss or a gradient projection; quadratic penalties take a fused step:
+:mod:`cfl.engine.path`) the batched engine skips ``vmap`` and runs the
 stack of clients directly: linear activations ``(C, B, F)`` with weights ``(C, out, in)`` (``nn.Linear``'s
 own layout, so stacking and returning the clients' weights copies nothing transposed); convolutions on
 ``(B, C*channels, H, W)`` as one grouped convolution (``groups=C``), so pooling, ReLU and dropout run on
@@ -25,6 +25,10 @@ from ~100 ms to ~45 ms per step at 64 clients on one core (``docs/performance.md
 In bf16-mixed (``precision``, :mod:`cfl.engine.precision`) the products above and the convolutions take
 bfloat16 operands over the float32 weights, which every step still updates in float32.
 
+With momentum, Adam or AdamW (:mod:`cfl.engine.local_optim`) the backward materialises the weight gradient
+``dY^T X`` instead and hands it, with a quadratic penalty's gradient, to :meth:`StackedNet.step`, which keeps
+the optimiser's per-client state.
+
 Correctness: each layer's gradient depends on its saved input and on the gradient flowing in from the
 layers above, which compute their input gradients before they step, so every gradient is taken at the
 step's starting weights, as in the vmap path. Parameters outside the fused layers (convolutions, a
@@ -36,6 +40,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from cfl.engine import local_optim
 from cfl.engine.jobs import Hyper
 from cfl.engine.precision import LOW, Bf16Weights, is_mixed, to_float
 from cfl.models.dropout import Dropout
@@ -63,7 +68,8 @@ class FusedLinearSGD(torch.autograd.Function):
                 token: torch.Tensor, lr: float, decay: float, in_scale: float = 1.0,  # noqa: ARG004
                 relu: bool = False, dropout: Dropout | None = None,
                 penalty: tuple[PenaltyStep | None, PenaltyStep | None] = (None, None),
-                low: tuple[Bf16Weights, str] | None = None) -> torch.Tensor:
+                low: tuple[Bf16Weights, str] | None = None,
+                stateful: tuple[StackedNet, str] | None = None) -> torch.Tensor:
         w, b = weight, bias
         if low is not None:  # bf16-mixed: bfloat16 operands (a copy of the float32 weights), float32 steps
             x, w, b = x.to(LOW), low[0].cast(low[1], weight), None if bias is None else bias.to(LOW)
@@ -76,7 +82,7 @@ class FusedLinearSGD(torch.autograd.Function):
             h.add_(b.unsqueeze(1))
         ctx.save_for_backward(x, h if relu else None)
         ctx.weight, ctx.bias, ctx.lr, ctx.decay, ctx.in_scale = weight, bias, lr, decay, in_scale
-        ctx.penalty, ctx.low, ctx.operand = penalty, low, w
+        ctx.penalty, ctx.low, ctx.operand, ctx.stateful = penalty, low, w, stateful
         return h
 
     @staticmethod
@@ -86,6 +92,12 @@ class FusedLinearSGD(torch.autograd.Function):
         grad = grad_out if out is None else _through_positive(grad_out, out)
         grad_x = _scaled_bmm(grad, ctx.operand, scale) if ctx.needs_input_grad[0] else None
         weight_penalty, bias_penalty = ctx.penalty
+        if ctx.stateful is not None:  # momentum or Adam: the weight gradient is materialised for the optimiser
+            net, name = ctx.stateful
+            net.step(f"{name}.weight", weight, _scaled_bmm(grad.mT, x, scale).to(weight.dtype), weight_penalty)
+            if bias is not None:
+                net.step(f"{name}.bias", bias, grad.sum(1, dtype=bias.dtype), bias_penalty)
+            return grad_x, None, None, None, None, None, None, None, None, None, None, None
         penalty_pre_step(weight, weight_penalty)
         if ctx.low is None:
             weight.baddbmm_(grad.mT, x, beta=ctx.decay, alpha=-ctx.lr * scale)
@@ -94,7 +106,7 @@ class FusedLinearSGD(torch.autograd.Function):
         if bias is not None:
             penalty_pre_step(bias, bias_penalty)
             bias.mul_(ctx.decay).add_(grad.sum(1, dtype=bias.dtype), alpha=-ctx.lr)
-        return grad_x, None, None, None, None, None, None, None, None, None, None
+        return grad_x, None, None, None, None, None, None, None, None, None, None, None
 
 
 PenaltyStep = tuple[torch.Tensor, torch.Tensor | None]  # (M, N) of :func:`penalty_pre_step`
@@ -166,7 +178,12 @@ class StackedNet:
     KNOWN = (nn.Flatten, nn.Linear, nn.ReLU, Dropout, nn.Conv2d, nn.MaxPool2d)
 
     def __init__(self, model: nn.Module, hp: Hyper) -> None:
-        self.lr, self.decay = hp.lr, 1.0 - hp.lr * hp.weight_decay
+        self.hp, self.lr, self.decay = hp, hp.lr, 1.0 - hp.lr * hp.weight_decay
+        # momentum or Adam: per-parameter optimiser state over the stacked clients (:meth:`new_state`), and
+        # the step count of the step being taken (:meth:`step`); plain SGD has none and steps in place
+        self.stateful = not local_optim.plain_sgd(hp)
+        self.slots: dict[str, list[torch.Tensor]] = {}
+        self.t = 0
         # bf16-mixed: bfloat16 copies of the fused weights and their products' buffers (kept by :meth:`stack`)
         self.bf16 = Bf16Weights({}) if is_mixed(hp.precision) else None
         self.layers: list[tuple[str, nn.Module]] = model.stack_layers()
@@ -222,15 +239,18 @@ class StackedNet:
         """Per parameter, the ``(M, N)`` of :func:`penalty_pre_step` for the round's quadratic penalties (each
         method's ``A * w - B`` terms, :func:`cfl.engine.hooks.penalty_terms`), each with as many dims as the
         stacked parameter (client dim 1 where it is the same for every client)."""
-        coeff = self.lr / self.decay
         total: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
         for method_terms in terms:
             for k, (a, b) in method_terms.items():  # summed over methods; each (C, ...) op below is a fresh ~160 MB
                 a0, b0 = total.get(k, (None, None))
                 total[k] = (_plus(a0, a), _plus(b0, b))
         steps = {}
+        coeff = self.lr / self.decay
         for k, (a, b) in total.items():
             dims = params[k].dim()
+            if self.stateful:  # the optimiser adds the penalty's gradient A * w - B itself (:meth:`step`)
+                steps[k] = (a.reshape(_client_first(a, dims)), None if b is None else b.reshape(_client_first(b, dims)))
+                continue
             m = torch.mul(a, -coeff).add_(1.0)
             n = None if b is None else torch.mul(b, coeff)
             steps[k] = (m.reshape(_client_first(m, dims)), None if n is None else n.reshape(_client_first(n, dims)))
@@ -303,7 +323,23 @@ class StackedNet:
         return FusedLinearSGD.apply(h, params[f"{name}.weight"], params.get(f"{name}.bias"), token, self.lr,
                                     self.decay, scale, relu, dropout,
                                     (penalty.get(f"{name}.weight"), penalty.get(f"{name}.bias")),
-                                    None if self.bf16 is None else (self.bf16, name))
+                                    None if self.bf16 is None else (self.bf16, name),
+                                    (self, name) if self.stateful else None)
+
+    def new_state(self, params: Params) -> None:
+        """Fresh (zero) optimiser state for the stacked ``params`` of a block of clients (momentum, Adam)."""
+        self.slots = {k: local_optim.new_slots(self.hp, v) for k, v in params.items()} if self.stateful else {}
+
+    def step(self, name: str, p: torch.Tensor, g: torch.Tensor, penalty: PenaltyStep | None) -> None:
+        """The optimiser's step of the stacked parameter ``p`` (the clients still training: a prefix of the
+        block) from its loss gradient ``g``, plus the quadratic penalty's gradient ``A * p - B``, at step
+        :attr:`t`; :mod:`cfl.engine.local_optim`."""
+        if penalty is not None:
+            a, b = penalty
+            g = torch.addcmul(g, a, p)
+            if b is not None:
+                g.sub_(b)
+        local_optim.step_(self.hp, p, g, [slot[: p.shape[0]] for slot in self.slots[name]], self.t)
 
     def backward_and_step(self, loss: torch.Tensor, params: Params, token: torch.Tensor,
                           penalty: dict[str, PenaltyStep] | None = None) -> None:
@@ -314,6 +350,9 @@ class StackedNet:
         grads = torch.autograd.grad(loss, [token] + [params[k] for k in rest], allow_unused=True)[1:]
         with torch.no_grad():
             for k, g in zip(rest, grads, strict=True):
+                if self.stateful:
+                    self.step(k, params[k], torch.zeros_like(params[k]) if g is None else g, penalty.get(k))
+                    continue
                 penalty_pre_step(params[k], penalty.get(k))
                 params[k].mul_(self.decay)
                 if g is not None:
