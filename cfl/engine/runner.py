@@ -189,9 +189,11 @@ class Runner:
 
     def _client_end(self, i: int, event: Event, params: Params, data: ClientData, cid: int, server: State,
                     generator: torch.Generator, uploads: dict[int, Any]) -> None:
-        """Method ``i``'s ``client_end`` on client ``cid``: its state written back, its upload kept."""
+        """Method ``i``'s ``client_end`` on client ``cid``: its state written back, its upload kept. The template
+        model is in eval mode (dropout off) for both events, whichever trainer or evaluation ran last."""
         clients = self.states[i].clients
         state = clients.get(cid)
+        self.model.eval()
         with guarded(self.methods[i], "client_end"):
             result = check_upload(self.methods[i].client_end(event, self.model, params, data, state, server,
                                                              generator))
