@@ -53,11 +53,11 @@ from cfl.engine.jobs import ClientJob, Hyper, Plugins, derive_seed  # noqa: E402
 from cfl.engine.local_batched import BatchedTrainer  # noqa: E402
 from cfl.engine.path import choose_path  # noqa: E402
 from cfl.engine.precision import LOW, has_bf16_units, is_mixed, parse_precision  # noqa: E402
-from cfl.methods.base import MethodState  # noqa: E402
 from cfl.methods.ewc import EWC, EWCHyperparams  # noqa: E402
 from cfl.methods.fedavg import FedAvg  # noqa: E402
 from cfl.methods.fedprox import FedProx, FedProxHyperparams  # noqa: E402
 from cfl.models import ModelShape, build_model  # noqa: E402
+from cfl.records.client_states import MethodState  # noqa: E402
 
 SETUPS = {
     "pmnist": {"model": "mlp", "shape": (784,), "classes": 10, "tasks": 1, "multi": False, "clients": 125,

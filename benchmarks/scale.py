@@ -49,9 +49,9 @@ def timed(owner: Any, name: str, into: list[float]) -> None:
 
 def one(method: str, clients: int, tasks: int, rounds: int, out: Path, sets: list[str]) -> dict[str, Any]:
     from cfl import single_run
-    from cfl.engine.client_states import ClientStates
     from cfl.engine.disk_states import DiskClientStates
     from cfl.engine.runner import Runner
+    from cfl.records.client_states import ClientStates
     from cfl.schema import ConfigError
     from cfl.validation import load_config
 

@@ -25,7 +25,7 @@ from cfl.engine.state_codec import RecordDamaged
 from cfl.engine.stop import RunStopped, StopRequest, signal_exit_code
 from cfl.ignored_keys import tolerated
 from cfl.metrics.results import build_results
-from cfl.report.files import atomic_write_bytes, atomic_write_json
+from cfl.report.files import atomic_write_bytes, atomic_write_json, check_searchable, check_writable
 from cfl.report.jsonl import MetricsWriter, keep_lines_up_to
 from cfl.report.progress import ProgressBars
 from cfl.report.wandb_log import WandbLogger
@@ -58,7 +58,7 @@ def resume_config(run_dir: Path, overrides: list[str] | list[tuple[str, Any]]) -
             raise ConfigError(f"--set {key} cannot be combined with --resume: it would change the results of a run "
                               f"that is half done (a resumed run keeps {run_dir}/config.yaml); allowed with --resume: "
                               f"{', '.join(checkpoint.RESUME_SAFE_KEYS)}. Start a new run with --out instead")
-    rundir.check_searchable(Path(run_dir), "--resume")
+    check_searchable(Path(run_dir), "--resume")
     if not Path(run_dir).is_dir():
         raise ConfigError(f"--resume {run_dir}: no such run directory")
     if not (Path(run_dir) / "config.yaml").is_file():
@@ -123,7 +123,7 @@ def execute(cfg: Config, out: Path | None = None, overwrite: bool = False, quiet
     device = resolve_device(cfg)
     out = Path(out) if out is not None else default_run_dir(cfg)
     check_path_length(out)  # before any look at the file system that a long name would turn into OSError 36
-    rundir.check_writable(out)
+    check_writable(out)
     rundir.check_state_dirs(out)
     saved = _checked_checkpoint(out, cfg) if resume else None
     if not resume:

@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch import nn
 
-from cfl.engine import evaluate
-from cfl.engine.evaluate import accuracy
+from cfl.metrics import evaluate
 from cfl.metrics.client_forgetting import class_accuracy
+from cfl.metrics.evaluate import accuracy
 
 
 class GivenLogits(nn.Module):

@@ -28,11 +28,12 @@ from cfl.engine.local_sequential import train_sequential
 from cfl.engine.path import choose_path
 from cfl.engine.runner import Runner
 from cfl.methods import METHODS
-from cfl.methods.base import Method, MethodState, Quadratic, Samples
+from cfl.methods.base import Method, Quadratic, Samples
 from cfl.methods.fedavg import FedAvg
 from cfl.models import MODELS, ModelShape, build_model
 from cfl.models.dropout import Dropout
 from cfl.models.mlp import MLP
+from cfl.records.client_states import MethodState
 from cfl.validation import from_dict
 from tests.conftest import make_stream
 

@@ -7,7 +7,7 @@ import torch
 
 from cfl.engine.disk_states import DiskClientStates
 from cfl.engine.state_codec import decode, encode
-from cfl.metrics.comm import nbytes
+from cfl.tensors import nbytes
 
 
 def state(seed: int, width: int = 50) -> dict:

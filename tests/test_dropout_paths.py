@@ -16,10 +16,10 @@ from cfl.engine.jobs import ClientJob, Hyper, Plugins
 from cfl.engine.local_batched import train_batched
 from cfl.engine.local_sequential import train_sequential
 from cfl.engine.stacked_net import StackedNet
-from cfl.methods.base import MethodState
 from cfl.methods.fedavg import FedAvg
 from cfl.models import MODELS, ModelShape, build_model
 from cfl.models.dropout import Dropout
+from cfl.records.client_states import MethodState
 from tests.test_batched_equals_sequential import IMAGE, smallest_image
 
 

@@ -9,11 +9,12 @@ from cfl.engine.jobs import ClientJob, Hyper, Plugins
 from cfl.engine.local_sequential import train_one
 from cfl.engine.runner import Runner
 from cfl.engine.stacking import pad_samples
-from cfl.methods.base import ClientData, MethodState, RunInfo
+from cfl.methods.base import ClientData, RunInfo
 from cfl.methods.er import ER, ERHyperparams, balanced_quota
-from cfl.metrics.comm import CommLedger
 from cfl.metrics.results import method_stats
 from cfl.models.mlp import MLP
+from cfl.records.client_states import MethodState
+from cfl.records.comm import CommLedger
 from cfl.validation import from_dict
 from tests.conftest import make_stream, run_both_paths
 

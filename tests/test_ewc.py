@@ -6,13 +6,14 @@ import torch
 from cfl.engine.hooks import penalty_loss
 from cfl.engine.runner import Runner
 from cfl.methods import METHODS
-from cfl.methods.base import ClientData, MethodState, RunInfo
+from cfl.methods.base import ClientData, RunInfo
 from cfl.methods.ewc import EWC, EWCHyperparams
-from cfl.metrics.comm import CommLedger
 from cfl.metrics.results import method_stats
 from cfl.models.heads import SharedHead
 from cfl.models.mlp import MLP
 from cfl.ops.fisher import diagonal_fisher
+from cfl.records.client_states import MethodState
+from cfl.records.comm import CommLedger
 from cfl.schema import ConfigError
 from cfl.validation import from_dict
 from tests.conftest import make_stream, run_both_paths

@@ -6,12 +6,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from cfl.engine.runner import Runner
-from cfl.methods.base import ClientData, MethodState, RunInfo
+from cfl.methods.base import ClientData, RunInfo
 from cfl.methods.fot import FOT, FOTHyperparams
 from cfl.metrics.results import method_stats
 from cfl.models import MODELS, ModelShape, build_model
 from cfl.models.layers import protected_layers
 from cfl.ops.gpse import client_sketch, residual_ratio, server_extend
+from cfl.records.client_states import MethodState
 from cfl.schema import ConfigError
 from cfl.validation import from_dict
 from tests.conftest import make_stream, run_both_paths

@@ -11,9 +11,10 @@ from cfl.engine.local_sequential import train_sequential
 from cfl.engine.runner import Runner
 from cfl.engine.stacking import stack_states
 from cfl.methods import gpm as gpm_module
-from cfl.methods.base import ClientData, MethodState, RunInfo
+from cfl.methods.base import ClientData, RunInfo
 from cfl.methods.gpm import GPM, GPMHyperparams, extend_from_gram
 from cfl.metrics.results import method_stats
+from cfl.records.client_states import MethodState
 from cfl.validation import from_dict
 from tests.conftest import make_stream, run_both_paths
 from tests.helpers import TwoLayerNet

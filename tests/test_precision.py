@@ -16,9 +16,9 @@ from cfl.engine.local_batched import train_batched
 from cfl.engine.local_sequential import train_sequential
 from cfl.engine.precision import Bf16Weights, autocast, cpu_flags, parse_precision, warn_if_slow
 from cfl.engine.stacked_net import StackedNet
-from cfl.methods.base import MethodState
 from cfl.methods.fedavg import FedAvg
 from cfl.models import MODELS, ModelShape, build_model
+from cfl.records.client_states import MethodState
 from cfl.schema import ConfigError
 from cfl.validation import from_dict
 

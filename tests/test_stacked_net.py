@@ -10,7 +10,6 @@ from cfl.engine.jobs import ClientJob, Hyper, Plugins
 from cfl.engine.local_batched import train_batched
 from cfl.engine.path import choose_path
 from cfl.engine.stacked_net import FusedLinearSGD, ReluDropout, StackedNet
-from cfl.methods.base import MethodState
 from cfl.methods.er import ER, ERHyperparams
 from cfl.methods.ewc import EWC, EWCHyperparams
 from cfl.methods.fedavg import FedAvg
@@ -19,6 +18,7 @@ from cfl.methods.fedprox import FedProx, FedProxHyperparams
 from cfl.models.alexnet import AlexNetLike
 from cfl.models.dropout import Dropout
 from cfl.models.mlp import MLP
+from cfl.records.client_states import MethodState
 
 
 def test_fused_linear_steps_weights_in_backward_by_hand():

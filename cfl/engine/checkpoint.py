@@ -26,17 +26,14 @@ import torch
 from cfl.config import Config
 from cfl.data.fingerprint import differences, fingerprint
 from cfl.data.stream import Stream
-from cfl.engine.snapshot import Progress, RunSnapshot
+from cfl.records.run_dir import CHECKPOINT, is_resume_safe
+from cfl.records.snapshot import Progress, RunSnapshot
 from cfl.report.files import atomic_write_bytes
 from cfl.report.wandb_ids import checked_id
 from cfl.schema import ConfigError
 from cfl.validation import resolve_saved_model
 
-CHECKPOINT = "checkpoint.pt"
 FORMAT = 2  # 2: method states as nested dicts (one-client method interface)
-# Keys a resumed run may change: they never alter what the run computes (threads may alter the last bits
-# of some CPU kernels; keep it fixed when a bit-identical result matters).
-RESUME_SAFE_KEYS = ("threads", "checkpoint_every", "on_nonfinite", "data_root", "wandb", "client_state_store")
 
 
 class CheckpointError(RuntimeError):
@@ -166,10 +163,6 @@ def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[dotted] = value
     return out
-
-
-def is_resume_safe(key: str) -> bool:
-    return any(key == safe or key.startswith(f"{safe}.") for safe in RESUME_SAFE_KEYS)
 
 
 def check_config(saved: dict[str, Any], cfg: Config, run_dir: Path) -> None:

@@ -181,7 +181,7 @@ class DiskClientStates:
         return len(self._index)
 
     def nbytes(self, cid: int) -> int:
-        """Bytes of the client's state as :func:`cfl.metrics.comm.nbytes` counts them (0 without one), from the
+        """Bytes of the client's state as :func:`cfl.tensors.nbytes` counts them (0 without one), from the
         index: no read."""
         entry = self._index.get(int(cid))
         return 0 if entry is None else entry[3]

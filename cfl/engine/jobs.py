@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from cfl.methods.base import Method, MethodState
+from cfl.methods.base import Method
+from cfl.records.client_states import MethodState
 from cfl.tensors import State
 
 

@@ -22,13 +22,13 @@ import torch
 from torch import nn
 
 from cfl.config import Config
-from cfl.engine.client_states import ClientStates
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, derive_seed
 from cfl.engine.local_batched import train_batched
 from cfl.engine.local_sequential import train_sequential
-from cfl.methods.base import Method, MethodState
+from cfl.methods.base import Method
 from cfl.plugins import ship_to_ray
 from cfl.ray_support import init_ray, require_ray
+from cfl.records.client_states import ClientStates, MethodState
 from cfl.tensors import Params, State
 
 GROUP_TRAINERS = {"batched": train_batched, "sequential": train_sequential}

@@ -26,32 +26,6 @@ OUTPUT_FILES = ("results.json", "metrics.jsonl", "config.yaml", "acc_matrix.png"
                 "task_accuracy.png", checkpoint.CHECKPOINT)
 
 
-def check_searchable(out: Path, flag: str = "--out") -> None:
-    """Refuse a path under a directory this process may not search (no ``x`` permission), where every look
-    at the path would fail with a permission error (exit code 2)."""
-    for parent in reversed(Path(os.path.abspath(out)).parents):
-        if parent.is_dir() and not os.access(parent, os.X_OK):
-            raise ConfigError(f"{flag} {out}: cannot look inside {parent} (no search permission, the x bit, for "
-                              f"this user); choose another {flag} or ask for access (chmod +x {parent})")
-
-
-def check_writable(out: Path) -> None:
-    """Refuse a run directory that is a file, lies under a file or an unsearchable directory, or cannot be
-    written (exit code 2)."""
-    check_searchable(out)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file, not a directory; choose another --out")
-    existing = out
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ConfigError(f"--out {out}: {existing} is a file, so no directory can be made under it; "
-                          f"choose another --out")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"--out {out}: {existing} is not writable (read-only directory or file system); "
-                          f"choose another --out")
-
-
 def check_state_dirs(out: Path) -> None:
     """Refuse a run directory whose disk client-state store cannot be written (exit code 2): a resumed run
     appends records there and removes those no checkpoint names; ``--overwrite`` deletes them."""

@@ -18,7 +18,6 @@ from torch import nn
 
 from cfl.config import Config
 from cfl.data.stream import Stream
-from cfl.engine.evaluate import accuracy
 from cfl.engine.hook_guard import guarded
 from cfl.engine.hook_rules import check_upload
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, derive_seed
@@ -27,25 +26,26 @@ from cfl.engine.local_sequential import train_sequential
 from cfl.engine.path import choose_path
 from cfl.engine.schedule import Schedule, sample_clients
 from cfl.engine.server import Server
-from cfl.engine.snapshot import Progress, RunSnapshot
 from cfl.engine.state_stores import build_stores, sizing_of
 from cfl.methods import METHODS
 from cfl.methods.base import (
     ClientData,
     Event,
     Method,
-    MethodState,
     RunInfo,
     acts_after_rounds,
     overrides,
     takes_part_at_task_end,
 )
 from cfl.metrics import client_forgetting
-from cfl.metrics.comm import CommLedger, nbytes, task_end_model_line
+from cfl.metrics.evaluate import accuracy
 from cfl.metrics.matrix import empty_matrix
 from cfl.models import ModelShape, build_model
 from cfl.models.layers import protected_layers
-from cfl.tensors import Params, State
+from cfl.records.client_states import MethodState
+from cfl.records.comm import CommLedger, task_end_model_line
+from cfl.records.snapshot import Progress, RunSnapshot
+from cfl.tensors import Params, State, nbytes
 
 TRAINERS: dict[str, Callable[[], Callable[..., Any]]] = {  # a fresh trainer per runner
     "batched": BatchedTrainer, "sequential": lambda: train_sequential}
@@ -190,9 +190,11 @@ class Runner:
 
     def _client_end(self, i: int, event: Event, params: Params, data: ClientData, cid: int, server: State,
                     generator: torch.Generator, uploads: dict[int, Any]) -> None:
-        """Method ``i``'s ``client_end`` on client ``cid``: its state written back, its upload kept."""
+        """Method ``i``'s ``client_end`` on client ``cid``: its state written back, its upload kept. The template
+        model is in eval mode (dropout off) for both events, whichever trainer or evaluation ran last."""
         clients = self.states[i].clients
         state = clients.get(cid)
+        self.model.eval()
         with guarded(self.methods[i], "client_end"):
             result = check_upload(self.methods[i].client_end(event, self.model, params, data, state, server,
                                                              generator))

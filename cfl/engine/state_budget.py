@@ -12,28 +12,14 @@ estimate cannot fit the free space of the run directory's file system is refused
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 from cfl.engine.disk_states import SEGMENT_BYTES
+from cfl.methods.base import StateSizing
 from cfl.schema import ConfigError
 
 MEMORY_BYTES = 256 << 20  # a memory store is rewritten whole into every checkpoint: ~1 s at 256 MiB here
 GB = 1e9
-
-
-@dataclass(frozen=True)
-class StateSizing:
-    """What a method's estimate of its clients' state may depend on (``Method.client_state_bytes``)."""
-
-    model_bytes: int  # one global model's parameters
-    sample_bytes: int  # one training input
-    samples_per_client: float  # mean training samples of a client in one task
-    num_clients: int
-    num_tasks: int
-    rounds: int  # rounds of the whole run
-    clients_per_round: int
-    protected: dict[str, tuple[str, int]]  # protected layer -> ("linear" | "conv", input width d of its im2col view)
 
 
 def choose_store(setting: str, total_bytes: int) -> str:

@@ -53,7 +53,7 @@ def _tree(obj: Any, tensors: list[torch.Tensor], offset: list[int], where: str) 
         nodes = [_tree(v, tensors, offset, f"{where}[{i}]") for i, v in enumerate(obj)]
         return {"l" if isinstance(obj, list) else "u": nodes}
     if obj is None or isinstance(obj, (bool, int, float, str)):
-        offset[1] += 4 if isinstance(obj, (int, float)) else 0  # as cfl.metrics.comm.nbytes counts them
+        offset[1] += 4 if isinstance(obj, (int, float)) else 0  # as cfl.tensors.nbytes counts them
         return {"v": obj}
     raise TypeError(f"{where} is a {type(obj).__name__}; client states hold only tensors, numbers, strings and "
                     "lists/dicts of them")
@@ -61,7 +61,7 @@ def _tree(obj: Any, tensors: list[torch.Tensor], offset: list[int], where: str) 
 
 def encode(state: dict[str, Any]) -> tuple[list[memoryview | bytes], int, int]:
     """``(buffers, record length, state bytes)``: the record as buffers to write one after the other, and the
-    state's size as :func:`cfl.metrics.comm.nbytes` counts it (tensor bytes, 4 per plain number)."""
+    state's size as :func:`cfl.tensors.nbytes` counts it (tensor bytes, 4 per plain number)."""
     tensors: list[torch.Tensor] = []
     offset = [0, 0]  # data bytes so far, bytes of plain numbers
     header = json.dumps(_tree(state, tensors, offset, "state"), separators=(",", ":")).encode()

@@ -23,10 +23,10 @@ from torch import nn
 from cfl.config import Config
 from cfl.data.stream import Stream
 from cfl.engine import state_budget
-from cfl.engine.client_states import ClientStates
 from cfl.engine.disk_states import DiskClientStates
 from cfl.engine.hook_guard import BrokenRule, guarded
 from cfl.engine.state_budget import StateSizing
+from cfl.records.client_states import ClientStates
 
 if TYPE_CHECKING:
     from cfl.methods.base import Method

@@ -3,8 +3,8 @@
 A method is a small class with a ``Hyperparams`` dataclass and whichever hooks it overrides (the engine
 detects them by override). Client hooks see one client's state (a nested dict) and return one client's
 figures; the engine batches clients, stacks and pads their states and chooses its training path once per
-run (``docs/plugins.md``). State is owned by the engine (``MethodState``), checkpointed with the run, and
-handed back to the hooks of the method that made it.
+run (``docs/plugins.md``). State is owned by the engine (:class:`cfl.records.client_states.MethodState`),
+checkpointed with the run, and handed back to the hooks of the method that made it.
 
 A round (``t`` = task, 0-based): every local step adds the ``penalty`` quadratics, the ``extra_loss`` and the
 ``replay`` samples to the loss and projects the gradients off ``gradient_projection``; after training,
@@ -21,8 +21,6 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import nn
 
-from cfl.engine.client_states import ClientStates
-from cfl.engine.state_budget import StateSizing
 from cfl.tensors import Params, State
 
 Event = Literal["round", "task_end"]
@@ -53,21 +51,6 @@ class Samples:
 
 
 @dataclass
-class MethodState:
-    """Everything a method remembers: server state and the clients' states."""
-
-    server: State = field(default_factory=dict)
-    clients: ClientStates = field(default_factory=ClientStates)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"server": self.server, "clients": self.clients.state_dict()}
-
-    def load_state_dict(self, data: dict[str, Any]) -> None:
-        self.server = data["server"]
-        self.clients.load_state_dict(data["clients"])
-
-
-@dataclass
 class RunInfo:
     """Static facts about the run that methods may read."""
 
@@ -80,6 +63,20 @@ class RunInfo:
     protected: dict[str, str] = field(default_factory=dict)  # param name -> "linear" | "conv"
     stream_name: str = ""
     batch_size: int = 0  # the local mini-batch size of the run
+
+
+@dataclass(frozen=True)
+class StateSizing:
+    """What a method's estimate of its clients' state may depend on (``Method.client_state_bytes``)."""
+
+    model_bytes: int  # one global model's parameters
+    sample_bytes: int  # one training input
+    samples_per_client: float  # mean training samples of a client in one task
+    num_clients: int
+    num_tasks: int
+    rounds: int  # rounds of the whole run
+    clients_per_round: int
+    protected: dict[str, tuple[str, int]]  # protected layer -> ("linear" | "conv", input width d of its im2col view)
 
 
 class ClientData:

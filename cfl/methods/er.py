@@ -19,8 +19,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from cfl.engine.state_budget import StateSizing
-from cfl.methods.base import ClientData, Event, Method, Samples
+from cfl.methods.base import ClientData, Event, Method, Samples, StateSizing
 from cfl.schema import field
 from cfl.tensors import Params, State
 

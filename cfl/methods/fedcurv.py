@@ -16,8 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cfl.engine.state_budget import StateSizing
-from cfl.methods.base import ClientData, Event, Method, Quadratic
+from cfl.methods.base import ClientData, Event, Method, Quadratic, StateSizing
 from cfl.ops.fisher import diagonal_fisher
 from cfl.schema import field
 from cfl.tensors import Params, State

@@ -23,8 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cfl.engine.state_budget import StateSizing
-from cfl.methods.base import ClientData, Event, Method
+from cfl.methods.base import ClientData, Event, Method, StateSizing
 from cfl.ops.distill import Teacher, distillation, frozen, head_weights
 from cfl.schema import ConfigError, field
 from cfl.tensors import Params, State

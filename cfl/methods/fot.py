@@ -19,9 +19,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from cfl.engine.state_budget import StateSizing
-from cfl.methods.base import ClientData, Event, Method, RunInfo
-from cfl.metrics.comm import nbytes
+from cfl.methods.base import ClientData, Event, Method, RunInfo, StateSizing
 from cfl.models.alexnet import AlexNetLike
 from cfl.models.mlp import MLP
 from cfl.models.resnet import ReducedResNet18
@@ -29,7 +27,7 @@ from cfl.ops.gpse import client_sketch, server_extend
 from cfl.ops.layer_inputs import iter_layer_inputs
 from cfl.ops.subspace import project_out
 from cfl.schema import ConfigError, field
-from cfl.tensors import Params, State
+from cfl.tensors import Params, State, nbytes
 
 #: The FOT reference code's sketch widths, ``m = factor * d``, per model class and layer kind: m = d for the
 #: MLP and the small AlexNet convs, m = 5d for the fully connected layers of AlexNet/ResNet and for ResNet convs.

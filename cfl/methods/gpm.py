@@ -18,8 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cfl.engine.state_budget import StateSizing
-from cfl.methods.base import ClientData, Event, Method
+from cfl.methods.base import ClientData, Event, Method, StateSizing
 from cfl.ops.layer_inputs import HeldInputs, layer_inputs_or_grams
 from cfl.ops.subspace import energy_rank, extend_basis, gram_residual_spectrum, thin_residual_spectrum
 from cfl.schema import field

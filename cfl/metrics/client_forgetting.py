@@ -14,15 +14,22 @@ at one test-set evaluation per measured client plus one for the global model.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from torch import nn
 
 from cfl.data.stream import Stream
-from cfl.engine.evaluate import hits
-from cfl.engine.jobs import ClientJob
+from cfl.metrics.evaluate import hits
+
+
+class SampledClient(Protocol):
+    """What the metric reads of a sampled client (the engine's ``ClientJob``): its id and its training rows."""
+
+    cid: int
+    indices: torch.Tensor  # (n_c,) long: rows of the task's training tensors
 
 
 def class_accuracy(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
@@ -65,7 +72,7 @@ def mean_over_others(matrix: torch.Tensor) -> torch.Tensor:
 
 
 def measure(model: nn.Module, global_params: dict[str, torch.Tensor], stream: Stream, task: int,
-            round_number: int, clients: int, jobs: list[ClientJob], trained: dict[str, torch.Tensor],
+            round_number: int, clients: int, jobs: Sequence[SampledClient], trained: dict[str, torch.Tensor],
             keep: torch.Tensor) -> dict[str, Any] | None:
     """The round's entry (clients, ``F_ki``, ``F_k``, their mean) or None when the metric is off.
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-Matrix = list[list[Optional[float]]]
+from cfl.records.snapshot import Matrix
 
 
 def empty_matrix(num_tasks: int) -> Matrix:

@@ -1,14 +1,15 @@
-"""The ``results.json`` document of a run, computed from a snapshot of the run (:mod:`cfl.engine.snapshot`)."""
+"""The ``results.json`` document of a run, computed from a snapshot of the run (:mod:`cfl.records.snapshot`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from cfl.engine.snapshot import RunSnapshot
-from cfl.methods.base import Method, MethodState, takes_part_at_task_end
+from cfl.methods.base import Method, takes_part_at_task_end
 from cfl.metrics import client_forgetting
-from cfl.metrics.comm import CommLedger, task_end_model_line
 from cfl.metrics.matrix import average_accuracy, backward_transfer, forgetting, rounds_to_targets
+from cfl.records.client_states import MethodState
+from cfl.records.comm import CommLedger, task_end_model_line
+from cfl.records.snapshot import RunSnapshot
 
 
 def targets_per_task(evaluations: list[dict[str, Any]], targets: list[float],

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cfl.report.compare_data import Row, curve_rows, group_names, matrix_rows, summary_rows, task_layout, write_csv
+from cfl.report.files import check_writable
 from cfl.report.groups import Group, group_runs, load_runs
 from cfl.report.plots import as_matrix, draw_matrix, mark_tasks, palette, plt, save, wrapped_title
 from cfl.schema import ConfigError
@@ -124,8 +125,6 @@ def plot_matrices(groups: list[Group], rows: list[Row], path: Path) -> Path:
 
 def check_out_dir(path: Path) -> None:
     """Refuse a figures directory that is a file or cannot be made or written (exit code 2)."""
-    from cfl.engine.rundir import check_writable
-
     try:
         check_writable(path)
     except ConfigError as err:

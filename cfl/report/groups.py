@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from cfl.config import ConfigError, parse_yaml
-from cfl.engine.checkpoint import is_resume_safe
+from cfl.records.run_dir import is_resume_safe
 
 TEXT_FIELDS = ("stream", "partition", "method")
 NUMBER_FIELDS = ("acc", "fgt")

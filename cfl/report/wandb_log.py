@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from cfl.config import Config
-from cfl.engine.checkpoint import CHECKPOINT
+from cfl.records.run_dir import CHECKPOINT
 from cfl.report.wandb_names import default_group, default_name, default_tags, flat
 from cfl.report.wandb_sweep import PARAM_PATH_ENV, RunSource
 

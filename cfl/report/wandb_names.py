@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from cfl.config import Config
-from cfl.engine.checkpoint import is_resume_safe
+from cfl.records.run_dir import is_resume_safe
 
 #: W&B refuses longer group names
 GROUP_MAX = 128

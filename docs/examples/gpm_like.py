@@ -14,11 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cfl.methods import register
-from cfl.methods.base import ClientData, Event, Method
-from cfl.ops.layer_inputs import layer_grams
-from cfl.schema import field
-from cfl.tensors import Params, State
+from cfl.plugin import ClientData, Event, Method, Params, State, field, layer_grams, register
 
 
 @dataclass(frozen=True)

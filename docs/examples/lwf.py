@@ -16,10 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from cfl.methods import register
-from cfl.methods.base import ClientData, Event, Method
-from cfl.schema import field
-from cfl.tensors import Params, State
+from cfl.plugin import ClientData, Event, Method, Params, State, field, register
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,7 @@
 
 import torch
 
-from cfl.data.derive import split_tasks
-from cfl.streams import Stream, StreamRequest, register
+from cfl.plugin import Stream, StreamRequest, register_stream, split_tasks
 
 
 def make_tensors(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -22,5 +21,5 @@ def build(request: StreamRequest) -> Stream:
     return Stream("blobs-3x2", request.scenario, tasks, head, (10,), "digits-mlp")
 
 
-register("blobs-3x2", build, tasks=3, scenarios=("task", "class"), input_shape=(10,), classes_per_task=2,
-         default_model="digits-mlp", about="6 Gaussian blobs, 3 tasks of 2 classes (docs/own-dataset.md)")
+register_stream("blobs-3x2", build, tasks=3, scenarios=("task", "class"), input_shape=(10,), classes_per_task=2,
+                default_model="digits-mlp", about="6 Gaussian blobs, 3 tasks of 2 classes (docs/own-dataset.md)")

@@ -1,24 +1,9 @@
-"""Communication accounting: bytes that cross the network, counted from the tensors themselves."""
+"""Communication accounting: bytes that cross the network, counted from the tensors themselves
+(:func:`cfl.tensors.nbytes`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
-
-
-def nbytes(obj: Any) -> int:
-    """Bytes of every tensor inside a (nested) dict/list payload; plain numbers count 4 bytes."""
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, dict):
-        return sum(nbytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(nbytes(v) for v in obj)
-    if isinstance(obj, (int, float)):
-        return 4
-    return 0
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Every client's method state, behind one small interface the engine reads and writes through.
+"""Every client's method state, behind one small interface the engine reads and writes through, and a method's
+whole state (:class:`MethodState`: its server state and its clients').
 
 A client's state is a (nested) dict of tensors that one method made for that client. The engine takes it
 out with :meth:`ClientStates.get`, hands it to the method's hooks and writes it back with
@@ -8,10 +9,10 @@ out with :meth:`ClientStates.get`, hands it to the method's hooks and writes it 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
-from cfl.metrics.comm import nbytes
-from cfl.tensors import State
+from cfl.tensors import State, nbytes
 
 
 class ClientStates:
@@ -41,7 +42,7 @@ class ClientStates:
         return len(self._states)
 
     def nbytes(self, cid: int) -> int:
-        """Bytes of the client's state (:func:`cfl.metrics.comm.nbytes`; 0 without one)."""
+        """Bytes of the client's state (:func:`cfl.tensors.nbytes`; 0 without one)."""
         return nbytes(self._states.get(int(cid), {}))
 
     def state_dict(self) -> dict[int, State]:
@@ -55,3 +56,18 @@ class ClientStates:
             raise ValueError("the checkpoint keeps them on disk (the run directory's client_states/); resume with "
                              "--set client_state_store=disk")
         self._states = {int(c): s for c, s in data.items() if s}
+
+
+@dataclass
+class MethodState:
+    """Everything a method remembers: server state and the clients' states."""
+
+    server: State = field(default_factory=dict)
+    clients: ClientStates = field(default_factory=ClientStates)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"server": self.server, "clients": self.clients.state_dict()}
+
+    def load_state_dict(self, data: dict[str, Any]) -> None:
+        self.server = data["server"]
+        self.clients.load_state_dict(data["clients"])

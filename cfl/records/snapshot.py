@@ -8,16 +8,19 @@ taking one is free; it is read right away (:func:`cfl.engine.checkpoint.capture`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 from cfl.config import Config
 from cfl.data.stream import Stream
-from cfl.methods.base import Method, MethodState
-from cfl.metrics.comm import CommLedger
-from cfl.metrics.matrix import Matrix
+from cfl.methods.base import Method
+from cfl.records.client_states import MethodState
+from cfl.records.comm import CommLedger
 from cfl.tensors import Params
+
+#: ``a[i][j]``: the test accuracy (%) on task j after training task i (``None`` for j > i).
+Matrix = list[list[Optional[float]]]
 
 
 @dataclass

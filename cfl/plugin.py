@@ -1,0 +1,47 @@
+"""Every name a plugin file uses, in one import: ``from cfl.plugin import Method, Quadratic, register, ...``.
+
+A method plugin subclasses :class:`Method` (the hooks and their arguments: ``docs/plugins.md``) and registers
+it with ``@register``; a stream plugin registers a builder with :func:`register_stream` (``docs/own-dataset.md``);
+models, partitioners, aggregators and losses are registered on their registries (``MODELS.register(name,
+builder)``). This module only hands names on: the interface lives in :mod:`cfl.methods.base`, the registries
+with what they hold. It imports no engine code, so a plugin file stays cheap to load (``cfl list``, the Ray and
+``--jobs`` workers import it too). ``cfl.plugins`` is something else: the loader of ``--plugin`` files.
+"""
+
+from __future__ import annotations
+
+from cfl.data.derive import permuted_tasks, split_tasks
+from cfl.data.partition import PARTITIONERS
+from cfl.data.stream import Stream, Task
+from cfl.methods import METHODS, register
+from cfl.methods.base import (
+    EVENTS,
+    ClientData,
+    Event,
+    Method,
+    NoHyperparams,
+    Quadratic,
+    RunInfo,
+    Samples,
+    StateSizing,
+)
+from cfl.models import MODELS, ModelShape
+from cfl.ops.aggregate import AGGREGATORS
+from cfl.ops.fisher import diagonal_fisher, output_norm_importance
+from cfl.ops.layer_inputs import layer_grams
+from cfl.ops.losses import LOSSES
+from cfl.schema import ConfigError, field
+from cfl.streams import StreamRequest
+from cfl.streams import register as register_stream
+from cfl.tensors import Params, State, nbytes
+
+__all__ = [
+    # the method interface (cfl/methods/base.py)
+    "Method", "NoHyperparams", "Quadratic", "Samples", "ClientData", "RunInfo", "StateSizing", "Event", "EVENTS",
+    # types and helpers of hooks
+    "Params", "State", "nbytes", "field", "ConfigError",
+    "diagonal_fisher", "output_norm_importance", "layer_grams",
+    # registration
+    "register", "METHODS", "register_stream", "Stream", "StreamRequest", "Task", "split_tasks", "permuted_tasks",
+    "MODELS", "ModelShape", "PARTITIONERS", "AGGREGATORS", "LOSSES",
+]
