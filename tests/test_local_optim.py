@@ -11,11 +11,11 @@ from cfl.engine.jobs import ClientJob, Hyper, Plugins, client_schedule
 from cfl.engine.local_batched import train_batched
 from cfl.engine.local_sequential import train_sequential
 from cfl.engine.path import choose_path
-from cfl.methods.base import MethodState
 from cfl.methods.fedavg import FedAvg
 from cfl.methods.fedprox import FedProx, FedProxHyperparams
 from cfl.models.mlp import MLP
 from cfl.ops.losses import masked_cross_entropy
+from cfl.records.client_states import MethodState
 
 ADAM = Hyper(lr=0.1, momentum=0.0, weight_decay=0.0, local_epochs=1, batch_size=4, optimizer="adam")
 
