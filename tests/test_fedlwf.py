@@ -129,6 +129,19 @@ def test_distillation_sums_weighted_teachers():
     assert torch.allclose(two, 0.75 * one, atol=1e-7)
 
 
+def test_the_teachers_run_in_eval_mode_and_the_student_in_training_mode():
+    """LwF records the old network's responses: no dropout in a teacher's forward, the student's as trained."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Dropout(0.5), torch.nn.Linear(4, 2))
+    model.forward = lambda x, head: torch.nn.Sequential.forward(model, x)  # the engine's call: model(x, head)
+    seen = []
+    model[0].register_forward_pre_hook(lambda module, args: seen.append(module.training))
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    model.train()
+    distillation(model, params, torch.randn(5, 3), torch.zeros(5, dtype=torch.long),
+                 [Teacher(params, torch.ones(1), 1.0), Teacher(params, torch.ones(1), 1.0)], 2.0)
+    assert seen == [True, False, False] and model.training
+
+
 @pytest.mark.parametrize("scenario", ["task", "class"])
 def test_runs_end_to_end_and_batched_equals_sequential(scenario):
     batched, _ = run_both_paths(_cfg, make_stream(scenario, num_tasks=3))

@@ -8,7 +8,8 @@ client and a stack of clients (``torch.func.vmap``) compute the same numbers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -44,17 +45,30 @@ def head_weights(num_tasks: int, scenario: str, task: int, device: torch.device 
     return (torch.arange(num_tasks, device=device) <= task).float()
 
 
+@contextmanager
+def evaluating(model: nn.Module) -> Iterator[None]:
+    """``model`` in eval mode inside the block (dropout off), its former mode after."""
+    was = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was)
+
+
 def distillation(model: nn.Module, student: Params, x: torch.Tensor, task: torch.Tensor,
                  teachers: Sequence[Teacher], temperature: float) -> torch.Tensor:
     """Per sample ``sum_k coef_k sum_j heads_k[j] KL_T(teacher_k(x, j) || student(x, j))`` ``(B,)``.
 
-    One student forward and one forward per teacher for each head ``j``; teachers get no gradient."""
+    One student forward (in the model's training mode) and one forward per teacher for each head ``j``; the
+    teachers run in eval mode, as LwF records the old network's responses (no dropout), and get no gradient."""
     total = torch.zeros(x.shape[0], device=x.device)
     for j in range(len(teachers[0].heads)):
         head = torch.full_like(task, j)
         logits = functional_call(model, student, (x, head))
         for teacher in teachers:
-            target = functional_call(model, teacher.params, (x, head)).detach()
+            with evaluating(model):
+                target = functional_call(model, teacher.params, (x, head)).detach()
             total = total + teacher.coef * teacher.heads[j] * soft_kl(target, logits, temperature)
     return total
 
