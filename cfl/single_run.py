@@ -25,6 +25,7 @@ from cfl.engine.state_codec import RecordDamaged
 from cfl.engine.stop import RunStopped, StopRequest, signal_exit_code
 from cfl.ignored_keys import tolerated
 from cfl.metrics.results import build_results
+from cfl.records.run_dir import RESUME_SAFE_KEYS, is_resume_safe
 from cfl.report.files import atomic_write_bytes, atomic_write_json, check_searchable, check_writable
 from cfl.report.jsonl import MetricsWriter, keep_lines_up_to
 from cfl.report.progress import ProgressBars
@@ -54,10 +55,10 @@ def resume_config(run_dir: Path, overrides: list[str] | list[tuple[str, Any]]) -
     (``key=value`` strings, or parsed (key, value) pairs from :func:`cfl.resume`)."""
     pairs = [item if isinstance(item, tuple) else parse_overrides([item])[0] for item in overrides]
     for key, _ in pairs:
-        if not checkpoint.is_resume_safe(key):
+        if not is_resume_safe(key):
             raise ConfigError(f"--set {key} cannot be combined with --resume: it would change the results of a run "
                               f"that is half done (a resumed run keeps {run_dir}/config.yaml); allowed with --resume: "
-                              f"{', '.join(checkpoint.RESUME_SAFE_KEYS)}. Start a new run with --out instead")
+                              f"{', '.join(RESUME_SAFE_KEYS)}. Start a new run with --out instead")
     check_searchable(Path(run_dir), "--resume")
     if not Path(run_dir).is_dir():
         raise ConfigError(f"--resume {run_dir}: no such run directory")

@@ -108,7 +108,7 @@ def test_non_finite_floats_are_refused_and_1e_minus_3_is_a_number():
 
 
 def test_bounds_are_inclusive():
-    cfg = from_dict({"seed": 2**32 - 1, "stream": {"seed": 2**32 - 1}, "batch_size": 2**20,
+    cfg = from_dict({"seed": 2**32 - 1, "stream": {"name": "permuted-digits", "seed": 2**32 - 1}, "batch_size": 2**20,
                      "threads": THREADS_PER_CPU * (os.cpu_count() or 1)})
     assert cfg.seed == 2**32 - 1 and cfg.batch_size == 2**20
 

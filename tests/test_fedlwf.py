@@ -132,9 +132,9 @@ def test_distillation_sums_weighted_teachers():
 def test_the_teachers_run_in_eval_mode_and_the_student_in_training_mode():
     """LwF records the old network's responses: no dropout in a teacher's forward, the student's as trained."""
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Dropout(0.5), torch.nn.Linear(4, 2))
-    model.forward = lambda x, head: torch.nn.Sequential.forward(model, x)  # the engine's call: model(x, head)
+    model.forward = lambda x, _head: torch.nn.Sequential.forward(model, x)  # the engine's call: model(x, head)
     seen = []
-    model[0].register_forward_pre_hook(lambda module, args: seen.append(module.training))
+    model[0].register_forward_pre_hook(lambda module, _args: seen.append(module.training))
     params = {k: v.detach() for k, v in model.named_parameters()}
     model.train()
     distillation(model, params, torch.randn(5, 3), torch.zeros(5, dtype=torch.long),

@@ -18,8 +18,11 @@ def test_seeds_of_one_config_share_a_group_and_nothing_else_does():
     group = default_group(base, base)
     assert default_group(tiny_config(seed=3), base) == group
     neutral = tiny_config(threads=1, checkpoint_every=0, wandb={"mode": "offline", "project": "x", "tags": ["a"]},
-                          data_root="/elsewhere", stream={"name": "split-digits", "num_tasks": 2, "download": True})
+                          data_root="/elsewhere", on_nonfinite="skip_client")
     assert default_group(neutral, base) == group
+    fmnist = tiny_config(stream={"name": "permuted-fmnist", "num_tasks": 2})  # a stream that reads stream.download
+    downloading = tiny_config(stream={"name": "permuted-fmnist", "num_tasks": 2, "download": True})
+    assert default_group(downloading, fmnist) == default_group(fmnist, fmnist)
     assert default_group(tiny_config(lr=0.5), base) != group
     assert default_group(tiny_config(lr=0.5), None) != default_group(base, None)  # the hash tells them apart
 

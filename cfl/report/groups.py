@@ -1,7 +1,7 @@
 """Runs and their groups, for ``cfl report`` tables and comparison figures.
 
 A *group* holds the runs whose resolved configs are equal except for ``seed`` and the result-neutral keys
-(``RESUME_SAFE_KEYS`` of :mod:`cfl.engine.checkpoint`, the keys a resumed run may change: ``threads``,
+(``RESUME_SAFE_KEYS`` of :mod:`cfl.records.run_dir`, the keys a resumed run may change: ``threads``,
 ``checkpoint_every``, ``on_nonfinite``, ``data_root``, ``wandb.*``; output paths are not config keys).
 Every other key splits groups, ``device``, ``client_execution`` and ``backend`` included: they can change the
 last bits of float results. A group's label is its method label plus, as ``--set`` style ``key=value``, every
