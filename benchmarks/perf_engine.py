@@ -52,11 +52,12 @@ from torch.utils.data import DataLoader, TensorDataset
 from cfl.engine.jobs import ClientJob, Hyper, Plugins, derive_seed  # noqa: E402
 from cfl.engine.local_batched import BatchedTrainer  # noqa: E402
 from cfl.engine.path import choose_path  # noqa: E402
-from cfl.engine.precision import LOW, has_bf16_units, is_mixed, parse_precision  # noqa: E402
+from cfl.engine.precision import LOW, has_bf16_units  # noqa: E402
 from cfl.methods.ewc import EWC, EWCHyperparams  # noqa: E402
 from cfl.methods.fedavg import FedAvg  # noqa: E402
 from cfl.methods.fedprox import FedProx, FedProxHyperparams  # noqa: E402
 from cfl.models import ModelShape, build_model  # noqa: E402
+from cfl.precision_setting import is_mixed, parse_precision  # noqa: E402
 from cfl.records.client_states import MethodState  # noqa: E402
 
 SETUPS = {

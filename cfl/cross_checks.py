@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from cfl.engine.hook_guard import hook_error
 from cfl.failures import USER_FAILURES
+from cfl.methods.hook_guard import hook_error
 from cfl.schema import ConfigError
 
 #: most torch CPU threads per CPU core a run may ask for (each is an OS thread)

@@ -15,7 +15,6 @@ import torch
 from cfl.config import Config, ConfigError, _set_dotted, dump_yaml, parse_overrides, read_yaml
 from cfl.data.load import load_stream
 from cfl.engine import checkpoint, rundir
-from cfl.engine.hook_guard import HookError
 from cfl.engine.lock import LockLost, RunLock, locked
 from cfl.engine.path_limits import check_path_length
 from cfl.engine.preflight import dry_run_hooks
@@ -24,6 +23,7 @@ from cfl.engine.server import NonFiniteError
 from cfl.engine.state_codec import RecordDamaged
 from cfl.engine.stop import RunStopped, StopRequest, signal_exit_code
 from cfl.ignored_keys import tolerated
+from cfl.methods.hook_guard import HookError
 from cfl.metrics.results import build_results
 from cfl.records.run_dir import RESUME_SAFE_KEYS, is_resume_safe
 from cfl.report.files import atomic_write_bytes, atomic_write_json, check_searchable, check_writable

@@ -13,12 +13,12 @@ from cfl.config import Config, _set_dotted, parse_overrides, read_yaml
 from cfl.cross_checks import check_methods, check_model_fits, check_optimizer, check_threads, resolve_model
 from cfl.data.partition import PARTITIONERS
 from cfl.data.streams import STREAMS
-from cfl.engine.precision import parse_precision
 from cfl.ignored_keys import check_ignored_keys
 from cfl.methods import METHODS
 from cfl.models import MODELS
 from cfl.ops.aggregate import AGGREGATORS
 from cfl.ops.losses import LOSSES
+from cfl.precision_setting import parse_precision
 from cfl.schema import ConfigError, build, refuse_nonfinite, to_dict
 
 __all__ = ["from_dict", "load_config", "resolve_saved_model", "validate_names"]

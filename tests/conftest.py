@@ -40,6 +40,17 @@ def blobs() -> Stream:
     return make_stream()
 
 
+def changes_training(make_cfg, method: dict) -> bool:
+    """Whether ``method`` trains a two-task domain stream to other weights than FedAvg (its penalty acts)."""
+    from cfl.engine.runner import Runner
+
+    stream = make_stream("domain", num_tasks=2)
+    plain, other = Runner(make_cfg(method={"name": "fedavg"}), stream), Runner(make_cfg(method=method), stream)
+    plain.run()
+    other.run()
+    return not torch.allclose(plain.params["body.1.weight"], other.params["body.1.weight"])
+
+
 def run_both_paths(make_cfg, stream: Stream, **kw):
     """Run ``make_cfg(client_execution=..., **kw)`` batched and sequential; assert they agree.
 

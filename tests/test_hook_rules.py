@@ -5,12 +5,12 @@ import pytest
 import torch
 
 from cfl.engine import hooks
-from cfl.engine.hook_guard import HookError, guarded
 from cfl.engine.hook_rules import check_params, check_penalty, check_projection, check_replay, check_upload
 from cfl.engine.preflight import dry_run_hooks
 from cfl.engine.runner import Runner
 from cfl.methods import METHODS
 from cfl.methods.base import Method, Quadratic, Samples
+from cfl.methods.hook_guard import HookError, guarded
 from tests.conftest import make_stream, tiny_config
 
 PARAMS = {"w": torch.zeros(3, 4), "b": torch.zeros(3)}

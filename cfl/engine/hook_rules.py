@@ -1,6 +1,6 @@
 """What each hook must return (docs/plugins.md), checked where the engine takes the result: a few ``isinstance``
 and shape comparisons per call, so a wrong result is named at its hook instead of failing later in the engine.
-Each check raises :class:`~cfl.engine.hook_guard.BrokenRule` (inside ``guarded``, which names the method)."""
+Each check raises :class:`~cfl.methods.hook_guard.BrokenRule` (inside ``guarded``, which names the method)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from cfl.engine.hook_guard import BrokenRule
 from cfl.methods.base import Quadratic, Samples
+from cfl.methods.hook_guard import BrokenRule
 from cfl.tensors import Params
 
 PENALTY = "must return None or {parameter name: Quadratic(weight, anchor)}, the anchor shaped like the parameter"

@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 from torch.func import vmap
 
-from cfl.engine.hook_guard import guarded
 from cfl.engine.hook_rules import check_extra_loss, check_penalty, check_projection, check_replay
 from cfl.methods.base import Method, Quadratic, Samples
+from cfl.methods.hook_guard import guarded
 from cfl.ops.losses import weighted_mean
 from cfl.ops.subspace import project_out
 from cfl.tensors import Params, State

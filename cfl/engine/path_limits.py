@@ -9,8 +9,9 @@ from pathlib import Path
 
 from cfl.schema import ConfigError
 
-#: bytes kept free below PATH_MAX for the files cfl writes inside a run directory, the longest being
-#: ``client_states/seg-NNNNNN.log`` and the temporary ``.accuracy_curve.png.XXXXXXXX`` (about 30)
+#: bytes kept free below PATH_MAX for the files cfl writes inside a run directory: the longest, a client-state
+#: segment under ``client_states/`` or a plot's temporary name (the plot's name and 8 random characters), are
+#: about 30
 INSIDE = 64
 
 

@@ -36,29 +36,12 @@ from torch.overrides import TorchFunctionMode
 from cfl.engine import bf16_probe
 from cfl.engine.bf16_step import step_cast
 from cfl.engine.cpuinfo import cpu_flags
-from cfl.schema import ConfigError
+from cfl.precision_setting import is_mixed
 
-#: the values of the ``precision`` config key (Lightning's spelling): float32 throughout, or bf16 products
-PRECISIONS: tuple[int | str, ...] = (32, "bf16-mixed")
-MIXED = "bf16-mixed"
 LOW = torch.bfloat16
 
 #: /proc/cpuinfo flags of CPUs with bfloat16 products in hardware (x86: AVX-512 BF16, AMX; Arm: BF16)
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
-
-
-def parse_precision(value: Any, key: str = "precision") -> int | str:
-    """``32`` or ``"bf16-mixed"`` from a config value (``32`` may come as the string ``"32"``)."""
-    if value == 32 and not isinstance(value, (bool, float)) or value == "32":
-        return 32
-    if value == MIXED:
-        return MIXED
-    raise ConfigError(f"'{key}' must be 32 (float32) or bf16-mixed (bfloat16 products, float32 weights), "
-                      f"got {value!r}")
-
-
-def is_mixed(precision: int | str) -> bool:
-    return precision == MIXED
 
 
 #: the layers' products whose operands bf16-mixed casts to bfloat16 itself, ahead of autocast: under ``vmap``

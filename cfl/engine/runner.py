@@ -18,7 +18,6 @@ from torch import nn
 
 from cfl.config import Config
 from cfl.data.stream import Stream
-from cfl.engine.hook_guard import guarded
 from cfl.engine.hook_rules import check_upload
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, derive_seed
 from cfl.engine.local_batched import BatchedTrainer
@@ -37,6 +36,7 @@ from cfl.methods.base import (
     overrides,
     takes_part_at_task_end,
 )
+from cfl.methods.hook_guard import guarded
 from cfl.metrics import client_forgetting
 from cfl.metrics.evaluate import accuracy
 from cfl.metrics.matrix import empty_matrix

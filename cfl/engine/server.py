@@ -14,10 +14,10 @@ import warnings
 import torch
 
 from cfl.config import Config
-from cfl.engine.hook_guard import guarded
 from cfl.engine.hook_rules import SERVER_UPDATE, TRANSFORM, check_params
 from cfl.engine.jobs import ClientOutcome
 from cfl.methods.base import Method, Params, overrides
+from cfl.methods.hook_guard import guarded
 from cfl.ops.aggregate import aggregate
 from cfl.records.client_states import MethodState
 from cfl.tensors import State

@@ -42,9 +42,10 @@ from torch import nn
 
 from cfl.engine import local_optim
 from cfl.engine.jobs import Hyper
-from cfl.engine.precision import LOW, Bf16Weights, is_mixed, to_float
+from cfl.engine.precision import LOW, Bf16Weights, to_float
 from cfl.models.dropout import Dropout
 from cfl.models.heads import MultiHead, SharedHead
+from cfl.precision_setting import is_mixed
 from cfl.tensors import Params
 
 

@@ -24,8 +24,8 @@ from cfl.config import Config
 from cfl.data.stream import Stream
 from cfl.engine import state_budget
 from cfl.engine.disk_states import DiskClientStates
-from cfl.engine.hook_guard import BrokenRule, guarded
 from cfl.engine.state_budget import StateSizing
+from cfl.methods.hook_guard import BrokenRule, guarded
 from cfl.records.client_states import ClientStates
 
 if TYPE_CHECKING:
