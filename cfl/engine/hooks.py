@@ -70,6 +70,13 @@ def projected(method: Method, grads: Params, state: State) -> Params:
         return project(grads, check_projection(method.gradient_projection(state), grads))
 
 
+def state_free_bases(method: Method, grads: Params) -> dict[str, torch.Tensor]:
+    """``method.gradient_projection({})``, checked against one client's ``grads``: the bases of every client of
+    a stack in which none holds state."""
+    with guarded(method, "gradient_projection"):
+        return check_projection(method.gradient_projection({}), grads)
+
+
 def replayed(method: Method, state: State, generator: torch.Generator, like: torch.Tensor) -> Samples | None:
     """One client's replay samples for a step (``like``: the stream's inputs, whose shape they must have)."""
     with guarded(method, "replay"):

@@ -135,7 +135,7 @@ def _projected(method: Method, grads: Params, state: State) -> Params:
     called once and its bases, if any, apply to all (a hook that reads no state projects all the same)."""
     if state:
         return vmap(lambda gr, st: hooks.projected(method, gr, st))(grads, state)
-    bases = method.gradient_projection({})
+    bases = hooks.state_free_bases(method, {k: v[0] for k, v in grads.items()})
     return vmap(lambda gr: hooks.project(gr, bases))(grads) if bases else grads
 
 
