@@ -24,6 +24,7 @@ from cfl.methods.base import (
     RunInfo,
     Samples,
     StateSizing,
+    Step,
 )
 from cfl.models import MODELS, ModelShape
 from cfl.ops.aggregate import AGGREGATORS
@@ -37,7 +38,8 @@ from cfl.tensors import Params, State, nbytes
 
 __all__ = [
     # the method interface (cfl/methods/base.py)
-    "Method", "NoHyperparams", "Quadratic", "Samples", "ClientData", "RunInfo", "StateSizing", "Event", "EVENTS",
+    "Method", "NoHyperparams", "Quadratic", "Samples", "ClientData", "RunInfo", "StateSizing", "Step", "Event",
+    "EVENTS",
     # types and helpers of hooks
     "Params", "State", "nbytes", "field", "ConfigError",
     "diagonal_fisher", "output_norm_importance", "layer_grams",

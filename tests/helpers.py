@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
 import torch
 from torch import nn
 
@@ -49,3 +54,12 @@ class BatchStatNet(nn.Module):
 
     def forward(self, x: torch.Tensor, task: torch.Tensor) -> torch.Tensor:  # noqa: ARG002
         return self.head(torch.relu(self.bn(self.conv(x))).flatten(1))
+
+
+def load_plugin_file(path: Path) -> ModuleType:
+    """Import a plugin file (e.g. one of docs/examples/) as a fresh module, as ``--plugin`` does."""
+    spec = importlib.util.spec_from_file_location(f"cfl_plugin_{path.stem}_test", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

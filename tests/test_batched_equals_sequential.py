@@ -201,7 +201,8 @@ def test_every_model_and_method_run_alike_end_to_end(model, method, optimizer):
         sizes = [len(ix) for ix in runner.schedule.client_indices(task)]
         assert len(set(sizes)) == len(sizes) and any(n % 4 for n in sizes), sizes  # padded short batches
         sequential, sequential_acc = _round_with(runner, train_sequential, task, "sequential")
-        paths = {runner.engine_path.path, "vmap"}
+        # a method that cannot run under vmap (GEM's solver), or step hooks on BatchNorm, train sequentially
+        paths = set() if runner.engine_path.path == "sequential" else {runner.engine_path.path, "vmap"}
         assert paths <= {"stacked", "vmap"}
         for path in paths:
             batched, batched_acc = _round_with(runner, BatchedTrainer(), task, path)
@@ -295,6 +296,52 @@ VARIANTS = {
 }
 
 
+def _nudged_by(samples_of: str):
+    """A ``step_gradient`` adding 0.1 x the loss gradient of some samples: the step's own batch ("batch") or
+    the method's ``step_samples`` draw ("samples"), so that a step hook's ``step.gradient`` is exercised."""
+    def step_gradient(_self, step):
+        if samples_of == "samples" and step.samples is None:
+            return None
+        s = step.samples if samples_of == "samples" else step
+        ref = step.gradient(s.x, s.y, s.task, s.weight)
+        return {k: g + 0.1 * ref[k] for k, g in step.grads.items()}
+    return step_gradient
+
+
+def _path_start(_self, global_params, state):
+    return {"path": state.get("path") or {k: torch.zeros_like(v) for k, v in global_params.items()}}
+
+
+#: the step hooks (issue 28); a hook that changes nothing alone comes with the hook that makes it count
+VARIANTS.update({
+    "step_gradient": (
+        _nudged_by("batch"),
+        lambda _self, step: {k: g * (1 + step.state.get("w", _zero())) for k, g in step.grads.items()},
+    ),
+    "step_samples": (
+        {"step_samples": lambda self, _state, generator: Samples(torch.randn(3, _input_dim(self), generator=generator),
+                                                                 torch.randint(0, 3, (3,), generator=generator),
+                                                                 torch.zeros(3, dtype=torch.long)),
+         "step_gradient": _nudged_by("samples")},
+        {"step_samples": lambda _self, state, _generator: Samples(state["x"], state["y"], torch.zeros_like(state["y"]))
+         if "x" in state else None,
+         "step_gradient": _nudged_by("samples")},
+    ),
+    "carry_start": (
+        lambda _self, global_params, _state: {"start_norm": sum(v.norm() for v in global_params.values())},
+        lambda _self, _global_params, state: {"doubled": 2 * state.get("w", _zero())},
+    ),
+    "carry_step": (
+        {"carry_start": _path_start,
+         "carry_step": lambda _self, step, moved: {"path": {k: p - step.grads[k] * moved[k]
+                                                            for k, p in step.carry["path"].items()}}},
+        {"carry_start": _path_start,
+         "carry_step": lambda _self, step, moved: {"path": {k: p + step.state.get("w", _zero()) * moved[k]
+                                                            for k, p in step.carry["path"].items()}}},
+    ),
+})
+
+
 def _accumulate(state: dict, value: torch.Tensor) -> dict:
     """``state["sum"] += value`` (from 0), uploading the new sum."""
     state["sum"] = state.get("sum", torch.zeros(1)) + value
@@ -303,7 +350,7 @@ def _accumulate(state: dict, value: torch.Tensor) -> dict:
 
 def test_every_hook_has_both_variants():
     assert sorted(VARIANTS) == HOOKS
-    assert len(HOOKS) == 8  # the base class's docstring says eight
+    assert len(HOOKS) == 12  # the base class's docstring says twelve
 
 
 def _assert_states_close(a: object, b: object, where: str) -> None:
@@ -332,7 +379,7 @@ def test_every_hook_runs_alike_in_both_engines(hook, variant):
     so a state-free one was never applied.)"""
     impl = VARIANTS[hook][variant == "state-dependent"]
     name = f"hook-{hook.replace('_', '-')}-{variant}"
-    cls = type(name, (Method,), {"name": name, hook: impl})
+    cls = type(name, (Method,), {"name": name, **(impl if isinstance(impl, dict) else {hook: impl})})
     with METHODS.temporarily(name, cls):
         cfg = from_dict({"num_clients": 2, "clients_per_round": 2, "rounds_per_task": 1, "batch_size": 4,
                          "lr": 0.05, "weight_decay": 0.01, "partition": {"name": "quantity", "beta": 0.5},

@@ -10,7 +10,8 @@ from cfl.engine.local_sequential import train_one
 from cfl.engine.runner import Runner
 from cfl.engine.stacking import pad_samples
 from cfl.methods.base import ClientData, RunInfo
-from cfl.methods.er import ER, ERHyperparams, balanced_quota
+from cfl.methods.episodic_memory import balanced_quota
+from cfl.methods.er import ER, ERHyperparams
 from cfl.metrics.results import method_stats
 from cfl.models.mlp import MLP
 from cfl.records.client_states import MethodState

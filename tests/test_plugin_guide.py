@@ -1,8 +1,6 @@
 """The plugin guide's examples (docs/examples/lwf.py, gpm_like.py) run, match the guide, do what they say, and
 train on the engine path the guide states, with the reason printed."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +10,7 @@ from cfl.engine.runner import Runner
 from cfl.methods import METHODS
 from cfl.validation import from_dict
 from tests.conftest import make_stream
+from tests.helpers import load_plugin_file
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "docs" / "examples" / "lwf.py"
@@ -19,11 +18,7 @@ GPM_LIKE = ROOT / "docs" / "examples" / "gpm_like.py"
 
 
 def _load_example(path: Path = EXAMPLE):
-    spec = importlib.util.spec_from_file_location(f"cfl_plugin_{path.stem}_test", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_plugin_file(path)
 
 
 @pytest.fixture(autouse=True)

@@ -16,6 +16,10 @@ PENALTY = "must return None or {parameter name: Quadratic(weight, anchor)}, the 
 PROJECTION = "must return {parameter name: basis (d, k)}, d the parameter's size over its first dim (im2col width)"
 EXTRA_LOSS = "must return one float loss per sample of the batch x, a tensor of shape (B,) with B = x.shape[0]"
 REPLAY = "must return None or Samples(x, y, task): x shaped like the stream's inputs, y and task integer vectors"
+STEP_SAMPLES = "must return None or Samples(x, y, task): x shaped like the stream's inputs, y and task integer vectors"
+STEP_GRADIENT = "must return None or the step's gradient: {every parameter name: tensor shaped like it}"
+CARRY_START = "must return a dict of tensors (nested dicts allowed), the same keys and shapes for every client"
+CARRY_STEP = "must return a dict shaped like step.carry: the same keys, each tensor of the same shape and dtype"
 UPLOAD = "must return None or the client's upload, a dict"
 SERVER_UPDATE = "must return None or the new global parameters: {every parameter name: tensor shaped like it}"
 TRANSFORM = "must return the server step: {every parameter name: tensor shaped like it}"
@@ -86,6 +90,42 @@ def check_replay(result: Any, like: torch.Tensor) -> Samples | None:
     for label, v in (("y", y), ("task", task)):
         if not isinstance(v, torch.Tensor) or v.shape != (x.shape[0],) or v.is_floating_point():
             raise BrokenRule(f"{REPLAY}; {label} must be an integer vector of {x.shape[0]} (as x), {_got(v)}")
+    return result
+
+
+def check_step_samples(result: Any, like: torch.Tensor) -> Samples | None:
+    try:
+        return check_replay(result, like)
+    except BrokenRule as broken:
+        raise BrokenRule(str(broken).replace(REPLAY, STEP_SAMPLES)) from None
+
+
+def check_step_gradient(result: Any, grads: Params) -> Params | None:
+    return None if result is None else check_params(result, grads, STEP_GRADIENT)
+
+
+def check_carry_start(result: Any) -> dict:
+    if not isinstance(result, dict):
+        raise BrokenRule(f"{CARRY_START}; {_got(result)}")
+    for key, v in result.items():
+        if isinstance(v, dict):
+            check_carry_start(v)
+        elif not isinstance(v, torch.Tensor):
+            raise BrokenRule(f"{CARRY_START}; for '{key}' {_got(v)}")
+    return result
+
+
+def check_carry_step(result: Any, carry: dict, where: str = "") -> dict:
+    if not isinstance(result, dict) or set(result) != set(carry):
+        keys = sorted(result) if isinstance(result, dict) else None
+        raise BrokenRule(f"{CARRY_STEP}; expected keys {sorted(carry)}{where}, "
+                         + (f"got keys {keys}" if keys is not None else _got(result)))
+    for key, v in carry.items():
+        got = result[key]
+        if isinstance(v, dict):
+            check_carry_step(got, v, f" under '{key}'")
+        elif not isinstance(got, torch.Tensor) or got.shape != v.shape or got.dtype != v.dtype:
+            raise BrokenRule(f"{CARRY_STEP}; for '{key}' (a {v.dtype} tensor of shape {tuple(v.shape)}) {_got(got)}")
     return result
 
 

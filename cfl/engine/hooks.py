@@ -9,8 +9,17 @@ from __future__ import annotations
 import torch
 from torch.func import vmap
 
-from cfl.engine.hook_rules import check_extra_loss, check_penalty, check_projection, check_replay
-from cfl.methods.base import Method, Quadratic, Samples
+from cfl.engine.hook_rules import (
+    check_carry_start,
+    check_carry_step,
+    check_extra_loss,
+    check_penalty,
+    check_projection,
+    check_replay,
+    check_step_gradient,
+    check_step_samples,
+)
+from cfl.methods.base import Method, Quadratic, Samples, Step
 from cfl.methods.hook_guard import guarded
 from cfl.ops.losses import weighted_mean
 from cfl.ops.subspace import project_out
@@ -81,3 +90,26 @@ def replayed(method: Method, state: State, generator: torch.Generator, like: tor
     """One client's replay samples for a step (``like``: the stream's inputs, whose shape they must have)."""
     with guarded(method, "replay"):
         return check_replay(method.replay(state, generator), like)
+
+
+def step_samples(method: Method, state: State, generator: torch.Generator, like: torch.Tensor) -> Samples | None:
+    """One client's ``step_samples`` draw for a step."""
+    with guarded(method, "step_samples"):
+        return check_step_samples(method.step_samples(state, generator), like)
+
+
+def step_gradient(method: Method, step: Step) -> Params:
+    """One client's step gradient after ``method.step_gradient`` (``step.grads`` where it returns None)."""
+    with guarded(method, "step_gradient"):
+        result = check_step_gradient(method.step_gradient(step), step.grads)
+    return step.grads if result is None else {k: result[k] for k in step.grads}
+
+
+def carry_start(method: Method, global_params: Params, state: State) -> State:
+    with guarded(method, "carry_start"):
+        return check_carry_start(method.carry_start(global_params, state))
+
+
+def carry_step(method: Method, step: Step, moved: Params) -> State:
+    with guarded(method, "carry_step"):
+        return check_carry_step(method.carry_step(step, moved), step.carry)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -91,3 +91,6 @@ class ClientOutcome:
     #: same in every path: no penalty or extra loss (the stacked path never forms a penalty's value)
     mean_loss: float
     finite: bool
+    #: method index -> the client's running values at the round's end (step hooks' ``carry_step``), which the
+    #: round engine writes into the client's state if it keeps the client
+    carry: dict[int, State] = field(default_factory=dict)

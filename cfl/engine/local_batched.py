@@ -27,13 +27,14 @@ from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, client_sch
 from cfl.engine.path import choose_path
 from cfl.engine.precision import autocast, to_float, warn_if_slow
 from cfl.engine.stacked_net import StackedNet
-from cfl.engine.stacking import Batch, client_rows, pad_samples, sample_counts, stack_states
+from cfl.engine.stacking import Batch, client_rows, couples_samples, pad_samples, sample_counts, stack_states
+from cfl.engine.step_hooks import STEP_HOOKS, StepStage
 from cfl.methods.base import Method, overrides
 from cfl.ops.losses import masked_cross_entropy, weighted_mean
 from cfl.tensors import Params, State
 
 #: hooks that read the stacked client states under ``vmap``
-_VMAPPED = ("penalty", "extra_loss", "gradient_projection")
+_VMAPPED = ("penalty", "extra_loss", "gradient_projection", *STEP_HOOKS)
 
 
 def _padded_schedule(jobs: list[ClientJob], hp: Hyper,
@@ -62,10 +63,11 @@ class SGDStep:
     writes the parameters once, against three read-write passes for "decay, then step".
     """
 
-    def __init__(self, hp: Hyper, params: Params, plugins: Plugins) -> None:
+    def __init__(self, hp: Hyper, params: Params, plugins: Plugins, stepping: bool = False) -> None:
         self.hp = hp
         self.projecting = [i for i, m in enumerate(plugins.methods) if overrides(m, "gradient_projection")]
-        self.fused = hp.momentum == 0 and not self.projecting
+        # step hooks must see the true gradient, not the folded decay's -g/wd
+        self.fused = hp.momentum == 0 and not self.projecting and not stepping
         self.fold_decay = self.fused and hp.weight_decay >= 1e-8  # smaller: -1/wd could overflow float32
         self.loss_scale = -1.0 / hp.weight_decay if self.fold_decay else 1.0
         self.momentum: list[torch.Tensor] | None = None
@@ -110,7 +112,7 @@ class OptimStep:
 
     loss_scale = 1.0
 
-    def __init__(self, hp: Hyper, params: Params, plugins: Plugins) -> None:
+    def __init__(self, hp: Hyper, params: Params, plugins: Plugins, stepping: bool = False) -> None:  # noqa: ARG002
         self.hp = hp
         self.projecting = [i for i, m in enumerate(plugins.methods) if overrides(m, "gradient_projection")]
         self.slots: dict[str, list[torch.Tensor]] | None = None
@@ -224,7 +226,12 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
     states = [_stacked_states(m, plugins.client_states(i, cids)) for i, m in enumerate(plugins.methods)]
     replaying = [(m, plugins.client_states(i, cids)) for i, m in enumerate(plugins.methods) if overrides(m, "replay")]
     generators = [replay_generator(job) for job in jobs]
-    update = (SGDStep if hp.optimizer == "sgd" else OptimStep)(hp, params, plugins)
+    stage = StepStage.of(plugins.methods, plugins.broadcasts, global_params, hp.lr, model, hp.precision, device)
+    if stage is not None and stacked is not None:
+        raise ValueError("the stacked path takes no step hooks (cfl.engine.path.choose_path routes them to vmap)")
+    raw_states = [plugins.client_states(i, cids) for i in range(len(plugins.methods))]
+    carry = stack_states([stage.start([st[c] for st in raw_states]) for c in range(C)], {}) if stage else {}
+    update = (SGDStep if hp.optimizer == "sgd" else OptimStep)(hp, params, plugins, stage is not None)
     if stacked is not None:
         stacked.new_state(params)
     # the stacked path takes quadratic penalties' steps from their gradients (no penalty in the loss)
@@ -282,10 +289,64 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
         with torch.no_grad():
             if s == 0 and n == C:
                 params = full_params = _match_grad_layout(params, grads)
-            update(s, params, dict(zip(params, grads, strict=True)), None, step_states, plugins)
+            grads = dict(zip(params, grads, strict=True))
+            if stage is not None:  # the step hooks: after the loss gradient, before the optimiser
+                step_data = _with_replay((xb, yb, tb, wb), extras), [st[:n] for st in raw_states], step_states
+                grads, before, drawn = _rewritten(stage, s, n, params, grads, generators, x, carry, step_data)
+            # SGD's decay adds into the gradients in place: carry_step must see the gradient before it
+            carrying = stage is not None and bool(stage.carry_stepping)
+            update(s, params, {k: g.clone() for k, g in grads.items()} if carrying else grads, None, step_states,
+                   plugins)
+            if carrying:
+                _carry_on(stage, s, n, params, grads, before, drawn, carry, step_data)
+    carries = [{i: {k: _leaf_row(v, c) for k, v in ci.items()} for i, ci in carry.items()} for c in range(C)]
     mean_loss = (loss_sum / steps_left.clamp(min=1)).tolist()
-    outcomes = [ClientOutcome(job.cid, len(job.indices), mean_loss[c], bool(finite[c])) for c, job in enumerate(jobs)]
+    outcomes = [ClientOutcome(job.cid, len(job.indices), mean_loss[c], bool(finite[c]), carries[c] if carry else {})
+                for c, job in enumerate(jobs)]
     return {k: v.detach().contiguous() for k, v in full_params.items()}, outcomes
+
+
+StepData = tuple[tuple[torch.Tensor, ...], list[list[State]], list[State]]  # batch, raw states, stacked states
+
+
+def _rewritten(stage: StepStage, s: int, n: int, params: Params, grads: Params, generators: list[torch.Generator],
+               x: torch.Tensor, carry: State, data: StepData) -> tuple[Params, Params, dict]:
+    """The step hooks' gradients for the ``n`` clients still training (under ``vmap``), the parameters before
+    the step (for ``carry_step``) and the step's drawn samples."""
+    batch, raw, stacked = data
+    draws = [stage.draw([st[c] for st in raw], generators[c], x) for c in range(n)]
+    drawn = {}
+    for i in stage.sampling:
+        padded = pad_samples([d[i] for d in draws])
+        if padded is not None:
+            drawn[i] = (padded.x, padded.y, padded.task, padded.weight)
+    before = {k: v.detach().clone() for k, v in params.items()} if stage.carry_stepping else params
+    rows = client_rows(carry, n)
+    new = vmap(lambda p, g, b, d, st, ca: stage.rewrite(p, g, b, d, st, ca, s),
+               randomness="different")(before, grads, batch, drawn, stacked, rows)
+    return new, before, drawn
+
+
+def _carry_on(stage: StepStage, s: int, n: int, params: Params, grads: Params, before: Params, drawn: dict,
+              carry: State, data: StepData) -> None:
+    """The running values of the ``n`` clients still training after the step, written into ``carry``'s rows."""
+    batch, _, stacked = data
+    moved = {k: params[k] - before[k] for k in params}
+    new = vmap(lambda p, g, b, d, st, ca, mv: stage.carried(p, g, b, d, st, ca, s, mv),
+               randomness="different")(before, grads, batch, drawn, stacked, client_rows(carry, n), moved)
+    _write_rows(carry, new, n)
+
+
+def _write_rows(carry: State, new: State, n: int) -> None:
+    for k, v in new.items():
+        if isinstance(v, dict):
+            _write_rows(carry[k], v, n)
+        else:
+            carry[k][:n] = v
+
+
+def _leaf_row(v: State | torch.Tensor, c: int) -> State | torch.Tensor:
+    return {k: _leaf_row(u, c) for k, u in v.items()} if isinstance(v, dict) else v[c].clone()
 
 
 # ``vmap`` over ``F.linear`` returns the weight gradient as a transposed view of a contiguous (C, in, out)
@@ -316,13 +377,6 @@ def _match_grad_layout(params: Params, grads: tuple[torch.Tensor, ...]) -> Param
             p = _empty_in_order(p.shape, order, p).copy_(p).requires_grad_()
         out[k] = p
     return out
-
-
-def couples_samples(model: nn.Module) -> bool:
-    """Whether a sample's output depends on the other samples of its batch (BatchNorm on batch statistics):
-    then no padding sample may reach the model, or a client's short batch is normalised with copies of one
-    sample (e.g. Mini-ImageNet's last step of 2 real images in a batch of 16)."""
-    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
 StepBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # x, y, task, weight: (n, width, ...)

@@ -13,6 +13,7 @@ from torch.func import functional_call
 from cfl.engine import hooks, local_optim
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, client_schedule, replay_generator
 from cfl.engine.precision import autocast, to_float, warn_if_slow
+from cfl.engine.step_hooks import StepStage, as_batch
 from cfl.methods.base import overrides
 from cfl.ops.losses import masked_cross_entropy
 from cfl.tensors import Params
@@ -26,6 +27,8 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
     methods, broadcasts = plugins.methods, plugins.broadcasts
     states = [st.clients.get(job.cid) for st in plugins.states]
     generator = replay_generator(job)
+    stage = StepStage.of(methods, broadcasts, global_params, hp.lr, model, hp.precision, x.device)
+    carry = stage.start(states) if stage is not None else {}
     losses, finite = [], True
     model.train()
     for s, batch in enumerate(client_schedule(job, hp)):
@@ -52,15 +55,26 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
                 loss = loss + hooks.penalty_loss(m, params, global_params, broadcasts[i], states[i])
         finite &= bool(torch.isfinite(loss))
         grads = dict(zip(params.keys(), torch.autograd.grad(loss, list(params.values())), strict=True))
+        if stage is not None:  # the step hooks: after the loss gradient, before the optimiser
+            batch = (xb, yb, tb, wb)
+            drawn = {i: as_batch(d, x.device) for i, d in stage.draw(states, generator, x).items() if d is not None}
+            before = {k: v.detach().clone() for k, v in params.items()}
+            with torch.no_grad():
+                grads = stage.rewrite(before, grads, batch, drawn, states, carry, s)
         with torch.no_grad():
+            taken = grads
             grads = {k: local_optim.decayed(hp, params[k], g) for k, g in grads.items()}
             for i, m in enumerate(methods):
                 if overrides(m, "gradient_projection"):
                     grads = hooks.projected(m, grads, states[i])
             for k, p in params.items():
                 local_optim.apply_(hp, p, grads[k], slots[k], s + 1)
+            if stage is not None and stage.carry_stepping:
+                moved = {k: params[k].detach() - before[k] for k in params}
+                carry = stage.carried(before, taken, batch, drawn, states, carry, s, moved)
     mean_loss = sum(losses) / max(len(losses), 1)
-    return {k: v.detach() for k, v in params.items()}, ClientOutcome(job.cid, len(job.indices), mean_loss, finite)
+    outcome = ClientOutcome(job.cid, len(job.indices), mean_loss, finite, carry)
+    return {k: v.detach() for k, v in params.items()}, outcome
 
 
 def train_sequential(model: nn.Module, global_params: Params, jobs: list[ClientJob], x: torch.Tensor,

@@ -4,7 +4,8 @@
 (:mod:`cfl.engine.stacked_net`), for models that list their layers, every local optimiser (plain SGD fused
 into the weight-gradient product; momentum, Adam and AdamW from the materialised gradient) and methods whose
 hooks have a fused form. ``vmap``: autograd under ``torch.func.vmap`` over one-client code, for every model and
-method. ``sequential``: one client after another (``client_execution: sequential``).
+method. ``sequential``: one client after another (``client_execution: sequential``, a method that declares a
+``sequential_reason``, or step hooks on a model whose layers mix samples, where ``vmap`` would pad them).
 """
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ from torch import nn
 from cfl.engine import local_optim
 from cfl.engine.jobs import Hyper
 from cfl.engine.stacked_net import StackedNet
+from cfl.engine.stacking import couples_samples
+from cfl.engine.step_hooks import STEP_HOOKS, takes_steps
 from cfl.methods.base import Method, overrides
 
 #: hooks the stacked path cannot take, with the reason
 _NOT_STACKED = {
     "extra_loss": "which needs per-sample losses",
     "gradient_projection": "whose projection the fused step does not apply",
+    **{hook: "a step hook, which needs each client's materialised gradient" for hook in STEP_HOOKS},
 }
 
 
@@ -55,12 +59,33 @@ def stacked_refusal(model: nn.Module, hp: Hyper, methods: list[Method]) -> str |
     return StackedNet.model_refusal(model)
 
 
+def sequential_refusal(model: nn.Module, methods: list[Method]) -> str | None:
+    """Why the run must train one client after another whatever ``client_execution`` says, or None."""
+    for m in methods:
+        if m.sequential_reason:
+            return f"method {m.name}: {m.sequential_reason}"
+    stepping = [m.name for m in methods if takes_steps(m)]
+    if stepping and couples_samples(model):
+        return (f"method {stepping[0]} takes step hooks and model {type(model).__name__} mixes the samples of a "
+                f"batch (BatchNorm): under vmap its steps' padding would enter the batch statistics")
+    return None
+
+
 def choose_path(model: nn.Module, hp: Hyper, methods: list[Method], execution: str = "batched") -> EnginePath:
-    """The run's path: sequential when asked for, else stacked where supported, else vmap."""
+    """The run's path: sequential when asked for or needed, else stacked where supported, else vmap."""
     if execution == "sequential":
         return EnginePath("sequential", "client_execution: sequential")
+    needed = sequential_refusal(model, methods)
+    if needed is not None:
+        return EnginePath("sequential", needed)
     refusal = stacked_refusal(model, hp, methods)
     if refusal is None:
         return EnginePath("stacked", f"model {type(model).__name__} lists its layers, {local_optim.describe(hp)} "
                                      f"steps in its layers' backward, and every method's hooks have a fused form")
     return EnginePath("vmap", refusal)
+
+
+def trainer_kind(execution: str, path: str) -> str:
+    """The trainer of a run: ``client_execution``'s, except sequential where the engine's path is sequential
+    (a method's ``sequential_reason``, said with the path line)."""
+    return "sequential" if path == "sequential" else execution

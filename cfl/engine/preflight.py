@@ -14,7 +14,9 @@ import torch
 from cfl.engine import hooks
 from cfl.engine.runner import Runner, broadcast_of
 from cfl.engine.server import transformed, updated
-from cfl.methods.base import overrides
+from cfl.engine.step_hooks import StepStage, as_batch, gradient_function, takes_steps
+from cfl.methods.base import Method, overrides
+from cfl.tensors import State
 
 
 def dry_run_hooks(runner: Runner) -> None:
@@ -37,7 +39,22 @@ def dry_run_hooks(runner: Runner) -> None:
                 hooks.projected(m, {k: torch.zeros_like(v) for k, v in params.items()}, {})
             if overrides(m, "replay"):
                 hooks.replayed(m, {}, torch.Generator().manual_seed(0), x)
+            if takes_steps(m):
+                _dry_step(runner, m, broadcast, (x, y, task, weight))
             delta = {k: torch.zeros_like(v) for k, v in params.items()}
             updated(m, params, delta, server, runner.cfg.server_lr)
             if overrides(m, "transform_update"):
                 transformed(m, delta, server, 0, params)
+
+
+def _dry_step(runner: Runner, method: Method, broadcast: State, batch: tuple[torch.Tensor, ...]) -> None:
+    """One step of ``method``'s step hooks on a fresh client: the loss gradient and the update taken as zeros."""
+    params = runner.params
+    zeros = {k: torch.zeros_like(v) for k, v in params.items()}
+    stage = StepStage([method], [broadcast], params, runner.hyper.lr,
+                      gradient_function(runner.model, runner.hyper.precision, runner.device))
+    carry = stage.start([{}])
+    drawn = {i: as_batch(d, runner.device) for i, d in stage.draw([{}], torch.Generator().manual_seed(0),
+                                                                  batch[0]).items() if d is not None}
+    grads = stage.rewrite(params, zeros, batch, drawn, [{}], carry, 0)
+    stage.carried(params, grads, batch, drawn, [{}], carry, 0, zeros)

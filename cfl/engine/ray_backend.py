@@ -25,6 +25,7 @@ from cfl.config import Config
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, derive_seed
 from cfl.engine.local_batched import train_batched
 from cfl.engine.local_sequential import train_sequential
+from cfl.engine.path import trainer_kind
 from cfl.methods.base import Method
 from cfl.plugins import ship_to_ray
 from cfl.ray_support import init_ray, require_ray
@@ -68,11 +69,12 @@ def train_group(trainer: str, model: nn.Module, global_params: Params, jobs: lis
 class RayClients:
     """A trainer with the contract of :func:`cfl.engine.local_batched.train_batched` that fans out to Ray."""
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, path: str) -> None:
         self.ray = require_ray("'backend: ray'")
         init_ray(self.ray, cfg.ray_address, cfg.ray_workers)
         ship_to_ray(self.ray)  # --plugin methods travel to the workers by value
-        self.trainer, self.groups, self.threads = cfg.client_execution, cfg.ray_workers, cfg.threads or 1
+        self.groups, self.threads = cfg.ray_workers, cfg.threads or 1
+        self.trainer = trainer_kind(cfg.client_execution, path)
         self.remote = self.ray.remote(train_group).options(num_cpus=1)
 
     def __call__(self, model: nn.Module, global_params: Params, jobs: list[ClientJob], x: torch.Tensor,

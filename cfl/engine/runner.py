@@ -22,7 +22,7 @@ from cfl.engine.hook_rules import check_upload
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, derive_seed
 from cfl.engine.local_batched import BatchedTrainer
 from cfl.engine.local_sequential import train_sequential
-from cfl.engine.path import choose_path
+from cfl.engine.path import choose_path, trainer_kind
 from cfl.engine.schedule import Schedule, sample_clients
 from cfl.engine.server import Server
 from cfl.engine.state_stores import build_stores, sizing_of
@@ -94,11 +94,12 @@ class Runner:
         self.model_bytes = nbytes(self.params)
         self.should_stop: Callable[[], bool] = lambda: False
         self.after_round: Callable[[], None] = lambda: None
-        self.trainer: Callable[..., tuple[Params, list[ClientOutcome]]] = TRAINERS[cfg.client_execution]()
+        trainer = trainer_kind(cfg.client_execution, self.engine_path.path)
+        self.trainer: Callable[..., tuple[Params, list[ClientOutcome]]] = TRAINERS[trainer]()
         if cfg.backend == "ray":  # groups of clients on Ray workers (cfl/engine/ray_backend.py)
             from cfl.engine.ray_backend import RayClients
 
-            self.trainer = RayClients(cfg)
+            self.trainer = RayClients(cfg, self.engine_path.path)
 
     @staticmethod
     def _hparams_of(spec: dict[str, Any]) -> Any:
@@ -148,6 +149,7 @@ class Runner:
         self.progress.train_seconds += time.perf_counter() - start
         keep = self.server.accept(trained, outcomes, task, rnd)
         kept_jobs = [j for j, ok in zip(jobs, keep.tolist(), strict=True) if ok]
+        self._keep_carries([o for o, ok in zip(outcomes, keep.tolist(), strict=True) if ok])
         payloads = self._round_uploads(trained, kept_jobs, keep, data, broadcasts)
         weights = torch.tensor([float(len(j.indices)) for j in kept_jobs], device=self.device)
         forgetting = client_forgetting.measure(self.model, self.params, self.stream, task,
@@ -171,6 +173,15 @@ class Runner:
             self.progress.client_forgetting.append(forgetting)
             record["client_forgetting_mean"] = forgetting["mean"]
         return record
+
+    def _keep_carries(self, outcomes: list[ClientOutcome]) -> None:
+        """The step hooks' running values of the kept clients into their states (``Method.carry_start``)."""
+        for outcome in outcomes:
+            for i, carry in outcome.carry.items():
+                clients = self.states[i].clients
+                state = clients.get(outcome.cid)
+                state.update(carry)
+                clients.put(outcome.cid, state)
 
     def _round_uploads(self, trained: Params, jobs: list[ClientJob], keep: torch.Tensor, data: Any,
                        broadcasts: list[State]) -> list[dict[int, Any]]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from cfl.methods.base import Samples
 from cfl.tensors import State
@@ -97,3 +98,10 @@ def pad_samples(samples: list[Samples | None]) -> Batch | None:
 def sample_counts(samples: list[Samples | None]) -> list[int]:
     """Each client's number of replay samples."""
     return [0 if s is None else len(s.y) for s in samples]
+
+
+def couples_samples(model: nn.Module) -> bool:
+    """Whether a sample's output depends on the other samples of its batch (BatchNorm on batch statistics):
+    then no padding sample may reach the model, or a client's short batch is normalised with copies of one
+    sample (e.g. Mini-ImageNet's last step of 2 real images in a batch of 16)."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())

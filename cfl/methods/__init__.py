@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from cfl.methods.agem import AGEM
 from cfl.methods.base import Method
 from cfl.methods.er import ER
 from cfl.methods.ewc import EWC
@@ -13,8 +14,10 @@ from cfl.methods.fedprox import FedProx
 from cfl.methods.fedyogi import FedYogi
 from cfl.methods.flwf2t import FLwF2T
 from cfl.methods.fot import FOT
+from cfl.methods.gem import GEM
 from cfl.methods.gpm import GPM
 from cfl.methods.mas import MAS
+from cfl.methods.si import SI
 from cfl.registry import Registry
 
 METHODS: Registry[type[Method]] = Registry("method")
@@ -34,7 +37,10 @@ register(FedAdam)
 register(FedYogi)
 register(EWC)
 register(MAS)
+register(SI)
 register(ER)
+register(AGEM)
+register(GEM)
 register(FedLwF)
 register(FLwF2T)
 register(FOT)  # eps per stream: PMNIST 0.96 IID / 0.94 non-IID; CIFAR-100 0.87 (+0.001/task);

@@ -1,4 +1,4 @@
-"""The method plugin interface: eight optional hooks, written for ONE client, and three declarations.
+"""The method plugin interface: twelve optional hooks, written for ONE client, and a few declarations.
 
 A method is a small class with a ``Hyperparams`` dataclass and whichever hooks it overrides (the engine
 detects them by override). Client hooks see one client's state (a nested dict) and return one client's
@@ -7,7 +7,9 @@ run (``docs/plugins.md``). State is owned by the engine (:class:`cfl.records.cli
 checkpointed with the run, and handed back to the hooks of the method that made it.
 
 A round (``t`` = task, 0-based): every local step adds the ``penalty`` quadratics, the ``extra_loss`` and the
-``replay`` samples to the loss and projects the gradients off ``gradient_projection``; after training,
+``replay`` samples to the loss; the step hooks (``step_samples``, ``step_gradient``, ``carry_start``,
+``carry_step``: :class:`Step`) see and may rewrite each step's gradient and keep running values through the
+round; the optimiser projects the gradients off ``gradient_projection`` and steps; after training,
 ``client_end("round")`` on each client, then the server aggregates, applies ``server_update`` (x GMA mask)
 and ``transform_update``, and ``server_end("round")`` reduces the clients' uploads. At a task end,
 ``client_end("task_end")`` on the participants (``task_end_clients``) and ``server_end("task_end")``.
@@ -15,6 +17,7 @@ and ``transform_update``, and ``server_end("round")`` reduces the clients' uploa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -43,11 +46,40 @@ class Quadratic:
 
 @dataclass
 class Samples:
-    """Extra training samples of one client for one step (replay): inputs, labels, task ids."""
+    """Samples of one client for one step (``replay``, ``step_samples``): inputs, labels, task ids; ``weight``
+    (what the engine hands to step hooks) is 1 for a real sample and 0 for padding (None: all real)."""
 
     x: torch.Tensor
     y: torch.Tensor
     task: torch.Tensor
+    weight: torch.Tensor | None = None
+
+
+@dataclass
+class Step:
+    """One local step of one client, as the step hooks see it (``docs/plugins.md``, "Step hooks").
+
+    ``grads`` is the gradient of the step's loss (cross-entropy on the batch and replay samples, every method's
+    extra loss and penalties) at ``params``, before the optimiser adds weight decay, projects (GPM) and steps.
+    ``gradient(x, y, task, weight=None)`` is the gradient of the weighted mean cross-entropy on other samples
+    (e.g. the client's memory) at ``params``: the same model, heads and precision as the step. Under the
+    batched engine every field is one client's slice: write one client's tensor code, with no Python branch on
+    a tensor's value (use ``torch.where``)."""
+
+    params: Params  # the client's parameters before the step
+    grads: Params  # the step's gradient (see above)
+    x: torch.Tensor  # the step's inputs, replay samples appended
+    y: torch.Tensor
+    task: torch.Tensor
+    weight: torch.Tensor  # 1 per real sample, 0 for padding
+    samples: Samples | None  # this method's ``step_samples`` draw (weight 0 marks padding), or None
+    global_params: Params  # the round's global model
+    server: State  # the method's broadcast of the round
+    state: State  # the client's state as the round began (read only during the round)
+    carry: State  # the running values: ``carry_start``'s, then each ``carry_step``'s result
+    lr: float
+    index: int  # the client's step number in the round, from 0
+    gradient: Callable[..., Params]
 
 
 @dataclass
@@ -119,6 +151,9 @@ class Method:
     #: the events whose ``client_end`` the method acts on; the engine calls it for those only (a method that
     #: acts at task ends only costs its rounds nothing: no state read, no call per client)
     client_events: ClassVar[tuple[Event, ...]] = ("round", "task_end")
+    #: why the method's hooks cannot run under ``torch.func.vmap`` (e.g. a step hook that calls a solver outside
+    #: torch), or "": a non-empty reason sends the run to the sequential path, said on stderr
+    sequential_reason: ClassVar[str] = ""
     #: top-level config keys the method makes unread -> why (a run setting one away from its default is refused,
     #: cfl/ignored_keys.py), e.g. an adaptive server's ``{"server_lr": "..."}``
     unread_keys: ClassVar[dict[str, str]] = {}
@@ -160,6 +195,28 @@ class Method:
     def replay(self, state: State, generator: torch.Generator) -> Samples | None:
         """Extra samples appended to every local step's batch (ER); ``generator`` is the client's own."""
         return None
+
+    # ---- step hooks, one client (see :class:`Step`) ----
+    def step_samples(self, state: State, generator: torch.Generator) -> Samples | None:
+        """Samples drawn for this step's hooks and not trained on (A-GEM's reference batch), as ``step.samples``;
+        ``generator`` is the client's own (the one ``replay`` draws from)."""
+        return None
+
+    def step_gradient(self, step: Step) -> Params | None:
+        """The step's gradient rewritten (A-GEM's projection, RGO's preconditioner): every parameter of
+        ``step.grads``, same shapes; None keeps it. The optimiser then takes it (decay, projection, moments)."""
+        return None
+
+    def carry_start(self, global_params: Params, state: State) -> State:
+        """The running values a client starts a round's local training with (e.g. SI's path integral so far):
+        tensors of fixed shapes. At the round's end the client's state takes the final ones (``state.update``)
+        before ``client_end("round")``."""
+        return {}
+
+    def carry_step(self, step: Step, moved: Params) -> State:
+        """The running values after the step: ``moved`` is ``new params - step.params`` (the optimiser's actual
+        update); returns a dict shaped like ``step.carry`` (SI: ``path += -grad * moved``)."""
+        return step.carry
 
     def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
                    server: State, generator: torch.Generator) -> State | None:

@@ -1,0 +1,126 @@
+"""The step hooks in local training (:class:`cfl.methods.base.Step`): one client's code, run on one client by the
+sequential trainer and under ``torch.func.vmap`` over the clients still training by the batched one.
+
+Each local step, after the step's loss gradient: every method's ``step_samples`` draw (outside ``vmap``, from
+the client's own generator, padded with weight 0), then the methods' ``step_gradient`` in the run's method
+order (each sees the gradient as the previous one left it); the optimiser takes the result (weight decay,
+GPM's projection, moments). After the optimiser's update, each method's ``carry_step`` gets the step (``grads``:
+the gradient the optimiser took) and ``moved``, the update. A round starts each client's running values from
+``carry_start``; they come back with the client's outcome, and the round engine writes them into the client's
+state (kept clients only) before ``client_end("round")``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from cfl.engine import hooks
+from cfl.engine.precision import autocast, to_float
+from cfl.methods.base import Method, Samples, Step, overrides
+from cfl.ops.losses import masked_cross_entropy, weighted_mean
+from cfl.tensors import Params, State
+
+#: the hooks of a local step, besides the loss's (penalty, extra_loss, replay) and the optimiser's projection
+STEP_HOOKS = ("step_samples", "step_gradient", "carry_start", "carry_step")
+
+SampleBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # x, y, task, weight
+
+
+def takes_steps(method: Method) -> bool:
+    """Whether ``method`` overrides a step hook."""
+    return any(overrides(method, hook) for hook in STEP_HOOKS)
+
+
+def carries(method: Method) -> bool:
+    return overrides(method, "carry_start") or overrides(method, "carry_step")
+
+
+def gradient_function(model: nn.Module, precision: int | str,
+                      device: torch.device) -> Callable[[Params], Callable[..., Params]]:
+    """``at(params)(x, y, task, weight=None)``: the gradient at ``params`` of the weighted mean cross-entropy of
+    the samples (all classes of their heads), with the model's buffers and the run's precision."""
+    buffers = dict(model.named_buffers())
+
+    def loss(p: Params, x: torch.Tensor, y: torch.Tensor, task: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        with autocast(precision, device):
+            logits = to_float(functional_call(model, (p, buffers), (x, task)))
+        return weighted_mean(masked_cross_entropy(logits, y, None), weight)
+
+    grad = torch.func.grad(loss)
+
+    def at(params: Params) -> Callable[..., Params]:
+        def gradient(x: torch.Tensor, y: torch.Tensor, task: torch.Tensor,
+                     weight: torch.Tensor | None = None) -> Params:
+            if weight is None:
+                weight = torch.ones(y.shape, dtype=torch.get_default_dtype(), device=y.device)
+            return grad({k: v.detach() for k, v in params.items()}, x, y, task, weight)
+        return gradient
+
+    return at
+
+
+class StepStage:
+    """The run's step hooks for one round: the per-client functions both trainers call."""
+
+    def __init__(self, methods: list[Method], broadcasts: list[State], global_params: Params, lr: float,
+                 gradient_at: Callable[[Params], Callable[..., Params]]) -> None:
+        self.methods, self.broadcasts, self.global_params, self.lr = methods, broadcasts, global_params, lr
+        self.gradient_at = gradient_at
+        self.sampling = [i for i, m in enumerate(methods) if overrides(m, "step_samples")]
+        self.rewriting = [i for i, m in enumerate(methods) if overrides(m, "step_gradient")]
+        self.carrying = [i for i, m in enumerate(methods) if carries(m)]
+        self.carry_stepping = [i for i in self.carrying if overrides(methods[i], "carry_step")]
+
+    @staticmethod
+    def of(methods: list[Method], broadcasts: list[State], global_params: Params, lr: float, model: nn.Module,
+           precision: int | str, device: torch.device) -> StepStage | None:
+        """The stage for a round, or None when no method takes step hooks."""
+        if not any(takes_steps(m) for m in methods):
+            return None
+        return StepStage(methods, broadcasts, global_params, lr, gradient_function(model, precision, device))
+
+    # ---- outside vmap, per client ----
+    def start(self, states: list[State]) -> dict[int, State]:
+        """One client's running values at the round's start (``states``: its state per method)."""
+        return {i: hooks.carry_start(self.methods[i], self.global_params, states[i]) for i in self.carrying}
+
+    def draw(self, states: list[State], generator: torch.Generator, like: torch.Tensor) -> dict[int, Samples | None]:
+        """One client's ``step_samples`` per sampling method."""
+        return {i: hooks.step_samples(self.methods[i], states[i], generator, like) for i in self.sampling}
+
+    # ---- one client's step (the batched trainer vmaps these) ----
+    def _step(self, i: int, params: Params, grads: Params, batch: SampleBatch, samples: dict[int, SampleBatch],
+              states: list[State], carry: dict[int, State], index: int) -> Step:
+        x, y, task, weight = batch
+        drawn = samples.get(i)
+        return Step(params, grads, x, y, task, weight, None if drawn is None else Samples(*drawn),
+                    self.global_params, self.broadcasts[i], states[i], carry.get(i, {}), self.lr, index,
+                    self.gradient_at(params))
+
+    def rewrite(self, params: Params, grads: Params, batch: SampleBatch, samples: dict[int, SampleBatch],
+                states: list[State], carry: dict[int, State], index: int) -> Params:
+        """The step's gradient after every method's ``step_gradient``."""
+        for i in self.rewriting:
+            grads = hooks.step_gradient(self.methods[i],
+                                        self._step(i, params, grads, batch, samples, states, carry, index))
+        return grads
+
+    def carried(self, params: Params, grads: Params, batch: SampleBatch, samples: dict[int, SampleBatch],
+                states: list[State], carry: dict[int, State], index: int, moved: Params) -> dict[int, State]:
+        """The running values after the step (``params``: before it; ``grads``: the gradient it took)."""
+        out = dict(carry)
+        for i in self.carry_stepping:
+            out[i] = hooks.carry_step(self.methods[i],
+                                      self._step(i, params, grads, batch, samples, states, carry, index), moved)
+        return out
+
+
+def as_batch(samples: Samples | None, device: torch.device) -> SampleBatch | None:
+    """One client's drawn samples as (x, y, task, weight), every sample real."""
+    if samples is None:
+        return None
+    return samples.x, samples.y, samples.task, torch.ones(samples.y.shape, device=device)

@@ -1,0 +1,54 @@
+"""Synaptic Intelligence (Zenke et al., ICML 2017) as a plugin: a path integral kept by step hooks."""
+
+from dataclasses import dataclass
+
+import torch
+
+from cfl.plugin import Method, Quadratic, Step, field, register
+
+
+@dataclass(frozen=True)
+class Hyperparams:
+    c: float = field(0.1, "weight of the surrogate loss c * sum Omega (w - w*)^2", min=0.0)
+    xi: float = field(1e-3, "damping of Omega's denominator", gt=0.0)
+
+
+@register
+class MySI(Method):
+    name = "my-si"
+    about = "SI written from docs/plugins.md"
+    Hyperparams = Hyperparams
+    client_events = ("task_end",)
+
+    def penalty(self, global_params, server, state):
+        if "omega" not in state:
+            return None
+        return {k: Quadratic(2 * self.hparams.c * state["omega"][k], state["start"][k]) for k in global_params}
+
+    def carry_start(self, global_params, state):
+        # the running sums so far in this task (zeros at its first round), and where the task started
+        path = state.get("path") or {k: torch.zeros_like(v) for k, v in global_params.items()}
+        start = state.get("start") or {k: v.clone() for k, v in global_params.items()}
+        return {"path": path, "start": start}
+
+    def carry_step(self, step: Step, moved):
+        grads = step.grads
+        if "omega" in step.state:  # the task loss alone: take out the surrogate's gradient
+            grads = {k: g - 2 * self.hparams.c * step.state["omega"][k] * (step.params[k] - step.state["start"][k])
+                     for k, g in grads.items()}
+        path = {k: p - grads[k] * moved[k] for k, p in step.carry["path"].items()}
+        return {"path": path, "start": step.carry["start"]}
+
+    def client_state_bytes(self, sizing):
+        return sizing.num_clients * 3 * sizing.model_bytes
+
+    def client_end(self, event, model, params, data, state, server, generator):
+        if "path" not in state:  # no round of this task trained on this client
+            state["start"] = {k: v.clone() for k, v in params.items()}
+            return None
+        old = state.get("omega", {})
+        new = {k: state["path"][k] / ((v - state["start"][k]) ** 2 + self.hparams.xi) for k, v in params.items()}
+        state["omega"] = {k: old[k] + new[k] if k in old else new[k] for k in params}
+        state["start"] = {k: v.clone() for k, v in params.items()}
+        del state["path"]
+        return None
