@@ -82,6 +82,21 @@ def check_methods(cfg: Any, specs: list[dict[str, Any]]) -> None:
             raise hook_error(cls, "check", err) from err
 
 
+def check_task_losses(cfg: Any, specs: list[dict[str, Any]]) -> None:
+    """At most one method replaces the cross-entropy (``Method.task_loss``), and none beside ``loss: tce``
+    (which changes the cross-entropy such a method replaces)."""
+    from cfl.methods import METHODS
+    from cfl.methods.base import Method
+
+    own = [s["name"] for s in specs if METHODS[s["name"]].task_loss is not Method.task_loss]
+    if len(own) > 1:
+        raise ConfigError(f"methods {own[0]} and {own[1]} both replace the task loss (task_loss); a run takes one "
+                          "of them: drop one from method/plugins")
+    if own and cfg.loss != "ce":
+        raise ConfigError(f"'loss: {cfg.loss}' with method {own[0]}, whose own task_loss replaces the cross-entropy "
+                          "that loss would change: remove 'loss' (or use another method)")
+
+
 def check_optimizer(cfg: Any, specs: list[dict[str, Any]]) -> None:
     """The local optimiser's own keys: two betas in [0, 1), and the state kept fresh (``optimizer.state: kept``,
     the moments carried per client across rounds, is not implemented: refused rather than run fresh); AdamW's

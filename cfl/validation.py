@@ -10,7 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from cfl.config import Config, _set_dotted, parse_overrides, read_yaml
-from cfl.cross_checks import check_methods, check_model_fits, check_optimizer, check_threads, resolve_model
+from cfl.cross_checks import (
+    check_methods,
+    check_model_fits,
+    check_optimizer,
+    check_task_losses,
+    check_threads,
+    resolve_model,
+)
 from cfl.data.partition import PARTITIONERS
 from cfl.data.streams import STREAMS
 from cfl.ignored_keys import check_ignored_keys
@@ -121,6 +128,7 @@ def _validate_names(cfg: Config) -> Config:
     check_ignored_keys(cfg, [method, *plugins])
     check_threads(cfg.threads)
     check_optimizer(cfg, [method, *plugins])
+    check_task_losses(cfg, [method, *plugins])
     cfg = dataclasses.replace(cfg, method=method, plugins=plugins, precision=parse_precision(cfg.precision),
                               model=dataclasses.replace(cfg.model, name=resolve_model(cfg.stream.name, cfg.model.name)))
     check_model_fits(cfg)

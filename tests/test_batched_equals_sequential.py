@@ -312,6 +312,21 @@ def _path_start(_self, global_params, state):
     return {"path": state.get("path") or {k: torch.zeros_like(v) for k, v in global_params.items()}}
 
 
+VARIANTS.update({
+    "task_loss": (
+        lambda _self, _params, logits, y, _x, _task, _weight, _allowed, _server, _state:
+            1.5 * torch.nn.functional.cross_entropy(logits, y, reduction="none"),
+        lambda _self, _params, logits, y, _x, _task, _weight, _allowed, _server, state:
+            (1 + state.get("w", _zero())) * torch.nn.functional.cross_entropy(logits, y, reduction="none"),
+    ),
+    "after_server_step": (
+        lambda _self, _model, global_params, server, _task: server.update(norm=sum(v.norm() for v in
+                                                                                   global_params.values())),
+        lambda _self, _model, global_params, server, _task: server.update(
+            norm=server["scale"] * sum(v.norm() for v in global_params.values())),
+    ),
+})
+
 #: the step hooks (issue 28); a hook that changes nothing alone comes with the hook that makes it count
 VARIANTS.update({
     "step_gradient": (
@@ -350,7 +365,7 @@ def _accumulate(state: dict, value: torch.Tensor) -> dict:
 
 def test_every_hook_has_both_variants():
     assert sorted(VARIANTS) == HOOKS
-    assert len(HOOKS) == 12  # the base class's docstring says twelve
+    assert len(HOOKS) == 14  # the base class's docstring says fourteen
 
 
 def _assert_states_close(a: object, b: object, where: str) -> None:

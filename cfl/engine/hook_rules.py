@@ -14,6 +14,7 @@ from cfl.tensors import Params
 
 PENALTY = "must return None or {parameter name: Quadratic(weight, anchor)}, the anchor shaped like the parameter"
 PROJECTION = "must return {parameter name: basis (d, k)}, d the parameter's size over its first dim (im2col width)"
+TASK_LOSS = "must return one float loss per sample of the batch, a tensor of shape (B,) with B = logits.shape[0]"
 EXTRA_LOSS = "must return one float loss per sample of the batch x, a tensor of shape (B,) with B = x.shape[0]"
 REPLAY = "must return None or Samples(x, y, task): x shaped like the stream's inputs, y and task integer vectors"
 STEP_SAMPLES = "must return None or Samples(x, y, task): x shaped like the stream's inputs, y and task integer vectors"
@@ -62,9 +63,9 @@ def check_penalty(result: Any, params: Params) -> dict[str, Quadratic]:
     return result
 
 
-def check_extra_loss(result: Any, x: torch.Tensor) -> torch.Tensor:
+def check_extra_loss(result: Any, x: torch.Tensor, rule: str = EXTRA_LOSS) -> torch.Tensor:
     if not isinstance(result, torch.Tensor) or result.shape != (x.shape[0],) or not result.is_floating_point():
-        raise BrokenRule(f"{EXTRA_LOSS} (here {x.shape[0]}); {_got(result)}")
+        raise BrokenRule(f"{rule} (here {x.shape[0]}); {_got(result)}")
     return result
 
 

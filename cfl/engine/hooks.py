@@ -10,6 +10,7 @@ import torch
 from torch.func import vmap
 
 from cfl.engine.hook_rules import (
+    TASK_LOSS,
     check_carry_start,
     check_carry_step,
     check_extra_loss,
@@ -59,6 +60,15 @@ def penalty_terms(method: Method, global_params: Params, server: State, stacked:
     if stacked:
         return vmap(lambda st: _terms(method, global_params, server, st))(stacked)
     return {k: (a.unsqueeze(0), b.unsqueeze(0)) for k, (a, b) in _terms(method, global_params, server, {}).items()}
+
+
+def task_loss(method: Method, params: Params, logits: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
+              task: torch.Tensor, weight: torch.Tensor, allowed: torch.Tensor | None, server: State,
+              state: State) -> torch.Tensor:
+    """One client's per-sample task loss ``(B,)`` from ``method.task_loss`` (not yet averaged)."""
+    with guarded(method, "task_loss"):
+        return check_extra_loss(method.task_loss(params, logits, y, x, task, weight, allowed, server, state),
+                                logits, TASK_LOSS)
 
 
 def extra_loss(method: Method, params: Params, x: torch.Tensor, task: torch.Tensor, weight: torch.Tensor,

@@ -28,13 +28,13 @@ from cfl.engine.path import choose_path
 from cfl.engine.precision import autocast, to_float, warn_if_slow
 from cfl.engine.stacked_net import StackedNet
 from cfl.engine.stacking import Batch, client_rows, couples_samples, pad_samples, sample_counts, stack_states
-from cfl.engine.step_hooks import STEP_HOOKS, StepStage
+from cfl.engine.step_hooks import STEP_HOOKS, StepStage, task_loss_of
 from cfl.methods.base import Method, overrides
 from cfl.ops.losses import masked_cross_entropy, weighted_mean
 from cfl.tensors import Params, State
 
 #: hooks that read the stacked client states under ``vmap``
-_VMAPPED = ("penalty", "extra_loss", "gradient_projection", *STEP_HOOKS)
+_VMAPPED = ("penalty", "task_loss", "extra_loss", "gradient_projection", *STEP_HOOKS)
 
 
 def _padded_schedule(jobs: list[ClientJob], hp: Hyper,
@@ -427,8 +427,14 @@ def _grouped_losses(groups: list[Group], data: StepBatch, extras: list[Batch | N
                    for e, w in zip(extras, replay_widths, strict=True)]
         xb, yb, tb, wb = _with_replay(tuple(pick(v)[:, :width] for v in data), replays)
         p = {k: pick(v) for k, v in params.items()}
-        cross_entropy = weighted_mean(masked_cross_entropy(forward(p, xb, tb), yb, None if allowed is None
-                                                           else pick(allowed)), wb)
+        own = task_loss_of(plugins.methods)
+        if own is None:
+            cross_entropy = weighted_mean(masked_cross_entropy(forward(p, xb, tb), yb, None if allowed is None
+                                                               else pick(allowed)), wb)
+        else:  # the method's own per-sample loss in place of the cross-entropy
+            cross_entropy = weighted_mean(_own_losses(plugins, own, p, forward(p, xb, tb), (xb, yb, tb, wb),
+                                                      None if allowed is None else pick(allowed),
+                                                      client_rows_of(states[own], pick)), wb)
         loss = cross_entropy
         for i, m in enumerate(plugins.methods):
             if overrides(m, "extra_loss"):
@@ -442,6 +448,18 @@ def _grouped_losses(groups: list[Group], data: StepBatch, extras: list[Batch | N
     back = torch.empty_like(order)
     back[order] = torch.arange(len(order), device=order.device)
     return torch.cat(ce_parts)[back], torch.cat(loss_parts)[back]
+
+
+def _own_losses(plugins: Plugins, i: int, params: Params, logits: torch.Tensor, data: StepBatch,
+                allowed: torch.Tensor | None, state: State) -> torch.Tensor:
+    """Method ``i``'s ``task_loss`` per client and sample ``(n, B)``, under ``vmap``."""
+    m, server = plugins.methods[i], plugins.broadcasts[i]
+    x, y, t, w = data
+    if allowed is None:
+        return vmap(lambda p, lg, yy, xx, tt, ww, st: hooks.task_loss(m, p, lg, yy, xx, tt, ww, None, server, st),
+                    randomness="different")(params, logits, y, x, t, w, state)
+    return vmap(lambda p, lg, yy, xx, tt, ww, al, st: hooks.task_loss(m, p, lg, yy, xx, tt, ww, al, server, st),
+                randomness="different")(params, logits, y, x, t, w, allowed, state)
 
 
 def client_rows_of(state: State, pick: Callable[[torch.Tensor], torch.Tensor]) -> State:

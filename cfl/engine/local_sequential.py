@@ -13,7 +13,7 @@ from torch.func import functional_call
 from cfl.engine import hooks, local_optim
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, client_schedule, replay_generator
 from cfl.engine.precision import autocast, to_float, warn_if_slow
-from cfl.engine.step_hooks import StepStage, as_batch
+from cfl.engine.step_hooks import StepStage, as_batch, task_loss_of
 from cfl.methods.base import overrides
 from cfl.ops.losses import masked_cross_entropy
 from cfl.tensors import Params
@@ -29,6 +29,7 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
     generator = replay_generator(job)
     stage = StepStage.of(methods, broadcasts, global_params, hp.lr, model, hp.precision, x.device)
     carry = stage.start(states) if stage is not None else {}
+    own_loss = task_loss_of(methods)
     losses, finite = [], True
     model.train()
     for s, batch in enumerate(client_schedule(job, hp)):
@@ -44,7 +45,8 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
                 tb, wb = torch.cat([tb, extra.task]), torch.cat([wb, torch.ones(len(extra.y), device=x.device)])
         with autocast(hp.precision, x.device):  # bf16-mixed: products in bfloat16, the loss on float32 logits
             logits = to_float(functional_call(model, params, (xb, tb)))
-        per_sample = masked_cross_entropy(logits, yb, job.allowed)
+        per_sample = masked_cross_entropy(logits, yb, job.allowed) if own_loss is None else hooks.task_loss(
+            methods[own_loss], params, logits, yb, xb, tb, wb, job.allowed, broadcasts[own_loss], states[own_loss])
         keep = wb > 0
         loss = (per_sample[keep] * wb[keep]).sum() / wb[keep].sum()
         losses.append(float(loss.detach()))

@@ -25,6 +25,7 @@ from cfl.methods.base import Method, overrides
 #: hooks the stacked path cannot take, with the reason
 _NOT_STACKED = {
     "extra_loss": "which needs per-sample losses",
+    "task_loss": "which replaces the cross-entropy the fused step differentiates",
     "gradient_projection": "whose projection the fused step does not apply",
     **{hook: "a step hook, which needs each client's materialised gradient" for hook in STEP_HOOKS},
 }

@@ -10,12 +10,14 @@ from __future__ import annotations
 import copy
 
 import torch
+from torch.func import functional_call
 
 from cfl.engine import hooks
 from cfl.engine.runner import Runner, broadcast_of
 from cfl.engine.server import transformed, updated
 from cfl.engine.step_hooks import StepStage, as_batch, gradient_function, takes_steps
 from cfl.methods.base import Method, overrides
+from cfl.methods.hook_guard import guarded
 from cfl.tensors import State
 
 
@@ -33,6 +35,9 @@ def dry_run_hooks(runner: Runner) -> None:
             broadcast = broadcast_of(m, "round", server)
             if overrides(m, "penalty"):
                 hooks.penalty_loss(m, params, params, broadcast, {})
+            if overrides(m, "task_loss"):
+                logits = functional_call(runner.model, params, (x, task))
+                hooks.task_loss(m, params, logits, y, x, task, weight, None, broadcast, {})
             if overrides(m, "extra_loss"):
                 hooks.extra_loss(m, params, x, task, weight, broadcast, {})
             if overrides(m, "gradient_projection"):
@@ -45,6 +50,9 @@ def dry_run_hooks(runner: Runner) -> None:
             updated(m, params, delta, server, runner.cfg.server_lr)
             if overrides(m, "transform_update"):
                 transformed(m, delta, server, 0, params)
+            if overrides(m, "after_server_step"):
+                with guarded(m, "after_server_step"):
+                    m.after_server_step(runner.model, params, server, 0)
 
 
 def _dry_step(runner: Runner, method: Method, broadcast: State, batch: tuple[torch.Tensor, ...]) -> None:

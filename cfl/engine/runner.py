@@ -160,6 +160,11 @@ class Runner:
             if overrides(m, "server_end"):
                 with guarded(m, "server_end"):
                     m.server_end("round", pl, st.server, task)
+        for m, st in zip(self.methods, self.states, strict=True):
+            if overrides(m, "after_server_step"):
+                self.model.eval()
+                with guarded(m, "after_server_step"):
+                    m.after_server_step(self.model, self.params, st.server, task)
         down = len(jobs) * (self.model_bytes + nbytes(broadcasts))
         up = len(kept_jobs) * self.model_bytes + nbytes(payloads)
         self.comm.down(down)

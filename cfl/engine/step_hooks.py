@@ -30,6 +30,12 @@ STEP_HOOKS = ("step_samples", "step_gradient", "carry_start", "carry_step")
 SampleBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # x, y, task, weight
 
 
+def task_loss_of(methods: list[Method]) -> int | None:
+    """The index of the method that replaces the cross-entropy (``task_loss``; one at most, checked with the
+    config), or None."""
+    return next((i for i, m in enumerate(methods) if overrides(m, "task_loss")), None)
+
+
 def takes_steps(method: Method) -> bool:
     """Whether ``method`` overrides a step hook."""
     return any(overrides(method, hook) for hook in STEP_HOOKS)

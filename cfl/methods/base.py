@@ -1,4 +1,4 @@
-"""The method plugin interface: twelve optional hooks, written for ONE client, and a few declarations.
+"""The method plugin interface: fourteen optional hooks, written for ONE client, and a few declarations.
 
 A method is a small class with a ``Hyperparams`` dataclass and whichever hooks it overrides (the engine
 detects them by override). Client hooks see one client's state (a nested dict) and return one client's
@@ -6,12 +6,14 @@ figures; the engine batches clients, stacks and pads their states and chooses it
 run (``docs/plugins.md``). State is owned by the engine (:class:`cfl.records.client_states.MethodState`),
 checkpointed with the run, and handed back to the hooks of the method that made it.
 
-A round (``t`` = task, 0-based): every local step adds the ``penalty`` quadratics, the ``extra_loss`` and the
+A round (``t`` = task, 0-based): every local step's loss is the cross-entropy (or the method's ``task_loss``)
+plus the ``penalty`` quadratics, the ``extra_loss`` and the
 ``replay`` samples to the loss; the step hooks (``step_samples``, ``step_gradient``, ``carry_start``,
 ``carry_step``: :class:`Step`) see and may rewrite each step's gradient and keep running values through the
 round; the optimiser projects the gradients off ``gradient_projection`` and steps; after training,
 ``client_end("round")`` on each client, then the server aggregates, applies ``server_update`` (x GMA mask)
-and ``transform_update``, and ``server_end("round")`` reduces the clients' uploads. At a task end,
+and ``transform_update``, ``server_end("round")`` reduces the clients' uploads and ``after_server_step`` sees
+the new global model. At a task end,
 ``client_end("task_end")`` on the participants (``task_end_clients``) and ``server_end("task_end")``.
 """
 
@@ -24,6 +26,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import nn
 
+from cfl.ops.losses import masked_cross_entropy
 from cfl.tensors import Params, State
 
 Event = Literal["round", "task_end"]
@@ -180,6 +183,15 @@ class Method:
         """Quadratic penalties added to every local step's loss, per parameter name (others carry none)."""
         return None
 
+    def task_loss(self, params: Params, logits: torch.Tensor, y: torch.Tensor, x: torch.Tensor, task: torch.Tensor,
+                  weight: torch.Tensor, allowed: torch.Tensor | None, server: State, state: State) -> torch.Tensor:
+        """Per-sample loss ``(B,)`` in place of the cross-entropy (GLFC's gradient compensation): ``logits``
+        ``(B, K)`` of the step's batch ``x`` (replay included) at ``params``, labels ``y``, ``weight`` 0 for
+        padding, ``allowed`` ``(K,)`` the classes the loss may use (class-incremental: those seen) or None. The
+        engine averages it over the real samples; the run's ``train_loss`` is its mean. One method of a run at
+        most; a pure tensor function (``vmap``)."""
+        return masked_cross_entropy(logits, y, allowed)
+
     def extra_loss(self, params: Params, x: torch.Tensor, task: torch.Tensor, server: State,
                    state: State) -> torch.Tensor:
         """Per-sample extra loss ``(B,)`` of the step's batch ``x`` (distillation, e.g. LwF); the engine averages
@@ -241,6 +253,10 @@ class Method:
     def server_update(self, global_params: Params, delta: Params, server: State, server_lr: float) -> Params | None:
         """Apply the update (server optimisers such as FedAdam); None: the default ``w + lr * delta``."""
         return None
+
+    def after_server_step(self, model: nn.Module, global_params: Params, server: State, task: int) -> None:
+        """After each round's server step and ``server_end("round")``: look at the new global model (``model``, the
+        template, in eval mode) and update ``server`` in place (GLFC's proxy server scores it)."""
 
     def transform_update(self, delta: Params, server: State, task: int) -> Params:
         """Rewrite the server step ``w_new - w`` before it is applied (FOT's projection). It runs last: after
