@@ -18,8 +18,10 @@ from cfl.ops.glfc_proxy import (
     infer_label,
     keep_best,
     mean_entropy,
+    monitor_set,
     new_task_signal,
     perturb,
+    prototype_gradients,
     prototype_index,
     prototype_loss,
     reconstruct,
@@ -153,3 +155,37 @@ def test_entropy_signal():
     assert mean_entropy(uniform, seen) == pytest.approx(-math.log(0.25 + 1e-5), abs=1e-6)
     assert mean_entropy(torch.tensor([[60.0, 0.0, 0.0, 0.0, 0.0]]), seen) == pytest.approx(0.0, abs=1e-4)
     assert new_task_signal(math.log(4), 0.0) and not new_task_signal(math.log(2), 0.0)
+
+
+def test_head_features_are_the_heads_input():
+    from cfl.models.mlp import MLP
+    from cfl.ops.features import head_features
+
+    torch.manual_seed(0)
+    model = MLP(6, [5], 3, num_tasks=2, multi_head=True)
+    params = dict(model.named_parameters())
+    x = torch.randn(7, 6)
+    features, logits = head_features(model, params, x, task=1, chunk=3)
+    torch.testing.assert_close(features, model.body(x))
+    torch.testing.assert_close(logits, model(x, torch.ones(7, dtype=torch.long)))
+    with pytest.raises(ValueError, match="no 'head'"):
+        head_features(torch.nn.Linear(6, 3), {}, x, task=0)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_clients_upload_reconstructs_into_a_monitor_set_with_its_labels():
+    """Two classes' prototypes (the samples nearest their class means), perturbed, encoded by the LeNet; the server
+    infers each label from the gradient alone and reconstructs 2 samples per upload."""
+    net = lenet((1, 8, 8), 4, seed=5)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(6, 1, 8, 8, generator=gen, dtype=torch.float64)
+    y = torch.tensor([1, 3, 1, 3, 1, 3])
+    features = torch.randn(6, 5, generator=gen, dtype=torch.float64)
+    weight = torch.randn(4, 64, generator=gen, dtype=torch.float64)
+    seen = torch.tensor([True, True, True, True])
+    uploads = prototype_gradients(lambda v: v.flatten(1) @ weight.T, features, x, y, [1, 3], net, seen, steps=3)
+    assert [infer_label(g[-2]) for g in uploads] == [1, 3]
+    mx, my = monitor_set(net, uploads, (1, 8, 8), torch.Generator().manual_seed(1), steps=2, keep=2)
+    assert mx.shape == (4, 1, 8, 8) and my.tolist() == [1, 1, 3, 3]
+    with pytest.raises(ValueError, match="class 2 has no sample"):
+        prototype_gradients(lambda v: v.flatten(1) @ weight.T, features, x, y, [2], net, seen)

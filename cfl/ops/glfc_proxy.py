@@ -158,3 +158,35 @@ def new_task_signal(entropy: float, last_entropy: float, threshold: float = ENTR
     """Whether a client flags new classes: its mean prediction entropy rose by more than ``threshold`` nats since
     its last check (the official code compares with the previous check's value, starting from 0)."""
     return entropy - last_entropy > threshold
+
+
+def prototype_gradients(logits_fn: Callable[[torch.Tensor], torch.Tensor], features: torch.Tensor, x: torch.Tensor,
+                        y: torch.Tensor, classes: Sequence[int], encoder: nn.Module, seen: torch.Tensor,
+                        steps: int = 50, lr: float = 0.01, weight_decay: float = 1e-5) -> list[list[torch.Tensor]]:
+    """A client's upload for its new ``classes``: per class, its prototype (:func:`prototype_index` on the class's
+    ``features``, rows of ``x``), perturbed by :func:`perturb` to lower :func:`prototype_loss` of
+    ``logits_fn`` (a batch of inputs -> logits: the client's trained model, in eval mode), then the encoder's
+    gradient at it (:func:`encoder_gradient`)."""
+    out = []
+    for c in classes:
+        rows = torch.nonzero(y == c).flatten()
+        if len(rows) == 0:
+            raise ValueError(f"prototype_gradients: class {c} has no sample on this client")
+        proto = x[rows[prototype_index(features[rows])]]
+        moved = perturb(proto, lambda v, c=c: prototype_loss(logits_fn(v.unsqueeze(0)), c, seen), steps, lr,
+                        weight_decay)
+        out.append(encoder_gradient(encoder, moved, c))
+    return out
+
+
+def monitor_set(encoder: nn.Module, gradients: Sequence[Sequence[torch.Tensor]], input_shape: tuple[int, ...],
+                generator: torch.Generator, steps: int = 250, lr: float = 0.1,
+                keep: int = 20) -> tuple[torch.Tensor, torch.Tensor]:
+    """The proxy server's monitor set from the uploaded gradients: each one's :func:`reconstruct` samples with its
+    inferred label, all together: ``x (len(gradients) * keep, *input_shape)``, ``y``."""
+    recs = [reconstruct(encoder, g, input_shape, generator, steps, lr, keep) for g in gradients]
+    if not recs:
+        raise ValueError("monitor_set: no gradient was uploaded")
+    x = torch.cat([r.samples for r in recs])
+    y = torch.cat([torch.full((keep,), r.label, dtype=torch.long, device=x.device) for r in recs])
+    return x, y
