@@ -99,9 +99,14 @@ class ER(Method):
         state["x"][:n], state["y"][:n], state["task"][:n], state["valid"][:n] = x, y, task, True
 
     def replay(self, state: State, generator: torch.Generator) -> Samples | None:
-        if "valid" not in state:
-            return None
-        n = int(state["valid"].sum())
-        pick = torch.randperm(n, generator=generator)[: self.hparams.replay_batch_size or self.run_info.batch_size]
-        pick = pick.to(state["x"].device)
-        return Samples(state["x"][pick], state["y"][pick], state["task"][pick])
+        return draw_memory(state, generator, self.hparams.replay_batch_size or self.run_info.batch_size)
+
+
+def draw_memory(state: State, generator: torch.Generator, count: int) -> Samples | None:
+    """``count`` samples drawn without replacement from a memory in fixed slots (``x``, ``y``, ``task``, ``valid``,
+    filled ones first; None before it holds any), by the client's ``generator``."""
+    if "valid" not in state:
+        return None
+    n = int(state["valid"].sum())
+    pick = torch.randperm(n, generator=generator)[:count].to(state["x"].device)
+    return Samples(state["x"][pick], state["y"][pick], state["task"][pick])
