@@ -47,11 +47,14 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class PartitionConfig:
-    name: str = field("iid", "iid, shards, dirichlet or quantity")
+    name: str = field("iid", "iid, shards, dirichlet, quantity or classes")
     shards_per_client: int = field(2, "shards: label shards per client", min=1)
     alpha: float = field(0.5, "dirichlet: concentration of the class proportions", gt=0)
     beta: float = field(0.5, "quantity: concentration of the client sizes", gt=0)
     min_samples: int = field(1, "dirichlet/quantity: fewest samples a client may get", min=1)
+    classes_per_client: int = field(6, "classes: classes of each task a client draws (GLFC's protocol: 6 of 10)", min=1)
+    overlap: bool = field(True, "classes: a client holds every sample of its classes, shared with the clients that "
+                          "drew them (GLFC's official code); false: each class's samples split between them")
 
 
 @dataclass(frozen=True)

@@ -169,10 +169,11 @@ def test_each_partition_and_aggregator_key_is_read_by_the_functions_that_name_it
     from cfl.ignored_keys import parameter_names
     from cfl.ops.aggregate import AGGREGATORS
 
-    reads = {n: parameter_names(f) & {"shards_per_client", "alpha", "beta", "min_samples", "tau"}
-             for registry in (PARTITIONERS, AGGREGATORS) for n, f in registry.items()}
+    keys = {"shards_per_client", "alpha", "beta", "min_samples", "classes_per_client", "overlap", "tau"}
+    reads = {n: parameter_names(f) & keys for registry in (PARTITIONERS, AGGREGATORS) for n, f in registry.items()}
     assert reads == {"iid": set(), "shards": {"shards_per_client"}, "dirichlet": {"alpha", "min_samples"},
-                     "quantity": {"beta", "min_samples"}, "mean": set(), "gma": {"tau"}}
+                     "quantity": {"beta", "min_samples"}, "classes": {"classes_per_client", "overlap"},
+                     "mean": set(), "gma": {"tau"}}
 
 
 def test_a_key_that_has_no_effect_is_accepted_at_its_default_as_a_resolved_config_holds_it():

@@ -163,3 +163,46 @@ def test_impossible_dirichlet_is_refused_before_any_round():
                      "min_samples": 2}, "model": {"name": "digits-mlp"}, "wandb": {"mode": "disabled"}})
     with pytest.raises(ConfigError, match="none of 1000 draws"):
         Runner(cfg, make_stream(n_train=120))
+
+
+# ---- classes: GLFC's protocol (each client draws k of the task's classes) ----
+def test_classes_with_overlap_gives_each_client_every_sample_of_k_classes():
+    parts = partition("classes", LABELS, 12, seed=0, task=0, classes_per_client=6, overlap=True)
+    assert len(parts) == 12
+    for p in parts:
+        held = np.unique(LABELS[p])
+        assert len(held) == 6 and np.array_equal(p, np.flatnonzero(np.isin(LABELS, held)))  # 40 samples each
+    assert len(np.concatenate(parts)) == 12 * 6 * 40 > len(LABELS)  # clients share samples
+    again = partition("classes", LABELS, 12, seed=0, task=0, classes_per_client=6, overlap=True)
+    other = partition("classes", LABELS, 12, seed=0, task=1, classes_per_client=6, overlap=True)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))
+    assert not all(np.array_equal(a, b) for a, b in zip(parts, other, strict=True))
+
+
+def test_classes_without_overlap_splits_each_class_between_its_holders():
+    parts = partition("classes", LABELS, 12, seed=0, task=0, classes_per_client=6, overlap=False)
+    allidx = _check_disjoint_cover(parts)
+    drawn = [set(np.unique(LABELS[p]).tolist()) for p in parts]
+    assert all(len(d) == 6 for d in drawn)
+    for c in range(10):  # class c's 40 samples cut into equal chunks, one per client that drew it
+        holders = [i for i, d in enumerate(drawn) if c in d]
+        sizes = sorted(int((LABELS[parts[i]] == c).sum()) for i in holders)
+        assert sum(sizes) == (40 if holders else 0) and sizes[-1] - sizes[0] <= 1
+    assert len(allidx) == sum(40 for c in range(10) if any(c in d for d in drawn))
+
+
+def test_classes_every_class_drawn_by_every_client_is_an_equal_split_without_overlap():
+    """k = all 10 classes: with overlap each of 4 clients holds all 400 samples; without, 10 of each class."""
+    shared = partition("classes", LABELS, 4, seed=1, task=0, classes_per_client=10, overlap=True)
+    assert all(np.array_equal(p, np.arange(400)) for p in shared)
+    split = partition("classes", LABELS, 4, seed=1, task=0, classes_per_client=10, overlap=False)
+    assert all(np.array_equal(np.bincount(LABELS[p], minlength=10), [10] * 10) for p in split)
+
+
+def test_classes_refusals_name_the_fix():
+    with pytest.raises(ConfigError, match="lower partition.classes_per_client"):
+        partition("classes", LABELS, 4, seed=0, task=0, classes_per_client=11, overlap=True)
+    few = np.repeat(np.arange(2), 3)  # 3 samples per class, 5 clients each drawing both classes
+    with pytest.raises(ConfigError, match="overlap: true"):
+        partition("classes", few, 5, seed=0, task=0, classes_per_client=2, overlap=False)
+    assert len(partition("classes", few, 5, seed=0, task=0, classes_per_client=2, overlap=True)) == 5

@@ -1,7 +1,8 @@
 """Partitioners: split one task's training set over clients, each task on its own, seeded.
 
 Every partitioner returns ``num_clients`` index arrays into the task's training tensors; clients never
-share a sample and (except for the label-skew ones, by design) hold similar amounts of data.
+share a sample (except ``classes`` with ``overlap``, GLFC's protocol, by design) and (except for the label-skew
+ones, by design) hold similar amounts of data.
 """
 
 from __future__ import annotations
@@ -75,12 +76,40 @@ def quantity(labels: np.ndarray, num_clients: int, rng: np.random.Generator, bet
     return [np.sort(p) for p in np.split(rng.permutation(n), cuts)]
 
 
+def classes(labels: np.ndarray, num_clients: int, rng: np.random.Generator, *, classes_per_client: int,
+            overlap: bool, **_: float) -> list[np.ndarray]:
+    """Each client draws ``classes_per_client`` of the task's classes at random (GLFC's protocol, Dong et al. 2022;
+    official code: 6 of a task's 10). ``overlap``: it holds every training sample of them, so clients drawing a
+    class share its samples (the official code); else each class's samples are shuffled and cut into equal
+    chunks, one per client that drew it (a class nobody drew is left out in both)."""
+    present = np.unique(labels)
+    if classes_per_client > len(present):
+        raise ConfigError(f"partition 'classes': partition.classes_per_client={classes_per_client}, but a task has "
+                          f"only {len(present)} classes; lower partition.classes_per_client")
+    picks = [rng.choice(present, size=classes_per_client, replace=False) for _ in range(num_clients)]
+    if overlap:
+        return [np.flatnonzero(np.isin(labels, p)) for p in picks]
+    pieces: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for c in present:
+        holders = [i for i, p in enumerate(picks) if c in p]
+        rows = rng.permutation(np.flatnonzero(labels == c))
+        if len(rows) < len(holders):
+            raise ConfigError(f"partition 'classes' without overlap: class {c} has {len(rows)} training samples "
+                              f"for the {len(holders)} clients that drew it, so some would miss it; set "
+                              "partition.overlap: true, or lower num_clients or partition.classes_per_client")
+        for cid, chunk in zip(holders, np.array_split(rows, max(len(holders), 1)), strict=False):
+            pieces[cid].append(chunk)
+    return [np.sort(np.concatenate(p)) for p in pieces]
+
+
 #: ``partition.name`` -> split of one task's labels: ``(labels, num_clients, rng, **params) -> index arrays``
 PARTITIONERS: Registry[Callable[..., list[np.ndarray]]] = Registry("partitioner")
 PARTITIONERS.register("iid", iid, about="shuffle and cut into equal chunks")
 PARTITIONERS.register("shards", shards, about="sort by label, 2 (shards_per_client) random label shards per client")
 PARTITIONERS.register("dirichlet", dirichlet, about="label skew, class proportions ~ Dir(alpha) per client")
 PARTITIONERS.register("quantity", quantity, about="quantity skew, client sizes ~ Dir(beta), labels IID")
+PARTITIONERS.register("classes", classes, about="GLFC's protocol: each client draws classes_per_client of the task's "
+                      "classes, all their samples (overlap) or an equal share")
 
 
 def check_sizes(name: str, task_sizes: dict[int, int], num_clients: int, shards_per_client: int = 2,

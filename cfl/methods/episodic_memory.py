@@ -87,8 +87,14 @@ class EpisodicMemory(Method):
     def draw(self, state: State, generator: torch.Generator, size: int) -> Samples | None:
         """Up to ``size`` memory samples drawn without replacement from ``generator``; None before the first task
         end."""
-        if "valid" not in state:
-            return None
-        n = int(state["valid"].sum())
-        pick = torch.randperm(n, generator=generator)[:size].to(state["x"].device)
-        return Samples(state["x"][pick], state["y"][pick], state["task"][pick])
+        return draw_memory(state, generator, size)
+
+
+def draw_memory(state: State, generator: torch.Generator, count: int) -> Samples | None:
+    """``count`` samples drawn without replacement from a memory in fixed slots (``x``, ``y``, ``task``, ``valid``,
+    filled ones first; None before it holds any), by the client's ``generator``."""
+    if "valid" not in state:
+        return None
+    n = int(state["valid"].sum())
+    pick = torch.randperm(n, generator=generator)[:count].to(state["x"].device)
+    return Samples(state["x"][pick], state["y"][pick], state["task"][pick])

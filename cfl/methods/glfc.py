@@ -1,0 +1,207 @@
+"""GLFC: Global-Local Forgetting Compensation (Dong et al., "Federated Class-Incremental Learning", CVPR 2022,
+arXiv 2203.11473), class-incremental; the official code ``conditionWang/FCIL`` is the reference where the paper
+is silent. NOT REGISTERED YET: it needs two engine hooks the engine does not call today, ``task_loss`` (GLFC's
+loss replaces the cross-entropy) and ``after_server_step`` (the proxy server scores each new global model).
+
+Client, every local step: ``L_GC`` (class-aware gradient compensation; old classes = those the client learned),
+plus ``L_RD`` (relation distillation from the old model) once the server holds one, ``0.5 L_GC + 0.5 L_RD``
+(cfl/ops/glfc_losses.py); memory samples appended to each step (``replay``). At a task end, with the task's
+final global model: herding exemplars of the client's classes into a memory of ``memory_size`` samples
+(cfl/ops/glfc_memory.py). In the first round of each task, after training: per class it holds, the prototype,
+perturbed, encoded as the gradient of a fixed random LeNet, uploaded (cfl/ops/glfc_proxy.py).
+Server (the proxy): reconstructs the uploads into a monitor set, scores each new global model on it and keeps
+the best; at a task end the best becomes the old model, broadcast with every round's model (counted each
+round). ``proxy: false`` is the ablation without the proxy server: the old model is the finished task's final
+global model.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from cfl.methods.base import ClientData, Event, Method, Samples, StateSizing
+from cfl.methods.episodic_memory import draw_memory
+from cfl.models.lenet import GradientLeNet, uniform_init_
+from cfl.ops.distill import evaluating, frozen
+from cfl.ops.features import head_features
+from cfl.ops.glfc_losses import FORMS, glfc_loss
+from cfl.ops.glfc_memory import refill
+from cfl.ops.glfc_proxy import BestModel, accuracy, finish_task, keep_best, monitor_set, prototype_gradients
+from cfl.schema import ConfigError, field
+from cfl.tensors import Params, State
+
+
+@dataclass(frozen=True)
+class GLFCHyperparams:
+    form: str = field("code", "code: the official code's sigmoid/BCE losses (its numbers); paper: the paper's "
+                      "softmax/cross-entropy and KL", choices=FORMS)
+    memory_size: int = field(2000, "exemplar slots per client, shared equally by the classes it learned (official "
+                             "code: 2000; beside ER+FL use ER's per-client budget)", min=1)
+    replay_batch_size: int | None = field(None, "memory samples appended to each local step (null: the run's "
+                                          "batch_size; the official code shuffles them into the client's data)",
+                                          min=1)
+    proxy: bool = field(True, "the proxy server picks the old model; false: the ablation without it (old model = "
+                        "the finished task's final global model)")
+    perturb_steps: int = field(50, "SGD steps perturbing each prototype (official code: 50)", min=0)
+    perturb_lr: float = field(0.001, "their learning rate (official code: the local lr / 10; the method is not told "
+                              "the run's lr, so set it to lr / 10)", gt=0.0)
+    reconstruction_steps: int = field(250, "L-BFGS steps per reconstruction (official code: 250)", min=1)
+    reconstruction_lr: float = field(0.1, "L-BFGS learning rate (official code: 0.1)", gt=0.0)
+    reconstructions_kept: int = field(20, "last iterates kept per reconstruction (official code: 20)", min=1)
+    keep_best_score: bool = field(False, "the official code's quirk: the best score is never reset at a task switch")
+    herding_repeats: bool = field(False, "the official code's quirk: herding may choose a sample twice")
+
+
+class GLFC(Method):
+    name = "glfc"
+    about = "GLFC: gradient-compensation and relation-distillation losses, herding memory, proxy server"
+    Hyperparams = GLFCHyperparams
+    broadcast = {"round": ("old_model", "round_in_task")}
+
+    def __init__(self, hparams: GLFCHyperparams, run_info: Any) -> None:
+        super().__init__(hparams, run_info)
+        if run_info.scenario != "class":
+            raise ConfigError(f"method glfc runs class-incremental streams; this one is {run_info.scenario}-"
+                              "incremental (set stream.scenario: class)")
+        if hparams.reconstructions_kept > hparams.reconstruction_steps:
+            raise ConfigError(f"method.reconstructions_kept={hparams.reconstructions_kept} is above "
+                              f"method.reconstruction_steps={hparams.reconstruction_steps}; lower it")
+        head = getattr(run_info.model, "head", None)
+        if not isinstance(getattr(head, "weight", None), torch.Tensor):
+            raise ConfigError(f"method glfc reads features at the input of the model's head; "
+                              f"{type(run_info.model).__name__} has no 'head' layer with a weight")
+        self.classes = int(head.weight.shape[-2])
+        self._encoder: GradientLeNet | None = None
+
+    def encoder(self, input_shape: tuple[int, ...], like: torch.Tensor) -> GradientLeNet:
+        """The fixed random LeNet, the same for every client and the server (seeded by the run seed)."""
+        if self._encoder is None:
+            net = GradientLeNet(input_shape, self.classes)
+            uniform_init_(net, torch.Generator().manual_seed(self.run_info.seed))
+            self._encoder = net.to(device=like.device, dtype=like.dtype)
+        return self._encoder
+
+    def client_state_bytes(self, sizing: StateSizing) -> int:
+        """The memory (an input, a label and a task id (int64), a valid flag per slot) and the learned-classes mask,
+        per client."""
+        return sizing.num_clients * (self.hparams.memory_size * (sizing.sample_bytes + 8 + 8 + 1) + self.classes)
+
+    # ---- the local step ----
+    def task_loss(self, params: Params, logits: torch.Tensor, y: torch.Tensor, x: torch.Tensor, task: torch.Tensor,
+                  weight: torch.Tensor, allowed: torch.Tensor | None, server: State, state: State) -> torch.Tensor:
+        """Per sample, GLFC's loss in place of the cross-entropy (the proposed engine hook)."""
+        seen = torch.ones(logits.shape[-1], dtype=torch.bool, device=logits.device) if allowed is None else allowed
+        learned = state.get("learned", torch.zeros_like(seen))
+        old_logits = None
+        if "old_model" in server:
+            with evaluating(self.run_info.model):
+                old_logits = functional_call(self.run_info.model, server["old_model"], (x, task)).detach()
+        return glfc_loss(logits, y, weight, seen, learned & seen, old_logits, self.hparams.form)
+
+    def replay(self, state: State, generator: torch.Generator) -> Samples | None:
+        return draw_memory(state, generator, self.hparams.replay_batch_size or self.run_info.batch_size)
+
+    # ---- client ends ----
+    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
+                   server: State, generator: torch.Generator) -> State | None:
+        if event == "task_end":
+            self._herd(model, params, data, state)
+            return None
+        if not self.hparams.proxy or int(server.get("round_in_task", 0)) != 0 or len(data.y) == 0:
+            return None
+        return {"gradients": self._prototype_upload(model, params, data, state)}
+
+    def _herd(self, model: nn.Module, params: Params, data: ClientData, state: State) -> None:
+        """The memory after the task: older classes truncated, the task's classes herded on the features of the
+        task's final global model (``params``)."""
+        if len(data.y) == 0:
+            return
+        features, _ = head_features(model, params, data.x, data.task)
+        valid = state["valid"] if "valid" in state else None
+        mem_x, mem_y, mem_t = (data.x[:0], data.y[:0], data.y[:0]) if valid is None else \
+            (state["x"][valid], state["y"][valid], state["task"][valid])
+        old = {int(c): torch.nonzero(mem_y == c).flatten() for c in torch.unique(mem_y).tolist()}
+        new = {int(c): torch.nonzero(data.y == c).flatten() for c in torch.unique(data.y).tolist() if int(c) not in old}
+        sets = refill(old, {c: features[rows] for c, rows in new.items()}, self.hparams.memory_size,
+                      self.hparams.herding_repeats)
+        kept = [new[c][sets[c]] for c in new]
+        x = torch.cat([mem_x[sets[c]] for c in old] + [data.x[r] for r in kept])
+        y = torch.cat([mem_y[sets[c]] for c in old] + [data.y[r] for r in kept])
+        t = torch.cat([mem_t[sets[c]] for c in old] + [torch.full_like(r, data.task) for r in kept])
+        size, device = self.hparams.memory_size, data.x.device
+        state["x"] = torch.zeros(size, *data.x.shape[1:], dtype=data.x.dtype, device=device)
+        state["y"], state["task"] = (torch.zeros(size, dtype=torch.long, device=device) for _ in range(2))
+        state["valid"] = torch.zeros(size, dtype=torch.bool, device=device)
+        state["x"][: len(y)], state["y"][: len(y)], state["task"][: len(y)], state["valid"][: len(y)] = x, y, t, True
+        learned = state.get("learned", torch.zeros(self.classes, dtype=torch.bool, device=data.x.device)).clone()
+        learned[torch.unique(data.y)] = True
+        state["learned"] = learned
+
+    def _prototype_upload(self, model: nn.Module, params: Params, data: ClientData,
+                          state: State) -> list[list[torch.Tensor]]:
+        """Per class the client holds: its perturbed prototype's LeNet gradient. The perturbation's loss runs over
+        the classes the client learned and holds (our reading: the client is not told the run's seen classes)."""
+        features, _ = head_features(model, params, data.x, data.task)
+        classes = [int(c) for c in torch.unique(data.y).tolist()]
+        seen = state.get("learned", torch.zeros(self.classes, dtype=torch.bool, device=data.x.device)).clone()
+        seen[classes] = True
+        task = torch.full((1,), data.task, dtype=torch.long, device=data.x.device)
+
+        def logits_fn(v: torch.Tensor) -> torch.Tensor:
+            return functional_call(model, params, (v, task))
+
+        return prototype_gradients(logits_fn, features, data.x, data.y, classes,
+                                   self.encoder(tuple(data.x.shape[1:]), data.x), seen, self.hparams.perturb_steps,
+                                   self.hparams.perturb_lr)
+
+    # ---- the proxy server ----
+    def server_end(self, event: Event, uploads: dict[int, State], server: State, task: int) -> None:
+        if event == "task_end":
+            self._finish_task(server)
+            return
+        gradients = [g for cid in sorted(uploads) for g in uploads[cid]["gradients"]]
+        if gradients and self._encoder is not None:
+            start = time.perf_counter()
+            seed = self.run_info.seed * 1_000_003 + task * 1009 + int(server.get("round_in_task", 0))
+            x, y = monitor_set(self._encoder, gradients, self._encoder.input_shape, torch.Generator().manual_seed(seed),
+                               self.hparams.reconstruction_steps, self.hparams.reconstruction_lr,
+                               self.hparams.reconstructions_kept)
+            server["monitor_x"], server["monitor_y"] = x, y
+            stats = server.setdefault("stats", {})
+            stats["reconstruction_seconds"] = stats.get("reconstruction_seconds", 0.0) + time.perf_counter() - start
+            stats["reconstructions"] = stats.get("reconstructions", 0) + len(gradients)
+        server["round_in_task"] = int(server.get("round_in_task", 0)) + 1
+
+    def after_server_step(self, model: nn.Module, global_params: Params, server: State, task: int) -> None:
+        """After each round's server step (the proposed engine hook): score the new global model on the monitor
+        set, keep the best (proxy), or keep the model itself (the ablation)."""
+        if not self.hparams.proxy:
+            server["last_global"] = frozen(global_params)
+            return
+        if "monitor_x" not in server:
+            return
+        x = server["monitor_x"].to(next(iter(global_params.values())).dtype)
+        with evaluating(model), torch.no_grad():
+            logits = functional_call(model, global_params, (x, torch.full((len(x),), task, device=x.device)))
+        best = BestModel(server.get("best_score", -math.inf), server.get("best"))
+        kept = keep_best(best, accuracy(logits, server["monitor_y"]), global_params)
+        if kept is not best:
+            server["best_score"], server["best"] = kept.score, frozen(global_params)
+
+    def _finish_task(self, server: State) -> None:
+        if self.hparams.proxy:
+            old, carried = finish_task(BestModel(server.get("best_score", -math.inf), server.get("best")),
+                                       self.hparams.keep_best_score)
+            server["best_score"] = carried.score
+        else:
+            old = server.get("last_global")
+        if old is not None:
+            server["old_model"] = old
+        server["round_in_task"] = 0

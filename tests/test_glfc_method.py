@@ -1,0 +1,125 @@
+"""The GLFC method's hooks, called directly (the method is not registered until the engine calls ``task_loss`` and
+``after_server_step``): the loss in place of the cross-entropy, the herding memory over two tasks, the first-round
+upload, the proxy server's monitor set, best model and old model, and the ablation without the proxy."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.func import functional_call
+
+from cfl.methods.base import ClientData, RunInfo
+from cfl.methods.glfc import GLFC, GLFCHyperparams
+from cfl.models.mlp import MLP
+from cfl.ops.features import head_features
+from cfl.ops.glfc_losses import glfc_loss
+from cfl.ops.glfc_memory import herding
+from cfl.ops.glfc_proxy import infer_label
+from cfl.schema import ConfigError
+
+FAST = {"perturb_steps": 2, "reconstruction_steps": 2, "reconstructions_kept": 1}
+
+
+def make(memory_size: int = 4, scenario: str = "class", **hp) -> tuple[GLFC, MLP, dict]:
+    torch.manual_seed(0)
+    model = MLP(16, [6], 4)
+    info = RunInfo(num_tasks=2, scenario=scenario, num_clients=2, clients_per_round=2, seed=0, model=model,
+                   batch_size=4)
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    return GLFC(GLFCHyperparams(memory_size=memory_size, **{**FAST, **hp}), info), model, params
+
+
+def data(classes: list[int], task: int, per_class: int = 4, seed: int = 0) -> ClientData:
+    gen = torch.Generator().manual_seed(seed)
+    y = torch.tensor(classes).repeat_interleave(per_class)
+    return ClientData(torch.rand(len(y), 16, generator=gen), y, task)
+
+
+def test_only_class_incremental_streams():
+    with pytest.raises(ConfigError, match="stream.scenario: class"):
+        make(scenario="task")
+
+
+def test_the_loss_replaces_the_cross_entropy_and_distils_once_an_old_model_exists():
+    method, model, params = make()
+    x, y = torch.rand(5, 16), torch.tensor([0, 1, 2, 2, 3])
+    task, weight = torch.zeros(5, dtype=torch.long), torch.ones(5)
+    logits = model(x, task)
+    seen = torch.tensor([True, True, True, False])
+    state = {"learned": torch.tensor([True, True, False, False])}
+    got = method.task_loss(params, logits, y, x, task, weight, seen, {}, state)
+    torch.testing.assert_close(got, glfc_loss(logits, y, weight, seen, state["learned"], None))
+    old = {k: v + 0.1 for k, v in params.items()}
+    got = method.task_loss(params, logits, y, x, task, weight, seen, {"old_model": old}, state)
+    old_logits = functional_call(model, old, (x, task))
+    torch.testing.assert_close(got, glfc_loss(logits, y, weight, seen, state["learned"], old_logits))
+    fresh = method.task_loss(params, logits, y, x, task, weight, seen, {}, {})  # a client that learned nothing
+    torch.testing.assert_close(fresh, glfc_loss(logits, y, weight, seen, torch.zeros(4, dtype=torch.bool), None))
+
+
+def test_the_memory_over_two_tasks():
+    """Memory of 4: after task 0 (classes 0, 1) two herded exemplars per class; after task 1 (classes 2, 3) one per
+    class, the older sets keeping their first exemplar."""
+    method, model, params = make(memory_size=4)
+    state: dict = {}
+    first = data([0, 1], 0)
+    method.client_end("task_end", model, params, first, state, {}, torch.Generator())
+    features, _ = head_features(model, params, first.x, 0)
+    picks = {c: torch.nonzero(first.y == c).flatten()[herding(features[first.y == c], 2)] for c in (0, 1)}
+    assert state["y"].tolist() == [0, 0, 1, 1] and state["valid"].all()
+    torch.testing.assert_close(state["x"], first.x[torch.cat([picks[0], picks[1]])])
+    assert state["learned"].tolist() == [True, True, False, False]
+
+    second = data([2, 3], 1, seed=1)
+    method.client_end("task_end", model, params, second, state, {}, torch.Generator())
+    assert state["y"].tolist() == [0, 1, 2, 3] and state["task"].tolist() == [0, 0, 1, 1] and state["valid"].all()
+    torch.testing.assert_close(state["x"][:2], first.x[torch.stack([picks[0][0], picks[1][0]])])
+    assert state["learned"].all()
+    replayed = method.replay(state, torch.Generator().manual_seed(0))
+    assert sorted(replayed.y.tolist()) == [0, 1, 2, 3]  # replay_batch_size null: the run's batch_size, 4
+
+
+def test_the_first_round_of_a_task_uploads_one_labelled_gradient_per_class():
+    method, model, params = make()
+    mine = data([1, 3], 0)
+    upload = method.client_end("round", model, params, mine, {}, {"round_in_task": 0}, torch.Generator())
+    assert [infer_label(g[-2]) for g in upload["gradients"]] == [1, 3]
+    assert method.client_end("round", model, params, mine, {}, {"round_in_task": 1}, torch.Generator()) is None
+    off, model, params = make(proxy=False)
+    assert off.client_end("round", model, params, mine, {}, {"round_in_task": 0}, torch.Generator()) is None
+
+
+def test_the_proxy_keeps_the_best_model_and_hands_it_over_at_the_task_end():
+    method, model, params = make()
+    upload = method.client_end("round", model, params, data([1, 3], 0), {}, {"round_in_task": 0}, torch.Generator())
+    server: dict = {}
+    method.server_end("round", {0: upload}, server, 0)
+    assert server["monitor_x"].shape == (2, 16) and server["monitor_y"].tolist() == [1, 3]
+    assert server["round_in_task"] == 1 and server["stats"]["reconstructions"] == 2
+    assert server["stats"]["reconstruction_seconds"] > 0
+
+    def always(c):  # a model predicting class c everywhere: a large bias on c
+        p = {k: v.clone() for k, v in params.items()}
+        p["head.bias"] = torch.where(torch.arange(4) == c, 100.0, 0.0)
+        return p
+
+    method.after_server_step(model, always(1), server, 0)  # half the monitor set right
+    assert server["best_score"] == 0.5 and torch.equal(server["best"]["head.bias"], always(1)["head.bias"])
+    method.after_server_step(model, always(0), server, 0)  # none right: not kept
+    assert server["best_score"] == 0.5 and server["best"]["head.bias"][1] == 100
+    method.server_end("task_end", {}, server, 0)
+    assert server["old_model"]["head.bias"][1] == 100 and server["round_in_task"] == 0
+    assert server["best_score"] == -math.inf
+
+
+def test_the_ablation_takes_the_tasks_final_global_model():
+    method, model, params = make(proxy=False)
+    server: dict = {}
+    method.server_end("round", {}, server, 0)
+    method.after_server_step(model, params, server, 0)
+    later = {k: v + 1 for k, v in params.items()}
+    method.after_server_step(model, later, server, 0)
+    method.server_end("task_end", {}, server, 0)
+    assert torch.equal(server["old_model"]["head.bias"], later["head.bias"]) and "monitor_x" not in server
