@@ -29,7 +29,8 @@ class Schedule:
         check_sizes(cfg.partition.name, {t: len(task.train_y) for t, task in enumerate(stream.tasks)},
                     cfg.num_clients, shards_per_client=cfg.partition.shards_per_client)  # before any round
         self._partitions: dict[int, list[torch.Tensor]] = {}
-        if cfg.partition.name == "dirichlet":  # random: drawn now, so an impossible split refuses before any round
+        if cfg.partition.name in ("dirichlet", "classes"):  # random: drawn now, so an impossible split refuses
+            # before any round
             for task in reversed(range(stream.num_tasks)):
                 self.client_indices(task)
 
@@ -40,7 +41,7 @@ class Schedule:
             labels = self.stream.tasks[task].train_y.cpu().numpy()
             parts = partition(p.name, labels, self.cfg.num_clients, self.cfg.seed, task,
                               shards_per_client=p.shards_per_client, alpha=p.alpha, beta=p.beta,
-                              min_samples=p.min_samples)
+                              min_samples=p.min_samples, classes_per_client=p.classes_per_client, overlap=p.overlap)
             self._partitions = {task: [torch.as_tensor(ix, dtype=torch.long, device=self.device) for ix in parts]}
         return self._partitions[task]
 

@@ -15,6 +15,7 @@ from cfl.methods.fedyogi import FedYogi
 from cfl.methods.flwf2t import FLwF2T
 from cfl.methods.fot import FOT
 from cfl.methods.gem import GEM
+from cfl.methods.glfc import GLFC
 from cfl.methods.gpm import GPM
 from cfl.methods.mas import MAS
 from cfl.methods.si import SI
@@ -41,6 +42,7 @@ register(SI)
 register(ER)
 register(AGEM)
 register(GEM)
+register(GLFC)
 register(FedLwF)
 register(FLwF2T)
 register(FOT)  # eps per stream: PMNIST 0.96 IID / 0.94 non-IID; CIFAR-100 0.87 (+0.001/task);

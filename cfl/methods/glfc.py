@@ -1,7 +1,7 @@
 """GLFC: Global-Local Forgetting Compensation (Dong et al., "Federated Class-Incremental Learning", CVPR 2022,
 arXiv 2203.11473), class-incremental; the official code ``conditionWang/FCIL`` is the reference where the paper
-is silent. NOT REGISTERED YET: it needs two engine hooks the engine does not call today, ``task_loss`` (GLFC's
-loss replaces the cross-entropy) and ``after_server_step`` (the proxy server scores each new global model).
+is silent. GLFC's loss replaces the cross-entropy (``task_loss``); the proxy server scores each new global model
+(``after_server_step``).
 
 Client, every local step: ``L_GC`` (class-aware gradient compensation; old classes = those the client learned),
 plus ``L_RD`` (relation distillation from the old model) once the server holds one, ``0.5 L_GC + 0.5 L_RD``
@@ -96,7 +96,7 @@ class GLFC(Method):
     # ---- the local step ----
     def task_loss(self, params: Params, logits: torch.Tensor, y: torch.Tensor, x: torch.Tensor, task: torch.Tensor,
                   weight: torch.Tensor, allowed: torch.Tensor | None, server: State, state: State) -> torch.Tensor:
-        """Per sample, GLFC's loss in place of the cross-entropy (the proposed engine hook)."""
+        """Per sample, GLFC's loss in place of the cross-entropy."""
         seen = torch.ones(logits.shape[-1], dtype=torch.bool, device=logits.device) if allowed is None else allowed
         learned = state.get("learned", torch.zeros_like(seen))
         old_logits = None
