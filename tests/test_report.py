@@ -56,17 +56,42 @@ def test_result_neutral_keys_do_not_split_but_device_does(tmp_path):
                                                                     ("fedavg device=cuda", "1", "0")]
 
 
-def test_labels_tell_apart_the_rows_of_one_stream_and_partition_only(tmp_path, capsys):
+def test_labels_tell_apart_the_rows_of_one_stream_and_partition_only(tmp_path):
     for lr, clients in ((10, 5), (2, 5), (10, 7)):
         write_results(tmp_path / f"split-{lr}-{clients}", 0, 70.0, 1.0, config={"lr": lr, "num_clients": clients})
     write_results(tmp_path / "permuted", 0, 70.0, 1.0, stream="permuted-digits", config={"num_clients": 99})
-    write_results(tmp_path / "again", 0, 70.0, 1.0, stream="permuted-digits", config={"num_clients": 99})
+    write_results(tmp_path / "permuted1", 1, 70.0, 1.0, stream="permuted-digits", config={"num_clients": 99})
     found = rows(report([tmp_path]))
     assert [(r["stream"], r["method"], r["runs"]) for r in found] == [
         ("permuted-digits", "fedavg", "2"), ("split-digits", "fedavg lr=2 num_clients=5", "1"),
         ("split-digits", "fedavg lr=10 num_clients=5", "1"), ("split-digits", "fedavg lr=10 num_clients=7", "1")]
+
+
+# ---- issue 30 item 4: a config and a seed count once ----
+def test_the_same_runs_in_two_sweeps_count_once_per_seed(tmp_path, capsys):
+    """Two sweeps that both hold seeds 0 and 1 of one config: n = 2 (it was 4, with a std shrunk to 0.61)."""
+    for sweep in ("sweep-a", "sweep-b"):
+        write_results(tmp_path / sweep / "s0", 0, 70.0, 1.0, acc_matrix=[[70.0]], wall_seconds=10.0 + len(sweep))
+        write_results(tmp_path / sweep / "s1", 1, 71.5, 2.0, acc_matrix=[[71.5]], wall_seconds=20.0)
+    r = row(report([tmp_path]))
+    assert (r["runs"], r["seeds"], r["ACC (%)"], r["FGT (%)"]) == ("2", "0,1", "70.75 ± 1.06", "1.50 ± 0.71")
     err = capsys.readouterr().err
-    assert "permuted-digits iid fedavg: seed(s) 0 in more than one run" in err and str(tmp_path / "again") in err
+    for seed in (0, 1):
+        assert (f"split-digits iid fedavg: seed {seed} has 2 runs of the same config with the same results "
+                f"({tmp_path}/sweep-a/s{seed}, {tmp_path}/sweep-b/s{seed}); counted once "
+                f"(kept {tmp_path}/sweep-a/s{seed})") in err, err
+    figures = [len(g.runs) for g in group_runs(load_runs([tmp_path]))]  # the comparison figures' groups too
+    assert figures == [2]
+
+
+def test_runs_of_one_config_and_seed_with_different_results_are_refused(tmp_path, capsys):
+    write_results(tmp_path / "a" / "s0", 0, 70.0, 1.0, acc_matrix=[[70.0]])
+    write_results(tmp_path / "b" / "s0", 0, 70.0, 1.0, acc_matrix=[[70.5]])
+    assert main(["report", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert ("split-digits iid fedavg: seed 0 has 2 runs of the same config whose results differ (acc_matrix): "
+            f"{tmp_path}/a/s0, {tmp_path}/b/s0") in err and "remove the others or report their directories" in err
 
 
 def test_markdown_escapes_a_bar_in_a_label(tmp_path):
