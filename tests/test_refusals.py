@@ -295,6 +295,12 @@ OWN_FILE_CASES = [
     ("report: one config and seed with different results", {"a/results.json": REPORTED.format(acc=70),
                                                             "b/results.json": REPORTED.format(acc=71)}, {},
      ["report", "a", "b"], ["seed 0 has 2 runs of the same config whose results differ (acc)", "a, b"]),
+    ("report: an unknown column", {"a/results.json": REPORTED.format(acc=70)}, {},
+     ["report", "a", "--columns", "method,acc,top5"], ["--columns: unknown column(s) 'top5'", "fwt, targets"]),
+    ("report: a caption outside LaTeX", {"a/results.json": REPORTED.format(acc=70)}, {},
+     ["report", "a", "--caption", "Results."], ["--caption is read only with --format latex (this is --format md)"]),
+    ("report: --order names no row", {"a/results.json": REPORTED.format(acc=70)}, {},
+     ["report", "a", "--order", "fedavg,fedprx"], ["--order names 'fedprx', which no row has", "(fedavg)"]),
 ]
 
 
