@@ -106,14 +106,21 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _cmd_report(args: argparse.Namespace) -> int:
-    from cfl.report.table import report
+def _names(text: str | None) -> tuple[str, ...] | None:
+    """``a,b, c`` as ``('a', 'b', 'c')``; None stays None."""
+    return None if text is None else tuple(n.strip() for n in text.split(",") if n.strip())
 
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from cfl.report.table import TableOptions, report
+
+    options = TableOptions(_names(args.columns), _names(args.order), args.caption, args.label)
+    options.check(args.format)  # refuse bad options before any work
     if args.plots:  # refuse a bad directory before any work
         from cfl.report.compare_plots import check_out_dir, write_figures
 
         check_out_dir(Path(args.plots))
-    print(report(args.runs, args.format))
+    print(report(args.runs, args.format, options))
     if args.plots:
         write_figures(args.runs, Path(args.plots))
     return 0
@@ -184,11 +191,21 @@ def build_parser() -> argparse.ArgumentParser:
     lst = sub.add_parser("list", help="list streams, models, partitioners, methods, aggregators and losses")
     lst.add_argument("--plugin", action="append", default=[], metavar="FILE.py", help=PLUGIN_HELP)
     lst.set_defaults(func=_cmd_list)
-    rep = sub.add_parser("report", help="table of ACC/FGT/BWT (mean ± std over seeds), one row per config "
+    rep = sub.add_parser("report", help="table of ACC/FGT/AIA/FWT (mean ± std over seeds), one row per config "
                                         "(runs equal but for seed and result-neutral keys)")
     rep.add_argument("runs", nargs="+", help="run directories (searched recursively for results.json)")
     rep.add_argument("--format", choices=("md", "csv", "latex"), default="md",
-                     help="md (Markdown, default), csv (mean, std and n columns) or latex (a tabular)")
+                     help="md (Markdown, default), csv (mean, std and n columns) or latex (a booktabs tabular, the "
+                          "best value per column in bold)")
+    rep.add_argument("--columns", metavar="KEY,...",
+                     help="the columns, in order, from: stream, partition, method, runs, seeds, acc, fgt, bwt, aia, "
+                          "fwt, targets, class_acc, upload, wall (default: all but bwt and class_acc; aia and fwt "
+                          "when measured)")
+    rep.add_argument("--order", metavar="NAME,...",
+                     help="methods (or whole row labels) to list first, in this order, within each stream and "
+                          "partition (default: fedavg first when present)")
+    rep.add_argument("--caption", metavar="TEXT", help="--format latex: a table float with this caption (LaTeX)")
+    rep.add_argument("--label", metavar="KEY", help="--format latex: a table float with this \\label")
     rep.add_argument("--plots", metavar="DIR", help="also write comparison figures (PNG) and their data (CSV) to "
                      "DIR: ACC and FGT per group, ACC against FGT, accuracy over rounds, final accuracy matrices")
     rep.set_defaults(func=_cmd_report)

@@ -1,8 +1,13 @@
 import pytest
 
 from cfl.config import Config
+from cfl.engine.runner import Runner
+from cfl.metrics import matrix
+from cfl.metrics.evaluate import accuracy
 from cfl.metrics.matrix import average_accuracy, backward_transfer, forgetting, rounds_to_targets
-from cfl.metrics.results import targets_per_task
+from cfl.metrics.results import build_results, targets_per_task
+from cfl.validation import from_dict
+from tests.conftest import make_stream
 
 MATRIX = [
     [90.0, None, None],
@@ -54,3 +59,100 @@ def test_rounds_to_target_counts_each_task_from_its_start_on_its_own_accuracy():
 def test_target_accuracies_documented_as_each_tasks_own_accuracy():
     doc = Config.__dataclass_fields__["target_accuracies"].metadata["doc"]
     assert "own test accuracy" in doc and "mean" not in doc
+
+
+# ---- issue 30 item 6: average incremental accuracy, forward transfer, per-class accuracy ----
+def test_average_incremental_accuracy_is_the_mean_of_acc_after_each_task():
+    # ACC after task 0: 90; after task 1: (80 + 70) / 2 = 75; after task 2: (60 + 65 + 95) / 3 = 73.33
+    assert matrix.average_incremental_accuracy(MATRIX) == pytest.approx((90 + 75 + 220 / 3) / 3)  # 79.44
+    assert matrix.average_incremental_accuracy(MATRIX, after=1) == pytest.approx((90 + 75) / 2)
+    assert matrix.average_incremental_accuracy(MATRIX, after=0) == 90.0
+
+
+def test_forward_transfer_is_gems_mean_of_accuracy_before_training_less_the_initial_models():
+    before = [None, 40.0, 30.0]  # task i before training it (after task i-1): GEM's R[i-1][i]
+    init = [10.0, 20.0, 35.0]  # the randomly initialised model: GEM's b_i
+    assert matrix.forward_transfer(before, init, after=2) == pytest.approx(((40 - 20) + (30 - 35)) / 2)  # 7.5
+    assert matrix.forward_transfer(before, init, after=1) == pytest.approx(20.0)
+    assert matrix.forward_transfer(before, init, after=0) is None  # no task had a predecessor
+    assert matrix.forward_transfer([None, 40.0, None], init, after=2) is None  # a term not measured
+    assert matrix.forward_transfer(before, [], after=2) is None  # resumed from a checkpoint without the initial model's
+
+
+def _metric_cfg():
+    return from_dict({"num_clients": 4, "clients_per_round": 2, "rounds_per_task": 1, "batch_size": 8, "lr": 0.1,
+                      "wandb": {"mode": "disabled"}})
+
+
+class _NextTask:
+    """Observer: at each task end, the accuracy of the model the next task starts from."""
+
+    def __init__(self, runner):
+        self.runner, self.seen = runner, {}
+
+    def round_end(self, record):
+        pass
+
+    def evaluation(self, record):
+        pass
+
+    def task_end(self, task, record):
+        r = self.runner
+        if task + 1 < r.stream.num_tasks:
+            t = r.stream.tasks[task + 1]
+            self.seen[task + 1] = accuracy(r.model, r.params, t.test_x, t.test_y, task + 1)
+
+
+@pytest.mark.parametrize("scenario", ["task", "domain"])
+def test_a_run_measures_forward_transfer_against_the_initial_model(scenario):
+    stream = make_stream(scenario, num_tasks=3)
+    runner = Runner(_metric_cfg(), stream)
+    init = [accuracy(runner.model, runner.params, t.test_x, t.test_y, j) for j, t in enumerate(stream.tasks)]
+    watch = _NextTask(runner)
+    runner.observers.append(watch)
+    runner.run()
+    results = build_results(runner.snapshot(), 0.0)
+    assert results["acc_init"] == init and results["acc_before_task"] == [None, watch.seen[1], watch.seen[2]]
+    assert results["fwt"] == pytest.approx(((watch.seen[1] - init[1]) + (watch.seen[2] - init[2])) / 2)
+    rows = results["acc_matrix"]
+    assert results["aia"] == pytest.approx((rows[0][0] + sum(rows[1][:2]) / 2 + sum(rows[2]) / 3) / 3)
+    assert "class_acc" not in results
+
+
+def test_a_class_incremental_run_reports_per_class_accuracy_and_no_forward_transfer():
+    stream = make_stream("class", num_tasks=2)  # classes 0-2 in task 0, 3-5 in task 1; 10 test samples each
+    assert [len(t.test_y) for t in stream.tasks] == [30, 30]
+    runner = Runner(_metric_cfg(), stream)
+    runner.run()
+    results = build_results(runner.snapshot(), 0.0)
+    per_class = results["class_acc"]
+    assert sorted(per_class, key=int) == ["0", "1", "2", "3", "4", "5"]
+    assert all(v * 10 / 100 == pytest.approx(round(v * 10 / 100)) for v in per_class.values())  # k of 10 right
+    for task, classes in enumerate((["0", "1", "2"], ["3", "4", "5"])):  # equal class sizes: the task's mean
+        assert sum(per_class[c] for c in classes) / 3 == pytest.approx(results["acc_matrix"][1][task])
+    assert results["fwt"] is None and results["acc_init"] is None and results["acc_before_task"] is None
+
+
+class _SummaryRun:
+    def __init__(self):
+        self.summary, self.logged = {}, []
+
+    def log(self, data, step=None):
+        self.logged.append(data)
+
+    def finish(self):
+        pass
+
+
+def test_the_new_metrics_reach_the_wandb_summary(tmp_path):
+    from cfl.report.wandb_log import WandbLogger
+
+    cfg = from_dict({"wandb": {"mode": "disabled", "log_artifacts": False}})
+    logger = WandbLogger(cfg, tmp_path)
+    logger.run = run = _SummaryRun()
+    results = {"acc_matrix": [[90.0, None], [80.0, 70.0]], "acc": 75.0, "fgt": 10.0, "bwt": -10.0, "aia": 82.5,
+               "fwt": None, "wall_seconds": 1.0, "upload_bytes": 2, "download_bytes": 3,
+               "class_acc": {"0": 100.0, "3": 40.0}}
+    logger.finish(results, tmp_path, [])
+    assert {k: run.summary[k] for k in ("aia", "fwt", "class_acc/0", "class_acc/3")} == {
+        "aia": 82.5, "fwt": None, "class_acc/0": 100.0, "class_acc/3": 40.0}

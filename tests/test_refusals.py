@@ -261,6 +261,8 @@ class Nanny(Method):
     Hyperparams = NanParams
 """
 GRID = "base: ok.yaml\ngrid: {seed: [0, 1]}\n"
+REPORTED = ('{{"stream": "s", "partition": "iid", "method": "fedavg", "seed": 0, "acc": {acc}, "fgt": 1, '
+            '"config": {{"lr": 0.1}}}}')
 # (case, {file: text} written besides ok.yaml, environment, argv ({tmp}: tmp_path), words of the message)
 OWN_FILE_CASES = [
     ("non-finite: a plugin method's default", {"nan_plugin.py": NAN_PLUGIN}, {},
@@ -289,6 +291,16 @@ OWN_FILE_CASES = [
                                              "grid: {partition.name: [iid, dirichlet]}\n"}, {}, ["sweep", "s.yaml"],
      ["sweep combination partition=iid: 'partition.alpha: 0.3' has no effect with 'partition.name: iid'",
       "variant: [{{label: a, partition.name: iid}}, {{label: b, partition.name: dirichlet, partition.alpha: 0.3}}]"]),
+    # ---- issue 30 items 4 and 5: cfl report ----
+    ("report: one config and seed with different results", {"a/results.json": REPORTED.format(acc=70),
+                                                            "b/results.json": REPORTED.format(acc=71)}, {},
+     ["report", "a", "b"], ["seed 0 has 2 runs of the same config whose results differ (acc)", "a, b"]),
+    ("report: an unknown column", {"a/results.json": REPORTED.format(acc=70)}, {},
+     ["report", "a", "--columns", "method,acc,top5"], ["--columns: unknown column(s) 'top5'", "fwt, targets"]),
+    ("report: a caption outside LaTeX", {"a/results.json": REPORTED.format(acc=70)}, {},
+     ["report", "a", "--caption", "Results."], ["--caption is read only with --format latex (this is --format md)"]),
+    ("report: --order names no row", {"a/results.json": REPORTED.format(acc=70)}, {},
+     ["report", "a", "--order", "fedavg,fedprx"], ["--order names 'fedprx', which no row has", "(fedavg)"]),
 ]
 
 

@@ -4,13 +4,12 @@ column, CSV and LaTeX that parse, damaged or incomplete results skipped with a w
 import csv
 import io
 import json
-import re
 
 import pytest
 
 from cfl.cli import main
 from cfl.report.groups import group_runs, load_runs
-from cfl.report.table import report
+from cfl.report.table import COLUMN_KEYS, TableOptions, report
 
 GIB = 1024 ** 3
 
@@ -56,17 +55,42 @@ def test_result_neutral_keys_do_not_split_but_device_does(tmp_path):
                                                                     ("fedavg device=cuda", "1", "0")]
 
 
-def test_labels_tell_apart_the_rows_of_one_stream_and_partition_only(tmp_path, capsys):
+def test_labels_tell_apart_the_rows_of_one_stream_and_partition_only(tmp_path):
     for lr, clients in ((10, 5), (2, 5), (10, 7)):
         write_results(tmp_path / f"split-{lr}-{clients}", 0, 70.0, 1.0, config={"lr": lr, "num_clients": clients})
     write_results(tmp_path / "permuted", 0, 70.0, 1.0, stream="permuted-digits", config={"num_clients": 99})
-    write_results(tmp_path / "again", 0, 70.0, 1.0, stream="permuted-digits", config={"num_clients": 99})
+    write_results(tmp_path / "permuted1", 1, 70.0, 1.0, stream="permuted-digits", config={"num_clients": 99})
     found = rows(report([tmp_path]))
     assert [(r["stream"], r["method"], r["runs"]) for r in found] == [
         ("permuted-digits", "fedavg", "2"), ("split-digits", "fedavg lr=2 num_clients=5", "1"),
         ("split-digits", "fedavg lr=10 num_clients=5", "1"), ("split-digits", "fedavg lr=10 num_clients=7", "1")]
+
+
+# ---- issue 30 item 4: a config and a seed count once ----
+def test_the_same_runs_in_two_sweeps_count_once_per_seed(tmp_path, capsys):
+    """Two sweeps that both hold seeds 0 and 1 of one config: n = 2 (it was 4, with a std shrunk to 0.61)."""
+    for sweep in ("sweep-a", "sweep-b"):
+        write_results(tmp_path / sweep / "s0", 0, 70.0, 1.0, acc_matrix=[[70.0]], wall_seconds=10.0 + len(sweep))
+        write_results(tmp_path / sweep / "s1", 1, 71.5, 2.0, acc_matrix=[[71.5]], wall_seconds=20.0)
+    r = row(report([tmp_path]))
+    assert (r["runs"], r["seeds"], r["ACC (%)"], r["FGT (%)"]) == ("2", "0,1", "70.75 ± 1.06", "1.50 ± 0.71")
     err = capsys.readouterr().err
-    assert "permuted-digits iid fedavg: seed(s) 0 in more than one run" in err and str(tmp_path / "again") in err
+    for seed in (0, 1):
+        assert (f"split-digits iid fedavg: seed {seed} has 2 runs of the same config with the same results "
+                f"({tmp_path}/sweep-a/s{seed}, {tmp_path}/sweep-b/s{seed}); counted once "
+                f"(kept {tmp_path}/sweep-a/s{seed})") in err, err
+    figures = [len(g.runs) for g in group_runs(load_runs([tmp_path]))]  # the comparison figures' groups too
+    assert figures == [2]
+
+
+def test_runs_of_one_config_and_seed_with_different_results_are_refused(tmp_path, capsys):
+    write_results(tmp_path / "a" / "s0", 0, 70.0, 1.0, acc_matrix=[[70.0]])
+    write_results(tmp_path / "b" / "s0", 0, 70.0, 1.0, acc_matrix=[[70.5]])
+    assert main(["report", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert ("split-digits iid fedavg: seed 0 has 2 runs of the same config whose results differ (acc_matrix): "
+            f"{tmp_path}/a/s0, {tmp_path}/b/s0") in err and "remove the others or report their directories" in err
 
 
 def test_markdown_escapes_a_bar_in_a_label(tmp_path):
@@ -101,14 +125,32 @@ def test_every_column_by_hand(tmp_path):
     # Rounds to 90%: the third run never reached it on task 1, so over two runs: (4+6)/2 = 5, 3 -> 4.0 ± 1.4.
     reached = [{"0": {"50": 2, "90": 4}, "1": {"50": 4, "90": 6}}, {"0": {"50": 1, "90": 3}, "1": {"50": 3, "90": 3}},
                {"0": {"50": 5, "90": 8}, "1": {"50": 5, "90": None}}]
+    # AIA 75, 85, 95 (= ACC + 5): 85 ± 10. FWT 1, 2, 6 (= FGT): 3 ± 2.65.
+    # Class 0: 60, 70, 80 -> 70 ± 10; class 10 only in the first run: 50 (1 of 3 runs).
     for seed, (acc, fgt, wall) in enumerate([(70.0, 1.0, 10.0), (80.0, 2.0, 20.0), (90.0, 6.0, 60.0)]):
         write_results(tmp_path / f"s{seed}", seed, acc, fgt, bwt=-fgt, upload_bytes=(seed + 1) * GIB,
-                      wall_seconds=wall, rounds_to_target=reached[seed])
-    assert row(report([tmp_path])) == {
+                      wall_seconds=wall, rounds_to_target=reached[seed], aia=acc + 5, fwt=fgt,
+                      class_acc={"0": acc - 10, **({"10": 50.0} if seed == 0 else {})})
+    assert row(report([tmp_path], options=TableOptions(columns=COLUMN_KEYS))) == {
         "stream": "split-digits", "partition": "iid", "method": "fedavg", "runs": "3", "seeds": "0,1,2",
         "ACC (%)": "80.00 ± 10.00", "FGT (%)": "3.00 ± 2.65", "BWT (%)": "-3.00 ± 2.65",
+        "AIA (%)": "85.00 ± 10.00", "FWT (%)": "3.00 ± 2.65",
         "rounds to 50%": "3.3 ± 1.5", "rounds to 90%": "4.0 ± 1.4 (2 of 3 runs)",
+        "class 0 (%)": "70.00 ± 10.00", "class 10 (%)": "50.00 (1 of 3 runs)",
         "upload (GiB)": "2.000 ± 1.000", "wall (s)": "30.0 ± 26.5"}
+
+
+def test_the_default_columns_leave_out_bwt_and_classes_and_show_aia_and_fwt_when_measured(tmp_path):
+    write_results(tmp_path / "old", 0, 70.0, 1.0, bwt=-1.0, config={"lr": 0.5})  # from before AIA and FWT
+    assert list(row(report([tmp_path]))) == ["stream", "partition", "method", "runs", "seeds", "ACC (%)", "FGT (%)",
+                                             "upload (GiB)", "wall (s)"]
+    write_results(tmp_path / "new", 0, 70.0, 1.0, bwt=-1.0, aia=72.0, fwt=None, class_acc={"0": 70.0})
+    assert [r["AIA (%)"] for r in rows(report([tmp_path]))] == ["72.00", "–"]  # FWT null in both: no column
+    assert "FWT (%)" not in rows(report([tmp_path]))[0]
+    chosen = TableOptions(columns=("method", "fwt", "bwt", "class_acc"))
+    assert rows(report([tmp_path], options=chosen)) == [
+        {"method": "fedavg lr=0.05", "FWT (%)": "–", "BWT (%)": "-1.00", "class 0 (%)": "70.00"},
+        {"method": "fedavg lr=0.5", "FWT (%)": "–", "BWT (%)": "-1.00", "class 0 (%)": "–"}]
 
 
 def test_a_target_no_run_reached_says_so(tmp_path):
@@ -131,7 +173,7 @@ def test_a_group_that_set_no_target_is_not_said_to_have_missed_it(tmp_path):
 
 def test_one_seed_shows_zero_std_and_missing_fields_a_dash(tmp_path):
     write_results(tmp_path / "s0", 0, 71.234, -0.5)
-    r = row(report([tmp_path]))
+    r = row(report([tmp_path], options=TableOptions(columns=("seeds", "acc", "fgt", "bwt"))))
     assert (r["seeds"], r["ACC (%)"], r["FGT (%)"], r["BWT (%)"]) == ("0", "71.23", "-0.50", "–")
     assert not any(title.startswith("rounds to") for title in r)
 
@@ -145,24 +187,7 @@ def test_csv_parses_with_full_precision_mean_std_and_n(tmp_path):
     assert [(r["method"], r["seeds"], float(r["ACC (%) mean"]), r["ACC (%) n"]) for r in found] == [
         ("fedavg lr=0.05", "0", 10.0, "1"), ("fedavg lr=0.5", "0,1", 75.0, "2")]
     assert found[0]["ACC (%) std"] == "" and float(found[1]["ACC (%) std"]) == 50 ** 0.5  # one run: no std
-    assert found[0]["BWT (%) mean"] == "" and found[0]["BWT (%) n"] == "0"
-
-
-def test_latex_is_a_well_formed_tabular_with_special_characters_escaped(tmp_path):
-    write_results(tmp_path / "a", 0, 70.0, 1.0, method="my_method", partition="dirichlet", bwt=-1.0,
-                  config={"method": {"name": "my_method", "note": "50% & #1"}})
-    write_results(tmp_path / "b", 0, 70.0, 1.0, method="my_method", partition="dirichlet", bwt=-1.0,
-                  config={"method": {"name": "my_method", "note": "x_{1}^2 ~ $y$"}})
-    text = report([tmp_path], "latex")
-    lines = text.splitlines()
-    assert lines[0] == r"\begin{tabular}{lllllrrrrr}" and lines[-1] == r"\end{tabular}"
-    body = [line for line in lines if line.endswith(r"\\")]
-    assert len(body) == 3 and all(line.count(" & ") == 9 for line in body)
-    assert r"my\_method method.note=50\% \& \#1 & " in body[1] and " & 70.00 & " in body[1]  # one run: no $\pm$
-    assert r"note=x\_\{1\}\textasciicircum{}2 \textasciitilde{} \$y\$ & " in body[2]
-    unescaped = re.sub(r"\\[%&#_${}]|\$\\pm\$|\\text\w+\{\}", "", text)
-    assert not re.search(r"[%&#_$^~]", unescaped.replace(" & ", "")), text
-    assert text.count("{") == text.count("}")
+    assert found[0]["wall (s) mean"] == "" and found[0]["wall (s) n"] == "0"
 
 
 def test_a_directory_given_twice_is_counted_once(tmp_path):

@@ -287,5 +287,7 @@ def test_augmentation_changes_training_inputs_and_never_evaluation_inputs(tmp_pa
     assert (given == -9.0).any(1).float().mean() > 0.5  # most crops show the black padding
     assert any(not torch.equal(runner.params[k], plain.params[k]) for k in plain.params)  # trained on them
     tests = [t.test_x for t in stream.tasks]
-    assert len(evaluated) == 3 and all(any(torch.equal(x, t) for t in tests) for x in evaluated)
+    # 3 evaluations (task 0; tasks 0 and 1) and 3 for forward transfer (the initial model on both tasks; task 1
+    # before training it)
+    assert len(evaluated) == 6 and all(any(torch.equal(x, t) for t in tests) for x in evaluated)
     assert not (torch.cat([x.flatten(1) for x in evaluated]) == -9.0).any()

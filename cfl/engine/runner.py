@@ -38,7 +38,7 @@ from cfl.methods.base import (
 )
 from cfl.methods.hook_guard import guarded
 from cfl.metrics import client_forgetting
-from cfl.metrics.evaluate import accuracy
+from cfl.metrics.evaluate import accuracy, class_counts, per_class_percent
 from cfl.metrics.matrix import empty_matrix
 from cfl.models import ModelShape, build_model
 from cfl.models.layers import protected_layers
@@ -223,6 +223,23 @@ class Runner:
         return [accuracy(self.model, self.params, t.test_x, t.test_y, j, self._eval_mask(upto))
                 for j, t in enumerate(self.stream.tasks[: upto + 1])]
 
+    @property
+    def measures_forward_transfer(self) -> bool:
+        """Not in class-incremental runs: before training task i the model may answer only the classes seen so
+        far, none of task i's, so GEM's ``a[i-1][i]`` would be 0 by construction."""
+        return self.stream.scenario != "class"
+
+    def accuracy_of(self, task: int) -> float:
+        """The global model's accuracy on ``task`` with the task's head and no class mask (forward transfer)."""
+        t = self.stream.tasks[task]
+        return accuracy(self.model, self.params, t.test_x, t.test_y, task)
+
+    def class_accuracy(self, upto: int) -> dict[str, float]:
+        """Per class (class-incremental): the accuracy over the test sets of tasks 0..upto, seen classes only."""
+        counts = [class_counts(self.model, self.params, t.test_x, t.test_y, j, self.stream.classes_per_head,
+                               self._eval_mask(upto)) for j, t in enumerate(self.stream.tasks[: upto + 1])]
+        return per_class_percent(torch.stack([c for c, _ in counts]).sum(0), torch.stack([n for _, n in counts]).sum(0))
+
     def _eval_mask(self, upto: int) -> torch.Tensor | None:
         mask = self.stream.class_mask(upto)
         return None if mask is None else mask.to(self.device)
@@ -266,6 +283,8 @@ class Runner:
         if pending:
             record["client_forgetting"] = pending
         self.progress.evaluations.append(record)
+        if final and self.stream.scenario == "class":
+            self.progress.class_acc = self.class_accuracy(task)
         return record
 
     # ---- the loop ----
@@ -273,6 +292,8 @@ class Runner:
         """Train from the current progress to the end (or until ``should_stop``)."""
         cfg, prog = self.cfg, self.progress
         started = time.perf_counter() - prog.wall_seconds
+        if self.measures_forward_transfer and prog.global_round == 0 and not prog.acc_init:  # GEM's b_i
+            prog.acc_init = [self.accuracy_of(j) for j in range(self.stream.num_tasks)]
         while prog.task < self.stream.num_tasks:
             t = prog.task
             while prog.round_in_task < cfg.rounds_per_task:
@@ -295,6 +316,8 @@ class Runner:
             self._emit("evaluation", evaluation)
             if t < self.stream.num_tasks - 1:
                 self.task_end(t)
+                if self.measures_forward_transfer:  # the model the next task starts from
+                    prog.acc_before_task[str(t + 1)] = self.accuracy_of(t + 1)
             prog.task, prog.round_in_task = t + 1, 0
             prog.wall_seconds = time.perf_counter() - started
             self._emit("task_end", t, evaluation)

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from cfl.data.stream import Stream
-from cfl.metrics.evaluate import hits
+from cfl.metrics.evaluate import class_counts
 
 
 class SampledClient(Protocol):
@@ -35,9 +35,7 @@ class SampledClient(Protocol):
 def class_accuracy(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
                    task: int, num_classes: int, allowed: torch.Tensor | None = None) -> torch.Tensor:
     """(K,) test accuracy (%) per class; NaN for classes without test samples."""
-    correct = torch.zeros(num_classes, dtype=torch.float64, device=y.device)
-    correct.index_add_(0, y, hits(model, params, x, y, task, allowed).to(torch.float64))
-    count = torch.bincount(y, minlength=num_classes).to(torch.float64)
+    correct, count = class_counts(model, params, x, y, task, num_classes, allowed)
     return torch.where(count > 0, 100.0 * correct / count.clamp(min=1), torch.full_like(count, float("nan")))
 
 

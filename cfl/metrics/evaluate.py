@@ -33,3 +33,16 @@ def accuracy(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor,
              allowed: torch.Tensor | None = None) -> float:
     """Accuracy in percent over the test set (0 for an empty one); ``allowed`` as in :func:`hits`."""
     return 100.0 * int(hits(model, params, x, y, task, allowed).sum()) / max(len(y), 1)
+
+
+def class_counts(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor, task: int, num_classes: int,
+                 allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(K,) correct answers and (K,) test samples per class (float64); ``allowed`` as in :func:`hits`."""
+    correct = torch.zeros(num_classes, dtype=torch.float64, device=y.device)
+    correct.index_add_(0, y, hits(model, params, x, y, task, allowed).to(torch.float64))
+    return correct, torch.bincount(y, minlength=num_classes).to(torch.float64)
+
+
+def per_class_percent(correct: torch.Tensor, count: torch.Tensor) -> dict[str, float]:
+    """``{str(class): accuracy %}`` over the classes that have test samples."""
+    return {str(c): 100.0 * float(correct[c]) / float(count[c]) for c in count.nonzero().flatten().tolist()}

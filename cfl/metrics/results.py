@@ -6,7 +6,14 @@ from typing import Any
 
 from cfl.methods.base import Method, takes_part_at_task_end
 from cfl.metrics import client_forgetting
-from cfl.metrics.matrix import average_accuracy, backward_transfer, forgetting, rounds_to_targets
+from cfl.metrics.matrix import (
+    average_accuracy,
+    average_incremental_accuracy,
+    backward_transfer,
+    forgetting,
+    forward_transfer,
+    rounds_to_targets,
+)
 from cfl.records.client_states import MethodState
 from cfl.records.comm import CommLedger, task_end_model_line
 from cfl.records.snapshot import RunSnapshot
@@ -46,6 +53,7 @@ def build_results(run: RunSnapshot, wall_seconds: float) -> dict[str, Any]:
     cfg, stream, prog = run.cfg, run.stream, run.progress
     done = prog.task  # tasks completed
     matrix = prog.acc_matrix
+    before = [prog.acc_before_task.get(str(i)) for i in range(stream.num_tasks)]
     results: dict[str, Any] = {
         "stream": stream.name,
         "scenario": stream.scenario,
@@ -59,6 +67,10 @@ def build_results(run: RunSnapshot, wall_seconds: float) -> dict[str, Any]:
         "acc": average_accuracy(matrix, done - 1) if done else None,
         "fgt": forgetting(matrix, done - 1) if done else None,
         "bwt": backward_transfer(matrix, done - 1) if done else None,
+        "aia": average_incremental_accuracy(matrix, done - 1) if done else None,
+        "fwt": forward_transfer(before, prog.acc_init, done - 1) if done else None,
+        "acc_init": prog.acc_init or None,
+        "acc_before_task": before if prog.acc_before_task else None,
         "rounds": prog.global_round,
         "wall_seconds": wall_seconds,
         "train_seconds": prog.train_seconds,
@@ -70,6 +82,8 @@ def build_results(run: RunSnapshot, wall_seconds: float) -> dict[str, Any]:
         "method_stats": {m.name: method_stats(run.comm, m, st) for m, st in zip(run.methods, run.states, strict=True)},
         "config": cfg.to_dict(),
     }
+    if stream.scenario == "class":
+        results["class_acc"] = prog.class_acc
     if cfg.target_accuracies:
         results["rounds_to_target"] = targets_per_task(prog.evaluations, cfg.target_accuracies, cfg.rounds_per_task)
     if cfg.client_forgetting_clients:

@@ -33,6 +33,12 @@ class Progress:
     acc_matrix: Matrix = field(default_factory=list)
     evaluations: list[dict[str, Any]] = field(default_factory=list)
     client_forgetting: list[dict[str, Any]] = field(default_factory=list)  # TCE paper's F_ki per measured round
+    # forward transfer (not in class-incremental runs): the initial model's accuracy per task, and per task i >= 1
+    # the accuracy on task i of the model before training it ({str(i): %}); empty when not measured
+    acc_init: list[float] = field(default_factory=list)
+    acc_before_task: dict[str, float] = field(default_factory=dict)
+    # class-incremental: the accuracy per seen class ({str(class id): %}) after the last finished task
+    class_acc: dict[str, float] = field(default_factory=dict)
     train_seconds: float = 0.0
     task_end_seconds: float = 0.0
     wall_seconds: float = 0.0

@@ -12,7 +12,8 @@ method, plugin, aggregator and loss names are in the method label already.
 
 A ``results.json`` that cannot be read, lacks a field the reports use, or has no config (neither its
 ``config`` field nor a ``config.yaml`` beside it) is skipped with a warning naming the file; so is an
-incomplete run (stopped before its last task).
+incomplete run (stopped before its last task). Runs of one config with one seed count once
+(:mod:`cfl.report.duplicates`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import yaml
 
 from cfl.config import ConfigError, parse_yaml
 from cfl.records.run_dir import is_resume_safe
+from cfl.report.duplicates import one_per_seed
 
 TEXT_FIELDS = ("stream", "partition", "method")
 NUMBER_FIELDS = ("acc", "fgt")
@@ -208,7 +210,7 @@ def group_runs(runs: list[Run]) -> list[Group]:
         varying = differing_keys(buckets[(first["stream"], first["partition"])])
         groups.append(Group(first["stream"], first["partition"], first["method"],
                             {k: keys[k] for k in varying if k in keys}, same))
-        warn_repeated_seeds(groups[-1])
+        groups[-1].runs = one_per_seed(same, f"{first['stream']} {first['partition']} {groups[-1].label}")
     return sorted(groups, key=lambda g: (g.stream, g.partition, g.method, [_order(v) for v in g.differs.items()]))
 
 
@@ -233,13 +235,3 @@ def _order(item: tuple[str, Any]) -> tuple[str, int, float, str]:
     key, value = item
     return (key, 0, value, "") if is_number(value) else (key, 1, 0.0, show(value))
 
-
-def warn_repeated_seeds(group: Group) -> None:
-    """Two runs of one config with one seed both count (say, a run repeated in another directory)."""
-    seeds = group.seeds
-    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
-    if repeated:
-        dirs = ", ".join(str(r.dir) for r in group.runs if r.seed in repeated)
-        print(f"cfl: warning: {group.stream} {group.partition} {group.label}: seed(s) "
-              f"{', '.join(map(str, repeated))} in more than one run ({dirs}); each counts in the mean",
-              file=sys.stderr)

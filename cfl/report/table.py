@@ -1,13 +1,16 @@
 """``cfl report``: one row per group of runs (:mod:`cfl.report.groups`), as Markdown, CSV or LaTeX.
 
-Columns: stream, partition, method (the group's label), runs, seeds, then mean ± sample standard deviation
-(``statistics.stdev``, divisor n - 1; a single run shows its value alone: it has no spread) over the
-group's runs of ACC, FGT and BWT (%), rounds to each target accuracy (when runs set ``target_accuracies``),
-upload (GiB) and wall time (s).
+Columns, chosen by key (``--columns``; :data:`COLUMN_KEYS`): stream, partition, method (the group's label), runs,
+seeds, then mean ± sample standard deviation (``statistics.stdev``, divisor n - 1; a single run shows its value
+alone: it has no spread) over the group's runs of ACC, FGT, BWT, AIA and FWT (%), rounds to each target accuracy
+(when runs set ``target_accuracies``), per-class accuracy (class-incremental runs), upload (GiB) and wall time (s).
+The default (:data:`DEFAULT_COLUMNS`) leaves out BWT (it is -FGT) and per-class accuracy, and shows AIA and FWT
+when a run has them.
 Rounds to a target: per run, the mean over tasks of the rounds (from the task's start) until the task's
 own accuracy reached it; a run with a task that never reached it is left out of the mean, and the cell
 says of how many runs it is ("never reached": none did). A group none of whose runs set that target (others in
 the table did) shows "no target set". CSV gives the mean and the std in columns of their own, at full precision.
+Rows: :func:`cfl.report.row_order.order_rows` (FedAvg first by default, ``--order`` to choose).
 """
 
 from __future__ import annotations
@@ -15,43 +18,55 @@ from __future__ import annotations
 import csv
 import io
 import statistics
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cfl.config import ConfigError
+from cfl.report.cells import Better, Cell, Column, Stat
 from cfl.report.groups import Group, Run, group_runs, is_number, load_runs, mean_std
+from cfl.report.latex_table import latex
+from cfl.report.row_order import order_rows
 
 FORMATS = ("md", "csv", "latex")
 #: a rounds-to-target cell of a group none of whose runs set that target (others in the table did)
 NO_TARGET = "no target set"
 GIB = 1024 ** 3
+#: what ``--columns`` may name, in the default order; ``targets`` and ``class_acc`` are a column per target/class
+COLUMN_KEYS = ("stream", "partition", "method", "runs", "seeds", "acc", "fgt", "bwt", "aia", "fwt", "targets",
+               "class_acc", "upload", "wall")
+DEFAULT_COLUMNS = ("stream", "partition", "method", "runs", "seeds", "acc", "fgt", "aia", "fwt", "targets", "upload",
+                   "wall")
+#: in the default only when a run of the table has the value (older results have neither; FWT not class-incremental)
+SHOWN_WHEN_MEASURED = ("aia", "fwt")
 
 
 @dataclass(frozen=True)
-class Stat:
-    """Mean ± std over ``n`` of a group's ``of`` runs, shown with ``digits`` decimals."""
+class TableOptions:
+    """``columns``: keys of :data:`COLUMN_KEYS` (None: the default); ``order``: names to put first (None: FedAvg
+    first when present); ``caption`` and ``label``: LaTeX only."""
 
-    mean: float
-    std: float
-    n: int
-    of: int
-    digits: int
+    columns: tuple[str, ...] | None = None
+    order: tuple[str, ...] | None = None
+    caption: str | None = None
+    label: str | None = None
 
-    def text(self, pm: str = " ± ") -> str:
-        left_out = f" ({self.n} of {self.of} runs)" if self.n < self.of else ""
-        spread = f"{pm}{self.std:.{self.digits}f}" if self.n > 1 else ""  # one run: no std to show
-        return f"{self.mean:.{self.digits}f}{spread}{left_out}"
-
-
-Cell = str | Stat | None
-
-
-@dataclass(frozen=True)
-class Column:
-    title: str
-    cell: Callable[[Group], Cell]
-    numeric: bool = False  # cells are Stat (or None)
+    def check(self, fmt: str) -> None:
+        """Refuse what would be ignored or is unknown, before any run is read."""
+        if fmt not in RENDER:
+            raise ConfigError(f"unknown report format '{fmt}' (one of {', '.join(FORMATS)})")
+        unknown = [c for c in self.columns or () if c not in COLUMN_KEYS]
+        if unknown:
+            raise ConfigError(f"--columns: unknown column(s) {', '.join(repr(c) for c in unknown)}; the columns are "
+                              f"{', '.join(COLUMN_KEYS)}")
+        if self.columns is not None and not self.columns:
+            raise ConfigError(f"--columns is empty; name some of {', '.join(COLUMN_KEYS)}")
+        if fmt != "latex":
+            given = [f"--{k}" for k in ("caption", "label") if getattr(self, k) is not None]
+            if given:
+                verb = "are" if len(given) > 1 else "is"
+                raise ConfigError(f"{' and '.join(given)} {verb} read only with --format latex (this is --format "
+                                  f"{fmt}): add --format latex or leave {' and '.join(given)} out")
 
 
 def stat(group: Group, values: list[float], digits: int) -> Stat | None:
@@ -59,8 +74,8 @@ def stat(group: Group, values: list[float], digits: int) -> Stat | None:
     return None if ms is None else Stat(ms[0], ms[1], len(values), len(group.runs), digits)
 
 
-def result_column(title: str, key: str, scale: float = 1.0, digits: int = 2) -> Column:
-    return Column(title, lambda g: stat(g, [v / scale for v in g.values(key)], digits), numeric=True)
+def result_column(title: str, key: str, better: Better, scale: float = 1.0, digits: int = 2) -> Column:
+    return Column(title, lambda g: stat(g, [v / scale for v in g.values(key)], digits), numeric=True, better=better)
 
 
 def rounds_to(run: Run, target: str) -> float | None:
@@ -82,7 +97,7 @@ def target_column(target: str) -> Column:
             return NO_TARGET
         reached = [r for r in (rounds_to(run, target) for run in g.runs) if r is not None]
         return stat(g, reached, 1) or "never reached"
-    return Column(f"rounds to {target}%", cell, numeric=True)
+    return Column(f"rounds to {target}%", cell, numeric=True, better="lower")
 
 
 def targets(runs: list[Run]) -> list[str]:
@@ -90,20 +105,47 @@ def targets(runs: list[Run]) -> list[str]:
     return sorted(found, key=float)
 
 
-def columns(runs: list[Run]) -> list[Column]:
-    return [
-        Column("stream", lambda g: g.stream),
-        Column("partition", lambda g: g.partition),
-        Column("method", lambda g: g.label),
-        Column("runs", lambda g: str(len(g.runs))),
-        Column("seeds", lambda g: ",".join(map(str, g.seeds))),
-        result_column("ACC (%)", "acc"),
-        result_column("FGT (%)", "fgt"),
-        result_column("BWT (%)", "bwt"),
-        *(target_column(t) for t in targets(runs)),
-        result_column("upload (GiB)", "upload_bytes", GIB, 3),
-        result_column("wall (s)", "wall_seconds", 1.0, 1),
-    ]
+def class_column(cls: str) -> Column:
+    """A class's accuracy (class-incremental runs' ``class_acc``) over the group's runs that have it."""
+    def cell(g: Group) -> Cell:
+        values = [float(r.results["class_acc"][cls]) for r in g.runs
+                  if is_number((r.results.get("class_acc") or {}).get(cls))]
+        return stat(g, values, 2)
+    return Column(f"class {cls} (%)", cell, numeric=True, better="higher")
+
+
+def classes(runs: list[Run]) -> list[str]:
+    found = {c for r in runs for c in (r.results.get("class_acc") or {})}
+    return sorted(found, key=lambda c: (len(c), c))  # numbers as numbers: 2 before 10
+
+
+def column_set(runs: list[Run]) -> dict[str, list[Column]]:
+    """The columns of each key of :data:`COLUMN_KEYS`."""
+    return {
+        "stream": [Column("stream", lambda g: g.stream)],
+        "partition": [Column("partition", lambda g: g.partition)],
+        "method": [Column("method", lambda g: g.label)],
+        "runs": [Column("runs", lambda g: str(len(g.runs)))],
+        "seeds": [Column("seeds", lambda g: ",".join(map(str, g.seeds)))],
+        "acc": [result_column("ACC (%)", "acc", "higher")],
+        "fgt": [result_column("FGT (%)", "fgt", "lower")],
+        "bwt": [result_column("BWT (%)", "bwt", "higher")],
+        "aia": [result_column("AIA (%)", "aia", "higher")],
+        "fwt": [result_column("FWT (%)", "fwt", "higher")],
+        "targets": [target_column(t) for t in targets(runs)],
+        "class_acc": [class_column(c) for c in classes(runs)],
+        "upload": [result_column("upload (GiB)", "upload_bytes", "lower", GIB, 3)],
+        "wall": [result_column("wall (s)", "wall_seconds", "lower", 1.0, 1)],
+    }
+
+
+def columns(runs: list[Run], keys: tuple[str, ...] | None = None) -> list[Column]:
+    """The columns of ``keys`` (None: :data:`DEFAULT_COLUMNS`, AIA and FWT only when a run has them)."""
+    if keys is None:
+        keys = tuple(k for k in DEFAULT_COLUMNS
+                     if k not in SHOWN_WHEN_MEASURED or any(is_number(r.results.get(k)) for r in runs))
+    found = column_set(runs)
+    return [c for k in keys for c in found[k]]
 
 
 # ---- formats ----
@@ -135,37 +177,21 @@ def csv_text(cols: list[Column], groups: list[Group]) -> str:
     return out.getvalue().rstrip("\n")
 
 
-LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-                 "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
-
-
-def latex_escape(text: str) -> str:
-    return "".join(LATEX_SPECIAL.get(ch, ch) for ch in text)
-
-
-def latex(cols: list[Column], groups: list[Group]) -> str:
-    """A ``tabular`` (no packages needed): text left-aligned, numbers right-aligned."""
-    def text(cell: Cell) -> str:
-        if cell is None:
-            return "--"
-        return latex_escape(cell) if isinstance(cell, str) else cell.text(r" $\pm$ ")
-    align = "".join("r" if c.numeric else "l" for c in cols)
-    lines = [f"\\begin{{tabular}}{{{align}}}", "\\hline",
-             " & ".join(latex_escape(c.title) for c in cols) + " \\\\", "\\hline"]
-    lines += [" & ".join(text(c.cell(g)) for c in cols) + " \\\\" for g in groups]
-    lines += ["\\hline", "\\end{tabular}"]
-    return "\n".join(lines)
-
-
 RENDER = {"md": markdown, "csv": csv_text, "latex": latex}
 
 
-def report_table(runs: list[Run], fmt: str = "md") -> str:
-    if fmt not in RENDER:
-        raise ValueError(f"unknown report format '{fmt}' (one of {', '.join(FORMATS)})")
-    return RENDER[fmt](columns(runs), group_runs(runs))
+def report_table(runs: list[Run], fmt: str = "md", options: TableOptions | None = None) -> str:
+    options = options or TableOptions()
+    options.check(fmt)
+    cols = columns(runs, options.columns)
+    groups = order_rows(group_runs(runs), None if options.order is None else list(options.order))
+    if fmt == "latex":
+        return latex(cols, groups, options.caption, options.label)
+    return RENDER[fmt](cols, groups)
 
 
-def report(paths: list[str | Path], fmt: str = "md") -> str:
-    """The table of every readable, complete run under ``paths`` (damaged ones skipped with a warning)."""
-    return report_table(load_runs(paths), fmt)
+def report(paths: list[str | Path], fmt: str = "md", options: TableOptions | None = None) -> str:
+    """The table of every readable, complete run under ``paths`` (damaged ones skipped with a warning); bad
+    options are refused before any file is read."""
+    (options or TableOptions()).check(fmt)
+    return report_table(load_runs(paths), fmt, options)

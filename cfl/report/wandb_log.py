@@ -21,7 +21,7 @@ STEP_METRIC = "round"
 #: the output files of a run logged as its artifact (plots are added by name; the checkpoint when asked)
 ARTIFACT_FILES = ("results.json", "metrics.jsonl", "config.yaml")
 GROUP_FILE = Path("wandb") / "cfl-group.txt"
-SUMMARY_KEYS = ("acc", "fgt", "bwt", "wall_seconds", "upload_bytes", "download_bytes")
+SUMMARY_KEYS = ("acc", "fgt", "bwt", "aia", "fwt", "wall_seconds", "upload_bytes", "download_bytes")
 
 
 def recorded_config(cfg: Config, sweep_params: dict[str, Any]) -> dict[str, Any]:
@@ -122,6 +122,8 @@ class WandbLogger:
             self.run.log({"acc_matrix": table, **{f"plot/{p.stem}": wandb.Image(str(p)) for p in plots}})
             for key in SUMMARY_KEYS:
                 self.run.summary[key] = results[key]
+            for cls, acc in results.get("class_acc", {}).items():  # class-incremental runs
+                self.run.summary[f"class_acc/{cls}"] = acc
             if self.settings.log_artifacts:
                 self.run.log_artifact(self._artifact(wandb, out_dir, plots))
             self.run.finish()
