@@ -165,12 +165,17 @@ def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def check_config(saved: dict[str, Any], cfg: Config, run_dir: Path) -> None:
-    """Refuse to resume with a config that would change results (edited config.yaml)."""
+def config_changes(saved: dict[str, Any], cfg: Config) -> str:
+    """``key: old in the checkpoint, new now`` for each key that would change results ('' when none)."""
     old, new = _flat(resolve_saved_model(saved)), _flat(cfg.to_dict())
     changed = sorted(k for k in old.keys() | new.keys() if not is_resume_safe(k) and old.get(k) != new.get(k))
-    if changed:
-        diffs = "; ".join(f"{k}: {old.get(k)!r} in the checkpoint, {new.get(k)!r} now" for k in changed)
+    return "; ".join(f"{k}: {old.get(k)!r} in the checkpoint, {new.get(k)!r} now" for k in changed)
+
+
+def check_config(saved: dict[str, Any], cfg: Config, run_dir: Path) -> None:
+    """Refuse to resume with a config that would change results (edited config.yaml)."""
+    diffs = config_changes(saved, cfg)
+    if diffs:
         raise ConfigError(f"--resume {run_dir}: config.yaml no longer matches the checkpoint ({diffs}); "
                           f"restore it, or start a new run with --out")
 
