@@ -141,6 +141,10 @@ class Config:
                                     "directory's client_states/, read for the clients in play; checkpoints rewrite "
                                     "no unchanged client) or auto (disk when the estimated state of all clients "
                                     "exceeds 256 MiB; see docs/scaling.md)", choices=("auto", "memory", "disk"))
+    keep_client_states: bool = field(True, "keep the methods' per-client state once the run has finished (false: "
+                                     "drop it after results.json is written: the client_states/ directory and the "
+                                     "client states in checkpoint.pt; such a run cannot be resumed, and says so; "
+                                     "see docs/scaling.md)")
     device: str = field("cpu", "cpu, cuda or cuda:N", choices=None)
     precision: Union[int, str] = field(32, "32: float32 throughout; bf16-mixed: the matrix products and convolutions "
                                        "of local training in bfloat16 (float32 accumulation) over float32 master "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import shutil
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import torch
 from cfl.config import Config, ConfigError, _set_dotted, dump_yaml, parse_overrides, read_yaml
 from cfl.data.load import load_stream
 from cfl.engine import checkpoint, rundir
+from cfl.engine.drop_states import drop_client_states
 from cfl.engine.lock import LockLost, RunLock, locked
 from cfl.engine.path_limits import check_path_length
 from cfl.engine.preflight import dry_run_hooks
@@ -253,6 +255,8 @@ def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quie
     results["wall_seconds"] = time.perf_counter() - started
     lock.check()
     atomic_write_json(out / "results.json", results)  # last local output: complete results.json, complete outputs
+    if not cfg.keep_client_states:  # after results.json: a run killed before has complete outputs and its states
+        print(drop_client_states(runner, out, logger.run_id, lock), file=sys.stderr, flush=True)
     logger.finish(results, out, plots)  # then W&B, which logs the files as an artifact
     if not quiet:
         print(summary(results, out))
