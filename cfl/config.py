@@ -83,7 +83,8 @@ class WandbConfig:
     group: Optional[str] = field(None, "W&B group (null: stream/partition/method, the keys that differ from the "
                                  "config file, and a hash of the config without the seed, so that the seeds of "
                                  "one config and only they share a group; see docs/wandb.md)")
-    name: Optional[str] = field(None, "W&B run name (null: <stream>-<method>-<partition>-s<seed>)")
+    name: Optional[str] = field(None, "W&B run name (null: <stream>-<method>-<partition>[-<keys that differ from the "
+                                "config file, as in the group>]-s<seed>; see docs/wandb.md)")
     tags: list[str] = field([], "W&B tags besides the automatic ones (stream, partition, method names)")
     job_type: str = field("train", "W&B job type")
     log_artifacts: bool = field(True, "log results.json, metrics.jsonl, config.yaml and the plots as a W&B "
