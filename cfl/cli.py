@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -87,16 +88,23 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     runs = load_sweeps(args.sweep, args.out)
     roots = sorted({str(r.out.parent) for r in runs})
     print(f"sweep: {len(runs)} runs under {', '.join(r + '/' for r in roots)}", flush=True)
-    failed: list[str] = []
-    if args.backend == "ray":
-        from cfl.sweep_ray import RayResources, run_ray
+    try:
+        if args.backend == "ray":
+            from cfl.sweep_ray import RayResources, run_ray
 
-        _, failed = run_ray(runs, RayResources(args.address, args.num_cpus, args.cpus_per_run, args.gpus_per_run),
-                            plugins)
-    elif args.jobs > 1:
-        _, failed = run_parallel(runs, args.jobs, plugins)
-    else:
-        _, failed = run_local(runs, quiet=not args.verbose)
+            _, failed = run_ray(runs, RayResources(args.address, args.num_cpus, args.cpus_per_run,
+                                                   args.gpus_per_run), plugins)
+        elif args.jobs > 1:
+            _, failed = run_parallel(runs, args.jobs, plugins)
+        else:
+            _, failed = run_local(runs, quiet=not args.verbose)
+    except RunStopped as err:
+        if err.exit_code < 128:
+            raise
+        raise RunStopped(f"{err}\n{_sweep_resume_hint(args)}", err.exit_code) from None
+    except KeyboardInterrupt as err:
+        code = signal_exit_code(err)
+        raise RunStopped(f"stopped by {signal.Signals(code - 128).name}\n{_sweep_resume_hint(args)}", code) from None
     done = [r.out for r in runs if (r.out / "results.json").is_file()]
     if done:  # when every run failed there is no table, only the failures below
         print(report(done))
@@ -109,6 +117,13 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 def _names(text: str | None) -> tuple[str, ...] | None:
     """``a,b, c`` as ``('a', 'b', 'c')``; None stays None."""
     return None if text is None else tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+def _sweep_resume_hint(args: argparse.Namespace) -> str:
+    """How to resume a stopped sweep: the same command again (its plugins, backend and --out included)."""
+    return (f"cfl: resume the sweep with the same command: {shlex.join(['cfl', *args.argv])} (complete runs are "
+            "skipped; a run cut off with a checkpoint resumes from it)")
+
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -216,6 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         with StopRequest().installed():  # a signal before a run has started stops at once, with a message
             return args.func(args)

@@ -86,7 +86,8 @@ class WandbConfig:
     group: Optional[str] = field(None, "W&B group (null: stream/partition/method, the keys that differ from the "
                                  "config file, and a hash of the config without the seed, so that the seeds of "
                                  "one config and only they share a group; see docs/wandb.md)")
-    name: Optional[str] = field(None, "W&B run name (null: <stream>-<method>-<partition>-s<seed>)")
+    name: Optional[str] = field(None, "W&B run name (null: <stream>-<method>-<partition>[-<keys that differ from the "
+                                "config file, as in the group>]-s<seed>; see docs/wandb.md)")
     tags: list[str] = field([], "W&B tags besides the automatic ones (stream, partition, method names)")
     job_type: str = field("train", "W&B job type")
     log_artifacts: bool = field(True, "log results.json, metrics.jsonl, config.yaml and the plots as a W&B "
@@ -144,6 +145,10 @@ class Config:
                                     "directory's client_states/, read for the clients in play; checkpoints rewrite "
                                     "no unchanged client) or auto (disk when the estimated state of all clients "
                                     "exceeds 256 MiB; see docs/scaling.md)", choices=("auto", "memory", "disk"))
+    keep_client_states: bool = field(True, "keep the methods' per-client state once the run has finished (false: "
+                                     "drop it after results.json is written: the client_states/ directory and the "
+                                     "client states in checkpoint.pt; such a run cannot be resumed, and says so; "
+                                     "see docs/scaling.md)")
     device: str = field("cpu", "cpu, cuda or cuda:N", choices=None)
     precision: Union[int, str] = field(32, "32: float32 throughout; bf16-mixed: the matrix products and convolutions "
                                        "of local training in bfloat16 (float32 accumulation) over float32 master "

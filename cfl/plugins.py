@@ -3,6 +3,7 @@ docs/own-dataset.md). Sweep worker processes and Ray workers import the same fil
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -34,6 +35,13 @@ def _read(file: Path) -> PluginSource:
         return str(file), file.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise ConfigError(f"plugin file '{file}' is not valid Python: it is not UTF-8 text") from None
+
+
+def resume_command(run_dir: Path | str) -> str:
+    """``cfl run --resume RUN_DIR``, with a ``--plugin`` for each plugin file imported in this process (a run
+    that uses a plugin's method or stream cannot resume without it)."""
+    files = list(dict.fromkeys(file for file, _ in LOADED))
+    return shlex.join(["cfl", "run", "--resume", str(run_dir), *(a for f in files for a in ("--plugin", f))])
 
 
 def load_sources(sources: list[PluginSource]) -> None:

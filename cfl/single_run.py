@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import shutil
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import torch
 from cfl.config import Config, ConfigError, _set_dotted, dump_yaml, parse_overrides, read_yaml
 from cfl.data.load import load_stream
 from cfl.engine import checkpoint, rundir
+from cfl.engine.drop_states import drop_client_states
 from cfl.engine.lock import LockLost, RunLock, locked
 from cfl.engine.path_limits import check_path_length
 from cfl.engine.preflight import dry_run_hooks
@@ -25,6 +27,7 @@ from cfl.engine.stop import RunStopped, StopRequest, signal_exit_code
 from cfl.ignored_keys import tolerated
 from cfl.methods.hook_guard import HookError
 from cfl.metrics.results import build_results
+from cfl.plugins import resume_command
 from cfl.records.run_dir import RESUME_SAFE_KEYS, is_resume_safe
 from cfl.report.files import atomic_write_bytes, atomic_write_json, check_searchable, check_writable
 from cfl.report.jsonl import MetricsWriter, keep_lines_up_to
@@ -175,7 +178,7 @@ class Attempt:
         action = ("make sure no other cfl run uses the directory, then resume" if locked_out
                   else "free some space, then resume" if full else "resume")
         return (f"the last checkpoint (after round {self.saved_round}) is kept in "
-                f"{self.out}/{checkpoint.CHECKPOINT}{valid}; {action} with: cfl run --resume {self.out}")
+                f"{self.out}/{checkpoint.CHECKPOINT}{valid}; {action} with: {resume_command(self.out)}")
 
     def clean_up(self) -> None:
         """A new run that failed before its round-0 checkpoint: remove what it wrote."""
@@ -244,7 +247,7 @@ def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quie
     prog = runner.progress
     if stop() and prog.task < stream.num_tasks:
         raise RunStopped(f"stopped by {stop.name} after round {prog.global_round} (task {prog.task + 1}/"
-                         f"{stream.num_tasks}); checkpoint saved. Resume with: cfl run --resume {out}",
+                         f"{stream.num_tasks}); checkpoint saved. Resume with: {resume_command(out)}",
                          128 + int(stop.signum))
     results = build_results(runner.snapshot(), time.perf_counter() - started)
     results["wandb_run_id"] = logger.run_id
@@ -252,6 +255,8 @@ def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quie
     results["wall_seconds"] = time.perf_counter() - started
     lock.check()
     atomic_write_json(out / "results.json", results)  # last local output: complete results.json, complete outputs
+    if not cfg.keep_client_states:  # after results.json: a run killed before has complete outputs and its states
+        print(drop_client_states(runner, out, logger.run_id, lock), file=sys.stderr, flush=True)
     logger.finish(results, out, plots)  # then W&B, which logs the files as an artifact
     if not quiet:
         print(summary(results, out))

@@ -12,7 +12,8 @@ A sweep file::
       # variant: [{label: gma, aggregator.name: gma}, {label: fot, method: {name: fot, eps: 0.96}}]
 
 Every combination is validated before the first run starts; runs whose ``results.json`` is complete
-are skipped, so an interrupted sweep resumes where it stopped. ``run_parallel`` runs them ``jobs`` at a
+are skipped and a run cut off with a checkpoint of the same config resumes from it (:func:`resumable`), so an
+interrupted sweep, started again, resumes where it stopped. ``run_parallel`` runs them ``jobs`` at a
 time in worker processes (``cfl sweep --jobs N``); each run's results are the same as one after another.
 Then the comparison figures of each sweep directory's complete runs go into that directory (as
 ``cfl report DIR --plots DIR`` writes them).
@@ -177,14 +178,35 @@ def is_complete(run_dir: Path) -> bool:
         return False
 
 
+def resumable(config: Config, out: Path) -> tuple[bool, str]:
+    """Whether the run in ``out`` continues from its checkpoint: there is one and the run's ``config.yaml``
+    (the config it was started with, up to result-neutral keys) is ``config``; and what to say about it."""
+    from cfl.engine.checkpoint import config_changes
+    from cfl.records.run_dir import CHECKPOINT
+
+    if not (out / CHECKPOINT).is_file():
+        return False, ""
+    try:
+        diffs = config_changes(read_yaml(out / "config.yaml"), config)
+    except (ConfigError, OSError) as err:
+        return False, f"its {CHECKPOINT} has no readable config.yaml beside it ({err}); starting it again from round 0"
+    if diffs:
+        return False, f"its {CHECKPOINT} is of another config ({diffs}); starting it again from round 0"
+    return True, f"resuming from its {CHECKPOINT}"
+
+
 def pending_runs(runs: list[SweepRun]) -> list[tuple[int, SweepRun]]:
-    """The incomplete runs with their 1-based positions; complete ones are announced as skipped."""
+    """The incomplete runs with their 1-based positions; complete ones are announced as skipped, cut-off ones
+    as resumed (or started again, saying why)."""
     pending = []
     for i, run in enumerate(runs, 1):
         if is_complete(run.out):
             print(f"[{i}/{len(runs)}] {run.name}: already complete, skipped", flush=True)
-        else:
-            pending.append((i, run))
+            continue
+        note = resumable(run.config, run.out)[1]
+        if note:
+            print(f"[{i}/{len(runs)}] {run.name}: {note}", flush=True)
+        pending.append((i, run))
     return pending
 
 
@@ -215,8 +237,9 @@ def run_local(runs: list[SweepRun], quiet: bool = True) -> tuple[list[dict[str, 
 
 def run_job(config: Config, out: Path, quiet: bool = True, base: Config | None = None,
             plugins: tuple[PluginSource, ...] = ()) -> dict[str, Any] | str:
-    """One sweep run: its results, or why it failed (a plain string, so it crosses process boundaries).
-    ``plugins``: the sweep's ``--plugin`` files, imported first (in a worker process; once per process)."""
+    """One sweep run, resumed from its checkpoint where :func:`resumable`: its results, or why it failed (a
+    plain string, so it crosses process boundaries). ``plugins``: the sweep's ``--plugin`` files, imported first
+    (in a worker process; once per process)."""
     from cfl.engine.stop import RunStopped
     from cfl.plugins import load_sources
     from cfl.report.wandb_sweep import RunSource
@@ -224,7 +247,8 @@ def run_job(config: Config, out: Path, quiet: bool = True, base: Config | None =
 
     try:
         load_sources(list(plugins))
-        return execute(config, out, overwrite=True, quiet=quiet, source=RunSource(base))
+        resume = resumable(config, out)[0]
+        return execute(config, out, overwrite=not resume, quiet=quiet, resume=resume, source=RunSource(base))
     except RunStopped as err:
         if err.exit_code >= 128:  # stopped by a signal: the sweep stops too
             raise

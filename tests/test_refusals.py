@@ -26,6 +26,9 @@ CASES = [
     ("wrong type: int", ["{cfg}", "--set", "num_clients=ten"], ["'num_clients'", "integer"]),
     ("wrong type: float", ["{cfg}", "--set", "lr=fast"], ["'lr'", "number"]),
     ("wrong type: bool", ["{cfg}", "--set", "stream.download=maybe"], ["'stream.download'", "true or false"]),
+    # issue 30 item 9 (keep_client_states)
+    ("wrong type: keep_client_states", ["{cfg}", "--set", "keep_client_states=maybe"],
+     ["'keep_client_states'", "true or false"]),
     ("wrong type: list", ["{cfg}", "--set", "target_accuracies=50"], ["'target_accuracies'", "list"]),
     ("wrong type: section", ["{cfg}", "--set", "partition=iid"], ["'partition'", "mapping"]),
     ("wrong type: int given a float", ["{cfg}", "--set", "rounds_per_task=2.5"], ["'rounds_per_task'"]),

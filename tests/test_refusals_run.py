@@ -74,8 +74,14 @@ CASES += [
     ("binary W&B sweep parameter file", ["{cfg}"], "binary params", 2,
      ["W&B sweep parameter file '{tmp}/params.bin'", "is not UTF-8 text", "WANDB_SWEEP_PARAM_PATH"]),
 ]
+# ---- issue 30 item 9: a finished run that dropped its client states (keep_client_states: false) ----
+CASES += [
+    ("resume a run that dropped its client states", ["--resume", "{tmp}/dropped"], "states dropped", 2,
+     ["--resume {tmp}/dropped: this run finished and dropped its client states (keep_client_states: false)",
+      "its outputs (results.json) are complete", "--overwrite and keep_client_states: true"]),
+]
 FS_FAULTS = {"lock deleted", "lock replaced", "state flip", "state scale", "state header", "states read-only",
-             "unsearchable", "binary params"}
+             "unsearchable", "binary params", "states dropped"}
 DISK_TINY = {**TINY, "method": {"name": "ewc"}, "client_state_store": "disk"}
 
 
@@ -137,6 +143,9 @@ def apply_fs_fault(fault: str, files: dict, monkeypatch, stack) -> None:
         kind = fault.split()[1]
         shutil.copytree(files["disk"], tmp / kind)
         damage_record(tmp / kind, kind)
+    elif fault == "states dropped":  # the finished disk-store run, resumed only to drop its states
+        shutil.copytree(files["disk"], tmp / "dropped")
+        assert main(["run", "--resume", str(tmp / "dropped"), "--quiet", "--set", "keep_client_states=false"]) == 0
     elif fault == "states read-only":
         shutil.copytree(files["disk"], tmp / "ro-states")
         os.chmod(tmp / "ro-states" / "client_states", 0o555)

@@ -128,3 +128,53 @@ def test_a_sweep_whose_runs_all_fail_names_them_and_exits_1(tmp_path, capsys):
     assert main(["sweep", str(path)]) == 1
     err = capsys.readouterr().err
     assert "1 run(s) failed: diverges" in err and "no results.json" not in err
+
+
+def test_an_interrupted_sweep_resumes_the_cut_off_run_and_skips_finished_ones(tmp_path, monkeypatch, capsys):
+    """SIGINT in the second run's round 3 (of 4): started again, the sweep skips the first run, trains only
+    round 4 of the second, from its checkpoint, and ends as an uninterrupted sweep; every printed resume
+    command names the --plugin file."""
+    import dataclasses
+    import signal
+
+    from cfl.cli import main
+    from cfl.engine.runner import Runner
+
+    plugin = tmp_path / "noop.py"
+    plugin.write_text("NOTHING = None  # a plugin file the runs do not need; the commands must still name it\n")
+    path = _write(tmp_path, {"seed": [0, 1]}, set={"checkpoint_every": 1, "threads": 1, "rounds_per_task": 2})
+    run_local(load_sweep(path, out=tmp_path / "reference"))
+    real, trained = Runner.run_round, []
+
+    def run_round(self, task, rnd):
+        record = real(self, task, rnd)
+        trained.append((self.cfg.seed, record["round"]))
+        if trained[-1] == (1, 3) and len(trained) == 7:  # the first time only
+            signal.raise_signal(signal.SIGINT)
+        return record
+
+    monkeypatch.setattr(Runner, "run_round", run_round)
+    before = signal.getsignal(signal.SIGINT)
+    assert main(["sweep", str(path), "--plugin", str(plugin)]) == 130
+    err = capsys.readouterr().err
+    cut = tmp_path / "runs" / "seed=1"
+    assert f"Resume with: cfl run --resume {cut} --plugin {plugin}" in err
+    assert f"resume the sweep with the same command: cfl sweep {path} --plugin {plugin}" in err
+    assert signal.getsignal(signal.SIGINT) is before
+    trained.clear()
+    assert main(["sweep", str(path), "--plugin", str(plugin)]) == 0
+    out = capsys.readouterr().out
+    assert "seed=0: already complete, skipped" in out and "seed=1: resuming from its checkpoint.pt" in out
+    assert trained == [(1, 4)]
+    for name in ("seed=0", "seed=1"):
+        metrics = [(d / name / "metrics.jsonl").read_text() for d in (tmp_path / "runs", tmp_path / "reference")]
+        assert metrics[0] == metrics[1]
+        matrices = [json.loads((d / name / "results.json").read_text())["acc_matrix"]
+                    for d in (tmp_path / "runs", tmp_path / "reference")]
+        assert matrices[0] == matrices[1]
+    from cfl.sweep import resumable
+
+    other = dataclasses.replace(load_sweep(path)[1].config, lr=0.5)
+    (cut / "results.json").unlink()  # as if cut off again, but the sweep file now says lr 0.5
+    resume, note = resumable(other, cut)
+    assert not resume and note.endswith("(lr: 0.01 in the checkpoint, 0.5 now); starting it again from round 0")

@@ -209,3 +209,17 @@ def test_the_docs_show_the_example_sweep():
     page = (ROOT / "docs" / "wandb.md").read_text()
     block = page.split("`configs/wandb-sweep.yaml`:\n\n```yaml\n", 1)[1].split("```", 1)[0]
     assert yaml.safe_load(block) == yaml.safe_load(EXAMPLE.read_text())
+
+
+def test_the_example_compares_methods_that_differ_from_fedavg():
+    """Each method of the example differs from FedAvg at the quickstart's settings (FedProx at its default mu, 0.01,
+    reproduces FedAvg's numbers there; see the README), and every combination is a valid config."""
+    from cfl.validation import load_config
+
+    spec = yaml.safe_load(EXAMPLE.read_text())
+    methods = spec["parameters"]["method.name"]["values"]
+    assert methods[0] == "fedavg" and len(methods) > 1
+    for name in methods:
+        cfg = load_config(ROOT / "configs" / "quickstart.yaml", [f"method.name={name}"])
+        assert name != "fedprox" or cfg.method["mu"] >= 0.1
+    assert spec["metric"]["name"] == "acc" and spec["early_terminate"]["type"] == "hyperband"

@@ -34,6 +34,7 @@ from cfl.schema import ConfigError
 from cfl.validation import resolve_saved_model
 
 FORMAT = 2  # 2: method states as nested dicts (one-client method interface)
+DROPPED = "dropped"  # the clients of a method state whose client states the finished run dropped
 
 
 class CheckpointError(RuntimeError):
@@ -86,9 +87,11 @@ def check_plain(obj: Any, where: str) -> None:
                           f"strings and lists/dicts of them (convert numpy arrays with torch.as_tensor)")
 
 
-def capture(run: RunSnapshot, wandb_run_id: str | None) -> dict[str, Any]:
-    """Everything needed to continue ``run`` exactly where it is (tensors are shared, not copied)."""
-    states = [st.state_dict() for st in run.states]
+def capture(run: RunSnapshot, wandb_run_id: str | None, client_states: bool = True) -> dict[str, Any]:
+    """Everything needed to continue ``run`` exactly where it is (tensors are shared, not copied); without
+    ``client_states`` (``keep_client_states: false``) each method's clients are a :func:`dropped` mark."""
+    states = [st.state_dict() if client_states else {"server": st.server, "clients": dropped(len(st.clients))}
+              for st in run.states]
     for method, state in zip(run.methods, states, strict=True):
         check_plain(state, f"state of method '{method.name}'")
     progress = dataclasses.asdict(run.progress)
@@ -104,6 +107,11 @@ def capture(run: RunSnapshot, wandb_run_id: str | None) -> dict[str, Any]:
         "wandb_run_id": wandb_run_id,
         "data": fingerprint(run.stream),
     }
+
+
+def dropped(clients: int) -> dict[str, Any]:
+    """What a checkpoint holds in place of a method's client states that a finished run dropped."""
+    return {"store": DROPPED, "clients": clients}
 
 
 def save(run_dir: Path, payload: dict[str, Any]) -> Path:
@@ -148,6 +156,11 @@ def load(run_dir: Path) -> dict[str, Any]:
                           f"start the run again with --overwrite, or resume it with the cfl that wrote it")
     if not isinstance(payload, dict) or payload.get("format") != FORMAT or keys - set(payload):
         raise ConfigError(f"--resume {run_dir}: {path.name} is not a cfl checkpoint of format {FORMAT}")
+    if any(isinstance(st, dict) and isinstance(st.get("clients"), dict) and st["clients"].get("store") == DROPPED
+           for st in payload["states"]):
+        raise ConfigError(f"--resume {run_dir}: this run finished and dropped its client states "
+                          f"(keep_client_states: false), which a resumed run needs; its outputs (results.json) are "
+                          f"complete. To train it again, run its config with --overwrite and keep_client_states: true")
     if payload["wandb_run_id"] is not None:  # handed to wandb.init, which puts it in paths
         checked_id(payload["wandb_run_id"], f"--resume {run_dir}: the W&B run id in {path.name}",
                    "start the run again with --overwrite")
@@ -165,12 +178,17 @@ def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def check_config(saved: dict[str, Any], cfg: Config, run_dir: Path) -> None:
-    """Refuse to resume with a config that would change results (edited config.yaml)."""
+def config_changes(saved: dict[str, Any], cfg: Config) -> str:
+    """``key: old in the checkpoint, new now`` for each key that would change results ('' when none)."""
     old, new = _flat(resolve_saved_model(saved)), _flat(cfg.to_dict())
     changed = sorted(k for k in old.keys() | new.keys() if not is_resume_safe(k) and old.get(k) != new.get(k))
-    if changed:
-        diffs = "; ".join(f"{k}: {old.get(k)!r} in the checkpoint, {new.get(k)!r} now" for k in changed)
+    return "; ".join(f"{k}: {old.get(k)!r} in the checkpoint, {new.get(k)!r} now" for k in changed)
+
+
+def check_config(saved: dict[str, Any], cfg: Config, run_dir: Path) -> None:
+    """Refuse to resume with a config that would change results (edited config.yaml)."""
+    diffs = config_changes(saved, cfg)
+    if diffs:
         raise ConfigError(f"--resume {run_dir}: config.yaml no longer matches the checkpoint ({diffs}); "
                           f"restore it, or start a new run with --out")
 

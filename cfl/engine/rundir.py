@@ -16,6 +16,7 @@ from pathlib import Path
 from cfl import __version__
 from cfl.engine import checkpoint
 from cfl.engine.lock import LOCK_FILE
+from cfl.plugins import resume_command
 from cfl.report.files import atomic_write_bytes
 from cfl.schema import ConfigError
 
@@ -65,7 +66,7 @@ def refuse_outputs(out: Path, overwrite: bool) -> None:
         return
     if not overwrite:
         unfinished = (out / checkpoint.CHECKPOINT).is_file() and not (out / "results.json").is_file()
-        hint = f", or continue that unfinished run with: cfl run --resume {out}" if unfinished else ""
+        hint = f", or continue that unfinished run with: {resume_command(out)}" if unfinished else ""
         raise ConfigError(f"run directory '{out}' already holds outputs; pass --overwrite to replace them "
                           f"or --out to choose another directory{hint}")
     if not is_marked(out):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,10 @@ STEP_METRIC = "round"
 #: the output files of a run logged as its artifact (plots are added by name; the checkpoint when asked)
 ARTIFACT_FILES = ("results.json", "metrics.jsonl", "config.yaml")
 GROUP_FILE = Path("wandb") / "cfl-group.txt"
+NAME_FILE = Path("wandb") / "cfl-name.txt"
+#: where W&B stages an artifact's files (``$WANDB_DATA_DIR/artifacts/staging``) unless the user set it: the run's
+#: ``wandb/`` directory, beside the offline run that names them (W&B's default is ``~/.local/share/wandb``)
+DATA_DIR_ENV = "WANDB_DATA_DIR"
 SUMMARY_KEYS = ("acc", "fgt", "bwt", "aia", "fwt", "wall_seconds", "upload_bytes", "download_bytes")
 
 
@@ -35,13 +41,35 @@ def recorded_config(cfg: Config, sweep_params: dict[str, Any]) -> dict[str, Any]
 def run_group(cfg: Config, base: Config | None, out_dir: Path, resumed: bool) -> str:
     """The default group, kept in ``wandb/cfl-group.txt``: a resumed run (whose config file is no longer
     known) stays in the group it started in."""
-    path = out_dir / GROUP_FILE
+    return _kept(out_dir / GROUP_FILE, resumed, lambda: default_group(cfg, base))
+
+
+def run_name(cfg: Config, base: Config | None, out_dir: Path, resumed: bool) -> str:
+    """The default name, kept in ``wandb/cfl-name.txt`` as the group is."""
+    return _kept(out_dir / NAME_FILE, resumed, lambda: default_name(cfg, base))
+
+
+def _kept(path: Path, resumed: bool, make: Callable[[], str]) -> str:
     if resumed and path.is_file():
         return path.read_text(encoding="utf-8").strip()
-    group = default_group(cfg, base)
+    value = make()
     path.parent.mkdir(exist_ok=True)
-    path.write_text(group + "\n", encoding="utf-8")
-    return group
+    path.write_text(value + "\n", encoding="utf-8")
+    return value
+
+
+@contextmanager
+def staged_in(out_dir: Path) -> Iterator[None]:
+    """Artifact files staged under the run's ``wandb/`` directory while the block runs (``$WANDB_DATA_DIR``,
+    unless the user set it)."""
+    if os.environ.get(DATA_DIR_ENV):
+        yield
+        return
+    os.environ[DATA_DIR_ENV] = str((out_dir / "wandb").resolve())
+    try:
+        yield
+    finally:
+        os.environ.pop(DATA_DIR_ENV, None)
 
 
 class WandbLogger:
@@ -62,10 +90,12 @@ class WandbLogger:
             os.environ.setdefault("WANDB_SILENT", "true")
             # cfl applied the sweep's parameters itself; W&B would otherwise record the agent's raw values
             os.environ.pop(PARAM_PATH_ENV, None)
+            resumed = bool(run_id)
             self.run = wandb.init(mode=w.mode, project=w.project, entity=w.entity,
-                                  group=w.group or run_group(cfg, source.base, out_dir, resumed=bool(run_id)),
+                                  group=w.group or run_group(cfg, source.base, out_dir, resumed),
                                   job_type=w.job_type,
-                                  name=w.name or default_name(cfg), tags=default_tags(cfg), config=config,
+                                  name=w.name or run_name(cfg, source.base, out_dir, resumed),
+                                  tags=default_tags(cfg), config=config,
                                   dir=str(out_dir), id=run_id, resume="allow" if run_id else None,
                                   reinit="finish_previous",
                                   settings=wandb.Settings(init_timeout=float(os.environ.get("WANDB_INIT_TIMEOUT", 30))))
@@ -102,8 +132,11 @@ class WandbLogger:
         self._log({k: v for k, v in record.items() if k != "round"}, step=record["round"])
 
     def evaluation(self, record: dict[str, Any]) -> None:
+        """Each task's accuracy and their mean over the seen tasks, as ``acc/mean_seen``, ``mean_acc`` and
+        ``acc`` (the metric a sweep optimises: its history lets early termination compare runs; after the last
+        task it is the run's ACC), so that the last values logged are the final ones."""
         data = {f"acc/task_{j}": a for j, a in record["acc"].items()}
-        data["acc/mean_seen"] = record["mean_acc"]
+        data["acc/mean_seen"] = data["mean_acc"] = data["acc"] = record["mean_acc"]
         self._log(data, step=record["round"])
 
     def task_end(self, task: int, record: dict[str, Any]) -> None:
@@ -116,17 +149,18 @@ class WandbLogger:
         try:
             import wandb
 
-            matrix = results["acc_matrix"]
-            columns = ["after_task"] + [f"task_{j}" for j in range(len(matrix))]
-            table = wandb.Table(columns=columns, data=[[i] + row for i, row in enumerate(matrix)])
-            self.run.log({"acc_matrix": table, **{f"plot/{p.stem}": wandb.Image(str(p)) for p in plots}})
-            for key in SUMMARY_KEYS:
-                self.run.summary[key] = results[key]
-            for cls, acc in results.get("class_acc", {}).items():  # class-incremental runs
-                self.run.summary[f"class_acc/{cls}"] = acc
-            if self.settings.log_artifacts:
-                self.run.log_artifact(self._artifact(wandb, out_dir, plots))
-            self.run.finish()
+            with staged_in(out_dir):  # the table is an artifact too
+                matrix = results["acc_matrix"]
+                columns = ["after_task"] + [f"task_{j}" for j in range(len(matrix))]
+                table = wandb.Table(columns=columns, data=[[i] + row for i, row in enumerate(matrix)])
+                self.run.log({"acc_matrix": table, **{f"plot/{p.stem}": wandb.Image(str(p)) for p in plots}})
+                for key in SUMMARY_KEYS:
+                    self.run.summary[key] = results[key]
+                for cls, acc in results.get("class_acc", {}).items():  # class-incremental runs
+                    self.run.summary[f"class_acc/{cls}"] = acc
+                if self.settings.log_artifacts:
+                    self.run.log_artifact(self._artifact(wandb, out_dir, plots))
+                self.run.finish()
         except Exception as err:  # noqa: BLE001
             self._fail("finish", err)
 

@@ -6,12 +6,14 @@ group, so the W&B UI aggregates seeds; runs that differ in anything else never d
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from typing import Any
 
 from cfl.config import Config
 from cfl.records.run_dir import is_resume_safe
+from cfl.schema import ConfigError, build, to_dict
 
 #: W&B refuses longer group names
 GROUP_MAX = 128
@@ -41,11 +43,44 @@ def result_keys(cfg: Config) -> dict[str, Any]:
 
 
 def differences(cfg: Config, base: Config | None) -> list[str]:
-    """``key=value`` for every result-relevant key where ``cfg`` differs from ``base`` (sorted by key)."""
+    """``key=value`` for every result-relevant key where ``cfg`` differs from ``base`` (sorted by key), short:
+
+    - not the names the group and run name start with (stream, partition, method, aggregator, loss);
+    - not a parameter that ``base`` lacks (its method is another) and that ``cfg`` leaves at its method's default,
+      nor one that ``cfg`` lacks (the method's name says it);
+    - each key by its last part (``method.mu`` -> ``mu``) unless another key of either config ends the same.
+    """
     if base is None:
         return []
     mine, theirs = result_keys(cfg), result_keys(base)
-    return [f"{k}={_short(mine.get(k))}" for k in sorted(mine.keys() | theirs.keys()) if mine.get(k) != theirs.get(k)]
+    defaults = method_defaults(cfg)
+    named = [k for k in sorted(mine) if k not in HEAD_KEYS and mine[k] != theirs.get(k, defaults.get(k, _ABSENT))]
+    leaves = [k.rsplit(".", 1)[-1] for k in {*flat(cfg.to_dict()), *flat(base.to_dict())}]
+    return [f"{_key(k, leaves)}={_short(mine[k])}" for k in named]
+
+
+#: keys that the head of a group or run name already shows (:meth:`Config.method_label` names the last two)
+HEAD_KEYS = ("stream.name", "partition.name", "method.name", "aggregator.name", "loss")
+_ABSENT = object()
+
+
+def method_defaults(cfg: Config) -> dict[str, Any]:
+    """``{"method.<param>": default}`` of the run's method (a method's own defaults are never differences)."""
+    from cfl.methods import METHODS
+
+    entry = METHODS.get(cfg.method["name"])
+    if entry is None or not dataclasses.fields(entry.Hyperparams):
+        return {}
+    try:
+        params = to_dict(build(entry.Hyperparams, {}, "method"))
+    except ConfigError:  # a plugin method with a parameter that has no default: every value is named
+        return {}
+    return {f"method.{k}": v for k, v in params.items()}
+
+
+def _key(key: str, leaves: list[str]) -> str:
+    leaf = key.rsplit(".", 1)[-1]
+    return leaf if leaves.count(leaf) == 1 else key
 
 
 def _short(value: Any) -> str:
@@ -59,20 +94,29 @@ def config_hash(cfg: Config) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:6]
 
 
+def _fitted(head: str, tail: str) -> str:
+    """``head + tail`` within W&B's :data:`GROUP_MAX` characters: ``head`` cut and marked ``~`` where too long."""
+    if len(head) + len(tail) > GROUP_MAX:
+        head = head[:GROUP_MAX - len(tail) - 1] + "~"
+    return head + tail
+
+
 def default_group(cfg: Config, base: Config | None) -> str:
     """``stream/partition/method[/key=value,...]#hash``: readable, and equal only for seeds of one config."""
     parts = [cfg.stream.name, cfg.partition.name, cfg.method_label]
     diffs = differences(cfg, base)
     if diffs:
         parts.append(",".join(diffs))
-    head, tail = "/".join(parts), f"#{config_hash(cfg)}"
-    if len(head) + len(tail) > GROUP_MAX:
-        head = head[:GROUP_MAX - len(tail) - 1] + "~"
-    return head + tail
+    return _fitted("/".join(parts), f"#{config_hash(cfg)}")
 
 
-def default_name(cfg: Config) -> str:
-    return f"{cfg.stream.name}-{cfg.method_label}-{cfg.partition.name}-s{cfg.seed}"
+def default_name(cfg: Config, base: Config | None) -> str:
+    """``stream-method-partition[-key=value,...]-s<seed>``: the keys that differ from ``base`` (as in the group),
+    so that the runs of one sweep that differ in anything but neutral keys never share a name; without a
+    ``base``, the config hash instead of the keys."""
+    diffs = differences(cfg, base) if base is not None else [config_hash(cfg)]
+    head = "-".join([cfg.stream.name, cfg.method_label, cfg.partition.name, *([",".join(diffs)] if diffs else [])])
+    return _fitted(head, f"-s{cfg.seed}")
 
 
 def default_tags(cfg: Config) -> list[str]:

@@ -121,8 +121,8 @@ def load_with_sweep(path: str | Path, overrides: list[str], trust_callables: boo
     if params and cfg.wandb.mode == "disabled":
         warnings.warn("running a W&B sweep's parameters with 'wandb.mode: disabled': the sweep gets no results; "
                       "set wandb.mode: online in the sweep's config file", stacklevel=2)
-    return cfg, RunSource(_base(file_data) if cfg.wandb.mode != "disabled" and cfg.wandb.group is None else None,
-                          params)
+    named = cfg.wandb.group is None or cfg.wandb.name is None  # a default group or name names the differences
+    return cfg, RunSource(_base(file_data) if cfg.wandb.mode != "disabled" and named else None, params)
 
 
 def _benchmark(data: dict[str, Any]) -> Any:
@@ -142,9 +142,9 @@ def _check_sweep_benchmark(data: dict[str, Any], file_data: dict[str, Any], sets
 
 
 def _base(data: dict[str, Any]) -> Config | None:
-    """The config file alone, validated, for the W&B group's differences (only where a default group is named:
-    validating it builds its stream's metadata, e.g. an Avalanche benchmark); None where it is valid only
-    with its --set keys (the W&B group then names no differences)."""
+    """The config file alone, validated, for the differences that the default W&B group and name show (only
+    where one of them is the default: validating it builds its stream's metadata, e.g. an Avalanche benchmark);
+    None where it is valid only with its --set keys (the group and name then show the config hash instead)."""
     try:
         return from_dict(data)
     except ConfigError:
