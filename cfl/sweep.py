@@ -8,8 +8,11 @@ A sweep file::
     grid:
       method.name: [fedavg, fedprox]
       seed: [0, 1, 2]
-      # or keys set together, one run directory per label:
+      # or keys set together, one run directory per label (docs/scaling.md, "Method-by-parameter sweeps"):
       # variant: [{label: gma, aggregator.name: gma}, {label: fot, method: {name: fot, eps: 0.96}}]
+
+A ``variant``'s label becomes the run's config ``label``: the name of its rows in ``cfl report``, its figure
+legends and its W&B group and run names (:mod:`cfl.report.labels`).
 
 Every combination is validated before the first run starts; runs whose ``results.json`` is complete
 are skipped, so an interrupted sweep resumes where it stopped. ``run_parallel`` runs them ``jobs`` at a
@@ -93,7 +96,8 @@ def load_sweep(path: str | Path, out: str | Path | None = None) -> list[SweepRun
         data = json.loads(json.dumps(base))
         settings = list(fixed.items())
         for key, value in zip(keys, values, strict=True):
-            settings.extend(_variant_items(value, path) if key == "variant" else [(key, value)])
+            settings.extend([*_variant_items(value, path), ("label", str(value["label"]))] if key == "variant"
+                            else [(key, value)])
         for key, value in settings:
             _set_dotted(data, key, value)
         name = "__".join(_name_part(k, v) for k, v in zip(keys, values, strict=True)) or "run"

@@ -60,8 +60,9 @@ def config_hash(cfg: Config) -> str:
 
 
 def default_group(cfg: Config, base: Config | None) -> str:
-    """``stream/partition/method[/key=value,...]#hash``: readable, and equal only for seeds of one config."""
-    parts = [cfg.stream.name, cfg.partition.name, cfg.method_label]
+    """``stream/partition/method[/key=value,...]#hash`` (``label`` in place of ``method`` where the config sets
+    one): readable, and equal only for seeds of one config."""
+    parts = [cfg.stream.name, cfg.partition.name, shown_method(cfg)]
     diffs = differences(cfg, base)
     if diffs:
         parts.append(",".join(diffs))
@@ -71,8 +72,13 @@ def default_group(cfg: Config, base: Config | None) -> str:
     return head + tail
 
 
+def shown_method(cfg: Config) -> str:
+    """The config's ``label`` (a sweep variant's), else its method label."""
+    return cfg.label or cfg.method_label
+
+
 def default_name(cfg: Config) -> str:
-    return f"{cfg.stream.name}-{cfg.method_label}-{cfg.partition.name}-s{cfg.seed}"
+    return f"{cfg.stream.name}-{shown_method(cfg)}-{cfg.partition.name}-s{cfg.seed}"
 
 
 def default_tags(cfg: Config) -> list[str]:
