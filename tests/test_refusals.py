@@ -261,6 +261,9 @@ class Nanny(Method):
     Hyperparams = NanParams
 """
 GRID = "base: ok.yaml\ngrid: {seed: [0, 1]}\n"
+#: a finished run's results.json for `cfl report`
+RUN = ('{"stream": "split-digits", "partition": "iid", "method": "fedavg", "seed": 0, "acc": 70.0, "fgt": 1.0, '
+       '"complete": true, "config": {"seed": 0, "method": {"name": "fedavg"}}}')
 # (case, {file: text} written besides ok.yaml, environment, argv ({tmp}: tmp_path), words of the message)
 OWN_FILE_CASES = [
     ("non-finite: a plugin method's default", {"nan_plugin.py": NAN_PLUGIN}, {},
@@ -289,6 +292,23 @@ OWN_FILE_CASES = [
                                              "grid: {partition.name: [iid, dirichlet]}\n"}, {}, ["sweep", "s.yaml"],
      ["sweep combination partition=iid: 'partition.alpha: 0.3' has no effect with 'partition.name: iid'",
       "variant: [{{label: a, partition.name: iid}}, {{label: b, partition.name: dirichlet, partition.alpha: 0.3}}]"]),
+    # ---- issue 30 item 1: figure options of `cfl report --plots`, refused before any figure is written ----
+    ("report: an unknown group in the style", {"r/results.json": RUN, "st.yaml": "groups: [{group: fedprox}]\n"}, {},
+     ["report", "r", "--plots", "figs", "--plot-style", "st.yaml"],
+     ["figure style: no group 'fedprox' among the runs", "the groups are 'fedavg'"]),
+    ("report: an unknown key in the style", {"r/results.json": RUN, "st.yaml": "ylim: [0, 100]\n"}, {},
+     ["report", "r", "--plots", "figs", "--plot-style", "st.yaml"], ["unknown key(s) ['ylim']", "y_range"]),
+    ("report: a colour matplotlib lacks", {"r/results.json": RUN, "st.yaml": "groups: [{group: fedavg, color: "
+                                           "blurple}]\n"}, {}, ["report", "r", "--plots", "figs", "--plot-style",
+                                                                "st.yaml"], ["'blurple' (group 'fedavg')", "#rrggbb"]),
+    ("report: a y range upside down", {"r/results.json": RUN}, {}, ["report", "r", "--plots", "figs", "--y-range",
+                                                                    "100", "50"], ["--y-range", "low < high"]),
+    ("report: an unknown figure format", {"r/results.json": RUN}, {},
+     ["report", "r", "--plots", "figs", "--plot-format", "eps"], ["unknown figure format(s) ['eps']", "pdf, svg"]),
+    ("report: figure options without --plots", {"r/results.json": RUN}, {}, ["report", "r", "--y-range", "full"],
+     ["shape the figures of --plots DIR", "add --plots DIR"]),
+    ("report: no such style file", {"r/results.json": RUN}, {},
+     ["report", "r", "--plots", "figs", "--plot-style", "nope.yaml"], ["--plot-style nope.yaml: no such file"]),
 ]
 
 

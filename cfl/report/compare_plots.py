@@ -23,6 +23,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from matplotlib.lines import Line2D
+
 from cfl.report.compare_data import (
     Row,
     Series,
@@ -101,16 +103,18 @@ def plot_acc_fgt(drawn: list[Drawn], rows: list[Row], path: Path, options: Figur
 def plot_acc_vs_fgt(drawn: list[Drawn], rows: list[Row], path: Path, options: FigureOptions) -> Path:
     size = figure_size(options, 7.5, legend_height([d.legend for d in drawn], 4.2))
     fig, ax = plt.subplots(figsize=size, layout="constrained")
+    handles = []
     for d, r in zip(drawn, rows, strict=True):
         ax.errorbar(r["fgt_mean"], r["acc_mean"], xerr=r["fgt_std"], yerr=r["acc_std"], fmt=d.look.marker,
-                    color=d.look.color, ms=7, capsize=4, label=wrap(d.legend))
+                    color=d.look.color, ms=7, capsize=4)
+        handles.append(Line2D([], [], color=d.look.color, marker=d.look.marker, ls="none", ms=7, label=wrap(d.legend)))
     ax.set_xlabel("FGT (%): forgetting, lower is better")
     ax.set_ylabel("ACC (%): higher is better")
     if options.y_range is not None:
         ax.set_ylim(*options.y_range)
     ax.margins(0.08)
     ax.grid(alpha=0.3)
-    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=7, frameon=False)
+    ax.legend(handles=handles, loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=7, frameon=False)
     wrapped_title(fig, f"{common_title(drawn)}\npoints: mean over seeds; {SEED_SPREAD}")
     return save(fig, path, options.formats)
 
@@ -127,7 +131,7 @@ def plot_curves(drawn: list[Drawn], rows: list[Row], path: Path, options: Figure
         ax.plot(rounds, [r["mean"] for r in mine], color=d.look.color, ls=d.look.linestyle, marker=d.look.marker,
                 markevery=max(1, len(rounds) // 8), ms=5, lw=1.3, label=wrap(d.legend))
         ax.fill_between(rounds, [r["min"] for r in mine], [r["max"] for r in mine], color=d.look.color,
-                        alpha=0.15, lw=0)
+                        alpha=0.2 if len(drawn) <= 4 else 0.08, lw=0)  # many bands: fainter, the lines stay clear
         values += [r["min"] for r in mine] + [r["max"] for r in mine]
     layout = task_layout([d.series.group for d in drawn])
     if layout is not None:
@@ -165,7 +169,7 @@ def plot_matrices(drawn: list[Drawn], rows: list[Row], path: Path, options: Figu
         ax.set_title(title, fontsize=8)
     for ax in list(axes.flat)[len(names):]:
         ax.set_visible(False)
-    fig.colorbar(image, ax=axes, label="accuracy (%), mean over seeds", shrink=0.8)
+    fig.colorbar(image, ax=axes, label="accuracy (%)", shrink=0.8)  # "mean over seeds": in the title
     wrapped_title(fig, f"{common_title(shown)}\nfinal accuracy matrices, mean over seeds")
     return save(fig, path, options.formats)
 

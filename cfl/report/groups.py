@@ -221,17 +221,14 @@ def group_runs(runs: list[Run]) -> list[Group]:
     for run in sorted(runs, key=lambda r: (r.seed, str(r.path))):
         members.setdefault(_frozen({"label": config_label(run), "keys": compared_keys(run)}), []).append(run)
     buckets: dict[tuple[str, str, str | None], list[dict[str, Any]]] = {}
-    changed: dict[tuple[str, str, str | None], set[str]] = {}
     for frozen, same in members.items():
-        where = _bucket(same[0])
-        buckets.setdefault(where, []).append(json.loads(frozen)["keys"])
-        changed.setdefault(where, set()).update(k for run in same for k in changed_method_keys(run.config))
+        buckets.setdefault(_bucket(same[0]), []).append(json.loads(frozen)["keys"])
     groups = []
     for frozen, same in members.items():
         first, keys, where = same[0], json.loads(frozen)["keys"], _bucket(same[0])
-        varying = differing_keys(buckets[where], changed[where])
-        groups.append(Group(where[0], where[1], first.results["method"], {k: keys[k] for k in varying if k in keys},
-                            same, where[2]))
+        named = set(differing_keys(buckets[where])) | set(changed_method_keys(first.config))
+        groups.append(Group(where[0], where[1], first.results["method"],
+                            {k: keys[k] for k in sorted(named) if k in keys}, same, where[2]))
         warn_repeated_seeds(groups[-1])
     return sorted(groups, key=lambda g: (g.stream, g.partition, g.name or "", g.method,
                                          [_order(v) for v in g.differs.items()]))
@@ -242,21 +239,36 @@ def _bucket(run: Run) -> tuple[str, str, str | None]:
     return stream_label(run.results), partition_label(run.results, run.config), config_label(run)
 
 
-def differing_keys(configs: list[dict[str, Any]], always: set[str] | frozenset[str] = frozenset()) -> list[str]:
-    """Keys (not shown elsewhere) that take more than one value among the ``configs`` that have them: a
-    parameter of one method is named in its label only when runs of that method differ in it, or when it is
-    one of ``always`` (method parameters some run set away from their defaults). Should that leave two
-    configs alike (a key only some have, e.g. results from before a key was added), keys that only some
-    configs have are named too."""
-    def values(key: str, missing: bool) -> set[str | None]:
-        return {json.dumps(c[key]) if key in c else None for c in configs if missing or key in c}
+def differing_keys(configs: list[dict[str, Any]]) -> list[str]:
+    """Keys (not shown elsewhere) that take more than one value among the ``configs`` that have them, a method
+    parameter only among the configs of that method (``method.lam`` of EWC is not compared with MAS's):
+    a parameter of one method is named in its label only when runs of that method differ in it. Should that
+    leave two configs alike (a key only some have, e.g. results from before a key was added), keys that only
+    some configs have are named too."""
+    def varies(key: str) -> bool:
+        seen: dict[Any, set[str]] = {}
+        for c in configs:
+            if key in c:
+                seen.setdefault(c.get(_owner(key)), set()).add(json.dumps(c[key]))
+        return any(len(v) > 1 for v in seen.values())
+
+    def values(key: str) -> set[str | None]:
+        return {json.dumps(c[key]) if key in c else None for c in configs}
 
     names = sorted({k for c in configs for k in c if not shown_elsewhere(k)})
-    keys = [k for k in names if len(values(k, missing=False)) > 1 or k in always]
+    keys = [k for k in names if varies(k)]
     labels = {json.dumps({k: v for k, v in c.items() if k in keys or shown_elsewhere(k)}) for c in configs}
     if len(labels) < len(configs):
-        keys = [k for k in names if len(values(k, missing=True)) > 1]
+        keys = [k for k in names if len(values(k)) > 1]
     return keys
+
+
+def _owner(key: str) -> str:
+    """The key naming the method a parameter key belongs to (``method.name``, ``plugins.0.name``), or ``""``."""
+    parts = key.split(".")
+    if parts[0] == "method":
+        return "method.name"
+    return f"plugins.{parts[1]}.name" if parts[0] == "plugins" and len(parts) > 2 else ""
 
 
 def _order(item: tuple[str, Any]) -> tuple[str, int, float, str]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any
 
 #: partition parameters always named (each partitioner's own skew parameter); others only away from default
@@ -123,12 +124,22 @@ def short_keys(keys: list[str]) -> dict[str, str]:
 def row_label(method: str, differs: dict[str, Any], name: str | None = None, display: bool = False,
               shortened: dict[str, str] | None = None) -> str:
     """A group's label: ``name`` (a config's ``label``) or the method label, then ``key=value`` for each of
-    ``differs``. ``display``: display names and short keys (``shortened`` maps each key to its short form)."""
+    ``differs`` (but those ``name`` spells already, e.g. ``mu=1`` in ``FedProx mu=1``). ``display``: display
+    names and short keys (``shortened`` maps each key to its short form)."""
     head = name if name is not None else display_name(method) if display else method
+    differs = {k: v for k, v in differs.items() if name is None or not spelled_in(name, k, v)}
     if not display:
         return " ".join([head, *(setting(k, v) for k, v in differs.items())])
     short = shortened or short_keys(list(differs))
     return " ".join([head, *(setting(short.get(k, k), v, short=True) for k, v in differs.items())])
+
+
+def spelled_in(name: str, key: str, value: Any) -> bool:
+    """Whether ``name`` holds the setting as a word: ``mu=1`` or ``method.mu=1.0`` for ``method.mu: 1.0``."""
+    words = set(re.split(r"[\s,;()]+", name))
+    tail = key.split(".")[-1]
+    return bool(words & {setting(key, value), setting(tail, value), setting(key, value, short=True),
+                         setting(tail, value, short=True)})
 
 
 def run_title(results: dict[str, Any]) -> str:
