@@ -7,27 +7,14 @@ import itertools
 from pathlib import Path
 from typing import Any
 
-import pytest
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 
 from cfl.cli import main
+from tests import test_plots
 from tests.test_plots_compare import write_run
 
-
-@pytest.fixture
-def saved(monkeypatch: pytest.MonkeyPatch) -> dict[str, Figure]:
-    """The figures as saved, by file name (only the PNG save of each)."""
-    figures: dict[str, Figure] = {}
-    original = Figure.savefig
-
-    def capture(fig: Figure, path: Any, *args: Any, **kwargs: Any) -> None:
-        original(fig, path, *args, **kwargs)
-        if str(path).endswith(".png"):
-            figures[Path(path).name] = fig
-
-    monkeypatch.setattr(Figure, "savefig", capture)
-    return figures
+saved_figures = test_plots.saved_figures  # the fixture: the figures as saved, by file name
 
 
 def runs(root: Path, n: int) -> Path:
@@ -44,9 +31,9 @@ def curve_lines(fig: Figure) -> list[Any]:
     return [line for line in fig.axes[0].get_lines() if not line.get_label().startswith("_")]
 
 
-def test_twelve_groups_differ_in_colour_marker_and_line_style(tmp_path: Path, saved):
+def test_twelve_groups_differ_in_colour_marker_and_line_style(tmp_path: Path, saved_figures):
     assert main(["report", str(runs(tmp_path / "runs", 12)), "--plots", str(tmp_path / "fig")]) == 0
-    lines = curve_lines(saved["accuracy_curves.png"])
+    lines = curve_lines(saved_figures["accuracy_curves.png"])
     assert len(lines) == 12
     # before: viridis colours without markers, neighbours a few percent apart
     assert len({line.get_marker() for line in lines}) == 12
@@ -58,31 +45,31 @@ def test_twelve_groups_differ_in_colour_marker_and_line_style(tmp_path: Path, sa
         assert a.get_linestyle() != b.get_linestyle()
 
 
-def test_axes_are_fitted_to_the_data(tmp_path: Path, saved):
+def test_axes_are_fitted_to_the_data(tmp_path: Path, saved_figures):
     assert main(["report", str(runs(tmp_path / "runs", 2)), "--plots", str(tmp_path / "fig")]) == 0
-    low, high = saved["acc_fgt.png"].axes[0].get_xlim()
+    low, high = saved_figures["acc_fgt.png"].axes[0].get_xlim()
     assert 90 < low < 94.2 and 94.4 < high < 96  # before: bars from 0, 94.2 against 94.3 alike
-    low, high = saved["accuracy_curves.png"].axes[0].get_ylim()
+    low, high = saved_figures["accuracy_curves.png"].axes[0].get_ylim()
     assert 85 < low < 90 and 95.3 < high < 100  # before: 0-100
 
 
-def test_y_range_full_and_figure_size_from_the_command_line(tmp_path: Path, saved):
+def test_y_range_full_and_figure_size_from_the_command_line(tmp_path: Path, saved_figures):
     assert main(["report", str(runs(tmp_path / "runs", 2)), "--plots", str(tmp_path / "fig"), "--y-range", "full",
                  "--figure-size", "5", "3"]) == 0
-    assert saved["accuracy_curves.png"].axes[0].get_ylim() == (-2, 102)
-    assert tuple(saved["accuracy_curves.png"].get_size_inches()) == (5, 3)
+    assert saved_figures["accuracy_curves.png"].axes[0].get_ylim() == (-2, 102)
+    assert tuple(saved_figures["accuracy_curves.png"].get_size_inches()) == (5, 3)
 
 
-def test_a_style_file_chooses_groups_order_legends_colours_and_formats(tmp_path: Path, saved, capsys):
+def test_a_style_file_chooses_groups_order_legends_colours_and_formats(tmp_path: Path, saved_figures, capsys):
     style = tmp_path / "style.yaml"
     style.write_text('groups:\n  - {group: fedavg lr=0.03, label: "FedAvg (lr 0.03)", color: "#000000"}\n'
                      "  - {group: fedavg lr=0.01}\ny_range: [50, 100]\nformats: [pdf, svg]\n")
     out = tmp_path / "fig"
     assert main(["report", str(runs(tmp_path / "runs", 3)), "--plots", str(out), "--plot-style", str(style)]) == 0
-    lines = curve_lines(saved["accuracy_curves.png"])
+    lines = curve_lines(saved_figures["accuracy_curves.png"])
     assert [line.get_label() for line in lines] == ["FedAvg (lr 0.03)", "FedAvg lr=0.01"]
     assert to_rgb(lines[0].get_color()) == (0, 0, 0)
-    assert saved["accuracy_curves.png"].axes[0].get_ylim() == (50, 100)
+    assert saved_figures["accuracy_curves.png"].axes[0].get_ylim() == (50, 100)
     assert "left out (not in the style's groups): fedavg lr=0.02" in capsys.readouterr().out
     for name in ("acc_fgt", "acc_vs_fgt", "accuracy_curves", "acc_matrices"):
         assert (out / f"{name}.pdf").read_bytes().startswith(b"%PDF"), name
