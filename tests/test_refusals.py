@@ -309,6 +309,11 @@ OWN_FILE_CASES = [
      ["shape the figures of --plots DIR", "add --plots DIR"]),
     ("report: no such style file", {"r/results.json": RUN}, {},
      ["report", "r", "--plots", "figs", "--plot-style", "nope.yaml"], ["--plot-style nope.yaml: no such file"]),
+    # ---- issue 30 item 3: a grid of methods x a method parameter points to the variant entry ----
+    ("sweep: methods crossed with a method parameter", {"s.yaml": "base: ok.yaml\ngrid: {method.name: [fedavg, ewc], "
+                                                                  "method.lam: [10, 100]}\n"}, {}, ["sweep", "s.yaml"],
+     ["unknown config key 'method.lam'", "so method.lam reaches every method of the grid", "'variant' entry",
+      "docs/scaling.md, 'Method-by-parameter sweeps'"]),
 ]
 
 
