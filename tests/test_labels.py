@@ -67,6 +67,9 @@ def test_a_config_label_names_the_row_and_keys_tell_apart_rows_of_one_label(tmp_
     groups = group_runs(load_runs([tmp_path]))
     assert [g.label for g in groups] == ["plain lr=0.05", "plain lr=0.5", "prox-strong lr=0.05 method.mu=1",
                                          "prox-strong lr=0.5 method.mu=1"]
+    # the figures' legends: the same labels, keys shortened
+    assert legend_names(groups) == ["plain lr=0.05", "plain lr=0.5", "prox-strong lr=0.05 mu=1",
+                                    "prox-strong lr=0.5 mu=1"]
 
 
 def test_legends_use_display_names_and_short_keys(tmp_path):
