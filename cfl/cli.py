@@ -131,13 +131,20 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     options = TableOptions(_names(args.columns), _names(args.order), args.caption, args.label)
     options.check(args.format)  # refuse bad options before any work
-    if args.plots:  # refuse a bad directory before any work
+    styled = args.plot_style or args.plot_format or args.y_range or args.figure_size
+    if styled and not args.plots:
+        raise ConfigError("--plot-style, --plot-format, --y-range and --figure-size shape the figures of --plots DIR; "
+                          "add --plots DIR")
+    if args.plots:  # refuse a bad directory or figure option before any work
         from cfl.report.compare_plots import check_out_dir, write_figures
+        from cfl.report.figure_style import FigureOptions, read_style
 
         check_out_dir(Path(args.plots))
+        figures = read_style(args.plot_style) if args.plot_style else FigureOptions()
+        figures = figures.with_cli(args.plot_format, args.y_range, args.figure_size)
     print(report(args.runs, args.format, options))
     if args.plots:
-        write_figures(args.runs, Path(args.plots))
+        write_figures(args.runs, Path(args.plots), figures)
     return 0
 
 
@@ -223,6 +230,13 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--label", metavar="KEY", help="--format latex: a table float with this \\label")
     rep.add_argument("--plots", metavar="DIR", help="also write comparison figures (PNG) and their data (CSV) to "
                      "DIR: ACC and FGT per group, ACC against FGT, accuracy over rounds, final accuracy matrices")
+    rep.add_argument("--plot-style", metavar="FILE.yaml", help="figure options: which groups in which order, their "
+                     "legend texts and colours, y range, size, formats (cfl/report/figure_style.py, docs/results.md)")
+    rep.add_argument("--plot-format", action="append", metavar="pdf|svg",
+                     help="also save each figure as PDF or SVG beside its PNG (repeatable, or comma-separated)")
+    rep.add_argument("--y-range", nargs="+", metavar="LOW HIGH", help="accuracy axes from LOW to HIGH, or 'full' "
+                     "(0-100 with a margin); default: fitted to the data")
+    rep.add_argument("--figure-size", nargs=2, metavar=("WIDTH", "HEIGHT"), help="each figure's size in inches")
     rep.set_defaults(func=_cmd_report)
     ref = sub.add_parser("config-reference", help="print every config key with its type, default and meaning")
     ref.set_defaults(func=_cmd_config_reference)

@@ -8,8 +8,11 @@ A sweep file::
     grid:
       method.name: [fedavg, fedprox]
       seed: [0, 1, 2]
-      # or keys set together, one run directory per label:
+      # or keys set together, one run directory per label (docs/scaling.md, "Method-by-parameter sweeps"):
       # variant: [{label: gma, aggregator.name: gma}, {label: fot, method: {name: fot, eps: 0.96}}]
+
+A ``variant``'s label becomes the run's config ``label``: the name of its rows in ``cfl report``, its figure
+legends and its W&B group and run names (:mod:`cfl.report.labels`).
 
 Every combination is validated before the first run starts; runs whose ``results.json`` is complete
 are skipped and a run cut off with a checkpoint of the same config resumes from it (:func:`resumable`), so an
@@ -94,7 +97,8 @@ def load_sweep(path: str | Path, out: str | Path | None = None) -> list[SweepRun
         data = json.loads(json.dumps(base))
         settings = list(fixed.items())
         for key, value in zip(keys, values, strict=True):
-            settings.extend(_variant_items(value, path) if key == "variant" else [(key, value)])
+            settings.extend([*_variant_items(value, path), ("label", str(value["label"]))] if key == "variant"
+                            else [(key, value)])
         for key, value in settings:
             _set_dotted(data, key, value)
         name = "__".join(_name_part(k, v) for k, v in zip(keys, values, strict=True)) or "run"
@@ -106,12 +110,25 @@ def load_sweep(path: str | Path, out: str | Path | None = None) -> list[SweepRun
         except IgnoredKey as err:
             raise ConfigError(f"sweep combination {name}: {err}. {err.sweep_advice()}") from None
         except ConfigError as err:
-            raise ConfigError(f"sweep combination {name}: {err}") from None
+            raise ConfigError(f"sweep combination {name}: {err}{_method_grid_advice(keys)}") from None
         if (root / name).exists() and not (root / name).is_dir():
             raise ConfigError(f"sweep combination {name}: its run directory {root / name} is a file; move it away "
                               "or choose another 'out'")
         runs.append(SweepRun(name, cfg, root / name, base_cfg))
     return runs
+
+
+def _method_grid_advice(keys: list[str]) -> str:
+    """For a grid that crosses methods with a method parameter (``method.name`` x ``method.lam``): how a
+    ``variant`` entry gives each method its own parameters; else nothing."""
+    methods = any(k in ("method", "method.name") for k in keys)
+    params = [k for k in keys if k.startswith("method.") and k != "method.name"]
+    if not (methods and params):
+        return ""
+    return (f". A grid crosses every key with every other, so {params[0]} reaches every method of the grid; give "
+            "each method its parameters in a 'variant' entry instead, e.g. variant: [{label: FedAvg, method.name: "
+            "fedavg}, {label: EWC lam=100, method: {name: ewc, lam: 100}}] (docs/scaling.md, 'Method-by-parameter "
+            "sweeps')")
 
 
 def _same_name(path: Path, name: str, keys: list[str], first: tuple[Any, ...], second: tuple[Any, ...]) -> ConfigError:

@@ -71,7 +71,7 @@ def test_metrics_lines_match_matrix(run_dir):
 def test_report_table_and_list(run_dir):
     proc = cfl("report", str(run_dir))
     assert proc.returncode == 0, proc.stderr
-    assert "| split-digits | iid | fedavg | 1 |" in proc.stdout
+    assert "| split-digits (task-IL) | iid | fedavg | 1 |" in proc.stdout  # the stream names its scenario
     listing = cfl("list").stdout
     for word in ("streams:", "split-digits", "models:", "partitioners:", "dirichlet", "methods:", "fedavg"):
         assert word in listing

@@ -94,9 +94,10 @@ def test_curve_csv_is_mean_min_max_over_seeds_at_rounds_every_seed_evaluated(fig
 def test_matrix_csv_is_the_cell_mean_over_seeds(figures: Path):
     fedavg = by_method(read_csv(figures / "acc_matrices.csv"), "fedavg")
     cells = {(int(r["after_task"]), int(r["evaluated_task"])): (r["mean"], r["std"]) for r in fedavg}
-    # a[1][1] 90, 94; a[2][1] 80, 84; a[2][2] 70, 74: each mean +2, std sqrt(8); a[1][2] never evaluated
-    assert cells == {(1, 1): (92, pytest.approx(math.sqrt(8))), (2, 1): (82, pytest.approx(math.sqrt(8))),
-                     (2, 2): (72, pytest.approx(math.sqrt(8)))}
+    # tasks from 0, as in results.json: a[0][0] 90, 94; a[1][0] 80, 84; a[1][1] 70, 74: each mean +2, std sqrt(8);
+    # a[0][1] never evaluated
+    assert cells == {(0, 0): (92, pytest.approx(math.sqrt(8))), (1, 0): (82, pytest.approx(math.sqrt(8))),
+                     (1, 1): (72, pytest.approx(math.sqrt(8)))}
 
 
 def test_a_plots_path_that_is_a_file_is_refused_before_any_work(runs: Path, tmp_path: Path, capsys):

@@ -266,6 +266,9 @@ class Nanny(Method):
 GRID = "base: ok.yaml\ngrid: {seed: [0, 1]}\n"
 REPORTED = ('{{"stream": "s", "partition": "iid", "method": "fedavg", "seed": 0, "acc": {acc}, "fgt": 1, '
             '"config": {{"lr": 0.1}}}}')
+#: a finished run's results.json for `cfl report`
+RUN = ('{"stream": "split-digits", "partition": "iid", "method": "fedavg", "seed": 0, "acc": 70.0, "fgt": 1.0, '
+       '"complete": true, "config": {"seed": 0, "method": {"name": "fedavg"}}}')
 # (case, {file: text} written besides ok.yaml, environment, argv ({tmp}: tmp_path), words of the message)
 OWN_FILE_CASES = [
     ("non-finite: a plugin method's default", {"nan_plugin.py": NAN_PLUGIN}, {},
@@ -304,6 +307,28 @@ OWN_FILE_CASES = [
      ["report", "a", "--caption", "Results."], ["--caption is read only with --format latex (this is --format md)"]),
     ("report: --order names no row", {"a/results.json": REPORTED.format(acc=70)}, {},
      ["report", "a", "--order", "fedavg,fedprx"], ["--order names 'fedprx', which no row has", "(fedavg)"]),
+    # ---- issue 30 item 1: figure options of `cfl report --plots`, refused before any figure is written ----
+    ("report: an unknown group in the style", {"r/results.json": RUN, "st.yaml": "groups: [{group: fedprox}]\n"}, {},
+     ["report", "r", "--plots", "figs", "--plot-style", "st.yaml"],
+     ["figure style: no group 'fedprox' among the runs", "the groups are 'fedavg'"]),
+    ("report: an unknown key in the style", {"r/results.json": RUN, "st.yaml": "ylim: [0, 100]\n"}, {},
+     ["report", "r", "--plots", "figs", "--plot-style", "st.yaml"], ["unknown key(s) ['ylim']", "y_range"]),
+    ("report: a colour matplotlib lacks", {"r/results.json": RUN, "st.yaml": "groups: [{group: fedavg, color: "
+                                           "blurple}]\n"}, {}, ["report", "r", "--plots", "figs", "--plot-style",
+                                                                "st.yaml"], ["'blurple' (group 'fedavg')", "#rrggbb"]),
+    ("report: a y range upside down", {"r/results.json": RUN}, {}, ["report", "r", "--plots", "figs", "--y-range",
+                                                                    "100", "50"], ["--y-range", "low < high"]),
+    ("report: an unknown figure format", {"r/results.json": RUN}, {},
+     ["report", "r", "--plots", "figs", "--plot-format", "eps"], ["unknown figure format(s) ['eps']", "pdf, svg"]),
+    ("report: figure options without --plots", {"r/results.json": RUN}, {}, ["report", "r", "--y-range", "full"],
+     ["shape the figures of --plots DIR", "add --plots DIR"]),
+    ("report: no such style file", {"r/results.json": RUN}, {},
+     ["report", "r", "--plots", "figs", "--plot-style", "nope.yaml"], ["--plot-style nope.yaml: no such file"]),
+    # ---- issue 30 item 3: a grid of methods x a method parameter points to the variant entry ----
+    ("sweep: methods crossed with a method parameter", {"s.yaml": "base: ok.yaml\ngrid: {method.name: [fedavg, ewc], "
+                                                                  "method.lam: [10, 100]}\n"}, {}, ["sweep", "s.yaml"],
+     ["unknown config key 'method.lam'", "so method.lam reaches every method of the grid", "'variant' entry",
+      "docs/scaling.md, 'Method-by-parameter sweeps'"]),
 ]
 
 

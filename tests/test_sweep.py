@@ -117,7 +117,7 @@ def test_a_diverging_run_fails_alone_and_the_sweep_exits_1(tmp_path, capsys, mod
     out, err = capsys.readouterr()
     assert "diverges: FAILED: non-finite loss or update" in out and "(exit code 3)" in out
     assert is_complete(tmp_path / "runs" / "fine") and not is_complete(tmp_path / "runs" / "diverges")
-    assert "| fedavg |" in out  # the report of the runs that finished
+    assert "| fine |" in out  # the report of the runs that finished, named by its variant label
     assert "1 run(s) failed: diverges" in err
 
 

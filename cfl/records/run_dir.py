@@ -8,7 +8,7 @@ CHECKPOINT = "checkpoint.pt"
 # Keys a resumed run may change: they never alter what the run computes (threads may alter the last bits
 # of some CPU kernels; keep it fixed when a bit-identical result matters).
 RESUME_SAFE_KEYS = ("threads", "checkpoint_every", "on_nonfinite", "data_root", "wandb", "client_state_store",
-                    "keep_client_states")
+                    "keep_client_states", "label")
 
 
 def is_resume_safe(key: str) -> bool:

@@ -1,4 +1,5 @@
-"""The numbers behind the comparison figures, per group of runs (:mod:`cfl.report.groups`), as CSV rows.
+"""The numbers behind the comparison figures, per group of runs (:mod:`cfl.report.groups`), as CSV rows; each
+row's ``group`` is the group as the report's table names it (what a style file's ``groups`` entries name).
 
 Spreads over seeds: ``*_std`` is the sample standard deviation (divisor n - 1, 0 for one seed), as in the
 ``cfl report`` table; the accuracy curves' band is the minimum and maximum over seeds at each round.
@@ -9,30 +10,54 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cfl.report.groups import Group, Run, mean_std
 from cfl.report.jsonl import EVALUATION, line_kind
+from cfl.report.labels import row_label, short_keys
 
 Row = dict[str, Any]
 
 
-def group_names(groups: list[Group]) -> list[str]:
-    """Each group's label, prefixed with the stream and partition when those are not the same in all groups."""
+@dataclass(frozen=True)
+class Series:
+    """A group as a figure shows it: ``name`` as the table names it, ``legend`` its legend text."""
+
+    name: str
+    legend: str
+    group: Group
+
+
+def _prefixes(groups: list[Group]) -> list[list[str]]:
+    """Per group, its stream and partition where those are not the same in all groups."""
     streams = {g.stream for g in groups}
     partitions = {g.partition for g in groups}
-    names = []
-    for g in groups:
-        prefix = [g.stream] * (len(streams) > 1) + [g.partition] * (len(partitions) > 1)
-        names.append(" ".join([*prefix, g.label]))
-    return names
+    return [[g.stream] * (len(streams) > 1) + [g.partition] * (len(partitions) > 1) for g in groups]
 
 
-def summary_rows(groups: list[Group]) -> list[Row]:
+def group_names(groups: list[Group]) -> list[str]:
+    """Each group's label, prefixed with the stream and partition when those are not the same in all groups."""
+    return [" ".join([*prefix, g.label]) for prefix, g in zip(_prefixes(groups), groups, strict=True)]
+
+
+def legend_names(groups: list[Group]) -> list[str]:
+    """As :func:`group_names` with display names and short keys (``FedProx mu=1``)."""
+    short = short_keys(sorted({k for g in groups for k in g.differs}))
+    return [" ".join([*prefix, row_label(g.method, g.differs, g.name, display=True, shortened=short)])
+            for prefix, g in zip(_prefixes(groups), groups, strict=True)]
+
+
+def all_series(groups: list[Group]) -> list[Series]:
+    return [Series(n, legend, g) for n, legend, g in zip(group_names(groups), legend_names(groups), groups,
+                                                          strict=True)]
+
+
+def summary_rows(series: list[Series]) -> list[Row]:
     """Per group: seeds, ACC and FGT mean and sample std over seeds (%)."""
     rows = []
-    for name, g in zip(group_names(groups), groups, strict=True):
+    for name, g in ((s.name, s.group) for s in series):
         row: Row = {"group": name, "stream": g.stream, "partition": g.partition, "method": g.method,
                     "seeds": " ".join(map(str, g.seeds)), "runs": len(g.runs)}
         for key in ("acc", "fgt"):
@@ -54,12 +79,12 @@ def read_mean_accuracy(run: Run) -> dict[int, float] | None:
     return {int(e["round"]): float(e["mean_acc"]) for e in lines if line_kind(e) == EVALUATION}
 
 
-def curve_rows(groups: list[Group]) -> list[Row]:
+def curve_rows(series: list[Series]) -> list[Row]:
     """Per group and evaluated round: mean, min and max over seeds of the mean accuracy over seen tasks (%).
 
     Only rounds evaluated in every run of the group that has a readable ``metrics.jsonl`` count."""
     rows = []
-    for name, g in zip(group_names(groups), groups, strict=True):
+    for name, g in ((s.name, s.group) for s in series):
         curves = [c for c in map(read_mean_accuracy, g.runs) if c is not None]
         if not curves:
             continue
@@ -70,11 +95,11 @@ def curve_rows(groups: list[Group]) -> list[Row]:
     return rows
 
 
-def matrix_rows(groups: list[Group]) -> list[Row]:
-    """Per group and cell a[i][j] of the final accuracy matrix (after training task i, on task j): mean and
-    sample std over seeds (%)."""
+def matrix_rows(series: list[Series]) -> list[Row]:
+    """Per group and cell a[i][j] of the final accuracy matrix (after training task i, on task j, both from 0
+    as in ``results.json``): mean and sample std over seeds (%)."""
     rows = []
-    for name, g in zip(group_names(groups), groups, strict=True):
+    for name, g in ((s.name, s.group) for s in series):
         matrices = [r.results["acc_matrix"] for r in g.runs if isinstance(r.results.get("acc_matrix"), list)]
         if not matrices:
             continue
@@ -83,7 +108,7 @@ def matrix_rows(groups: list[Group]) -> list[Row]:
                 values = [float(m[i][j]) for m in matrices if m[i][j] is not None]
                 if values:
                     mean, std = mean_std(values) or (None, None)
-                    rows.append({"group": name, "after_task": i + 1, "evaluated_task": j + 1, "mean": mean,
+                    rows.append({"group": name, "after_task": i, "evaluated_task": j, "mean": mean,
                                  "std": std, "runs": len(values)})
     return rows
 

@@ -2,13 +2,15 @@
 
 A *group* holds the runs whose resolved configs are equal except for ``seed`` and the result-neutral keys
 (``RESUME_SAFE_KEYS`` of :mod:`cfl.records.run_dir`, the keys a resumed run may change: ``threads``,
-``checkpoint_every``, ``on_nonfinite``, ``data_root``, ``wandb.*``; output paths are not config keys).
+``checkpoint_every``, ``on_nonfinite``, ``data_root``, ``wandb.*``, ``label``; output paths are not config keys).
 Every other key splits groups, ``device``, ``client_execution`` and ``backend`` included: they can change the
-last bits of float results. A group's label is its method label plus, as ``--set`` style ``key=value``, every
-key that takes more than one value among the groups of its stream and partition that have it
-(``fedavg lr=0.05`` against ``fedavg lr=0.5``; ``fedprox`` against ``fedavg``, but ``fedprox method.mu=0.1``
-against ``fedprox method.mu=0.01``); ``stream.name`` and ``partition.name`` have columns of their own, and the
-method, plugin, aggregator and loss names are in the method label already.
+last bits of float results; a method parameter left out and the same parameter at its default do not, nor does
+``stream.scenario: auto`` against the scenario it resolves to. Labels follow :mod:`cfl.report.labels`: the
+stream column names the scenario, the partition column the partition's parameters, and a group's label is its
+method label (or its config's ``label``) plus, as ``--set`` style ``key=value``, every method parameter away
+from its default and every key that takes more than one value among the groups of its stream, partition and
+``label`` that have it (``fedavg lr=0.05`` against ``fedavg lr=0.5``; ``fedprox`` against ``fedavg``, but
+``fedprox method.mu=0.1`` against ``fedprox method.mu=0.01``).
 
 A ``results.json`` that cannot be read, lacks a field the reports use, or has no config (neither its
 ``config`` field nor a ``config.yaml`` beside it) is skipped with a warning naming the file; so is an
@@ -31,11 +33,12 @@ import yaml
 from cfl.config import ConfigError, parse_yaml
 from cfl.records.run_dir import is_resume_safe
 from cfl.report.duplicates import one_per_seed
+from cfl.report.labels import changed_method_keys, partition_label, row_label, show, stream_label, with_defaults
 
 TEXT_FIELDS = ("stream", "partition", "method")
 NUMBER_FIELDS = ("acc", "fgt")
 # In the method label already (cfl.config.Config.method_label) or in a column of their own.
-SHOWN_ELSEWHERE = ("stream.name", "partition.name", "method.name", "aggregator.name", "loss")
+SHOWN_ELSEWHERE = ("stream.name", "stream.scenario", "method.name", "aggregator.name", "loss")
 
 
 @dataclass(frozen=True)
@@ -59,16 +62,17 @@ class Run:
 class Group:
     """Runs whose configs differ only in ``seed`` and result-neutral keys."""
 
-    stream: str
-    partition: str
+    stream: str  # with its scenario: ``split-digits (class-IL)`` (cfl.report.labels.stream_label)
+    partition: str  # with its parameters: ``dirichlet alpha=0.5`` (cfl.report.labels.partition_label)
     method: str  # the method label: method + plugins (+ aggregator, loss when not the defaults)
     differs: dict[str, Any]  # the keys that tell this group from the others, with this group's values
     runs: list[Run] = field(default_factory=list)
+    name: str | None = None  # the runs' config ``label`` (a sweep variant's), shown instead of the method label
 
     @property
     def label(self) -> str:
-        """``method key=value ...``, e.g. ``fedavg lr=0.05``."""
-        return " ".join([self.method, *(f"{k}={show(v)}" for k, v in self.differs.items())])
+        """``method key=value ...``, e.g. ``fedavg lr=0.05`` (``name key=value ...`` for a labelled config)."""
+        return row_label(self.method, self.differs, self.name)
 
     @property
     def seeds(self) -> list[int]:
@@ -77,10 +81,6 @@ class Group:
     def values(self, key: str) -> list[float]:
         """``results[key]`` of every run that has a finite number there (e.g. ``acc``, ``bwt``)."""
         return [float(r.results[key]) for r in self.runs if is_number(r.results.get(key))]
-
-
-def show(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
 
 
 def is_number(value: Any) -> bool:
@@ -185,9 +185,30 @@ def result_keys(config: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in flat(config).items() if k != "seed" and not is_resume_safe(k)}
 
 
+def compared_keys(run: Run) -> dict[str, Any]:
+    """:func:`result_keys` of the run's config as runs are compared: method and plugin parameters with their
+    defaults filled in, ``stream.scenario`` the scenario the run resolved it to (``results.json``)."""
+    config = dict(run.config)
+    if isinstance(config.get("method"), dict):
+        config["method"] = with_defaults(config["method"])
+    if isinstance(config.get("plugins"), list):
+        config["plugins"] = [with_defaults(p) if isinstance(p, dict) else p for p in config["plugins"]]
+    keys = result_keys(config)
+    if isinstance(run.results.get("scenario"), str):
+        keys["stream.scenario"] = run.results["scenario"]
+    return keys
+
+
+def config_label(run: Run) -> str | None:
+    """The run's config ``label`` (set by a sweep's ``variant`` or by hand), if any."""
+    label = run.config.get("label")
+    return label if isinstance(label, str) and label else None
+
+
 def shown_elsewhere(key: str) -> bool:
     """A key in a column of its own or in the method label (plugin names included)."""
-    return key in SHOWN_ELSEWHERE or key.startswith("plugins.") and key.endswith(".name")
+    return (key in SHOWN_ELSEWHERE or key.startswith("partition.")
+            or key.startswith("plugins.") and key.endswith(".name"))
 
 
 def _frozen(keys: dict[str, Any]) -> str:
@@ -195,39 +216,61 @@ def _frozen(keys: dict[str, Any]) -> str:
 
 
 def group_runs(runs: list[Run]) -> list[Group]:
-    """Runs grouped by their configs less seed and result-neutral keys, sorted by stream, partition and
-    label; a label names the keys that differ among the groups of its stream and partition."""
+    """Runs grouped by their configs less seed and result-neutral keys (and by their config ``label``), sorted
+    by stream, partition and label; a label names the keys that differ among the groups of its stream,
+    partition and config ``label``, and the method parameters away from their defaults."""
     members: dict[str, list[Run]] = {}
     for run in sorted(runs, key=lambda r: (r.seed, str(r.path))):
-        members.setdefault(_frozen(result_keys(run.config)), []).append(run)
-    buckets: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        members.setdefault(_frozen({"label": config_label(run), "keys": compared_keys(run)}), []).append(run)
+    buckets: dict[tuple[str, str, str | None], list[dict[str, Any]]] = {}
     for frozen, same in members.items():
-        first = same[0].results
-        buckets.setdefault((first["stream"], first["partition"]), []).append(json.loads(frozen))
+        buckets.setdefault(_bucket(same[0]), []).append(json.loads(frozen)["keys"])
     groups = []
     for frozen, same in members.items():
-        first, keys = same[0].results, json.loads(frozen)
-        varying = differing_keys(buckets[(first["stream"], first["partition"])])
-        groups.append(Group(first["stream"], first["partition"], first["method"],
-                            {k: keys[k] for k in varying if k in keys}, same))
-        groups[-1].runs = one_per_seed(same, f"{first['stream']} {first['partition']} {groups[-1].label}")
-    return sorted(groups, key=lambda g: (g.stream, g.partition, g.method, [_order(v) for v in g.differs.items()]))
+        first, keys, where = same[0], json.loads(frozen)["keys"], _bucket(same[0])
+        named = set(differing_keys(buckets[where])) | set(changed_method_keys(first.config))
+        groups.append(Group(where[0], where[1], first.results["method"],
+                            {k: keys[k] for k in sorted(named) if k in keys}, same, where[2]))
+        groups[-1].runs = one_per_seed(same, f"{where[0]} {where[1]} {groups[-1].label}")
+    return sorted(groups, key=lambda g: (g.stream, g.partition, g.name or "", g.method,
+                                         [_order(v) for v in g.differs.items()]))
+
+
+def _bucket(run: Run) -> tuple[str, str, str | None]:
+    """The groups a label must tell apart: those of one stream (scenario), partition and config ``label``."""
+    return stream_label(run.results), partition_label(run.results, run.config), config_label(run)
 
 
 def differing_keys(configs: list[dict[str, Any]]) -> list[str]:
-    """Keys (not shown elsewhere) that take more than one value among the ``configs`` that have them: a
-    parameter of one method is named in its label only when runs of that method differ in it. Should that
+    """Keys (not shown elsewhere) that take more than one value among the ``configs`` that have them, a method
+    parameter only among the configs of that method (``method.lam`` of EWC is not compared with MAS's):
+    a parameter of one method is named in its label only when runs of that method differ in it. Should that
     leave two configs alike (a key only some have, e.g. results from before a key was added), keys that only
     some configs have are named too."""
-    def values(key: str, missing: bool) -> set[str | None]:
-        return {json.dumps(c[key]) if key in c else None for c in configs if missing or key in c}
+    def varies(key: str) -> bool:
+        seen: dict[Any, set[str]] = {}
+        for c in configs:
+            if key in c:
+                seen.setdefault(c.get(_owner(key)), set()).add(json.dumps(c[key]))
+        return any(len(v) > 1 for v in seen.values())
+
+    def values(key: str) -> set[str | None]:
+        return {json.dumps(c[key]) if key in c else None for c in configs}
 
     names = sorted({k for c in configs for k in c if not shown_elsewhere(k)})
-    keys = [k for k in names if len(values(k, missing=False)) > 1]
+    keys = [k for k in names if varies(k)]
     labels = {json.dumps({k: v for k, v in c.items() if k in keys or shown_elsewhere(k)}) for c in configs}
     if len(labels) < len(configs):
-        keys = [k for k in names if len(values(k, missing=True)) > 1]
+        keys = [k for k in names if len(values(k)) > 1]
     return keys
+
+
+def _owner(key: str) -> str:
+    """The key naming the method a parameter key belongs to (``method.name``, ``plugins.0.name``), or ``""``."""
+    parts = key.split(".")
+    if parts[0] == "method":
+        return "method.name"
+    return f"plugins.{parts[1]}.name" if parts[0] == "plugins" and len(parts) > 2 else ""
 
 
 def _order(item: tuple[str, Any]) -> tuple[str, int, float, str]:

@@ -1,11 +1,15 @@
 """PNG plots of a run: the accuracy-matrix heatmap, mean accuracy over rounds and each task's accuracy over rounds.
 
-Every figure is titled with :func:`cfl.report.titles.run_title` (stream, method with its non-default
-parameters, partition, seed); round axes have integer ticks and dotted lines at the task boundaries.
+Every figure is titled with :func:`cfl.report.labels.run_title` (stream and scenario, method with its
+non-default parameters, partition with its parameters, seed). Round axes have their ticks at the task
+boundaries, dotted lines there and ``task t`` above each task's span; accuracy axes are fitted to the data
+with a margin, so a curve at 100 % is not drawn on the frame and the last marker is not clipped. Tasks are
+numbered from 0, as in ``results.json``, ``metrics.jsonl`` and W&B (docs/concepts.md, "Task numbering").
 """
 
 from __future__ import annotations
 
+import math
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -17,16 +21,19 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from cfl.report.titles import run_title  # noqa: E402
+from cfl.report.figure_style import FigureOptions, fitted_range, looks  # noqa: E402
+from cfl.report.labels import run_title  # noqa: E402
 
 PLOT_FILES = ("acc_matrix.png", "accuracy_curve.png", "task_accuracy.png")
 DPI = 120
 
 
-def save(fig: Figure, path: Path) -> Path:
+def save(fig: Figure, path: Path, formats: tuple[str, ...] = ()) -> Path:
+    """``path`` (a PNG) and the same figure beside it in each of ``formats`` (``pdf``, ``svg``)."""
     fig.savefig(path, dpi=DPI)
+    for fmt in formats:
+        fig.savefig(path.with_suffix(f".{fmt}"))
     plt.close(fig)
     return path
 
@@ -53,8 +60,8 @@ def draw_matrix(ax: Axes, matrix: np.ndarray, fontsize: float = 7) -> Any:
                         color="white" if matrix[i, j] < 60 else "black")
     ax.set_xlabel("evaluated task")
     ax.set_ylabel("after training task")
-    ax.set_xticks(range(n), [str(j + 1) for j in range(n)])
-    ax.set_yticks(range(n), [str(i + 1) for i in range(n)])
+    ax.set_xticks(range(n), [str(j) for j in range(n)])
+    ax.set_yticks(range(n), [str(i) for i in range(n)])
     return im
 
 
@@ -69,31 +76,34 @@ def plot_matrix(results: dict[str, Any], path: Path) -> Path:
 
 
 def mark_tasks(ax: Axes, num_tasks: int, rounds_per_task: int) -> None:
-    """Dotted lines at the ends of tasks, "task k" above each span, integer round ticks."""
+    """Ticks and dotted lines at the task boundaries, "task t" (from 0) above each span; the round axis runs
+    from 0 to a little past the last round, so the last marker is whole."""
+    total = num_tasks * rounds_per_task
     for t in range(1, num_tasks):
         ax.axvline(t * rounds_per_task, color="grey", ls=":", lw=0.8)
     if num_tasks <= 12:
         for t in range(num_tasks):
-            ax.text((t + 0.5) * rounds_per_task, 1.01, f"task {t + 1}", transform=ax.get_xaxis_transform(),
+            ax.text((t + 0.5) * rounds_per_task, 1.01, f"task {t}", transform=ax.get_xaxis_transform(),
                     ha="center", va="bottom", fontsize=7, color="grey")
-    ax.set_xlim(0, num_tasks * rounds_per_task)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("communication round")
-    ax.set_ylim(0, 100)
+    step = max(1, math.ceil(num_tasks / 12))  # at most 13 ticks
+    ax.set_xticks([t * rounds_per_task for t in range(0, num_tasks + 1, step)])
+    ax.set_xlim(0, total + max(0.5, 0.015 * total))
+    ax.set_xlabel("communication round (ticks: task boundaries)")
     ax.grid(alpha=0.3)
 
 
-def palette(n: int) -> list[Any]:
-    """``n`` distinct colours: tab10 up to 10, else evenly spaced along viridis."""
-    cmap = plt.get_cmap("tab10" if n <= 10 else "viridis")
-    return [cmap(i if n <= 10 else i / max(1, n - 1)) for i in range(n)]
+def fit_accuracy_axis(ax: Axes, values: list[float], options: FigureOptions | None = None) -> None:
+    """The y axis fitted to ``values`` (or the option's range): :func:`cfl.report.figure_style.fitted_range`."""
+    ax.set_ylim(*fitted_range(values, options or FigureOptions()))
 
 
 def plot_curve(evaluations: list[dict[str, Any]], rounds_per_task: int, num_tasks: int, title: str,
                path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 3.6), layout="constrained")
-    ax.plot([e["round"] for e in evaluations], [e["mean_acc"] for e in evaluations], marker=".", lw=1.2)
+    values = [e["mean_acc"] for e in evaluations]
+    ax.plot([e["round"] for e in evaluations], values, marker=".", lw=1.2)
     mark_tasks(ax, num_tasks, rounds_per_task)
+    fit_accuracy_axis(ax, values)
     ax.set_ylabel("mean accuracy over seen tasks (%)")
     wrapped_title(fig, title)
     return save(fig, path)
@@ -113,11 +123,12 @@ def plot_task_curves(evaluations: list[dict[str, Any]], rounds_per_task: int, nu
                      path: Path) -> Path:
     """Each task's test accuracy over rounds, from the round it is first trained on."""
     fig, ax = plt.subplots(figsize=(7.5, 3.8), layout="constrained")
-    for t, ((rounds, accs), color) in enumerate(zip(task_curves(evaluations, num_tasks), palette(num_tasks),
-                                                     strict=True)):
-        ax.plot(rounds, accs, marker="." if len(rounds) < 60 else None, ms=3, lw=1.2, color=color,
-                label=f"task {t + 1}")
+    curves = task_curves(evaluations, num_tasks)
+    for t, ((rounds, accs), look) in enumerate(zip(curves, looks(num_tasks), strict=True)):
+        ax.plot(rounds, accs, marker=look.marker if len(rounds) < 60 else None, ms=3, lw=1.2, color=look.color,
+                ls=look.linestyle, label=f"task {t}")
     mark_tasks(ax, num_tasks, rounds_per_task)
+    fit_accuracy_axis(ax, [a for _, accs in curves for a in accs])
     ax.set_ylabel("test accuracy of the task (%)")
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=7, ncol=1 if num_tasks <= 12 else 2,
               frameon=False)

@@ -102,12 +102,18 @@ def _fitted(head: str, tail: str) -> str:
 
 
 def default_group(cfg: Config, base: Config | None) -> str:
-    """``stream/partition/method[/key=value,...]#hash``: readable, and equal only for seeds of one config."""
-    parts = [cfg.stream.name, cfg.partition.name, cfg.method_label]
+    """``stream/partition/method[/key=value,...]#hash`` (``label`` in place of ``method`` where the config sets
+    one): readable, and equal only for seeds of one config."""
+    parts = [cfg.stream.name, cfg.partition.name, shown_method(cfg)]
     diffs = differences(cfg, base)
     if diffs:
         parts.append(",".join(diffs))
     return _fitted("/".join(parts), f"#{config_hash(cfg)}")
+
+
+def shown_method(cfg: Config) -> str:
+    """The config's ``label`` (a sweep variant's), else its method label."""
+    return cfg.label or cfg.method_label
 
 
 def default_name(cfg: Config, base: Config | None) -> str:
@@ -115,7 +121,7 @@ def default_name(cfg: Config, base: Config | None) -> str:
     so that the runs of one sweep that differ in anything but neutral keys never share a name; without a
     ``base``, the config hash instead of the keys."""
     diffs = differences(cfg, base) if base is not None else [config_hash(cfg)]
-    head = "-".join([cfg.stream.name, cfg.method_label, cfg.partition.name, *([",".join(diffs)] if diffs else [])])
+    head = "-".join([cfg.stream.name, shown_method(cfg), cfg.partition.name, *([",".join(diffs)] if diffs else [])])
     return _fitted(head, f"-s{cfg.seed}")
 
 
