@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Regenerates docs/results.md's table: every reproduction sweep, then the combined report.
 # Scale: permuted-fmnist 4 tasks x 30 rounds x 20 of 125 clients (IID and 2-shard non-IID);
-# split-fmnist 5 tasks x 20 rounds x 10 of 125 clients; 9 methods x 3 seeds each (81 runs).
-# The runs are single-threaded; JOBS of them run at once (default: one per core). About 3 core-hours
-# in all (docs/results.md): ~1.5 h on 2 cores. The log is runs/reproduce/reproduce.log.
+# split-fmnist 5 tasks x 20 rounds x 10 of 125 clients; 15 methods x 3 seeds each (135 runs).
+# The runs are single-threaded; JOBS of them run at once (default: one per core). The 81 runs of the first 9
+# methods took about 3 core-hours (docs/results.md); the log is runs/reproduce/reproduce.log.
 # Completed runs are skipped, so an interrupted reproduction resumes where it stopped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
