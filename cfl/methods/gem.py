@@ -22,8 +22,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy.linalg import cho_factor, solve_triangular
-from scipy.optimize import lsq_linear
 
 from cfl.methods.base import Step
 from cfl.methods.episodic_memory import EpisodicMemory
@@ -42,6 +40,9 @@ class GEMHyperparams:
 
 def gem_dual(memories: np.ndarray, g: np.ndarray, margin: float, eps: float) -> np.ndarray:
     """``v`` minimising ``1/2 v^T (M M^T + eps I) v + (M g)^T v`` over ``v >= margin`` (``memories`` = M)."""
+    from scipy.linalg import cho_factor, solve_triangular  # scipy loads in ~0.3 s: only where GEM steps
+    from scipy.optimize import lsq_linear
+
     gram = memories @ memories.T + eps * np.eye(len(memories))
     lower, _ = cho_factor(gram, lower=True)
     lower = np.tril(lower)
