@@ -88,7 +88,7 @@ def precondition(grad: torch.Tensor, deflation: torch.Tensor) -> torch.Tensor:
     flat = grad.reshape(grad.shape[0], -1)
     d = flat.shape[1]
     deflation = deflation.to(flat.dtype)
-    return ((flat - flat @ deflation) * (d / (d - torch.trace(deflation)))).reshape(grad.shape)
+    return ((flat - flat @ deflation) * (d / (d - deflation.diagonal().sum()))).reshape(grad.shape)
 
 
 def precondition_inputs(inputs: torch.Tensor, deflation: torch.Tensor) -> torch.Tensor:
