@@ -8,6 +8,7 @@ from cfl.methods.gpm import extend_from_gram
 from cfl.ops.layer_inputs import conv_patches, layer_inputs_or_grams
 from cfl.ops.rgo import (
     absorb,
+    absorb_columns,
     closed_form,
     fel_permutations,
     precondition,
@@ -15,7 +16,7 @@ from cfl.ops.rgo import (
     preconditioner,
     rls,
     rls_step,
-    task_grams,
+    task_inputs,
     trace_normalised,
 )
 from cfl.ops.subspace import project_out
@@ -45,6 +46,12 @@ def _randn(gen: torch.Generator, *shape: int) -> torch.Tensor:
     return torch.randn(*shape, generator=gen, dtype=torch.float64)
 
 
+def _grams(model: nn.Module, x: torch.Tensor, protected: dict[str, str], gram: str) -> dict[str, torch.Tensor]:
+    """``A A^T`` of :func:`task_inputs`, whether it holds ``A`` (fewer columns than d) or its Gram."""
+    held = task_inputs(model, _params(model), x, 0, protected, gram)
+    return {n: h.matrix if h.is_gram else h.matrix @ h.matrix.T for n, h in held.items()}
+
+
 def _params(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.named_parameters()}
 
@@ -70,6 +77,8 @@ def test_recursion_over_columns_equals_the_closed_form_and_the_task_end_update()
     assert torch.allclose(trace_normalised(recursive), preconditioner(g1 + g2, 0.5), atol=1e-12)
     deflation = absorb(absorb(torch.zeros(5, 5), g1, 0.5), g2, 0.5)  # task by task, from D = I - P = 0
     assert torch.allclose(torch.eye(5, dtype=torch.float64) - deflation, recursive, atol=1e-12)
+    thin = absorb_columns(absorb(torch.zeros(5, 5), g1, 0.5), a2, 0.5)  # task 2 from its 3 < 5 columns
+    assert torch.allclose(thin, deflation, atol=1e-12)
 
 
 def test_the_preconditioner_has_trace_d():
@@ -140,9 +149,10 @@ def test_conv_grams_are_gpms_and_a_tiny_alpha_is_gpms_projection_scaled_by_d_ove
     torch.manual_seed(7)
     model = RowConvNet()
     params, x, protected = _params(model), _row_images(10), {"conv.weight": "conv"}
-    gram = task_grams(model, params, x, 0, protected)["conv.weight"]
-    held = layer_inputs_or_grams(model, params, x, 0, protected)["conv.weight"]  # what GPM+FL collects
-    assert held.is_gram and torch.equal(gram, held.matrix)
+    held = task_inputs(model, params, x, 0, protected)["conv.weight"]
+    gpms = layer_inputs_or_grams(model, params, x, 0, protected)["conv.weight"]  # what GPM+FL collects
+    assert held.is_gram and gpms.is_gram and torch.equal(held.matrix, gpms.matrix)
+    gram = held.matrix
     assert torch.linalg.matrix_rank(gram).item() == 3
     basis = extend_from_gram(gram, None, eps=0.999999)  # GPM's basis of the same inputs: 3 directions
     assert basis.shape == (9, 3)
@@ -151,19 +161,19 @@ def test_conv_grams_are_gpms_and_a_tiny_alpha_is_gpms_projection_scaled_by_d_ove
     assert torch.allclose(rgo, project_out(grad, basis.double()) * 9 / 6, atol=1e-6)
 
 
-def test_mean_gram_divides_by_the_column_count():
-    model = TwoLayerNet(inputs=2)
-    params = _params(model)
-    x = torch.tensor([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]])
-    sums = task_grams(model, params, x, 0, {"fc1.weight": "linear"}, "sum")["fc1.weight"]
+def test_mean_gram_divides_by_the_column_count_held_thin_or_as_a_gram():
+    model, protected = TwoLayerNet(inputs=2), {"fc1.weight": "linear"}
+    x = torch.tensor([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]])  # 3 columns >= d = 2: held as the Gram
+    sums = _grams(model, x, protected, "sum")["fc1.weight"]
     assert torch.equal(sums, torch.tensor([[2.0, 1.0], [1.0, 5.0]], dtype=torch.float64))
-    means = task_grams(model, params, x, 0, {"fc1.weight": "linear"}, "mean")["fc1.weight"]
-    assert torch.allclose(means, sums / 3)
-    conv = RowConvNet()  # 10 images, 3 x 3 output positions each: 90 columns
-    images = _row_images(10)
-    conv_sums = task_grams(conv, _params(conv), images, 0, {"conv.weight": "conv"}, "sum")["conv.weight"]
-    conv_means = task_grams(conv, _params(conv), images, 0, {"conv.weight": "conv"}, "mean")["conv.weight"]
-    assert torch.allclose(conv_means, conv_sums / 90)
+    assert torch.allclose(_grams(model, x, protected, "mean")["fc1.weight"], sums / 3)
+    model, two = TwoLayerNet(inputs=3), torch.tensor([[1.0, 2.0, 0.0], [0.0, 1.0, 1.0]])  # 2 < d = 3: A / sqrt(2)
+    assert not task_inputs(model, _params(model), two, 0, protected, "mean")["fc1.weight"].is_gram
+    assert torch.allclose(_grams(model, two, protected, "mean")["fc1.weight"],
+                          _grams(model, two, protected, "sum")["fc1.weight"] / 2)
+    conv, images = RowConvNet(), _row_images(10)  # 10 images, 3 x 3 output positions each: 90 columns
+    conv_sums = _grams(conv, images, {"conv.weight": "conv"}, "sum")["conv.weight"]
+    assert torch.allclose(_grams(conv, images, {"conv.weight": "conv"}, "mean")["conv.weight"], conv_sums / 90)
 
 
 def test_fel_permutations_depend_on_run_seed_and_task_only():

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, StateSizing
-from cfl.ops.rgo import absorb, precondition, task_grams
+from cfl.methods.base import ClientData, Event, Method, StateSizing, Step
+from cfl.ops.rgo import absorb_held, precondition, task_inputs
 from cfl.schema import ConfigError, field
 from cfl.tensors import Params, State
 
@@ -40,18 +40,12 @@ class RGO(Method):
     client_events = ("task_end",)
 
     @classmethod
-    def check(cls, hparams: RGOHyperparams, cfg: Any) -> None:
+    def check(cls, hparams: RGOHyperparams, cfg: Any) -> None:  # noqa: ARG003
         if hparams.fel:
             raise ConfigError("'method.fel: true': RGO's virtual feature encoding layer permutes each layer's units "
                               "by a task-seeded permutation in the forward pass, at training and at test time "
                               "(task-incremental only); cfl's models take no such permutation, so it is not "
                               "implemented; use method.fel: false (the paper's RGO-2 ablation)")
-        optimizer = getattr(cfg, "optimizer", None)
-        if optimizer is not None and optimizer.name == "adamw" and cfg.weight_decay:
-            raise ConfigError(f"'optimizer.name: adamw' with 'weight_decay: {cfg.weight_decay}': method rgo "
-                              "preconditions the gradient, but AdamW's decoupled decay would shrink the weights "
-                              "along old tasks' inputs unpreconditioned; use optimizer.name: adam (its L2 term is "
-                              "preconditioned) or weight_decay: 0")
 
     def __init__(self, hparams: RGOHyperparams, run_info: Any) -> None:
         super().__init__(hparams, run_info)
@@ -65,14 +59,15 @@ class RGO(Method):
                    server: State, generator: torch.Generator) -> None:
         if len(data.x) == 0:
             return
-        grams = task_grams(model, params, data.x, data.task, self.run_info.protected, self.hparams.gram,
+        held = task_inputs(model, params, data.x, data.task, self.run_info.protected, self.hparams.gram,
                            self.hparams.chunk)
         deflations = state.setdefault("deflation", {})
-        for name, gram in grams.items():
-            old = deflations.get(name, torch.zeros_like(gram))
-            deflations[name] = absorb(old, gram, self.hparams.alpha).float()
+        for name, inputs in held.items():
+            d = inputs.matrix.shape[0]
+            old = deflations.get(name, torch.zeros(d, d, device=inputs.matrix.device))
+            deflations[name] = absorb_held(old, inputs, self.hparams.alpha).float()
 
-    def step_gradient(self, step: Any) -> Params | None:
+    def step_gradient(self, step: Step) -> Params | None:
         """``g P~`` for every protected weight the client holds a deflation of; None before its first task end."""
         deflations = step.state.get("deflation")
         if not deflations:

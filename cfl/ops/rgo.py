@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from cfl.ops.layer_inputs import iter_layer_inputs, layer_grams
+from cfl.ops.layer_inputs import HeldInputs, iter_layer_inputs, layer_inputs_or_grams
 from cfl.tensors import Params
 
 GramNorm = Literal["sum", "mean"]
@@ -26,15 +26,22 @@ GramNorm = Literal["sum", "mean"]
 _FEL_TAG = 0x46454C
 
 
-def task_grams(model: nn.Module, params: Params, x: torch.Tensor, task: int, protected: dict[str, str],
-               gram: GramNorm = "sum", chunk: int = 256) -> dict[str, torch.Tensor]:
-    """One task's ``{layer: A A^T}`` (float64) at ``params``; ``gram="mean"`` divides by ``A``'s column count
-    (samples, times output positions for a conv layer), so the Gram's scale does not grow with the data."""
-    grams = layer_grams(model, params, x, task, protected, chunk)
-    if gram == "sum" or not grams:
-        return grams
+def task_inputs(model: nn.Module, params: Params, x: torch.Tensor, task: int, protected: dict[str, str],
+                gram: GramNorm = "sum", chunk: int = 256) -> dict[str, HeldInputs]:
+    """One task's layer inputs at ``params`` as GPM+FL collects them (float64): ``A`` itself while it has fewer
+    columns than d, else ``A A^T``. ``gram="mean"`` scales them to the Gram ``A A^T / n`` (``A / sqrt(n)``), n the
+    column count (samples, times output positions for a conv layer), so the Gram's scale does not grow with
+    the data."""
+    held = layer_inputs_or_grams(model, params, x, task, protected, chunk)
+    if gram == "sum" or not held:
+        return held
     per_sample = {n: a.shape[1] for n, a in next(iter_layer_inputs(model, params, x[:1], task, protected)).items()}
-    return {n: g / (len(x) * per_sample[n]) for n, g in grams.items()}
+    scaled = {}
+    for name, inputs in held.items():
+        columns = len(x) * per_sample[name]
+        scale = 1.0 / columns if inputs.is_gram else columns ** -0.5
+        scaled[name] = HeldInputs(inputs.matrix * scale, inputs.is_gram)
+    return scaled
 
 
 def closed_form(gram: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -80,6 +87,22 @@ def absorb(deflation: torch.Tensor, gram: torch.Tensor, alpha: float) -> torch.T
     eye = torch.eye(gram.shape[0], dtype=torch.float64, device=gram.device)
     new = torch.linalg.solve(eye + p @ gram.double() / alpha, p)
     return eye - (new + new.T) / 2
+
+
+def absorb_columns(deflation: torch.Tensor, inputs: torch.Tensor, alpha: float) -> torch.Tensor:
+    """:func:`absorb` from the task's input columns ``A`` (d x n) themselves, for ``n < d`` (a client with few
+    samples): ``P_new = P - P A (alpha I + A^T P A)^-1 A^T P`` (Woodbury), O(d^2 n + n^3) instead of O(d^3)."""
+    inputs = inputs.double()
+    deflation = deflation.double()
+    pa = inputs - deflation @ inputs  # P A with P = I - D
+    inner = alpha * torch.eye(inputs.shape[1], dtype=torch.float64, device=inputs.device) + inputs.T @ pa
+    added = pa @ torch.cholesky_solve(pa.T, torch.linalg.cholesky(inner))
+    return deflation + (added + added.T) / 2
+
+
+def absorb_held(deflation: torch.Tensor, held: HeldInputs, alpha: float) -> torch.Tensor:
+    """:func:`absorb` or :func:`absorb_columns`, as the client holds the task's inputs."""
+    return (absorb if held.is_gram else absorb_columns)(deflation, held.matrix, alpha)
 
 
 def precondition(grad: torch.Tensor, deflation: torch.Tensor) -> torch.Tensor:
