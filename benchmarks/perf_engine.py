@@ -21,7 +21,7 @@ engine is timed in the same run, its rounds interleaved with the bf16 ones so th
 ``speedup_vs_fp32`` their ratio, and ``fp32_peak_gflops`` / ``bf16_peak_gflops`` the 2048x2048 rates.
 
     python benchmarks/perf_engine.py [--rounds 3] [--setup pmnist|cifar] [--threads N] [--ragged BETA]
-                                     [--device cpu|cuda] [--method fedavg|fedprox|ewc] [--vmap]
+                                     [--device cpu|cuda] [--method fedavg|fedprox|ewc|rgo] [--vmap]
                                      [--precision 32|bf16-mixed] [--optimizer sgd|adam|adamw]
 
 ``--device cuda``: model, data and both loops on the GPU (the naive loop's DataLoader indexes GPU tensors),
