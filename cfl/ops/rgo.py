@@ -96,7 +96,7 @@ def absorb_columns(deflation: torch.Tensor, inputs: torch.Tensor, alpha: float) 
     deflation = deflation.double()
     pa = inputs - deflation @ inputs  # P A with P = I - D
     inner = alpha * torch.eye(inputs.shape[1], dtype=torch.float64, device=inputs.device) + inputs.T @ pa
-    added = pa @ torch.cholesky_solve(pa.T, torch.linalg.cholesky(inner))
+    added = pa @ torch.linalg.solve(inner, pa.T)  # LU, not Cholesky: a float32-stored P may be a hair indefinite
     return deflation + (added + added.T) / 2
 
 
