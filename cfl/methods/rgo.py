@@ -3,9 +3,10 @@
 At each task end every client holding data of the task runs the task's final global model on its local data
 and folds the Gram ``G`` of each protected layer's inputs (im2col patches for a conv layer, as GPM+FL) into
 its own preconditioner ``P = alpha (alpha I + G_all)^-1``, kept as the deflation ``D = I - P``. Every later
-local step preconditions the gradient of each protected weight, after weight decay, with the trace-normalised
-``P~ = d P / trace(P)``: ``g <- g P~`` on the (out, d) view. The server is FedAvg and nothing is uploaded.
-Task 1 (no state) is FedAvg. The maths is in cfl/ops/rgo.py; see docs/methods/rgo.md.
+local step (``step_gradient``, before the optimiser's weight decay) preconditions the gradient of each protected
+weight with the trace-normalised ``P~ = d P / trace(P)``: ``g <- g P~`` on the (out, d) view. The server is
+FedAvg and nothing is uploaded. Task 1 (no state) is FedAvg. The maths is in cfl/ops/rgo.py; see
+docs/methods/rgo.md.
 """
 
 from __future__ import annotations
