@@ -131,12 +131,12 @@ def test_task_1_equals_fedavg_bit_for_bit(execution):
 @pytest.mark.parametrize("scenario", ["task", "domain"])
 def test_batched_equals_sequential_and_task_2_differs_from_fedavg(scenario):
     stream = make_stream(scenario, num_tasks=3)
-    runs = run_both_paths(lambda **kw: _cfg({"name": "rgo", "alpha": 0.1}, **kw), stream,
-                          partition={"name": "quantity", "beta": 0.5})
+    quantity = {"name": "quantity", "beta": 0.5}
+    runs = run_both_paths(lambda **kw: _cfg({"name": "rgo", "alpha": 0.1}, **kw), stream, partition=quantity)
     clients = runs[0].states[0].clients  # every client holds a d x d per protected layer (digits-mlp 12-128-128)
     shapes = {n: d.shape for c in clients.ids() for n, d in clients.get(c)["deflation"].items()}
     shared_head = {"head.weight": (128, 128)} if scenario == "domain" else {}  # per-task heads: not protected
     assert len(clients) == 5 and shapes == {"body.1.weight": (12, 12), "body.3.weight": (128, 128), **shared_head}
-    fedavg = Runner(_cfg({"name": "fedavg"}, client_execution="sequential"), stream)
+    fedavg = Runner(_cfg({"name": "fedavg"}, client_execution="sequential", partition=quantity), stream)
     fedavg.run()
     assert not torch.allclose(runs[1].params["body.1.weight"], fedavg.params["body.1.weight"])
