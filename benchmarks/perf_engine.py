@@ -21,7 +21,7 @@ engine is timed in the same run, its rounds interleaved with the bf16 ones so th
 ``speedup_vs_fp32`` their ratio, and ``fp32_peak_gflops`` / ``bf16_peak_gflops`` the 2048x2048 rates.
 
     python benchmarks/perf_engine.py [--rounds 3] [--setup pmnist|cifar] [--threads N] [--ragged BETA]
-                                     [--device cpu|cuda] [--method fedavg|fedprox|ewc] [--vmap]
+                                     [--device cpu|cuda] [--method fedavg|fedprox|ewc|rgo] [--vmap]
                                      [--precision 32|bf16-mixed] [--optimizer sgd|adam|adamw]
 
 ``--device cuda``: model, data and both loops on the GPU (the naive loop's DataLoader indexes GPU tensors),
@@ -53,10 +53,13 @@ from cfl.engine.jobs import ClientJob, Hyper, Plugins, derive_seed  # noqa: E402
 from cfl.engine.local_batched import BatchedTrainer  # noqa: E402
 from cfl.engine.path import choose_path  # noqa: E402
 from cfl.engine.precision import LOW, has_bf16_units  # noqa: E402
+from cfl.methods.base import RunInfo  # noqa: E402
 from cfl.methods.ewc import EWC, EWCHyperparams  # noqa: E402
 from cfl.methods.fedavg import FedAvg  # noqa: E402
 from cfl.methods.fedprox import FedProx, FedProxHyperparams  # noqa: E402
+from cfl.methods.rgo import RGO, RGOHyperparams  # noqa: E402
 from cfl.models import ModelShape, build_model  # noqa: E402
+from cfl.models.layers import protected_layers  # noqa: E402
 from cfl.precision_setting import is_mixed, parse_precision  # noqa: E402
 from cfl.records.client_states import MethodState  # noqa: E402
 
@@ -169,13 +172,26 @@ def linear_products_floor(model: nn.Module, clients: int, batch: int, device: st
     return total
 
 
-def method_plugins(name: str, params: dict[str, torch.Tensor], clients: int) -> Plugins:
-    """The engine's method; EWC's clients get a random diagonal Fisher and anchor (state after a task end)."""
+def method_plugins(name: str, params: dict[str, torch.Tensor], clients: int, model: nn.Module) -> Plugins:
+    """The engine's method; EWC's clients get a random diagonal Fisher and anchor, RGO's a d x d deflation per
+    protected layer (one random symmetric matrix shared by all: the values do not change the cost), as after
+    a task end."""
     if name == "fedavg":
         return Plugins([FedAvg(None, None)], [MethodState()], [{}])
     if name == "fedprox":
         return Plugins([FedProx(FedProxHyperparams(mu=0.01), None)], [MethodState()], [{}])
     state = MethodState()
+    if name == "rgo":
+        protected = protected_layers(model)
+        info = RunInfo(num_tasks=2, scenario="domain", num_clients=clients, clients_per_round=clients, seed=0,
+                       model=model, protected=protected)
+        deflation = {}
+        for k in protected:
+            a = torch.randn(params[k][0].numel(), 32, device=params[k].device)
+            deflation[k] = a @ a.T / (a.norm() ** 2)  # symmetric, eigenvalues in [0, 1)
+        for c in range(clients):
+            state.clients.put(c, {"deflation": deflation})
+        return Plugins([RGO(RGOHyperparams(), info)], [state], [{}])
     for c in range(clients):
         state.clients.put(c, {"fisher": {k: torch.rand_like(v) for k, v in params.items()},
                               "anchor": {k: v + 0.01 * torch.randn_like(v) for k, v in params.items()}})
@@ -195,9 +211,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--ragged", type=float, default=0.0, help="Dirichlet concentration of client sizes")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--method", choices=["fedavg", "fedprox", "ewc"], default="fedavg",
+    parser.add_argument("--method", choices=["fedavg", "fedprox", "ewc", "rgo"], default="fedavg",
                         help="the engine's method (the naive loop stays plain SGD): fedprox mu 0.01, ewc with "
-                             "a synthetic per-client Fisher and anchor, as after a finished task")
+                             "a synthetic per-client Fisher and anchor, rgo with a synthetic d x d per layer, as "
+                             "after a finished task")
     parser.add_argument("--vmap", action="store_true", help="force the vmap path (time penalties on both paths)")
     parser.add_argument("--precision", default="32", help="32 or bf16-mixed (then float32 is timed too)")
     parser.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], default="sgd",
@@ -222,7 +239,7 @@ def main() -> None:
                optimizer=args.optimizer)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     num_params = sum(v.numel() for v in params.values())
-    plugins = method_plugins(args.method, params, s["clients"])
+    plugins = method_plugins(args.method, params, s["clients"], model)
     path = "vmap" if args.vmap else choose_path(model, hp, plugins.methods).path
     hp = replace(hp, path=path)
     hp32 = replace(hp, precision=32)  # the float32 engine

@@ -184,6 +184,13 @@ CASES = [
      ["'method.alpha'", "> 0"]),
     ("flwf2t: alpha + beta > 1", ["{cfg}", "--set", "method={{name: flwf2t, alpha: 0.8, beta: 0.3}}"],
      ["'method.alpha' + 'method.beta'", "exceeds 1"]),
+    # -- RGO+FL (issue 29 item 1) --
+    ("rgo: fel (the paper's feature encoding layer) is not implemented", ["{cfg}", "--set",
+                                                                         "method={{name: rgo, fel: true}}"],
+     ["'method.fel: true'", "use method.fel: false"]),
+    ("rgo: alpha of 0", ["{cfg}", "--set", "method={{name: rgo, alpha: 0}}"], ["'method.alpha'", "> 0"]),
+    ("rgo: unknown gram normalisation", ["{cfg}", "--set", "method={{name: rgo, gram: max}}"],
+     ["'method.gram' must be one of ['sum', 'mean']", "got 'max'"]),
 ]
 #: refusals that depend on the data (the training set sizes): made after loading it, before any round
 AFTER_DATA_LOADS = {"shards: a client gets no data"}

@@ -18,6 +18,7 @@ from cfl.methods.gem import GEM
 from cfl.methods.glfc import GLFC
 from cfl.methods.gpm import GPM
 from cfl.methods.mas import MAS
+from cfl.methods.rgo import RGO
 from cfl.methods.si import SI
 from cfl.registry import Registry
 
@@ -47,3 +48,4 @@ register(FedLwF)
 register(FLwF2T)
 register(FOT)  # eps per stream: PMNIST 0.96 IID / 0.94 non-IID; CIFAR-100 0.87 (+0.001/task);
 register(GPM)  # 5-Datasets 0.95 (+0.001); Mini-ImageNet 0.90 (+0.001) -- same values for gpm
+register(RGO)

@@ -1,0 +1,76 @@
+"""RGO+FL: Recursive Gradient Optimization (Liu & Liu, ICLR 2022, arXiv 2201.12522) run by each client.
+
+At each task end every client holding data of the task runs the task's final global model on its local data
+and folds the Gram ``G`` of each protected layer's inputs (im2col patches for a conv layer, as GPM+FL) into
+its own preconditioner ``P = alpha (alpha I + G_all)^-1``, kept as the deflation ``D = I - P``. Every later
+local step (``step_gradient``, before the optimiser's weight decay) preconditions the gradient of each protected
+weight with the trace-normalised ``P~ = d P / trace(P)``: ``g <- g P~`` on the (out, d) view. The server is
+FedAvg and nothing is uploaded. Task 1 (no state) is FedAvg. The maths is in cfl/ops/rgo.py; see
+docs/methods/rgo.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from cfl.methods.base import ClientData, Event, Method, StateSizing, Step
+from cfl.ops.rgo import absorb_held, precondition, task_inputs
+from cfl.schema import ConfigError, field
+from cfl.tensors import Params, State
+
+
+@dataclass(frozen=True)
+class RGOHyperparams:
+    alpha: float = field(1.0, "regulariser of (alpha I + G)^-1: smaller protects old inputs more (their "
+                         "outputs move ~alpha / eigenvalue); the paper gives no value, see docs", gt=0.0)
+    gram: str = field("mean", "the task Gram A A^T summed over its columns (sum) or averaged (mean: alpha "
+                      "is then on the scale of one input's energy)", choices=("sum", "mean"))
+    fel: bool = field(False, "the paper's virtual feature encoding layer (task-seeded unit permutations, "
+                      "task-incremental only): not implemented, must stay false (the paper's RGO-2)")
+    chunk: int = field(256, "samples per forward pass when collecting layer inputs (bounds memory)", min=1)
+
+
+class RGO(Method):
+    name = "rgo"
+    about = "RGO+FL: each client preconditions its local gradients with (alpha I + G)^-1 of its old-task inputs"
+    Hyperparams = RGOHyperparams
+    client_events = ("task_end",)
+
+    @classmethod
+    def check(cls, hparams: RGOHyperparams, cfg: Any) -> None:  # noqa: ARG003
+        if hparams.fel:
+            raise ConfigError("'method.fel: true': RGO's virtual feature encoding layer permutes each layer's units "
+                              "by a task-seeded permutation in the forward pass, at training and at test time "
+                              "(task-incremental only); cfl's models take no such permutation, so it is not "
+                              "implemented; use method.fel: false (the paper's RGO-2 ablation)")
+
+    def __init__(self, hparams: RGOHyperparams, run_info: Any) -> None:
+        super().__init__(hparams, run_info)
+        self.check(hparams, run_info)  # also when built directly
+
+    def client_state_bytes(self, sizing: StateSizing) -> int:
+        """One float32 ``d x d`` deflation per protected layer and client (from its first task end on)."""
+        return sizing.num_clients * 4 * sum(d * d for _, d in sizing.protected.values())
+
+    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
+                   server: State, generator: torch.Generator) -> None:
+        if len(data.x) == 0:
+            return
+        held = task_inputs(model, params, data.x, data.task, self.run_info.protected, self.hparams.gram,
+                           self.hparams.chunk)
+        deflations = state.setdefault("deflation", {})
+        for name, inputs in held.items():
+            d = inputs.matrix.shape[0]
+            old = deflations.get(name, torch.zeros(d, d, device=inputs.matrix.device))
+            deflations[name] = absorb_held(old, inputs, self.hparams.alpha).float()
+
+    def step_gradient(self, step: Step) -> Params | None:
+        """``g P~`` for every protected weight the client holds a deflation of; None before its first task end."""
+        deflations = step.state.get("deflation")
+        if not deflations:
+            return None
+        return {name: precondition(g, deflations[name]) if name in deflations else g for name, g in step.grads.items()}
