@@ -53,6 +53,17 @@ PLUGINS = {
     "takes_fedavg": method("fedavg", "", "MyAvg"),
     "takes_mine": method("mine", "", "Mine"),
     "takes_mine_too": method("mine", "", "Mine"),
+    # issue 28: the step hooks
+    "step_shape": method("ss", "    def step_gradient(self, step):\n"
+                               "        return {k: g.flatten() for k, g in step.grads.items()}\n"),
+    "carry_keys": method("ck", "    def carry_start(self, global_params, state):\n"
+                               "        return {'path': torch.zeros(2)}\n"
+                               "    def carry_step(self, step, moved):\n"
+                               "        return {'paths': step.carry['path']}\n"),
+    "step_item": method("si2", "    def step_gradient(self, step):\n"
+                               "        if step.grads['body.1.weight'].sum().item() > 0:\n"
+                               "            return None\n"
+                               "        return None\n"),
 }
 BENCHMARK = "import sys\n\ndef make():\n    sys.exit(0)\n"  # a stream.benchmark callable ending the process
 NAME_RULE = "must be letters, digits, '-', '_' or '.'"
@@ -100,6 +111,13 @@ CASES = [
     ("extra_loss: a scalar instead of (B,)", ["run", "{cfg}", "--plugin", "{tmp}/extra_shape.py", "--set",
                                               "method.name=es", "--out", "{tmp}/es"], 2,
      ["hook extra_loss", "tensor of shape (B,)", "got a torch.float32 tensor of shape ()"]),
+    # issue 28: step hooks breaking their rules, refused by the dry call before any file
+    ("step_gradient: a gradient of the wrong shape", ["run", "{cfg}", "--plugin", "{tmp}/step_shape.py", "--set",
+                                                      "method.name=ss", "--out", "{tmp}/ss"], 2,
+     ["method 'ss'", "hook step_gradient", "tensor shaped like it", "for 'body.1.weight'"]),
+    ("carry_step: other keys than step.carry", ["run", "{cfg}", "--plugin", "{tmp}/carry_keys.py", "--set",
+                                                "method.name=ck", "--out", "{tmp}/ck"], 2,
+     ["method 'ck'", "hook carry_step", "expected keys ['path']", "got keys ['paths']"]),
     ("sys.exit(0) in a hook", ["run", "{cfg}", "--plugin", "{tmp}/hook_exits.py", "--set", "method.name=he",
                                "--out", "{tmp}/he"], 2,
      ["method 'he'", "hook gradient_projection", "sys.exit(0)"]),
