@@ -122,3 +122,12 @@ def test_initial_values():
 def test_a_shared_head_is_refused():
     with pytest.raises(ValueError, match="task-incremental"):
         FedWeITMLP(6, [5], classes=2, num_tasks=3, kb_size=2, multi_head=False)
+
+
+def test_no_gradient_reaches_the_knowledge_base():
+    """The knowledge base and the folded sums are the server's and past tasks': the loss never moves them."""
+    model = FedWeITMLP(6, [5], classes=2, num_tasks=2, kb_size=2).double().train()
+    params = {n: p.requires_grad_() for n, p in randomised(model, 5).items()}
+    functional_call(model, params, (torch.randn(4, 6, dtype=torch.float64), TASKS)).sum().backward()
+    assert params["body.1.kb"].grad is None and params["body.1.kb_mix"].grad is None
+    assert params["body.1.attention"].grad.abs().sum() > 0 and params["body.1.base"].grad.abs().sum() > 0

@@ -5,10 +5,12 @@ task (task-incremental only).
 Each decomposed layer holds, as parameters (so a stack of clients carries them per client):
 ``base`` ``(out, ...)`` (shared, the part the server averages), per task ``mask`` logits ``(T, out)``,
 ``adaptive`` ``(T, out, ...)``, ``bias`` ``(T, out)`` and ``attention`` ``(T, K)``; the knowledge base ``kb``
-``(K, out, ...)`` of the current task (clients' task-adaptive parts from the server, not trained), and ``kb_mix``
-``(T, out, ...)`` (not trained): for a finished task, its attention-weighted knowledge base folded into one tensor
+``(K, out, ...)`` of the current task (clients' task-adaptive parts from the server), and ``kb_mix``
+``(T, out, ...)``: for a finished task, its attention-weighted knowledge base folded into one tensor
 (:func:`cfl.ops.fedweit.fold_knowledge`), so a past task keeps its weight after ``kb`` is replaced, without
 storing every task's knowledge base (the official code keeps one per task; the composed weights are the same).
+Both enter the forward detached, so no gradient reaches them (an optimiser's weight decay still would:
+:data:`FROZEN`).
 
 A batch may mix tasks: every task's weight is composed and each sample takes its own task's output (as
 :class:`cfl.models.heads.MultiHead`), at ``T`` times a plain layer's cost. In eval mode ``A`` is pruned at
@@ -68,7 +70,9 @@ class Decomposed(nn.Module):
         mask, adaptive = gate(self.mask), self.adaptive
         if not self.training:
             mask, adaptive = hard_threshold(mask, self.prune_mask), hard_threshold(adaptive, self.prune)
-        return decomposed_weight(self.base, mask, adaptive) + self.kb_mix + knowledge_sum(self.kb, self.attention)
+        # the knowledge base and its folded sums enter detached: no gradient ever reaches them
+        return (decomposed_weight(self.base, mask, adaptive) + self.kb_mix.detach()
+                + knowledge_sum(self.kb.detach(), self.attention))
 
 
 class DecomposedLinear(Decomposed):
