@@ -1,0 +1,188 @@
+"""FedWeIT: Federated Weighted Inter-client Transfer (Yoon et al., "Federated Continual Learning with Weighted
+Inter-client Transfer", ICML 2021, arXiv 2003.03196), task-incremental; the official code ``wyjeong/FedWeIT``
+(TensorFlow 2) is the reference where the paper is silent.
+
+DRAFT, NOT REGISTERED: it is written against engine support that does not exist yet (``docs/methods/fedweit.md``,
+"What the engine must add"): parameters kept per client (everything but the bases), parameters no optimiser step
+moves (the knowledge base), a hook at each client's round start, a sparse upload with its own server
+aggregation, and exact byte counts of sparse payloads. The hooks marked "proposed" below are those.
+
+Per client, on a FedWeIT network (``cfl.models.fedweit_net``), while it learns task ``t``:
+- round start (proposed ``client_start``): at a new task, the finished task's knowledge sum folded into
+  ``kb_mix`` (``cfl.ops.fedweit.fold_knowledge``), the stored weights of the past tasks taken from the client's own
+  base (the drift anchors), the server's knowledge base loaded into ``kb``; every round the base is the global
+  one where that is not 0, the client's own elsewhere (``merge_base``);
+- every local step: cross-entropy on the task's head + the code's regularisers (``cfl.ops.fedweit_losses``);
+- after training (proposed ``client_upload``): the base's output units above the code's threshold of the
+  current mask (``client_sparsity``) sent, the rest zeroed; the server averages each unit over its senders;
+- task end: each participant sends its ``A^(t)`` pruned at ``|A| > lambda_l1``; the server stacks them into the
+  next task's knowledge base (``kb_size`` slots: the clients per round, zero-padded).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from cfl.methods.base import ClientData, Event, Method, StateSizing
+from cfl.models.fedweit_net import FROZEN, SHARED
+from cfl.ops import fedweit_sparse as sparse
+from cfl.ops.fedweit import fold_knowledge, hard_threshold
+from cfl.ops.fedweit_losses import RegulariserWeights, drift_anchors, regulariser
+from cfl.schema import ConfigError, field
+from cfl.tensors import Params, State
+
+
+@dataclass(frozen=True)
+class FedWeITHyperparams:
+    lambda_l1: float = field(1e-3, "L1 weight on the task-adaptive parts, also their pruning threshold at "
+                             "evaluation and upload (official code: 1e-3)", min=0.0)
+    lambda_l2: float = field(100.0, "weight of the drift of past tasks' weights (official code: 100)", min=0.0)
+    lambda_mask: float = field(0.0, "L1 weight on the current mask logits (official code: 0)", min=0.0)
+    wd: float = field(1e-4, "the method's own weight decay on A, the mask and (first task) the base; the run's "
+                      "weight_decay must be 0 (official code: 1e-4)", min=0.0)
+    client_sparsity: float = field(0.3, "share of each layer's output units whose base is not uploaded (official "
+                                   "code: 0.3)", min=0.0, max=0.999)
+    halved: bool = field(True, "TensorFlow's l2_loss (sum x^2 / 2) in the drift and decay, as the code; false: the "
+                         "paper's squared norm")
+    past_adaptive_trained: bool = field(False, "the drift also moves past tasks' A (the paper's dA); false: only the "
+                                        "base, as the code")
+    encoding: str = field("bitmap", "how sparse payloads are counted: bitmap (a bit per entry + nonzero values) or "
+                          "coo (value + int32 index per nonzero)", choices=sparse.ENCODINGS)
+
+
+class FedWeIT(Method):
+    name: ClassVar[str] = "fedweit"
+    about: ClassVar[str] = ("FedWeIT (Yoon et al., ICML 2021): decomposed weights, sparse base upload, attention over "
+                            "other clients' task-adaptive parts; task-incremental")
+    Hyperparams: ClassVar[type] = FedWeITHyperparams
+    #: the knowledge base goes to each client once per task, with its first round of the task (proposed event)
+    broadcast: ClassVar[dict[str, tuple[str, ...]]] = {"task_start": ("kb",)}
+    client_events: ClassVar[tuple[Event, ...]] = ("task_end",)
+    #: the task-end participants send their own A; the final global model is of no use to them
+    downloads_model_at_task_end: ClassVar[bool] = False
+
+    def __init__(self, hparams: FedWeITHyperparams, run_info: Any) -> None:
+        super().__init__(hparams, run_info)
+        layers = getattr(run_info.model, "decomposed", None)
+        if layers is None:
+            raise ConfigError("method fedweit needs one of FedWeIT's networks (cfl.models.fedweit_net); the run's "
+                              f"model is {type(run_info.model).__name__}")
+        self.layers: list[str] = list(layers())
+        self.kb_size = next(iter(layers().values())).kb.shape[0]
+        self.weights = RegulariserWeights(hparams.lambda_l1, hparams.lambda_l2, hparams.lambda_mask, hparams.wd,
+                                          hparams.halved, hparams.past_adaptive_trained)
+        self.task_end_clients = run_info.clients_per_round  # the code: the last round's clients send their A
+
+    @classmethod
+    def check(cls, hparams: Any, cfg: Any) -> None:
+        if cfg.weight_decay != 0:
+            raise ConfigError(f"method fedweit decays its own parts (fedweit.wd, {hparams.wd}); set weight_decay: 0 "
+                              f"(it is {cfg.weight_decay})")
+        if cfg.stream.scenario not in ("auto", "task"):
+            raise ConfigError(f"method fedweit is task-incremental; the run sets scenario: {cfg.stream.scenario}")
+
+    # ---- proposed declarations ----
+    def local_params(self, names: list[str]) -> list[str]:
+        """(Proposed) Parameters each client keeps: every one but the layers' bases (heads included, as the code)."""
+        return [n for n in names if n.rsplit(".", 1)[-1] not in SHARED]
+
+    def frozen_params(self, names: list[str]) -> list[str]:
+        """(Proposed) Parameters no optimiser step moves: the knowledge base and the folded sums."""
+        return [n for n in names if n.rsplit(".", 1)[-1] in FROZEN]
+
+    # ---- proposed client hooks ----
+    def client_start(self, params: Params, state: State, server: State, task: int) -> Params:
+        """(Proposed) The client's starting parameters of a round: ``params`` the global bases with its own local
+        parameters (the template's at its first round)."""
+        out = dict(params)
+        own = state.get("base", {})
+        for p in self.layers:
+            out[f"{p}.base"] = own.get(p, params[f"{p}.base"])
+        if state.get("task") != task:
+            out = self._begin_task(out, state, server, task)
+        for p in self.layers:
+            out[f"{p}.base"] = sparse.merge_base(out[f"{p}.base"], params[f"{p}.base"])
+        return out
+
+    def _begin_task(self, params: Params, state: State, server: State, task: int) -> Params:
+        previous = state.get("task")
+        if previous is not None:
+            for p in self.layers:
+                params[f"{p}.kb_mix"], params[f"{p}.attention"] = fold_knowledge(
+                    params[f"{p}.kb_mix"], params[f"{p}.attention"], params[f"{p}.kb"], previous)
+        state["anchors"] = drift_anchors(params, self.layers, task)  # from the client's own base, as the code
+        kb = server.get("kb", {})
+        for p in self.layers:
+            params[f"{p}.kb"] = kb[p].clone() if p in kb else torch.zeros_like(params[f"{p}.kb"])
+        state["task"] = task
+        return params
+
+    def extra_loss(self, params: Params, x: torch.Tensor, task: torch.Tensor, server: State,
+                   state: State) -> torch.Tensor:
+        """The regularisers, the same for every sample (the engine's mean over real samples gives them once);
+        the current task is the number of stored past tasks (a shape, so the code runs under ``vmap``)."""
+        anchors = state["anchors"]
+        current = anchors[self.layers[0]].shape[0]
+        return x.new_ones(x.shape[0]) * regulariser(params, self.layers, current, anchors, self.weights)
+
+    def client_upload(self, params: Params, state: State) -> tuple[Params, Params]:
+        """(Proposed) After a round's training: the sparse bases sent and each layer's kept output units; the client
+        keeps its full trained base for its next merge."""
+        state["base"] = {p: params[f"{p}.base"].detach().clone() for p in self.layers}
+        task, sent, keeps = state["task"], {}, {}
+        for p in self.layers:
+            keep = sparse.kept_units(params[f"{p}.mask"][task].detach().abs(), self.hparams.client_sparsity)
+            sent[f"{p}.base"], keeps[f"{p}.base"] = sparse.sparse_base(params[f"{p}.base"].detach(), keep), keep
+        return sent, keeps
+
+    def upload_bytes(self, sent: Params, keeps: Params) -> int:
+        """(Proposed) Bytes of one client's sparse bases: the kept rows and a bitmap of the units per layer."""
+        return sum(sparse.row_sparse_bytes(keeps[n], sent[n][0].numel()) for n in sent)
+
+    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
+                   server: State, generator: torch.Generator) -> State | None:
+        """Task end: the client's own ``A`` of the task (its local parameters, proposed ``state["local"]``),
+        pruned at ``lambda_l1``: its entry of the next knowledge base."""
+        if event != "task_end" or "task" not in state:
+            return None
+        local, task = state["local"], state["task"]
+        return {"adaptive": {p: hard_threshold(local[f"{p}.adaptive"][task], self.hparams.lambda_l1)
+                             for p in self.layers}}
+
+    def payload_bytes(self, event: str, payload: State) -> int:
+        """(Proposed) Bytes of a sparse payload: a task-end upload (one knowledge-base entry) or the knowledge
+        base sent at a task start (every entry), each tensor element-sparse."""
+        if event == "task_end":
+            return sparse.knowledge_base_bytes([payload["adaptive"]], self.hparams.encoding)
+        kb = payload.get("kb", {})
+        entries = [{p: kb[p][k] for p in kb} for k in range(self.kb_size)] if kb else []
+        return sparse.knowledge_base_bytes(entries, self.hparams.encoding)
+
+    def client_state_bytes(self, sizing: StateSizing) -> int | None:
+        """Upper bound: each client's local parameters (at most one model), its base and past tasks' anchors (at most
+        ``num_tasks`` bases, each at most a model)."""
+        return sizing.num_clients * (2 + sizing.num_tasks) * sizing.model_bytes
+
+    # ---- server ----
+    def server_aggregate(self, sent: Params, keeps: Params) -> Params:
+        """(Proposed) The new global bases from the clients' stacked uploads ``(C, ...)``: each output unit the mean
+        over the clients that sent it (unweighted, as the code), 0 where none did."""
+        return {n: sparse.aggregate_bases(sent[n], keeps[n]) for n in sent}
+
+    def server_end(self, event: Event, uploads: dict[int, State], server: State, task: int) -> None:
+        """Task end: the knowledge base of the next task, the entries in client-id order, ``kb_size`` slots
+        (zero-padded; the code's order is its threads' finishing order)."""
+        if event != "task_end" or not uploads:
+            return
+        entries = [uploads[c]["adaptive"] for c in sorted(uploads)][: self.kb_size]
+        kb = {}
+        for p in self.layers:
+            stacked = torch.stack([e[p] for e in entries])
+            pad = stacked.new_zeros(self.kb_size - len(entries), *stacked.shape[1:])
+            kb[p] = torch.cat([stacked, pad])
+        server["kb"] = kb
+
