@@ -327,6 +327,13 @@ VARIANTS.update({
     ),
 })
 
+VARIANTS["layer_preconditioner"] = (
+    lambda self, _state: {_first_weight(self)[0]: torch.eye(_first_weight(self)[1]) * 0.5
+                          + 0.01 * torch.ones(_first_weight(self)[1], _first_weight(self)[1])},
+    lambda _self, state: {"body.1.weight": torch.eye(state["basis"].shape[0]) - 0.5 * state["basis"] @ state["basis"].T}
+    if "basis" in state else {},
+)
+
 #: the step hooks (issue 28); a hook that changes nothing alone comes with the hook that makes it count
 VARIANTS.update({
     "step_gradient": (
@@ -365,7 +372,7 @@ def _accumulate(state: dict, value: torch.Tensor) -> dict:
 
 def test_every_hook_has_both_variants():
     assert sorted(VARIANTS) == HOOKS
-    assert len(HOOKS) == 14  # the base class's docstring says fourteen
+    assert len(HOOKS) == 15  # the base class's docstring says fifteen
 
 
 def _assert_states_close(a: object, b: object, where: str) -> None:

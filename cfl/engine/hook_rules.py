@@ -13,6 +13,8 @@ from cfl.methods.hook_guard import BrokenRule
 from cfl.tensors import Params
 
 PENALTY = "must return None or {parameter name: Quadratic(weight, anchor)}, the anchor shaped like the parameter"
+PRECONDITIONER = ("must return {weight name: matrix (d, d)}, d the weight's size over its first dim (im2col width); "
+                  "weights only (2 or more dims)")
 PROJECTION = "must return {parameter name: basis (d, k)}, d the parameter's size over its first dim (im2col width)"
 TASK_LOSS = "must return one float loss per sample of the batch, a tensor of shape (B,) with B = logits.shape[0]"
 EXTRA_LOSS = "must return one float loss per sample of the batch x, a tensor of shape (B,) with B = x.shape[0]"
@@ -66,6 +68,19 @@ def check_penalty(result: Any, params: Params) -> dict[str, Quadratic]:
 def check_extra_loss(result: Any, x: torch.Tensor, rule: str = EXTRA_LOSS) -> torch.Tensor:
     if not isinstance(result, torch.Tensor) or result.shape != (x.shape[0],) or not result.is_floating_point():
         raise BrokenRule(f"{rule} (here {x.shape[0]}); {_got(result)}")
+    return result
+
+
+def check_preconditioner(result: Any, params: Params) -> dict[str, torch.Tensor]:
+    if not isinstance(result, dict):
+        raise BrokenRule(f"{PRECONDITIONER}; {_got(result)}")
+    for key, matrix in result.items():
+        p = _parameter(key, params, PRECONDITIONER)
+        width = p.numel() // max(p.shape[0], 1) if p.dim() else 1
+        if p.dim() < 2:
+            raise BrokenRule(f"{PRECONDITIONER}; '{key}' has shape {tuple(p.shape)}")
+        if not isinstance(matrix, torch.Tensor) or matrix.shape != (width, width) or not matrix.is_floating_point():
+            raise BrokenRule(f"{PRECONDITIONER}; for '{key}' (d = {width}) {_got(matrix)}")
     return result
 
 

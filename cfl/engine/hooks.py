@@ -15,6 +15,7 @@ from cfl.engine.hook_rules import (
     check_carry_step,
     check_extra_loss,
     check_penalty,
+    check_preconditioner,
     check_projection,
     check_replay,
     check_step_gradient,
@@ -123,3 +124,23 @@ def carry_start(method: Method, global_params: Params, state: State) -> State:
 def carry_step(method: Method, step: Step, moved: Params) -> State:
     with guarded(method, "carry_step"):
         return check_carry_step(method.carry_step(step, moved), step.carry)
+
+
+def preconditioners(method: Method, params: Params, state: State) -> dict[str, torch.Tensor]:
+    """One client's ``method.layer_preconditioner`` matrices, checked against the parameters (one client's)."""
+    with guarded(method, "layer_preconditioner"):
+        return check_preconditioner(method.layer_preconditioner(state), params)
+
+
+def stacked_preconditioners(method: Method, params: Params, stacked: State) -> dict[str, torch.Tensor]:
+    """``(C, d, d)`` per parameter for the clients of the ``stacked`` state (a client dim of 1 when no client holds
+    state: the same matrices for all); ``params``: one client's."""
+    if stacked:
+        return vmap(lambda st: preconditioners(method, params, st))(stacked)
+    return {k: v.unsqueeze(0) for k, v in preconditioners(method, params, {}).items()}
+
+
+def precondition(g: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
+    """``g P`` on the im2col view, stacked or not: ``g`` ``([C,] out, ...)``, ``matrix`` ``([C or 1,] d, d)``."""
+    rows = (g.shape[0], g.shape[1], -1) if matrix.dim() == 3 else (g.shape[0], -1)
+    return torch.matmul(g.reshape(rows), matrix).view_as(g)

@@ -34,7 +34,7 @@ from cfl.ops.losses import masked_cross_entropy, weighted_mean
 from cfl.tensors import Params, State
 
 #: hooks that read the stacked client states under ``vmap``
-_VMAPPED = ("penalty", "task_loss", "extra_loss", "gradient_projection", *STEP_HOOKS)
+_VMAPPED = ("penalty", "task_loss", "extra_loss", "gradient_projection", "layer_preconditioner", *STEP_HOOKS)
 
 
 def _padded_schedule(jobs: list[ClientJob], hp: Hyper,
@@ -238,6 +238,8 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
     penalty = stacked.penalty_steps([hooks.penalty_terms(m, global_params, plugins.broadcasts[i], states[i])
                                      for i, m in enumerate(plugins.methods) if overrides(m, "penalty")],
                                     params) if stacked is not None else {}
+    # layer preconditioners (RGO), once per round: (C or 1, d, d) per weight, the methods' products in order
+    matrices = _preconditioners(plugins, global_params, states)
     loss_sum = torch.zeros(C, device=device)
     finite = torch.ones(C, dtype=torch.bool, device=device)
     task_ids = torch.full((C, hp.batch_size), task, dtype=y.dtype, device=device)
@@ -265,9 +267,10 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
         step_penalty = penalty if n == C else {k: (m[:n], None if b is None else b[:n])
                                                for k, (m, b) in penalty.items()}
         step_allowed = None if allowed is None else allowed[:n]
+        step_matrices = {k: v if v.shape[0] == 1 or n == C else v[:n] for k, v in matrices.items()}
         if stacked is not None:  # no layer couples samples (StackedNet.model_refusal): padding is inert
             xb, yb, tb, wb = _with_replay((xb, yb, tb, wb), extras)
-            stacked.t = s + 1
+            stacked.t, stacked.preconditioners = s + 1, step_matrices
             logits = stacked.forward(params, xb, tb, token, step_penalty)
             cross_entropy = weighted_mean(masked_cross_entropy(logits, yb, step_allowed), wb)
             per_client = cross_entropy
@@ -293,6 +296,7 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
             if stage is not None:  # the step hooks: after the loss gradient, before the optimiser
                 step_data = _with_replay((xb, yb, tb, wb), extras), [st[:n] for st in raw_states], step_states
                 grads, before, drawn = _rewritten(stage, s, n, params, grads, generators, x, carry, step_data)
+            grads = {k: hooks.precondition(g, step_matrices[k]) if k in step_matrices else g for k, g in grads.items()}
             # SGD's decay adds into the gradients in place: carry_step must see the gradient before it
             carrying = stage is not None and bool(stage.carry_stepping)
             update(s, params, {k: g.clone() for k, g in grads.items()} if carrying else grads, None, step_states,
@@ -304,6 +308,16 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
     outcomes = [ClientOutcome(job.cid, len(job.indices), mean_loss[c], bool(finite[c]), carries[c] if carry else {})
                 for c, job in enumerate(jobs)]
     return {k: v.detach().contiguous() for k, v in full_params.items()}, outcomes
+
+
+def _preconditioners(plugins: Plugins, global_params: Params, states: list[State]) -> dict[str, torch.Tensor]:
+    """Each weight's ``layer_preconditioner`` matrices over the stacked clients, multiplied in the methods' order."""
+    total: dict[str, torch.Tensor] = {}
+    for i, m in enumerate(plugins.methods):
+        if overrides(m, "layer_preconditioner"):
+            for k, v in hooks.stacked_preconditioners(m, global_params, states[i]).items():
+                total[k] = v if k not in total else torch.matmul(total[k], v)
+    return total
 
 
 StepData = tuple[tuple[torch.Tensor, ...], list[list[State]], list[State]]  # batch, raw states, stacked states

@@ -30,6 +30,9 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
     stage = StepStage.of(methods, broadcasts, global_params, hp.lr, model, hp.precision, x.device)
     carry = stage.start(states) if stage is not None else {}
     own_loss = task_loss_of(methods)
+    # layer preconditioners (RGO): once per round, from the client's state
+    matrices = [hooks.preconditioners(m, global_params, states[i]) for i, m in enumerate(methods)
+                if overrides(m, "layer_preconditioner")]
     losses, finite = [], True
     model.train()
     for s, batch in enumerate(client_schedule(job, hp)):
@@ -64,6 +67,8 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
             with torch.no_grad():
                 grads = stage.rewrite(before, grads, batch, drawn, states, carry, s)
         with torch.no_grad():
+            for found in matrices:
+                grads = {k: hooks.precondition(g, found[k]) if k in found else g for k, g in grads.items()}
             taken = grads
             grads = {k: local_optim.decayed(hp, params[k], g) for k, g in grads.items()}
             for i, m in enumerate(methods):

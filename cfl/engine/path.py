@@ -55,6 +55,11 @@ def stacked_refusal(model: nn.Module, hp: Hyper, methods: list[Method]) -> str |
         for hook, why in _NOT_STACKED.items():
             if overrides(m, hook):
                 return f"method {m.name} overrides {hook}, {why}"
+    preconditioning = [m.name for m in methods if overrides(m, "layer_preconditioner")]
+    penalising = [m.name for m in methods if overrides(m, "penalty")]
+    if preconditioning and penalising:
+        return (f"method {preconditioning[0]} preconditions the gradients and method {penalising[0]} adds a penalty, "
+                "whose fused step would not be preconditioned")
     if local_optim.plain_sgd(hp) and any(overrides(m, "penalty") for m in methods) and hp.lr * hp.weight_decay == 1.0:
         return "lr * weight_decay = 1: the penalty's fused pre-step would divide by 1 - lr * weight_decay"
     return StackedNet.model_refusal(model)

@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from cfl.engine import local_optim
+from cfl.engine.hooks import precondition
 from cfl.engine.jobs import Hyper
 from cfl.engine.precision import LOW, Bf16Weights, to_float
 from cfl.models.dropout import Dropout
@@ -70,7 +71,8 @@ class FusedLinearSGD(torch.autograd.Function):
                 relu: bool = False, dropout: Dropout | None = None,
                 penalty: tuple[PenaltyStep | None, PenaltyStep | None] = (None, None),
                 low: tuple[Bf16Weights, str] | None = None,
-                stateful: tuple[StackedNet, str] | None = None) -> torch.Tensor:
+                stateful: tuple[StackedNet, str] | None = None,
+                preconditioner: torch.Tensor | None = None) -> torch.Tensor:
         w, b = weight, bias
         if low is not None:  # bf16-mixed: bfloat16 operands (a copy of the float32 weights), float32 steps
             x, w, b = x.to(LOW), low[0].cast(low[1], weight), None if bias is None else bias.to(LOW)
@@ -84,12 +86,15 @@ class FusedLinearSGD(torch.autograd.Function):
         ctx.save_for_backward(x, h if relu else None)
         ctx.weight, ctx.bias, ctx.lr, ctx.decay, ctx.in_scale = weight, bias, lr, decay, in_scale
         ctx.penalty, ctx.low, ctx.operand, ctx.stateful = penalty, low, w, stateful
+        ctx.preconditioner = preconditioner
         return h
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor) -> tuple:  # noqa: ANN001
         x, out = ctx.saved_tensors
         weight, bias, scale = ctx.weight, ctx.bias, ctx.in_scale
+        if ctx.preconditioner is not None:  # the weight gradient delta^T X P as delta^T (X P): (B x d x d) products
+            x = torch.matmul(x.to(ctx.preconditioner.dtype), ctx.preconditioner).to(x.dtype)
         grad = grad_out if out is None else _through_positive(grad_out, out)
         grad_x = _scaled_bmm(grad, ctx.operand, scale) if ctx.needs_input_grad[0] else None
         weight_penalty, bias_penalty = ctx.penalty
@@ -98,7 +103,7 @@ class FusedLinearSGD(torch.autograd.Function):
             net.step(f"{name}.weight", weight, _scaled_bmm(grad.mT, x, scale).to(weight.dtype), weight_penalty)
             if bias is not None:
                 net.step(f"{name}.bias", bias, grad.sum(1, dtype=bias.dtype), bias_penalty)
-            return grad_x, None, None, None, None, None, None, None, None, None, None, None
+            return grad_x, None, None, None, None, None, None, None, None, None, None, None, None
         penalty_pre_step(weight, weight_penalty)
         if ctx.low is None:
             weight.baddbmm_(grad.mT, x, beta=ctx.decay, alpha=-ctx.lr * scale)
@@ -107,7 +112,7 @@ class FusedLinearSGD(torch.autograd.Function):
         if bias is not None:
             penalty_pre_step(bias, bias_penalty)
             bias.mul_(ctx.decay).add_(grad.sum(1, dtype=bias.dtype), alpha=-ctx.lr)
-        return grad_x, None, None, None, None, None, None, None, None, None, None, None
+        return grad_x, None, None, None, None, None, None, None, None, None, None, None, None
 
 
 PenaltyStep = tuple[torch.Tensor, torch.Tensor | None]  # (M, N) of :func:`penalty_pre_step`
@@ -185,6 +190,8 @@ class StackedNet:
         self.stateful = not local_optim.plain_sgd(hp)
         self.slots: dict[str, list[torch.Tensor]] = {}
         self.t = 0
+        # the step's layer preconditioners (``Method.layer_preconditioner``): weight name -> (C or 1, d, d)
+        self.preconditioners: dict[str, torch.Tensor] = {}
         # bf16-mixed: bfloat16 copies of the fused weights and their products' buffers (kept by :meth:`stack`)
         self.bf16 = Bf16Weights({}) if is_mixed(hp.precision) else None
         self.layers: list[tuple[str, nn.Module]] = model.stack_layers()
@@ -325,7 +332,8 @@ class StackedNet:
                                     self.decay, scale, relu, dropout,
                                     (penalty.get(f"{name}.weight"), penalty.get(f"{name}.bias")),
                                     None if self.bf16 is None else (self.bf16, name),
-                                    (self, name) if self.stateful else None)
+                                    (self, name) if self.stateful else None,
+                                    self.preconditioners.get(f"{name}.weight"))
 
     def new_state(self, params: Params) -> None:
         """Fresh (zero) optimiser state for the stacked ``params`` of a block of clients (momentum, Adam)."""
@@ -351,6 +359,8 @@ class StackedNet:
         grads = torch.autograd.grad(loss, [token] + [params[k] for k in rest], allow_unused=True)[1:]
         with torch.no_grad():
             for k, g in zip(rest, grads, strict=True):
+                if g is not None and k in self.preconditioners:  # a weight outside the fused layers (conv, heads)
+                    g = precondition(g, self.preconditioners[k])
                 if self.stateful:
                     self.step(k, params[k], torch.zeros_like(params[k]) if g is None else g, penalty.get(k))
                     continue

@@ -1,4 +1,4 @@
-"""The method plugin interface: fourteen optional hooks, written for ONE client, and a few declarations.
+"""The method plugin interface: fifteen optional hooks, written for ONE client, and a few declarations.
 
 A method is a small class with a ``Hyperparams`` dataclass and whichever hooks it overrides (the engine
 detects them by override). Client hooks see one client's state (a nested dict) and return one client's
@@ -198,6 +198,13 @@ class Method:
         it over the real samples. A pure tensor function of ``params``. The engine calls it only where a method
         overrides it (an override sends the run to the vmap path, said on stderr)."""
         return x.new_zeros(x.shape[0])
+
+    def layer_preconditioner(self, state: State) -> dict[str, torch.Tensor]:
+        """Per parameter, a matrix ``P (d, d)`` that multiplies every local step's gradient on the right on the
+        im2col view, ``g <- g P`` (RGO's ``P~``), after the step hooks and before weight decay; the stacked path
+        applies it to a fused layer's inputs instead (``delta^T (X P)``: cheaper where the batch is smaller than
+        the layer's output). Called once per round per client."""
+        return {}
 
     def gradient_projection(self, state: State) -> dict[str, torch.Tensor]:
         """Per parameter, an orthonormal basis ``(d, k)`` of the layer-input directions its local gradients

@@ -3,8 +3,9 @@
 At each task end every client holding data of the task runs the task's final global model on its local data
 and folds the Gram ``G`` of each protected layer's inputs (im2col patches for a conv layer, as GPM+FL) into
 its own preconditioner ``P = alpha (alpha I + G_all)^-1``, kept as the deflation ``D = I - P``. Every later
-local step (``step_gradient``, before the optimiser's weight decay) preconditions the gradient of each protected
-weight with the trace-normalised ``P~ = d P / trace(P)``: ``g <- g P~`` on the (out, d) view. The server is
+local step (``layer_preconditioner``, before the optimiser's weight decay) preconditions the gradient of each
+protected weight with the trace-normalised ``P~ = d P / trace(P)``: ``g <- g P~`` on the (out, d) view (on the
+stacked path through the layer's inputs, ``delta^T (X P~)``). The server is
 FedAvg and nothing is uploaded. Task 1 (no state) is FedAvg. The maths is in cfl/ops/rgo.py; see
 docs/methods/rgo.md.
 """
@@ -17,8 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, StateSizing, Step
-from cfl.ops.rgo import absorb_held, precondition, task_inputs
+from cfl.methods.base import ClientData, Event, Method, StateSizing
+from cfl.ops.rgo import absorb_held, preconditioner_of, task_inputs
 from cfl.schema import ConfigError, field
 from cfl.tensors import Params, State
 
@@ -68,9 +69,7 @@ class RGO(Method):
             old = deflations.get(name, torch.zeros(d, d, device=inputs.matrix.device))
             deflations[name] = absorb_held(old, inputs, self.hparams.alpha).float()
 
-    def step_gradient(self, step: Step) -> Params | None:
-        """``g P~`` for every protected weight the client holds a deflation of; None before its first task end."""
-        deflations = step.state.get("deflation")
-        if not deflations:
-            return None
-        return {name: precondition(g, deflations[name]) if name in deflations else g for name, g in step.grads.items()}
+    def layer_preconditioner(self, state: State) -> dict[str, torch.Tensor]:
+        """``P~ = d P / trace(P)`` with ``P = I - D`` for every protected weight the client holds a deflation of
+        (none before its first task end: FedAvg's step)."""
+        return {name: preconditioner_of(d) for name, d in state.get("deflation", {}).items()}

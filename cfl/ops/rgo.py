@@ -114,6 +114,14 @@ def precondition(grad: torch.Tensor, deflation: torch.Tensor) -> torch.Tensor:
     return ((flat - flat @ deflation) * (d / (d - deflation.diagonal().sum()))).reshape(grad.shape)
 
 
+def preconditioner_of(deflation: torch.Tensor) -> torch.Tensor:
+    """``P~ = d P / trace(P)`` with ``P = I - D`` from the deflation ``D`` (d x d): the matrix ``g <- g P~`` applies
+    (:func:`precondition` in one product)."""
+    d = deflation.shape[0]
+    p = torch.eye(d, dtype=deflation.dtype, device=deflation.device) - deflation
+    return p * (d / (d - deflation.diagonal().sum()))
+
+
 def precondition_inputs(inputs: torch.Tensor, deflation: torch.Tensor) -> torch.Tensor:
     """``X P~`` for layer inputs ``X`` (n x d): since ``Gr = delta^T X``, ``delta^T (X P~) = Gr P~``, at
     ``n d^2`` multiplications instead of ``out d^2`` (fewer where the batch is smaller than the layer)."""
