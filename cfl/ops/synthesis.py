@@ -105,12 +105,27 @@ class TargetSettings:
 
 @dataclass
 class SynthesisRound:
-    """One TARGET synthesis round: the pooled batch, its sampled labels, the objective at each step, seconds."""
+    """One TARGET synthesis round: the pooled batch, its sampled labels, the objective at each step, whether the
+    adversarial term was in it, seconds."""
 
     images: torch.Tensor
     targets: torch.Tensor
     objectives: list[float]
+    adversarial: bool
     seconds: float
+
+
+def adversarial_rounds(syn_rounds: int, warmup: int) -> list[int]:
+    """The synthesis rounds (1-based) whose objective has the adversarial term: ``round >= warmup`` (the code's
+    ``ep >= ep_start``). The CIFAR-100 preset (10 rounds, warm-up 20) has none."""
+    return [r for r in range(1, syn_rounds + 1) if r >= warmup]
+
+
+def distillation_rounds(syn_rounds: int, warmup: int) -> list[int]:
+    """The synthesis rounds (1-based) after which the student is distilled: the code's 0-based ``it >= warmup``,
+    i.e. ``round > warmup``. The CIFAR-100 preset (10 rounds, warm-up 20) has none: its student stays at its
+    random initialisation and is never used."""
+    return [r for r in range(1, syn_rounds + 1) if r > warmup]
 
 
 @dataclass
@@ -135,7 +150,7 @@ class TargetSynthesizer:
         s, device = self.settings, _device(self.generator)
         start = _now(device)
         self.rounds += 1
-        adversary = student if s.weights.adv > 0 and self.rounds >= s.warmup else None
+        adversary = student if s.weights.adv > 0 and self.rounds in adversarial_rounds(self.rounds, s.warmup) else None
         fast = copy.deepcopy(self.generator).train()
         z = torch.randn(s.batch_size, fast.nz, generator=rng, device=rng.device).to(device).requires_grad_()
         pick = torch.randint(len(classes), (s.batch_size,), generator=rng, device=rng.device)
@@ -170,7 +185,7 @@ class TargetSynthesizer:
         self.meta_optimizer.step()
         if pool is not None:
             pool.add(best_images)
-        return SynthesisRound(best_images, targets, objectives, _now(device) - start)
+        return SynthesisRound(best_images, targets, objectives, adversary is not None, _now(device) - start)
 
 
 def _accumulate(slow: nn.Module, fast: nn.Module) -> None:
