@@ -47,6 +47,21 @@ def test_a_rounds_steps_lower_the_objective_and_pool_its_best_batch():
     assert not teacher.training and all(p.requires_grad for p in teacher.parameters())  # restored
 
 
+def test_only_the_seen_classes_columns_count():
+    """Classes [0, 2]: every label is one of them; a teacher column outside them (class 1) never enters the CE, so
+    pushing it to +100 changes nothing."""
+    teacher = tiny_teacher()
+    runs = []
+    for push in (0.0, 100.0):
+        with torch.no_grad():
+            teacher.head.bias[1] = push
+        done = synthesizer(g_steps=2).synthesize(teacher, None, torch.tensor([0, 2]), PREPARE,
+                                                 torch.Generator().manual_seed(0))
+        runs.append(done)
+    assert set(runs[0].targets.tolist()) == {0, 2}
+    assert runs[0].objectives == pytest.approx(runs[1].objectives, rel=1e-6)
+
+
 def test_the_slow_generator_takes_one_meta_step_of_lr_g_times_g_steps():
     """Two fast steps (fomaml): Adam's first step moves each slow parameter with a gradient by lr_g * g_steps =
     0.02 (up to eps: |g| / (|g| + 1e-8)), not lr_g."""
@@ -111,8 +126,8 @@ def test_student_distillation_moves_the_student_toward_the_teacher():
 
     before = gap()
     optimizer = torch.optim.SGD(student.parameters(), lr=0.05, momentum=0.9)
-    seconds = distil_student(student, teacher, pool, steps=30, batch_size=32, optimizer=optimizer, prepare=PREPARE,
-                             rng=rng, temperature=2.0)
+    seconds = distil_student(student, teacher, CLASSES, pool, steps=30, batch_size=32, optimizer=optimizer,
+                             prepare=PREPARE, rng=rng, temperature=2.0)
     assert gap() < before and seconds > 0
 
 

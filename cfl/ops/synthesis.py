@@ -144,17 +144,18 @@ class TargetSynthesizer:
 
     def synthesize(self, teacher: nn.Module, student: nn.Module | None, classes: torch.Tensor, prepare: Images,
                    rng: torch.Generator, pool: SyntheticPool | None = None) -> SynthesisRound:
-        """One round: labels drawn uniformly from ``classes`` (the seen class ids), the fast generator and the noise
-        trained, the slow generator stepped; ``prepare`` turns generated images into the models' input
-        (TARGET: random crop, flip, normalise). The student enters the objective from round ``warmup`` on."""
+        """One round: labels drawn uniformly from ``classes`` (the seen class ids, sorted), the fast generator and the
+        noise trained, the slow generator stepped; ``prepare`` turns generated images into the models' input
+        (TARGET: random crop, flip, normalise). Both models' logits are read on the ``classes`` columns only (the
+        official network has no others). The student enters the objective from round ``warmup`` on."""
         s, device = self.settings, _device(self.generator)
         start = _now(device)
         self.rounds += 1
         adversary = student if s.weights.adv > 0 and self.rounds in adversarial_rounds(self.rounds, s.warmup) else None
         fast = copy.deepcopy(self.generator).train()
         z = torch.randn(s.batch_size, fast.nz, generator=rng, device=rng.device).to(device).requires_grad_()
-        pick = torch.randint(len(classes), (s.batch_size,), generator=rng, device=rng.device)
-        targets = classes.to(device)[pick.to(device)]
+        classes = classes.to(device)
+        pick = torch.randint(len(classes), (s.batch_size,), generator=rng, device=rng.device).to(device)
         optimizer = torch.optim.Adam([{"params": fast.parameters()}, {"params": [z], "lr": s.lr_z}], lr=s.lr_g,
                                      betas=(0.5, 0.999))
         self.meta_optimizer.zero_grad()
@@ -165,9 +166,10 @@ class TargetSynthesizer:
                 layers.clear()
                 images = fast(z)
                 x = prepare(images, rng)
-                t_logits = teacher(x)
+                t_logits = teacher(x)[:, classes]
+                s_logits = None if adversary is None else adversary(x)[:, classes]
                 bn = l2_statistics_loss(layers, self.momentum, s.bn_momentum)
-                parts = target_objective(bn, t_logits, targets, None if adversary is None else adversary(x), s.weights)
+                parts = target_objective(bn, t_logits, pick, s_logits, s.weights)
                 loss = parts["total"]
                 objectives.append(loss.item())
                 if objectives[-1] < best or best_images is None:
@@ -185,7 +187,7 @@ class TargetSynthesizer:
         self.meta_optimizer.step()
         if pool is not None:
             pool.add(best_images)
-        return SynthesisRound(best_images, targets, objectives, adversary is not None, _now(device) - start)
+        return SynthesisRound(best_images, classes[pick], objectives, adversary is not None, _now(device) - start)
 
 
 def _accumulate(slow: nn.Module, fast: nn.Module) -> None:
@@ -195,20 +197,21 @@ def _accumulate(slow: nn.Module, fast: nn.Module) -> None:
         slow_p.grad = g.clone() if slow_p.grad is None else slow_p.grad + g
 
 
-def distil_student(student: nn.Module, teacher: nn.Module, pool: SyntheticPool, steps: int, batch_size: int,
-                   optimizer: torch.optim.Optimizer, prepare: Images, rng: torch.Generator,
+def distil_student(student: nn.Module, teacher: nn.Module, classes: torch.Tensor, pool: SyntheticPool, steps: int,
+                   batch_size: int, optimizer: torch.optim.Optimizer, prepare: Images, rng: torch.Generator,
                    temperature: float = 20.0) -> float:
     """TARGET's ``kd_train``: ``steps`` optimiser steps of the student (train mode) on pool batches (``prepare``:
-    crop, flip, normalise) toward the teacher's soft labels; returns the seconds taken."""
+    crop, flip, normalise) toward the teacher's soft labels over the ``classes`` columns; returns the seconds."""
     device = _device(student)
     start = _now(device)
+    classes = classes.to(device)
     student.train()
     with frozen_eval(teacher):
         for _ in range(steps):
             x = prepare(pool.draw(batch_size, rng).to(device), rng)
             with torch.no_grad():
-                t_logits = teacher(x)
-            loss = student_distillation(student(x), t_logits, temperature)
+                t_logits = teacher(x)[:, classes]
+            loss = student_distillation(student(x)[:, classes], t_logits, temperature)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
