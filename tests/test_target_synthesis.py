@@ -20,6 +20,7 @@ from cfl.ops.synthesis import (
 )
 from cfl.ops.synthetic_pool import SyntheticPool
 from cfl.ops.target_losses import TargetWeights
+from cfl.ops.target_task_end import TargetTaskEndSettings, target_task_end
 from tests.bn_teacher import one_thread, tiny_teacher  # noqa: F401 (one_thread: a fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -134,3 +135,20 @@ def test_student_distillation_moves_the_student_toward_the_teacher():
 def test_a_generator_side_not_a_multiple_of_four_is_refused():
     with pytest.raises(ValueError, match="multiple of 4"):
         TargetGenerator(image_size=30)
+
+
+def test_a_task_end_under_the_presets_schedule_pools_every_round_and_trains_no_student():
+    """3 rounds, warm-up 20 (the preset's shape): 3 pooled batches, no adversarial round, no distillation."""
+    settings = TargetTaskEndSettings(synthesis=TargetSettings(batch_size=8, g_steps=2, warmup=20), syn_rounds=3,
+                                     pool_size=100, nz=8, ngf=4, kd_steps=2, student_batch=8)
+    done = target_task_end(tiny_teacher(), CLASSES, (1, 8, 8), PREPARE, torch.Generator().manual_seed(0), settings)
+    assert len(done.pool) == 24 and done.adversarial_rounds == 0 and done.distillation_rounds == 0
+    assert done.synthesis_seconds > 0 and done.student_seconds == 0 and len(done.objectives) == 3
+
+
+def test_a_task_end_past_the_warmup_distils_the_student():
+    """Warm-up 2 over 3 rounds: the adversarial term in rounds 2 and 3, the student distilled after round 3."""
+    settings = TargetTaskEndSettings(synthesis=TargetSettings(batch_size=8, g_steps=2, warmup=2), syn_rounds=3,
+                                     pool_size=100, nz=8, ngf=4, kd_steps=2, student_batch=8)
+    done = target_task_end(tiny_teacher(), CLASSES, (1, 8, 8), PREPARE, torch.Generator().manual_seed(0), settings)
+    assert done.adversarial_rounds == 2 and done.distillation_rounds == 1 and done.student_seconds > 0
