@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cfl.ops.synthetic_pool import SyntheticPool, client_synthetic_batch
+from cfl.ops.synthetic_pool import SyntheticPool, client_steps_per_epoch, client_synthetic_batch
 
 
 def test_images_are_truncated_to_eight_bits_after_clamping():
@@ -53,7 +53,15 @@ def test_state_round_trip():
 
 
 def test_client_synthetic_batch_spreads_the_pool_over_an_average_clients_batches():
-    """CIFAR-100 preset: 50000 images over 5 clients x 10 tasks x batch 128 -> ceil(7.8) = 8 batches; 8000 / 8."""
+    """The README's CIFAR-100 run: 50000 images over 5 clients x 5 tasks x batch 128 -> ceil(15.6) = 16 batches;
+    8000 / 16 = 500. With 10 tasks: ceil(7.8) = 8 batches, 1000."""
+    assert client_synthetic_batch(8000, 50000, 5, 5, 128) == 500
     assert client_synthetic_batch(8000, 50000, 5, 10, 128) == 1000
     with pytest.raises(ValueError, match="no synthetic image"):
         client_synthetic_batch(3, 50000, 5, 10, 128)
+
+
+def test_the_codes_zip_cuts_an_epoch_to_the_synthetic_batches():
+    """2560 pooled images in batches of 500: 6 batches (the last of 60), so 16 real batches become 6 steps."""
+    assert client_steps_per_epoch(16, 2560, 500) == 6
+    assert client_steps_per_epoch(4, 2560, 500) == 4

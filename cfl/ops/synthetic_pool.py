@@ -64,10 +64,18 @@ def client_synthetic_batch(pool_size: int, dataset_size: int, num_clients: int, 
                            batch_size: int) -> int:
     """How many synthetic images go with each real batch on a client (the code's ``syn_bs``):
     ``floor(pool_size / ceil(dataset_size / (num_clients * num_tasks * batch_size)))``, i.e. the pool spread over
-    the number of real batches an average client has per task."""
+    the number of real batches an average client has per task. ``pool_size`` is the code's NOMINAL ``nums``
+    (8000), whatever the pool holds (10 rounds of 256 make 2560 images)."""
     iters = math.ceil(dataset_size / (num_clients * num_tasks * batch_size))
     size = pool_size // iters
     if size < 1:
         raise ValueError(f"a pool of {pool_size} images spread over {iters} batches leaves no synthetic image per "
                          "batch; raise the pool size")
     return size
+
+
+def client_steps_per_epoch(real_batches: int, pool_images: int, synthetic_batch: int) -> int:
+    """Local steps per epoch in the code's ``zip(real loader, synthetic loader)``: it stops at the shorter, so a
+    client with more real batches than the pool has synthetic batches sees only part of its data each epoch
+    (README run: 16 real batches, 2560 pooled images in batches of 500 -> 6 steps)."""
+    return min(real_batches, math.ceil(pool_images / synthetic_batch))
