@@ -111,3 +111,10 @@ def test_a_model_without_running_statistics_is_refused():
     with pytest.raises(ValueError, match="no BatchNorm layer with running statistics"):
         with recording_batch_statistics(model):
             pass
+
+
+def test_a_teacher_in_training_mode_is_refused():
+    """In training mode the forward moves the running statistics toward the batch before the hook reads them."""
+    model = nn.Sequential(nn.BatchNorm1d(2)).double().train()
+    with pytest.raises(ValueError, match="training mode"):
+        recorded(model)

@@ -58,11 +58,16 @@ def channel_statistics(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 @contextmanager
 def recording_batch_statistics(model: nn.Module) -> Iterator[list[LayerStatistics]]:
     """Inside the block, each forward of ``model`` appends one :class:`LayerStatistics` per running-stat
-    BatchNorm layer to the yielded list (clear it between forwards); the hooks are removed on exit."""
+    BatchNorm layer to the yielded list (clear it between forwards); the hooks are removed on exit. The layers
+    must be in eval mode: in training mode the forward would first move the running statistics toward the
+    synthetic batch (refused)."""
     recorded: list[LayerStatistics] = []
 
     def hook(name: str):
         def record(module: nn.Module, inputs: tuple[torch.Tensor, ...], _output: torch.Tensor) -> None:
+            if module.training:
+                raise ValueError(f"BatchNorm layer {name!r} is in training mode: its running statistics just moved "
+                                 "toward the batch they are compared with; put the teacher in eval mode")
             mean, var = channel_statistics(inputs[0])
             recorded.append(LayerStatistics(name, mean, var, module.running_mean.detach(),
                                             module.running_var.detach()))
