@@ -152,3 +152,28 @@ def test_a_task_end_past_the_warmup_distils_the_student():
                                      pool_size=100, nz=8, ngf=4, kd_steps=2, student_batch=8)
     done = target_task_end(tiny_teacher(), CLASSES, (1, 8, 8), PREPARE, torch.Generator().manual_seed(0), settings)
     assert done.adversarial_rounds == 2 and done.distillation_rounds == 1 and done.student_seconds > 0
+
+
+def test_a_task_end_draws_only_from_its_generator():
+    """The same rng state gives the same pool bit for bit whatever torch's global generator holds, and leaves that
+    generator where it was."""
+    settings = TargetTaskEndSettings(synthesis=TargetSettings(batch_size=4, g_steps=2), syn_rounds=2, pool_size=100,
+                                     nz=8, ngf=4)
+    teacher, pools = tiny_teacher(), []
+    for global_seed in (100, 200):
+        torch.manual_seed(global_seed)
+        done = target_task_end(teacher, CLASSES, (1, 8, 8), PREPARE, torch.Generator().manual_seed(4), settings)
+        pools.append(done.pool.images)
+        after = torch.rand(1)
+        torch.manual_seed(global_seed)
+        assert torch.equal(after, torch.rand(1))
+    assert torch.equal(pools[0], pools[1])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_synthesis_runs_on_cuda_with_a_cpu_rng():
+    settings = TargetTaskEndSettings(synthesis=TargetSettings(batch_size=8, g_steps=2), syn_rounds=2, pool_size=100,
+                                     nz=8, ngf=4)
+    done = target_task_end(tiny_teacher().cuda(), CLASSES, (1, 8, 8), PREPARE, torch.Generator().manual_seed(0),
+                           settings)
+    assert done.pool.images.is_cuda and len(done.pool) == 16 and done.synthesis_seconds > 0

@@ -65,12 +65,15 @@ def target_task_end(teacher: nn.Module, classes: torch.Tensor, image_shape: tupl
                     rng: torch.Generator, settings: TargetTaskEndSettings) -> TargetTaskEnd:
     """Synthesise the pool of the finished task against ``teacher`` (images -> logits, running-stat BatchNorm) for
     the seen ``classes``; ``prepare``: generated images in ``[0, 1]`` -> the models' input (crop, flip,
-    normalise)."""
+    normalise). Every draw, the generator's and student's initialisation included, comes from ``rng`` (on CPU
+    models: the same ``rng`` state gives the same pool, as a resumed run needs)."""
     channels, side, _ = image_shape
     device = next(teacher.parameters()).device
-    generator = TargetGenerator(settings.nz, settings.ngf, side, channels).to(device)
+    with torch.random.fork_rng(devices=[]):  # initialised from ``rng``; torch's global generator untouched
+        torch.manual_seed(int(torch.randint(2**62, (1,), generator=rng)))
+        generator = TargetGenerator(settings.nz, settings.ngf, side, channels).to(device)
+        student = fresh_copy(teacher)
     synthesizer = TargetSynthesizer(generator, settings.synthesis)
-    student = fresh_copy(teacher)
     optimizer = torch.optim.SGD(student.parameters(), lr=settings.student_lr, momentum=0.9, weight_decay=1e-4)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, settings.cosine_rounds, settings.cosine_min_lr)
     pool = SyntheticPool(settings.pool_size, settings.quantize)
