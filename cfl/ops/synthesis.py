@@ -151,7 +151,7 @@ class TargetSynthesizer:
         s, device = self.settings, _device(self.generator)
         start = _now(device)
         self.rounds += 1
-        adversary = student if s.weights.adv > 0 and self.rounds in adversarial_rounds(self.rounds, s.warmup) else None
+        adversary = student if s.weights.adv > 0 and self.rounds >= s.warmup else None  # adversarial_rounds' rule
         fast = copy.deepcopy(self.generator).train()
         z = torch.randn(s.batch_size, fast.nz, generator=rng, device=rng.device).to(device).requires_grad_()
         classes = classes.to(device)
