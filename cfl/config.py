@@ -73,8 +73,9 @@ class OptimizerConfig:
                                "each in [0, 1)", min=0.0)
     eps: float = field(1e-8, "adam/adamw: added to the root of the second moment", gt=0)
     state: str = field("fresh", "the optimiser's state (momentum buffer, Adam moments and step count): fresh, "
-                       "started anew by every client every round (kept across rounds is not supported yet and "
-                       "refused)", choices=("fresh", "kept"))
+                       "started anew by every client every round, or kept, carried per client from its last round "
+                       "(in memory and in the checkpoint: slots x model size per client that trained)",
+                       choices=("fresh", "kept"))
 
 
 @dataclass(frozen=True)

@@ -98,9 +98,9 @@ def check_task_losses(cfg: Any, specs: list[dict[str, Any]]) -> None:
 
 
 def check_optimizer(cfg: Any, specs: list[dict[str, Any]]) -> None:
-    """The local optimiser's own keys: two betas in [0, 1), and the state kept fresh (``optimizer.state: kept``,
-    the moments carried per client across rounds, is not implemented: refused rather than run fresh); AdamW's
-    decoupled weight decay with a gradient projection, which would shrink the protected directions."""
+    """The local optimiser's own keys: two betas in [0, 1); ``optimizer.state: kept`` only where there is a state
+    (not plain SGD) and off Ray; AdamW's decoupled weight decay with a gradient projection, which would shrink the
+    protected directions."""
     from cfl.methods import METHODS
     from cfl.methods.base import Method
 
@@ -115,10 +115,12 @@ def check_optimizer(cfg: Any, specs: list[dict[str, Any]]) -> None:
     betas = optimizer.betas
     if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
         raise ConfigError(f"'optimizer.betas' must be two numbers in [0, 1) (first and second moment), got {betas}")
-    if optimizer.state == "kept":
-        raise ConfigError("'optimizer.state: kept' (each client's optimiser state carried across rounds) is not "
-                          "supported yet; use optimizer.state: fresh (every client starts each round from zero "
-                          "moments and step 0)")
+    if optimizer.state == "kept" and optimizer.name == "sgd" and cfg.momentum == 0:
+        raise ConfigError("'optimizer.state: kept' with plain SGD (momentum 0): it has no state to keep; set "
+                          "'momentum' > 0 or optimizer.name: adam/adamw, or use optimizer.state: fresh")
+    if optimizer.state == "kept" and cfg.backend == "ray":
+        raise ConfigError("'optimizer.state: kept' with 'backend: ray': the Ray workers do not carry the clients' "
+                          "optimiser states; use backend: local, or optimizer.state: fresh")
 
 
 def check_threads(threads: int) -> None:

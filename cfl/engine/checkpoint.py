@@ -96,8 +96,11 @@ def capture(run: RunSnapshot, wandb_run_id: str | None, client_states: bool = Tr
         check_plain(state, f"state of method '{method.name}'")
     progress = dataclasses.asdict(run.progress)
     check_plain(progress, "progress")
+    optimizer = {} if run.optimizer_states is None else \
+        (run.optimizer_states.state_dict() if client_states else dropped(len(run.optimizer_states)))
     return {
         "format": FORMAT,
+        "optimizer_states": optimizer,
         "config": run.cfg.to_dict(),
         "params": run.params,
         "states": states,
@@ -157,7 +160,7 @@ def load(run_dir: Path) -> dict[str, Any]:
     if not isinstance(payload, dict) or payload.get("format") != FORMAT or keys - set(payload):
         raise ConfigError(f"--resume {run_dir}: {path.name} is not a cfl checkpoint of format {FORMAT}")
     if any(isinstance(st, dict) and isinstance(st.get("clients"), dict) and st["clients"].get("store") == DROPPED
-           for st in payload["states"]):
+           for st in payload["states"]) or payload.get("optimizer_states", {}).get("store") == DROPPED:
         raise ConfigError(f"--resume {run_dir}: this run finished and dropped its client states "
                           f"(keep_client_states: false), which a resumed run needs; its outputs (results.json) are "
                           f"complete. To train it again, run its config with --overwrite and keep_client_states: true")
@@ -234,6 +237,8 @@ def restore(run: RunSnapshot, payload: dict[str, Any]) -> RunSnapshot:
         except ValueError as err:  # a client-state store that cannot take the checkpoint's client states
             raise ConfigError(f"--resume: the client states of method '{method.name}' named by the checkpoint (after "
                               f"round {payload['progress']['global_round']}): {err}") from None
+    if run.optimizer_states is not None:  # optimizer.state: kept (the config check makes it the run's setting)
+        run.optimizer_states.load_state_dict(_to(payload.get("optimizer_states", {}), run.device))
     run.comm.load_state_dict(payload["comm"])
     progress = Progress(**payload["progress"])
     set_rng_state(payload["rng"])

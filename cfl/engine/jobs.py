@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from cfl.methods.base import Method
-from cfl.records.client_states import MethodState
+from cfl.records.client_states import ClientStates, MethodState
 from cfl.tensors import State
 
 
@@ -34,6 +34,8 @@ class Hyper:
     optimizer: str = "sgd"
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
+    # fresh: each client's optimiser state starts anew every round; kept: carried per client across rounds
+    optimizer_state: str = "fresh"
 
 
 @dataclass
@@ -53,6 +55,8 @@ class Plugins:
     methods: list[Method]
     states: list[MethodState]
     broadcasts: list[State]
+    #: ``optimizer.state: kept``: every client's optimiser state (cfl.engine.local_optim.stored_state), else None
+    optimizer: ClientStates | None = None
 
     def client_states(self, i: int, cids: list[int]) -> list[State]:
         return [self.states[i].clients.get(c) for c in cids]
@@ -94,3 +98,6 @@ class ClientOutcome:
     #: method index -> the client's running values at the round's end (step hooks' ``carry_step``), which the
     #: round engine writes into the client's state if it keeps the client
     carry: dict[int, State] = field(default_factory=dict)
+    #: ``optimizer.state: kept``: the client's optimiser state after the round, which the round engine stores if
+    #: it keeps the client
+    optimizer_state: State = field(default_factory=dict)

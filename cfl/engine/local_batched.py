@@ -71,11 +71,21 @@ class SGDStep:
         self.fold_decay = self.fused and hp.weight_decay >= 1e-8  # smaller: -1/wd could overflow float32
         self.loss_scale = -1.0 / hp.weight_decay if self.fold_decay else 1.0
         self.momentum: list[torch.Tensor] | None = None
+        self.kept = False  # optimizer.state: kept: the momentum buffers start from the clients' own
+        self.names = list(params)
         self.shapes = {k: (-1,) + (1,) * (v.dim() - 1) for k, v in params.items()}
 
-    def __call__(self, s: int, params: Params, grads: Params, active: torch.Tensor | None, states: list,
+    def keep(self, slots: dict[str, list[torch.Tensor]]) -> None:
+        """Start from the clients' kept momentum buffers (:func:`cfl.engine.local_optim.kept_state`)."""
+        self.momentum, self.kept = [slots[k][0] for k in self.names], True
+
+    def kept_slots(self) -> dict[str, list[torch.Tensor]]:
+        return {k: [b] for k, b in zip(self.names, self.momentum, strict=True)}
+
+    def __call__(self, s: int | torch.Tensor, params: Params, grads: Params, active: torch.Tensor | None, states: list,
                  plugins: Plugins) -> None:
-        """``grads`` are those of ``loss_scale`` x the summed client losses; ``active`` (C,) or None (all)."""
+        """``grads`` are those of ``loss_scale`` x the summed client losses; ``active`` (C,) or None (all); ``s``
+        the step (kept state: each client's steps so far, ``(n,)``)."""
         hp, p, g = self.hp, list(params.values()), list(grads.values())
         if self.fold_decay:
             if active is None:
@@ -90,10 +100,10 @@ class SGDStep:
         for i in self.projecting:
             g = list(_projected(plugins.methods[i], dict(zip(params, g, strict=True)), states[i]).values())
         if hp.momentum > 0:
-            if s == 0:
+            if not self.kept and s == 0:
                 self.momentum = [gk.clone() for gk in g]
             bufs = [b[: gk.shape[0]] for b, gk in zip(self.momentum, g, strict=True)]  # the clients still training
-            if s > 0:
+            if self.kept or s > 0:
                 torch._foreach_mul_(bufs, hp.momentum)
                 torch._foreach_add_(bufs, g)
             g = bufs
@@ -117,8 +127,15 @@ class OptimStep:
         self.projecting = [i for i, m in enumerate(plugins.methods) if overrides(m, "gradient_projection")]
         self.slots: dict[str, list[torch.Tensor]] | None = None
 
-    def __call__(self, s: int, params: Params, grads: Params, active: torch.Tensor | None, states: list,
-                 plugins: Plugins) -> None:
+    def keep(self, slots: dict[str, list[torch.Tensor]]) -> None:
+        """Start from the clients' kept moments (:func:`cfl.engine.local_optim.kept_state`)."""
+        self.slots = slots
+
+    def kept_slots(self) -> dict[str, list[torch.Tensor]]:
+        return self.slots
+
+    def __call__(self, s: int | torch.Tensor, params: Params, grads: Params, active: torch.Tensor | None,
+                 states: list, plugins: Plugins) -> None:
         """As :meth:`SGDStep.__call__`; ``active`` must be None (every client in ``params`` steps)."""
         if active is not None:
             raise ValueError("OptimStep steps every client it is given; pass the clients still training")
@@ -232,8 +249,13 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
     raw_states = [plugins.client_states(i, cids) for i in range(len(plugins.methods))]
     carry = stack_states([stage.start([st[c] for st in raw_states]) for c in range(C)], {}) if stage else {}
     update = (SGDStep if hp.optimizer == "sgd" else OptimStep)(hp, params, plugins, stage is not None)
+    kept = None  # optimizer.state: kept: the clients' stacked optimiser state and step counts so far
+    if hp.optimizer_state == "kept" and not local_optim.plain_sgd(hp):
+        kept = local_optim.kept_state(hp, global_params, [plugins.optimizer.get(c) for c in cids])
+        kept = ({k: [v.to(device) for v in vs] for k, vs in kept[0].items()}, kept[1].to(device))
+        update.keep(kept[0])
     if stacked is not None:
-        stacked.new_state(params)
+        stacked.new_state(params, None if kept is None else kept[0])
     # the stacked path takes quadratic penalties' steps from their gradients (no penalty in the loss)
     penalty = stacked.penalty_steps([hooks.penalty_terms(m, global_params, plugins.broadcasts[i], states[i])
                                      for i, m in enumerate(plugins.methods) if overrides(m, "penalty")],
@@ -270,7 +292,8 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
         step_matrices = {k: v if v.shape[0] == 1 or n == C else v[:n] for k, v in matrices.items()}
         if stacked is not None:  # no layer couples samples (StackedNet.model_refusal): padding is inert
             xb, yb, tb, wb = _with_replay((xb, yb, tb, wb), extras)
-            stacked.t, stacked.preconditioners = s + 1, step_matrices
+            stacked.t = s + 1 if kept is None else kept[1][:n] + (s + 1)
+            stacked.preconditioners = step_matrices
             logits = stacked.forward(params, xb, tb, token, step_penalty)
             cross_entropy = weighted_mean(masked_cross_entropy(logits, yb, step_allowed), wb)
             per_client = cross_entropy
@@ -299,13 +322,15 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
             grads = {k: hooks.precondition(g, step_matrices[k]) if k in step_matrices else g for k, g in grads.items()}
             # SGD's decay adds into the gradients in place: carry_step must see the gradient before it
             carrying = stage is not None and bool(stage.carry_stepping)
-            update(s, params, {k: g.clone() for k, g in grads.items()} if carrying else grads, None, step_states,
-                   plugins)
+            update(s if kept is None else kept[1][:n] + s, params,
+                   {k: g.clone() for k, g in grads.items()} if carrying else grads, None, step_states, plugins)
             if carrying:
                 _carry_on(stage, s, n, params, grads, before, drawn, carry, step_data)
     carries = [{i: {k: _leaf_row(v, c) for k, v in ci.items()} for i, ci in carry.items()} for c in range(C)]
     mean_loss = (loss_sum / steps_left.clamp(min=1)).tolist()
-    outcomes = [ClientOutcome(job.cid, len(job.indices), mean_loss[c], bool(finite[c]), carries[c] if carry else {})
+    slots = None if kept is None else (stacked.slots if stacked is not None else update.kept_slots())
+    outcomes = [ClientOutcome(job.cid, len(job.indices), mean_loss[c], bool(finite[c]), carries[c] if carry else {},
+                              {} if kept is None else local_optim.stored_state(slots, kept[1][c] + client_steps[c], c))
                 for c, job in enumerate(jobs)]
     return {k: v.detach().contiguous() for k, v in full_params.items()}, outcomes
 

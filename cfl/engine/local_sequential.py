@@ -23,7 +23,12 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
               task: int, hp: Hyper, plugins: Plugins) -> tuple[Params, ClientOutcome]:
     warn_if_slow(hp.precision, x.device)
     params = {k: v.detach().clone().requires_grad_() for k, v in global_params.items()}
-    slots = {k: local_optim.new_slots(hp, v) for k, v in params.items()}  # fresh each round
+    kept = plugins.optimizer if hp.optimizer_state == "kept" else None
+    if kept is None:
+        slots, t0 = {k: local_optim.new_slots(hp, v) for k, v in params.items()}, 0  # fresh each round
+    else:  # the client's own state from its earlier rounds
+        stacked, steps = local_optim.kept_state(hp, global_params, [kept.get(job.cid)])
+        slots, t0 = {k: [v[0] for v in vs] for k, vs in stacked.items()}, int(steps[0])
     methods, broadcasts = plugins.methods, plugins.broadcasts
     states = [st.clients.get(job.cid) for st in plugins.states]
     generator = replay_generator(job)
@@ -75,12 +80,13 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
                 if overrides(m, "gradient_projection"):
                     grads = hooks.projected(m, grads, states[i])
             for k, p in params.items():
-                local_optim.apply_(hp, p, grads[k], slots[k], s + 1)
+                local_optim.apply_(hp, p, grads[k], slots[k], t0 + s + 1)
             if stage is not None and stage.carry_stepping:
                 moved = {k: params[k].detach() - before[k] for k in params}
                 carry = stage.carried(before, taken, batch, drawn, states, carry, s, moved)
     mean_loss = sum(losses) / max(len(losses), 1)
-    outcome = ClientOutcome(job.cid, len(job.indices), mean_loss, finite, carry)
+    outcome = ClientOutcome(job.cid, len(job.indices), mean_loss, finite, carry,
+                            {} if kept is None else local_optim.stored_state(slots, t0 + len(losses)))
     return {k: v.detach() for k, v in params.items()}, outcome
 
 

@@ -42,7 +42,7 @@ from cfl.metrics.evaluate import accuracy, class_counts, per_class_percent
 from cfl.metrics.matrix import empty_matrix
 from cfl.models import ModelShape, build_model
 from cfl.models.layers import protected_layers
-from cfl.records.client_states import MethodState
+from cfl.records.client_states import ClientStates, MethodState
 from cfl.records.comm import CommLedger, task_end_model_line
 from cfl.records.snapshot import Progress, RunSnapshot
 from cfl.tensors import Params, State, nbytes
@@ -87,7 +87,10 @@ class Runner:
         self.schedule = Schedule(cfg, stream, self.device)  # checks the clients' shares before any round
         self.hyper = Hyper(cfg.lr, cfg.momentum, cfg.weight_decay, cfg.local_epochs, cfg.batch_size,
                            augment=stream.augment, client_block=cfg.client_block, precision=cfg.precision,
-                           optimizer=cfg.optimizer.name, betas=tuple(cfg.optimizer.betas), eps=cfg.optimizer.eps)
+                           optimizer=cfg.optimizer.name, betas=tuple(cfg.optimizer.betas), eps=cfg.optimizer.eps,
+                           optimizer_state=cfg.optimizer.state)
+        # optimizer.state: kept: each client's optimiser state between its rounds (checkpointed with the run)
+        self.optimizer_states = ClientStates() if cfg.optimizer.state == "kept" else None
         self.engine_path = choose_path(self.model, self.hyper, self.methods, cfg.client_execution)
         self.hyper.path = self.engine_path.path
         self.engine_path.announce()  # once per run, on stderr; results.json keeps it as engine_path
@@ -127,7 +130,7 @@ class Runner:
     def snapshot(self) -> RunSnapshot:
         """The run's state now (references, not copies), for checkpoints and ``results.json``."""
         return RunSnapshot(self.cfg, self.stream, self.device, self.params, self.methods, self.states, self.comm,
-                           self.progress, self.model_bytes, self.engine_path.as_dict())
+                           self.progress, self.model_bytes, self.engine_path.as_dict(), self.optimizer_states)
 
     def resume(self, run: RunSnapshot) -> None:
         """Continue from ``run``, a snapshot of this runner put back into a checkpointed state
@@ -142,7 +145,7 @@ class Runner:
         data = self.stream.tasks[task]
         jobs = self.schedule.round_jobs(task, rnd)
         broadcasts = [broadcast_of(m, "round", st.server) for m, st in zip(self.methods, self.states, strict=True)]
-        plugins = Plugins(self.methods, self.states, broadcasts)
+        plugins = Plugins(self.methods, self.states, broadcasts, self.optimizer_states)
         start = time.perf_counter()
         trained, outcomes = self.trainer(self.model, self.params, jobs, data.train_x, data.train_y, task,
                                          self.hyper, plugins)
@@ -150,6 +153,10 @@ class Runner:
         keep = self.server.accept(trained, outcomes, task, rnd)
         kept_jobs = [j for j, ok in zip(jobs, keep.tolist(), strict=True) if ok]
         self._keep_carries([o for o, ok in zip(outcomes, keep.tolist(), strict=True) if ok])
+        if self.optimizer_states is not None:  # the kept clients' optimiser states, for their next round
+            for o, ok in zip(outcomes, keep.tolist(), strict=True):
+                if ok:
+                    self.optimizer_states.put(o.cid, o.optimizer_state)
         payloads = self._round_uploads(trained, kept_jobs, keep, data, broadcasts)
         weights = torch.tensor([float(len(j.indices)) for j in kept_jobs], device=self.device)
         forgetting = client_forgetting.measure(self.model, self.params, self.stream, task,

@@ -335,8 +335,12 @@ class StackedNet:
                                     (self, name) if self.stateful else None,
                                     self.preconditioners.get(f"{name}.weight"))
 
-    def new_state(self, params: Params) -> None:
-        """Fresh (zero) optimiser state for the stacked ``params`` of a block of clients (momentum, Adam)."""
+    def new_state(self, params: Params, kept: dict[str, list[torch.Tensor]] | None = None) -> None:
+        """Fresh (zero) optimiser state for the stacked ``params`` of a block of clients (momentum, Adam), or the
+        clients' ``kept`` state (``optimizer.state: kept``, :func:`cfl.engine.local_optim.kept_state`)."""
+        if kept is not None:
+            self.slots = kept
+            return
         self.slots = {k: local_optim.new_slots(self.hp, v) for k, v in params.items()} if self.stateful else {}
 
     def step(self, name: str, p: torch.Tensor, g: torch.Tensor, penalty: PenaltyStep | None) -> None:
@@ -348,7 +352,8 @@ class StackedNet:
             g = torch.addcmul(g, a, p)
             if b is not None:
                 g.sub_(b)
-        local_optim.step_(self.hp, p, g, [slot[: p.shape[0]] for slot in self.slots[name]], self.t)
+        t = self.t if isinstance(self.t, int) else self.t[: p.shape[0]]
+        local_optim.step_(self.hp, p, g, [slot[: p.shape[0]] for slot in self.slots[name]], t)
 
     def backward_and_step(self, loss: torch.Tensor, params: Params, token: torch.Tensor,
                           penalty: dict[str, PenaltyStep] | None = None) -> None:

@@ -15,7 +15,7 @@ import torch
 from cfl.config import Config
 from cfl.data.stream import Stream
 from cfl.methods.base import Method
-from cfl.records.client_states import MethodState
+from cfl.records.client_states import ClientStates, MethodState
 from cfl.records.comm import CommLedger
 from cfl.tensors import Params
 
@@ -60,3 +60,5 @@ class RunSnapshot:
     progress: Progress
     model_bytes: int
     engine_path: dict[str, str] = field(default_factory=dict)
+    #: ``optimizer.state: kept``: every client's optimiser state between its rounds, else None
+    optimizer_states: ClientStates | None = None
