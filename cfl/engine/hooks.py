@@ -143,4 +143,4 @@ def stacked_preconditioners(method: Method, params: Params, stacked: State) -> d
 def precondition(g: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
     """``g P`` on the im2col view, stacked or not: ``g`` ``([C,] out, ...)``, ``matrix`` ``([C or 1,] d, d)``."""
     rows = (g.shape[0], g.shape[1], -1) if matrix.dim() == 3 else (g.shape[0], -1)
-    return torch.matmul(g.reshape(rows), matrix).view_as(g)
+    return torch.matmul(g.reshape(rows), matrix.to(g.dtype)).view_as(g)

@@ -94,7 +94,7 @@ class FusedLinearSGD(torch.autograd.Function):
         x, out = ctx.saved_tensors
         weight, bias, scale = ctx.weight, ctx.bias, ctx.in_scale
         if ctx.preconditioner is not None:  # the weight gradient delta^T X P as delta^T (X P): (B x d x d) products
-            x = torch.matmul(x.to(ctx.preconditioner.dtype), ctx.preconditioner).to(x.dtype)
+            x = torch.matmul(x, ctx.preconditioner.to(x.dtype))
         grad = grad_out if out is None else _through_positive(grad_out, out)
         grad_x = _scaled_bmm(grad, ctx.operand, scale) if ctx.needs_input_grad[0] else None
         weight_penalty, bias_penalty = ctx.penalty
