@@ -71,28 +71,27 @@ def check_extra_loss(result: Any, x: torch.Tensor, rule: str = EXTRA_LOSS) -> to
     return result
 
 
-def check_preconditioner(result: Any, params: Params) -> dict[str, torch.Tensor]:
+def _check_matrices(result: Any, params: Params, rule: str, fits: Any, weights_only: bool) -> dict[str, torch.Tensor]:
+    """``{parameter name: matrix}`` with each matrix ``fits(matrix, d)``, ``d`` the parameter's im2col width."""
     if not isinstance(result, dict):
-        raise BrokenRule(f"{PRECONDITIONER}; {_got(result)}")
+        raise BrokenRule(f"{rule}; {_got(result)}")
     for key, matrix in result.items():
-        p = _parameter(key, params, PRECONDITIONER)
+        p = _parameter(key, params, rule)
         width = p.numel() // max(p.shape[0], 1) if p.dim() else 1
-        if p.dim() < 2:
-            raise BrokenRule(f"{PRECONDITIONER}; '{key}' has shape {tuple(p.shape)}")
-        if not isinstance(matrix, torch.Tensor) or matrix.shape != (width, width) or not matrix.is_floating_point():
-            raise BrokenRule(f"{PRECONDITIONER}; for '{key}' (d = {width}) {_got(matrix)}")
+        if weights_only and p.dim() < 2:
+            raise BrokenRule(f"{rule}; '{key}' has shape {tuple(p.shape)}")
+        if not isinstance(matrix, torch.Tensor) or not matrix.is_floating_point() or not fits(matrix, width):
+            raise BrokenRule(f"{rule}; for '{key}' (d = {width}) {_got(matrix)}")
     return result
+
+
+def check_preconditioner(result: Any, params: Params) -> dict[str, torch.Tensor]:
+    return _check_matrices(result, params, PRECONDITIONER, lambda m, d: m.shape == (d, d), weights_only=True)
 
 
 def check_projection(result: Any, grads: Params) -> dict[str, torch.Tensor]:
-    if not isinstance(result, dict):
-        raise BrokenRule(f"{PROJECTION}; {_got(result)}")
-    for key, basis in result.items():
-        g = _parameter(key, grads, PROJECTION)
-        width = g.numel() // max(g.shape[0], 1) if g.dim() else 1
-        if not isinstance(basis, torch.Tensor) or basis.dim() != 2 or basis.shape[0] != width:
-            raise BrokenRule(f"{PROJECTION}; for '{key}' (d = {width}) {_got(basis)}")
-    return result
+    return _check_matrices(result, grads, PROJECTION, lambda m, d: m.dim() == 2 and m.shape[0] == d,
+                           weights_only=False)
 
 
 def check_replay(result: Any, like: torch.Tensor) -> Samples | None:
