@@ -184,6 +184,12 @@ CASES = [
      ["'method.alpha'", "> 0"]),
     ("flwf2t: alpha + beta > 1", ["{cfg}", "--set", "method={{name: flwf2t, alpha: 0.8, beta: 0.3}}"],
      ["'method.alpha' + 'method.beta'", "exceeds 1"]),
+    # -- clients joining at each task (issue 29 item 3, GLFC's protocol) --
+    ("clients_join_per_task: negative", ["{cfg}", "--set", "clients_join_per_task=-1"],
+     ["'clients_join_per_task'", ">= 0"]),
+    ("clients_join_per_task: first task below clients_per_round", ["{cfg}", "--set", "clients_join_per_task=4"],
+     ["'clients_join_per_task: 4' over 2 tasks", "= 2 clients in the first task", "clients_per_round=3",
+      "raise num_clients to at least 7"]),
 ]
 #: refusals that depend on the data (the training set sizes): made after loading it, before any round
 AFTER_DATA_LOADS = {"shards: a client gets no data"}
