@@ -43,7 +43,8 @@ def test_task_end_visits_only_joined_clients():
     stream = make_stream("class", num_tasks=2, n_train=60, dim=16)  # 16: a 4x4 image for GLFC's LeNet
     cfg = tiny_config(num_clients=6, clients_per_round=2, rounds_per_task=1, clients_join_per_task=3,
                       method={"name": "glfc", "memory_size": 4, "reconstruction_steps": 1,
-                              "reconstructions_kept": 1, "perturb_steps": 1}, model={"name": "mlp"})
+                              "reconstructions_kept": 1, "perturb_steps": 1, "reconstruction_iterations": 2},
+                      model={"name": "mlp"})
     runner = Runner(cfg, stream)
     runner.run_round(0, 0)
     runner.task_end(0)

@@ -54,6 +54,8 @@ class GLFCHyperparams:
                               "the run's lr, so set it to lr / 10)", gt=0.0)
     reconstruction_steps: int = field(250, "L-BFGS steps per reconstruction (official code: 250)", min=1)
     reconstruction_lr: float = field(0.1, "L-BFGS learning rate (official code: 0.1)", gt=0.0)
+    reconstruction_iterations: int = field(20, "L-BFGS iterations per step (torch's max_iter; official code: "
+                                           "torch's default 20)", min=1)
     reconstructions_kept: int = field(20, "last iterates kept per reconstruction (official code: 20)", min=1)
     keep_best_score: bool = field(False, "the official code's quirk: the best score is never reset at a task switch")
     herding_repeats: bool = field(False, "the official code's quirk: herding may choose a sample twice")
@@ -184,7 +186,7 @@ class GLFC(Method):
             seed = self.run_info.seed * 1_000_003 + task * 1009 + int(server.get("round_in_task", 0))
             x, y = monitor_set(self._encoder, gradients, self._encoder.input_shape, torch.Generator().manual_seed(seed),
                                self.hparams.reconstruction_steps, self.hparams.reconstruction_lr,
-                               self.hparams.reconstructions_kept)
+                               self.hparams.reconstructions_kept, self.hparams.reconstruction_iterations)
             server["monitor_x"], server["monitor_y"] = x, y
             stats["reconstruction_seconds"] = stats.get("reconstruction_seconds", 0.0) + time.perf_counter() - start
             stats["reconstructions"] = stats.get("reconstructions", 0) + len(gradients)

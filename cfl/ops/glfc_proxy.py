@@ -128,10 +128,10 @@ def _matching(encoder: nn.Module, targets: Sequence[Sequence[torch.Tensor]], lab
 
 def reconstruct_all(encoder: nn.Module, targets: Sequence[Sequence[torch.Tensor]], input_shape: tuple[int, ...],
                     generator: torch.Generator, steps: int = 250, lr: float = 0.1, keep: int = 20,
-                    labels: Sequence[int] | None = None) -> list[Reconstruction]:
+                    labels: Sequence[int] | None = None, iterations: int = 20) -> list[Reconstruction]:
     """:func:`reconstruct` of every gradient of ``targets`` (the starts drawn from ``generator`` in their order),
     all at once: each its own L-BFGS (:func:`cfl.ops.batched_lbfgs.lbfgs_iterates`), one batched gradient-matching
-    evaluation per iteration for all of them."""
+    evaluation per iteration for all of them; ``iterations``: L-BFGS iterations per step (torch's ``max_iter``)."""
     if not 1 <= keep <= steps:
         raise ValueError(f"reconstruct: keep={keep} iterates of steps={steps}; need 1 <= keep <= steps")
     labels = [infer_label(t[-2]) for t in targets] if labels is None else list(labels)
@@ -142,7 +142,7 @@ def reconstruct_all(encoder: nn.Module, targets: Sequence[Sequence[torch.Tensor]
     everyone = torch.arange(len(targets), device=device)
     with torch.no_grad():
         start, _ = evaluate(x0, everyone)
-        kept = lbfgs_iterates(x0, evaluate, steps, lr, keep)
+        kept = lbfgs_iterates(x0, evaluate, steps, lr, keep, max_iter=iterations)
         final, _ = evaluate(kept[:, -1], everyone)
     return [Reconstruction(kept[i].reshape(keep, *input_shape), labels[i], float(start[i]), float(final[i]))
             for i in range(len(targets))]
@@ -207,13 +207,13 @@ def prototype_gradients(logits_fn: Callable[[torch.Tensor], torch.Tensor], featu
 
 
 def monitor_set(encoder: nn.Module, gradients: Sequence[Sequence[torch.Tensor]], input_shape: tuple[int, ...],
-                generator: torch.Generator, steps: int = 250, lr: float = 0.1,
-                keep: int = 20) -> tuple[torch.Tensor, torch.Tensor]:
+                generator: torch.Generator, steps: int = 250, lr: float = 0.1, keep: int = 20,
+                iterations: int = 20) -> tuple[torch.Tensor, torch.Tensor]:
     """The proxy server's monitor set from the uploaded gradients: each one's :func:`reconstruct` samples with its
     inferred label, all together: ``x (len(gradients) * keep, *input_shape)``, ``y``."""
     if not gradients:
         raise ValueError("monitor_set: no gradient was uploaded")
-    recs = reconstruct_all(encoder, gradients, input_shape, generator, steps, lr, keep)
+    recs = reconstruct_all(encoder, gradients, input_shape, generator, steps, lr, keep, iterations=iterations)
     x = torch.cat([r.samples for r in recs])
     y = torch.cat([torch.full((keep,), r.label, dtype=torch.long, device=x.device) for r in recs])
     return x, y
