@@ -105,6 +105,11 @@ class Config:
     partition: PartitionConfig = field(PartitionConfig(), "")
     num_clients: int = field(10, "number of clients", min=1)
     clients_per_round: int = field(10, "clients sampled (without replacement) each round", min=1)
+    clients_join_per_task: int = field(0, "clients joining at each task after the first (GLFC's protocol): "
+                                       "num_clients is the total at the last task, the first task has num_clients - "
+                                       "clients_join_per_task x (num_tasks - 1), and rounds, task ends and the "
+                                       "partition use only the clients that have joined (0: all from the start; "
+                                       "docs/methods/glfc.md)", min=0)
     rounds_per_task: int = field(20, "communication rounds per task", min=1)
     local_epochs: int = field(1, "local epochs per round", min=1)
     batch_size: int = field(32, "local mini-batch size, at most 2**20 (the batched engine sizes its step masks "
@@ -164,6 +169,11 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)
+
+    def clients_joined(self, task: int, num_tasks: int) -> int:
+        """The clients that take part in ``task`` (0-based): ids ``0 .. clients_joined - 1``; all ``num_clients``
+        unless ``clients_join_per_task`` is set."""
+        return self.num_clients - self.clients_join_per_task * (num_tasks - 1 - task)
 
     @property
     def method_label(self) -> str:

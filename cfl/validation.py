@@ -87,6 +87,17 @@ def validate_names(cfg: Config) -> Config:
         return _validate_names(cfg)
 
 
+def check_joining(cfg: Config, num_tasks: int) -> None:
+    """``clients_join_per_task``: the first task must still hold a round's clients."""
+    first = cfg.clients_joined(0, num_tasks)
+    needed = cfg.clients_per_round + cfg.clients_join_per_task * (num_tasks - 1)
+    if cfg.clients_join_per_task and first < cfg.clients_per_round:
+        raise ConfigError(f"'clients_join_per_task: {cfg.clients_join_per_task}' over {num_tasks} tasks leaves "
+                          f"num_clients={cfg.num_clients} - {cfg.clients_join_per_task} x {num_tasks - 1} = {first} "
+                          f"clients in the first task, fewer than clients_per_round={cfg.clients_per_round}; raise "
+                          f"num_clients to at least {needed} or lower clients_join_per_task")
+
+
 def _validate_names(cfg: Config) -> Config:
     if cfg.stream.name not in STREAMS:
         raise STREAMS.unknown(cfg.stream.name, "stream.name",
@@ -102,6 +113,7 @@ def _validate_names(cfg: Config) -> Config:
     if cfg.clients_per_round > cfg.num_clients:
         raise ConfigError(f"'clients_per_round' ({cfg.clients_per_round}) exceeds 'num_clients' "
                           f"({cfg.num_clients}); lower clients_per_round or raise num_clients")
+    check_joining(cfg, cfg.stream.num_tasks or entry.full_tasks)
     if cfg.client_forgetting_clients > cfg.clients_per_round:
         raise ConfigError(f"'client_forgetting_clients' ({cfg.client_forgetting_clients}) exceeds "
                           f"'clients_per_round' ({cfg.clients_per_round}): it measures that many of each round's "

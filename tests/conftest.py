@@ -35,6 +35,25 @@ def tiny_config(**overrides: object):
     return from_dict(data)
 
 
+#: what the registry-wide tests (each method of METHODS) give a method beyond its name: GLFC runs class-incremental
+#: streams only (cfl has no task- or domain-incremental adaptation of it) of square images (its LeNet encodes them:
+#: 16 inputs are a 4x4 image), here with a small memory and a short proxy server
+METHOD_SETTINGS = {"glfc": {"memory_size": 6, "perturb_steps": 1, "reconstruction_steps": 1, "reconstructions_kept": 1,
+                            "reconstruction_iterations": 2}}
+METHOD_STREAMS = {"glfc": {"scenario": "class", "dim": 16}}
+
+
+def method_spec(name: str) -> dict:
+    """``method:`` for method ``name`` in a registry-wide test."""
+    return {"name": name, **METHOD_SETTINGS.get(name, {})}
+
+
+def stream_for(name: str, scenario: str = "task", **kwargs: int) -> Stream:
+    """:func:`make_stream` for method ``name`` in a registry-wide test (its scenario and input size where it needs
+    its own)."""
+    return make_stream(**{"scenario": scenario, **kwargs, **METHOD_STREAMS.get(name, {})})
+
+
 @pytest.fixture
 def blobs() -> Stream:
     return make_stream()

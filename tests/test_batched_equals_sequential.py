@@ -35,7 +35,7 @@ from cfl.models.dropout import Dropout
 from cfl.models.mlp import MLP
 from cfl.records.client_states import MethodState
 from cfl.validation import from_dict
-from tests.conftest import make_stream
+from tests.conftest import METHOD_SETTINGS, METHOD_STREAMS, make_stream
 
 # the smallest input every registered model takes (the Mini-ImageNet ResNet's stride-2 stem needs 32x32)
 IMAGE = (3, 32, 32)
@@ -176,7 +176,9 @@ def _round_and_states_with(runner: Runner, trainer: object, task: int,
 
 #: Task-end settings that keep the subspace methods' float64 eigendecompositions small on the conv nets
 #: (the task end is computed once, shared by both trainers: only the rounds are compared).
-CHEAP_TASK_END = {"fot": {"eps": 0.5, "sketch_factor": 0.25, "conv_sketch_factor": 0.25}, "gpm": {"eps": 0.5}}
+#: (GLFC's small settings and its class-incremental stream: tests/conftest.py METHOD_SETTINGS, METHOD_STREAMS)
+CHEAP_TASK_END = {"fot": {"eps": 0.5, "sketch_factor": 0.25, "conv_sketch_factor": 0.25}, "gpm": {"eps": 0.5},
+                  **METHOD_SETTINGS}
 
 
 #: local optimisers besides the default SGD, checked on the MLP (stacked and vmap paths) with every method: the
@@ -196,7 +198,7 @@ def test_every_model_and_method_run_alike_end_to_end(model, method, optimizer):
                      "lr": 0.05, "partition": {"name": "quantity", "beta": 0.5}, **OPTIMIZERS.get(optimizer, {}),
                      "method": {"name": method, **CHEAP_TASK_END.get(method, {})}, "wandb": {"mode": "disabled"}})
     cfg = replace(cfg, model=replace(cfg.model, name=model))  # on images of its size, not the config's stream
-    runner = Runner(cfg, image_stream(smallest_image(model)))
+    runner = Runner(cfg, image_stream(smallest_image(model), METHOD_STREAMS.get(method, {}).get("scenario", "task")))
     for task in range(2):
         sizes = [len(ix) for ix in runner.schedule.client_indices(task)]
         assert len(set(sizes)) == len(sizes) and any(n % 4 for n in sizes), sizes  # padded short batches

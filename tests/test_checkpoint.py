@@ -15,7 +15,7 @@ from cfl.engine.runner import TRAINERS, Runner
 from cfl.methods import METHODS
 from cfl.schema import ConfigError
 from cfl.single_run import keep_metrics_lines
-from tests.conftest import make_stream, tiny_config
+from tests.conftest import make_stream, method_spec, stream_for, tiny_config
 
 
 def test_rng_state_round_trip_restores_every_generator():
@@ -129,8 +129,8 @@ def resumed(cfg, stream, stop_after, tmp_path):
 
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_every_method_resumes_bit_for_bit(name, tmp_path):
-    cfg = tiny_config(method={"name": name}, eval_every=1, rounds_per_task=3, num_clients=4, clients_per_round=3)
-    stream = make_stream(num_tasks=2)
+    cfg = tiny_config(method=method_spec(name), eval_every=1, rounds_per_task=3, num_clients=4, clients_per_round=3)
+    stream = stream_for(name, num_tasks=2)
     # stopped in task 2, after the task-end hooks of task 1 filled the client and server states
     assert_same_run(run_to_end(cfg, stream), resumed(cfg, stream, 4, tmp_path))
 

@@ -17,7 +17,7 @@ from cfl.engine.runner import Runner
 from cfl.methods import METHODS
 from cfl.methods.base import Method
 from cfl.schema import ConfigError
-from tests.conftest import make_stream, tiny_config
+from tests.conftest import make_stream, method_spec, stream_for, tiny_config
 from tests.test_checkpoint import run_to_end as run
 from tests.test_resume import assert_same_outputs
 
@@ -38,8 +38,8 @@ def same(a, b) -> bool:
 
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_disk_and_memory_stores_give_the_same_run(name, tmp_path):
-    stream = make_stream(num_tasks=3)
-    kw = {"method": {"name": name}, "rounds_per_task": 2, "num_clients": 5, "clients_per_round": 3}
+    stream = stream_for(name, num_tasks=3)
+    kw = {"method": method_spec(name), "rounds_per_task": 2, "num_clients": 5, "clients_per_round": 3}
     memory = run(tiny_config(client_state_store="memory", **kw), stream)
     disk = run(tiny_config(client_state_store="disk", **kw), stream, state_dir=tmp_path)
     assert memory.state_store == "memory" and disk.state_store == "disk"
@@ -108,8 +108,8 @@ def test_a_disk_store_that_cannot_fit_is_refused_before_the_run(tmp_path, monkey
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_every_method_estimates_its_client_state(name):
     """The estimate the store is chosen and the disk checked by covers what the method really keeps."""
-    stream = make_stream(num_tasks=3, n_train=90)
-    cfg = tiny_config(method={"name": name}, rounds_per_task=2, num_clients=5, clients_per_round=3,
+    stream = stream_for(name, num_tasks=3, n_train=90)
+    cfg = tiny_config(method=method_spec(name), rounds_per_task=2, num_clients=5, clients_per_round=3,
                       client_state_store="memory")
     runner = run(cfg, stream)
     estimate = runner.state_estimate[0]

@@ -11,7 +11,7 @@ from cfl.engine.runner import Runner
 from cfl.methods import METHODS
 from cfl.methods.base import Method, Quadratic, Samples
 from cfl.methods.hook_guard import HookError, guarded
-from tests.conftest import make_stream, tiny_config
+from tests.conftest import method_spec, stream_for, tiny_config
 
 PARAMS = {"w": torch.zeros(3, 4), "b": torch.zeros(3)}
 
@@ -66,7 +66,7 @@ def test_ctrl_c_in_a_hook_stays_ctrl_c():
 
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_every_built_in_method_passes_the_dry_call_and_the_generator_is_left_as_it_was(name):
-    runner = Runner(tiny_config(method={"name": name}), make_stream())
+    runner = Runner(tiny_config(method=method_spec(name)), stream_for(name))
     before = torch.random.get_rng_state()
     dry_run_hooks(runner)
     assert torch.equal(torch.random.get_rng_state(), before)

@@ -191,9 +191,18 @@ CASES = [
     ("rgo: alpha of 0", ["{cfg}", "--set", "method={{name: rgo, alpha: 0}}"], ["'method.alpha'", "> 0"]),
     ("rgo: unknown gram normalisation", ["{cfg}", "--set", "method={{name: rgo, gram: max}}"],
      ["'method.gram' must be one of ['sum', 'mean']", "got 'max'"]),
+    # -- clients joining at each task (issue 29 item 3, GLFC's protocol) --
+    ("clients_join_per_task: negative", ["{cfg}", "--set", "clients_join_per_task=-1"],
+     ["'clients_join_per_task'", ">= 0"]),
+    ("clients_join_per_task: first task below clients_per_round", ["{cfg}", "--set", "clients_join_per_task=4"],
+     ["'clients_join_per_task: 4' over 2 tasks", "= 2 clients in the first task", "clients_per_round=3",
+      "raise num_clients to at least 7"]),
+    ("glfc: not class-incremental", ["{cfg}", "--set", "method.name=glfc"],
+     ["method glfc runs class-incremental streams; this one is task-incremental", "set stream.scenario: class"]),
 ]
 #: refusals that depend on the data (the training set sizes): made after loading it, before any round
-AFTER_DATA_LOADS = {"shards: a client gets no data"}
+AFTER_DATA_LOADS = {"shards: a client gets no data",
+                    "glfc: not class-incremental"}  # the stream's scenario (auto: the stream's default) once loaded
 
 
 def write_run(path, cfg, edit=None, wandb_run_id=None):

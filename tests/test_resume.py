@@ -156,11 +156,15 @@ VARIANTS = {
     "gma": {"aggregator": {"name": "gma", "tau": 0.5}},
     "tce": {"loss": "tce", "partition": {"name": "shards"}},
     "class-incremental": {"stream": {"name": "split-digits", "num_tasks": 2, "scenario": "class"}},
+    # GLFC (issue 29): the memory, the proxy's monitor set, best and old models, the round counter; small settings
+    "glfc": {"stream": {"name": "split-digits", "num_tasks": 2, "scenario": "class"},
+             "method": {"name": "glfc", "memory_size": 10, "perturb_steps": 1, "reconstruction_steps": 1,
+                        "reconstructions_kept": 1, "reconstruction_iterations": 2}},
 }
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_stopped_then_resumed_run_is_identical_for_gma_tce_and_class_incremental(tmp_path, monkeypatch, variant):
+def test_stopped_then_resumed_run_is_identical_for_gma_tce_class_incremental_and_glfc(tmp_path, monkeypatch, variant):
     cfg = {**{k: v for k, v in TINY.items() if k != "plugins"}, **VARIANTS[variant]}
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     assert main(["run", str(tmp_path / "cfg.yaml"), "--out", str(tmp_path / "reference"), "--quiet"]) == 0

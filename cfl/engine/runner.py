@@ -45,6 +45,7 @@ from cfl.models.layers import protected_layers
 from cfl.records.client_states import ClientStates, MethodState
 from cfl.records.comm import CommLedger, task_end_model_line
 from cfl.records.snapshot import Progress, RunSnapshot
+from cfl.schema import ConfigError
 from cfl.tensors import Params, State, nbytes
 
 TRAINERS: dict[str, Callable[[], Callable[..., Any]]] = {  # a fresh trainer per runner
@@ -85,6 +86,11 @@ class Runner:
         self.comm = CommLedger()
         self.progress = Progress(acc_matrix=empty_matrix(stream.num_tasks))
         self.schedule = Schedule(cfg, stream, self.device)  # checks the clients' shares before any round
+        for m in self.methods:  # a task end's own draw among the clients of the first task (clients_join_per_task)
+            if m.task_end_clients and m.task_end_clients > self.schedule.joined(0):
+                raise ConfigError(f"method {m.name} draws {m.task_end_clients} clients at each task end, but the first "
+                                  f"task has {self.schedule.joined(0)} (clients_join_per_task: "
+                                  f"{cfg.clients_join_per_task}); raise num_clients or lower clients_join_per_task")
         self.hyper = Hyper(cfg.lr, cfg.momentum, cfg.weight_decay, cfg.local_epochs, cfg.batch_size,
                            augment=stream.augment, client_block=cfg.client_block, precision=cfg.precision,
                            optimizer=cfg.optimizer.name, betas=tuple(cfg.optimizer.betas), eps=cfg.optimizer.eps,
@@ -259,10 +265,11 @@ class Runner:
         for i, (m, st) in enumerate(zip(self.methods, self.states, strict=True)):
             uploads: dict[int, Any] = {}
             if takes_part_at_task_end(m):
+                joined = self.schedule.joined(task)  # clients_join_per_task: those that have joined
                 if m.task_end_clients is None:
-                    cids = list(range(self.cfg.num_clients))
+                    cids = list(range(joined))
                 else:  # a draw of its own: no real round has this index
-                    cids = sample_clients(self.cfg.seed, task, 2**32 + i, self.cfg.num_clients, m.task_end_clients)
+                    cids = sample_clients(self.cfg.seed, task, 2**32 + i, joined, m.task_end_clients)
                 broadcast = broadcast_of(m, "task_end", st.server)
                 for c in cids:
                     gen = torch.Generator().manual_seed(derive_seed(self.cfg.seed, task, c, 0x7E + i))

@@ -54,6 +54,8 @@ class GLFCHyperparams:
                               "the run's lr, so set it to lr / 10)", gt=0.0)
     reconstruction_steps: int = field(250, "L-BFGS steps per reconstruction (official code: 250)", min=1)
     reconstruction_lr: float = field(0.1, "L-BFGS learning rate (official code: 0.1)", gt=0.0)
+    reconstruction_iterations: int = field(20, "L-BFGS iterations per step (torch's max_iter; official code: "
+                                           "torch's default 20)", min=1)
     reconstructions_kept: int = field(20, "last iterates kept per reconstruction (official code: 20)", min=1)
     keep_best_score: bool = field(False, "the official code's quirk: the best score is never reset at a task switch")
     herding_repeats: bool = field(False, "the official code's quirk: herding may choose a sample twice")
@@ -79,6 +81,7 @@ class GLFC(Method):
                               f"{type(run_info.model).__name__} has no 'head' layer with a weight")
         self.classes = int(head.weight.shape[-2])
         self._encoder: GradientLeNet | None = None
+        self._client_seconds: dict[str, float] = {}  # the clients' phases since the last server_end
 
     def encoder(self, input_shape: tuple[int, ...], like: torch.Tensor) -> GradientLeNet:
         """The fixed random LeNet, the same for every client and the server (seeded by the run seed)."""
@@ -111,12 +114,19 @@ class GLFC(Method):
     # ---- client ends ----
     def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
                    server: State, generator: torch.Generator) -> State | None:
+        start = time.perf_counter()
         if event == "task_end":
             self._herd(model, params, data, state)
+            self._add_client_seconds("herding_seconds", start)
             return None
         if not self.hparams.proxy or int(server.get("round_in_task", 0)) != 0 or len(data.y) == 0:
             return None
-        return {"gradients": self._prototype_upload(model, params, data, state)}
+        upload = {"gradients": self._prototype_upload(model, params, data, state)}
+        self._add_client_seconds("prototype_upload_seconds", start)
+        return upload
+
+    def _add_client_seconds(self, phase: str, start: float) -> None:
+        self._client_seconds[phase] = self._client_seconds.get(phase, 0.0) + time.perf_counter() - start
 
     def _herd(self, model: nn.Module, params: Params, data: ClientData, state: State) -> None:
         """The memory after the task: older classes truncated, the task's classes herded on the features of the
@@ -163,6 +173,10 @@ class GLFC(Method):
 
     # ---- the proxy server ----
     def server_end(self, event: Event, uploads: dict[int, State], server: State, task: int) -> None:
+        stats = server.setdefault("stats", {})
+        for phase, seconds in self._client_seconds.items():  # the clients' phases, summed over the clients
+            stats[phase] = stats.get(phase, 0.0) + seconds
+        self._client_seconds = {}
         if event == "task_end":
             self._finish_task(server)
             return
@@ -172,9 +186,8 @@ class GLFC(Method):
             seed = self.run_info.seed * 1_000_003 + task * 1009 + int(server.get("round_in_task", 0))
             x, y = monitor_set(self._encoder, gradients, self._encoder.input_shape, torch.Generator().manual_seed(seed),
                                self.hparams.reconstruction_steps, self.hparams.reconstruction_lr,
-                               self.hparams.reconstructions_kept)
+                               self.hparams.reconstructions_kept, self.hparams.reconstruction_iterations)
             server["monitor_x"], server["monitor_y"] = x, y
-            stats = server.setdefault("stats", {})
             stats["reconstruction_seconds"] = stats.get("reconstruction_seconds", 0.0) + time.perf_counter() - start
             stats["reconstructions"] = stats.get("reconstructions", 0) + len(gradients)
         server["round_in_task"] = int(server.get("round_in_task", 0)) + 1
@@ -187,6 +200,7 @@ class GLFC(Method):
             return
         if "monitor_x" not in server:
             return
+        start = time.perf_counter()
         x = server["monitor_x"].to(next(iter(global_params.values())).dtype)
         with evaluating(model), torch.no_grad():
             logits = functional_call(model, global_params, (x, torch.full((len(x),), task, device=x.device)))
@@ -194,6 +208,8 @@ class GLFC(Method):
         kept = keep_best(best, accuracy(logits, server["monitor_y"]), global_params)
         if kept is not best:
             server["best_score"], server["best"] = kept.score, frozen(global_params)
+        stats = server.setdefault("stats", {})
+        stats["scoring_seconds"] = stats.get("scoring_seconds", 0.0) + time.perf_counter() - start
 
     def _finish_task(self, server: State) -> None:
         if self.hparams.proxy:

@@ -20,7 +20,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call
 
+from cfl.ops.batched_lbfgs import Evaluate, lbfgs_iterates
 from cfl.ops.glfc_memory import herding
 from cfl.tensors import Params
 
@@ -92,33 +94,58 @@ def reconstruct(encoder: nn.Module, target: Sequence[torch.Tensor], input_shape:
                 generator: torch.Generator, steps: int = 250, lr: float = 0.1, keep: int = 20,
                 label: int | None = None) -> Reconstruction:
     """An input whose encoder gradient matches ``target`` (DLG with the iDLG label): from ``x ~ N(0, 1)`` drawn
-    from ``generator``, ``steps`` calls of ``torch.optim.LBFGS(lr)`` (its default 20 inner iterations each) on
-    :func:`gradient_distance`; the iterates after the last ``keep`` calls are the samples (official code: 250
+    from ``generator``, ``steps`` calls of ``torch.optim.LBFGS(lr)``'s step (its default 20 inner iterations each)
+    on :func:`gradient_distance`; the iterates after the last ``keep`` calls are the samples (official code: 250
     steps, lr 0.1, 20 kept). ``label``: None infers it from ``target[-2]``, the last layer's weight gradient."""
+    return reconstruct_all(encoder, [target], input_shape, generator, steps, lr, keep,
+                           None if label is None else [label])[0]
+
+
+def _matching(encoder: nn.Module, targets: Sequence[Sequence[torch.Tensor]], labels: torch.Tensor,
+              input_shape: tuple[int, ...]) -> Evaluate:
+    """``evaluate(x, rows)`` for :func:`lbfgs_iterates`: per row, :func:`gradient_distance` between the encoder's
+    gradient at ``x[i]`` (flat) with label ``labels[rows[i]]`` and ``targets[rows[i]]``, and its gradient in
+    ``x[i]``: one ``vmap`` over the rows (the encoder's parameters get no gradient)."""
+    names = [name for name, _ in encoder.named_parameters()]
+    params = {name: p.detach() for name, p in encoder.named_parameters()}
+    stacked = {name: torch.stack([t[k] for t in targets]) for k, name in enumerate(names)}
+
+    def cross_entropy(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(functional_call(encoder, p, (x.reshape(1, *input_shape),)), y.unsqueeze(0))
+
+    def distance(x: torch.Tensor, y: torch.Tensor, target: dict[str, torch.Tensor]) -> torch.Tensor:
+        g = torch.func.grad(cross_entropy)(params, x, y)
+        return sum(((g[n] - target[n]) ** 2).sum() for n in names)  # type: ignore[return-value]
+
+    batched = torch.func.vmap(torch.func.grad_and_value(distance))
+
+    def evaluate(x: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        grad, value = batched(x, labels[rows], {n: t[rows] for n, t in stacked.items()})
+        return value, grad
+
+    return evaluate
+
+
+def reconstruct_all(encoder: nn.Module, targets: Sequence[Sequence[torch.Tensor]], input_shape: tuple[int, ...],
+                    generator: torch.Generator, steps: int = 250, lr: float = 0.1, keep: int = 20,
+                    labels: Sequence[int] | None = None, iterations: int = 20) -> list[Reconstruction]:
+    """:func:`reconstruct` of every gradient of ``targets`` (the starts drawn from ``generator`` in their order),
+    all at once: each its own L-BFGS (:func:`cfl.ops.batched_lbfgs.lbfgs_iterates`), one batched gradient-matching
+    evaluation per iteration for all of them; ``iterations``: L-BFGS iterations per step (torch's ``max_iter``)."""
     if not 1 <= keep <= steps:
         raise ValueError(f"reconstruct: keep={keep} iterates of steps={steps}; need 1 <= keep <= steps")
-    label = infer_label(target[-2]) if label is None else label
-    dtype, device = target[0].dtype, target[0].device
-    x = torch.randn((1, *input_shape), generator=generator, dtype=dtype).to(device).requires_grad_(True)
-    y = torch.tensor([label], device=device)
-    optimizer = torch.optim.LBFGS([x], lr=lr)
-
-    def distance() -> torch.Tensor:
-        return gradient_distance(_encoder_grads(encoder, x, y, create_graph=True), target)
-
-    def closure() -> torch.Tensor:
-        d = distance()
-        (x.grad,) = torch.autograd.grad(d, [x])  # only the input's gradient: the encoder gets none
-        return d.detach()
-
-    start = float(gradient_distance(_encoder_grads(encoder, x.detach(), y, create_graph=False), target))
-    kept = []
-    for step in range(steps):
-        optimizer.step(closure)
-        if step >= steps - keep:
-            kept.append(x.detach().clone().squeeze(0))
-    final = float(gradient_distance(_encoder_grads(encoder, x.detach(), y, create_graph=False), target))
-    return Reconstruction(torch.stack(kept), label, start, final)
+    labels = [infer_label(t[-2]) for t in targets] if labels is None else list(labels)
+    dtype, device = targets[0][0].dtype, targets[0][0].device
+    x0 = torch.stack([torch.randn((1, *input_shape), generator=generator, dtype=dtype) for _ in targets]).to(device)
+    x0 = x0.flatten(1)
+    evaluate = _matching(encoder, targets, torch.tensor(labels, device=device), input_shape)
+    everyone = torch.arange(len(targets), device=device)
+    with torch.no_grad():
+        start, _ = evaluate(x0, everyone)
+        kept = lbfgs_iterates(x0, evaluate, steps, lr, keep, max_iter=iterations)
+        final, _ = evaluate(kept[:, -1], everyone)
+    return [Reconstruction(kept[i].reshape(keep, *input_shape), labels[i], float(start[i]), float(final[i]))
+            for i in range(len(targets))]
 
 
 def accuracy(logits: torch.Tensor, y: torch.Tensor) -> float:
@@ -180,13 +207,13 @@ def prototype_gradients(logits_fn: Callable[[torch.Tensor], torch.Tensor], featu
 
 
 def monitor_set(encoder: nn.Module, gradients: Sequence[Sequence[torch.Tensor]], input_shape: tuple[int, ...],
-                generator: torch.Generator, steps: int = 250, lr: float = 0.1,
-                keep: int = 20) -> tuple[torch.Tensor, torch.Tensor]:
+                generator: torch.Generator, steps: int = 250, lr: float = 0.1, keep: int = 20,
+                iterations: int = 20) -> tuple[torch.Tensor, torch.Tensor]:
     """The proxy server's monitor set from the uploaded gradients: each one's :func:`reconstruct` samples with its
     inferred label, all together: ``x (len(gradients) * keep, *input_shape)``, ``y``."""
-    recs = [reconstruct(encoder, g, input_shape, generator, steps, lr, keep) for g in gradients]
-    if not recs:
+    if not gradients:
         raise ValueError("monitor_set: no gradient was uploaded")
+    recs = reconstruct_all(encoder, gradients, input_shape, generator, steps, lr, keep, iterations=iterations)
     x = torch.cat([r.samples for r in recs])
     y = torch.cat([torch.full((keep,), r.label, dtype=torch.long, device=x.device) for r in recs])
     return x, y
