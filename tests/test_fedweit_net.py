@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch.func import functional_call, vmap
 
 from cfl.models.fedweit_net import FROZEN, SHARED, Decomposed, DecomposedConv2d, FedWeITLeNet, FedWeITMLP
-from cfl.ops.fedweit import decomposed_weight, gate, hard_threshold
+from cfl.models.fedweit_weight import decomposed_weight, gate, hard_threshold
 
 TASKS = torch.tensor([0, 1, 1, 0])
 

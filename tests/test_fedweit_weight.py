@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.func import vmap
 
-from cfl.ops.fedweit import decomposed_weight, fold_knowledge, gate, hard_threshold, knowledge_sum
+from cfl.models.fedweit_weight import decomposed_weight, fold_knowledge, gate, hard_threshold, knowledge_sum
 
 D = torch.float64
 BASE = torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=D)

@@ -9,7 +9,7 @@ aggregation, and exact byte counts of sparse payloads. The hooks marked "propose
 
 Per client, on a FedWeIT network (``cfl.models.fedweit_net``), while it learns task ``t``:
 - round start (proposed ``client_start``): at a new task, the finished task's knowledge sum folded into
-  ``kb_mix`` (``cfl.ops.fedweit.fold_knowledge``), the stored weights of the past tasks taken from the client's own
+  ``kb_mix`` (``cfl.models.fedweit_weight.fold_knowledge``), the stored weights of the past tasks taken from the client's own
   base (the drift anchors), the server's knowledge base loaded into ``kb``; every round the base is the global
   one where that is not 0, the client's own elsewhere (``merge_base``);
 - every local step: cross-entropy on the task's head + the code's regularisers (``cfl.ops.fedweit_losses``);
@@ -29,8 +29,8 @@ from torch import nn
 
 from cfl.methods.base import ClientData, Event, Method, StateSizing
 from cfl.models.fedweit_net import FROZEN, SHARED
+from cfl.models.fedweit_weight import fold_knowledge, hard_threshold
 from cfl.ops import fedweit_sparse as sparse
-from cfl.ops.fedweit import fold_knowledge, hard_threshold
 from cfl.ops.fedweit_losses import RegulariserWeights, drift_anchors, regulariser
 from cfl.schema import ConfigError, field
 from cfl.tensors import Params, State

@@ -1,5 +1,5 @@
 """FedWeIT's networks (Yoon et al., ICML 2021): every linear and conv weight decomposed as
-``B * sigmoid(mask^(t)) + A^(t) + kb_mix^(t) + sum_k attention^(t)_k kb_k`` (:mod:`cfl.ops.fedweit`), one head per
+``B * sigmoid(mask^(t)) + A^(t) + kb_mix^(t) + sum_k attention^(t)_k kb_k`` (:mod:`cfl.models.fedweit_weight`), one head per
 task (task-incremental only).
 
 Each decomposed layer holds, as parameters (so a stack of clients carries them per client):
@@ -7,7 +7,7 @@ Each decomposed layer holds, as parameters (so a stack of clients carries them p
 ``adaptive`` ``(T, out, ...)``, ``bias`` ``(T, out)`` and ``attention`` ``(T, K)``; the knowledge base ``kb``
 ``(K, out, ...)`` of the current task (clients' task-adaptive parts from the server), and ``kb_mix``
 ``(T, out, ...)``: for a finished task, its attention-weighted knowledge base folded into one tensor
-(:func:`cfl.ops.fedweit.fold_knowledge`), so a past task keeps its weight after ``kb`` is replaced, without
+(:func:`cfl.models.fedweit_weight.fold_knowledge`), so a past task keeps its weight after ``kb`` is replaced, without
 storing every task's knowledge base (the official code keeps one per task; the composed weights are the same).
 Both enter the forward detached, so no gradient reaches them (an optimiser's weight decay still would:
 :data:`FROZEN`).
@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cfl.models.fedweit_weight import decomposed_weight, gate, hard_threshold, knowledge_sum
 from cfl.models.heads import MultiHead
-from cfl.ops.fedweit import decomposed_weight, gate, hard_threshold, knowledge_sum
 
 #: parameter names of a decomposed layer that the server averages; every other one stays with its client
 SHARED = ("base",)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cfl.ops.fedweit import gate, per_unit
+from cfl.models.fedweit_weight import gate, per_unit
 from cfl.tensors import Params
 
 

@@ -24,7 +24,7 @@ from typing import Literal
 
 import torch
 
-from cfl.ops.fedweit import per_unit
+from cfl.models.fedweit_weight import per_unit
 
 Encoding = Literal["bitmap", "coo"]
 ENCODINGS: tuple[Encoding, ...] = ("bitmap", "coo")
