@@ -92,7 +92,8 @@ def test_a_sweep_variant_label_reaches_the_config_and_the_wandb_names(tmp_path):
     runs = load_sweep(sweep)
     assert [r.config.label for r in runs] == ["avg", "avg", "prox-1", "prox-1"]  # before: no label key
     prox = runs[2]
-    assert default_name(prox.config) == "split-digits-prox-1-iid-s0"  # before: ...-fedprox-iid-s0
+    # before: ...-fedprox-iid-s0; the keys that differ from the sweep's base follow (unique names within a sweep)
+    assert default_name(prox.config, prox.base) == "split-digits-prox-1-iid-lr=0.05,mu=1.0-s0"
     assert default_group(prox.config, prox.base).startswith("split-digits/iid/prox-1/")
     assert "label" not in default_group(prox.config, prox.base)  # the label changes no result: not a difference
 

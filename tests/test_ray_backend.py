@@ -86,7 +86,7 @@ def test_sweep_on_ray_matches_local_and_skips_complete_runs(tmp_path, capsys):
     assert main(["sweep", sweep("local")]) == 0
     assert main(["sweep", sweep("ray"), "--backend", "ray"]) == 0
     out = capsys.readouterr().out
-    assert out.count("done] method=") == 2 and "| split-digits |" in out
+    assert out.count("done] method=") == 2 and "| split-digits (task-IL) |" in out
     for run in ("method=fedavg", "method=fedprox"):
         a, b = (json.loads((tmp_path / d / run / "results.json").read_text()) for d in ("local", "ray"))
         assert (a["acc_matrix"], a["acc"], a["fgt"]) == (b["acc_matrix"], b["acc"], b["fgt"])
