@@ -9,9 +9,9 @@ aggregation, and exact byte counts of sparse payloads. The hooks marked "propose
 
 Per client, on a FedWeIT network (``cfl.models.fedweit_net``), while it learns task ``t``:
 - round start (proposed ``client_start``): at a new task, the finished task's knowledge sum folded into
-  ``kb_mix`` (``cfl.models.fedweit_weight.fold_knowledge``), the stored weights of the past tasks taken from the client's own
-  base (the drift anchors), the server's knowledge base loaded into ``kb``; every round the base is the global
-  one where that is not 0, the client's own elsewhere (``merge_base``);
+  ``kb_mix`` (``cfl.models.fedweit_weight.fold_knowledge``), the stored weights of the past tasks taken from
+  the client's own base (the drift anchors), the server's knowledge base loaded into ``kb``; every round the
+  base is the global one where that is not 0, the client's own elsewhere (``merge_base``);
 - every local step: cross-entropy on the task's head + the code's regularisers (``cfl.ops.fedweit_losses``);
 - after training (proposed ``client_upload``): the base's output units above the code's threshold of the
   current mask (``client_sparsity``) sent, the rest zeroed; the server averages each unit over its senders;

@@ -1,6 +1,6 @@
 """FedWeIT's networks (Yoon et al., ICML 2021): every linear and conv weight decomposed as
-``B * sigmoid(mask^(t)) + A^(t) + kb_mix^(t) + sum_k attention^(t)_k kb_k`` (:mod:`cfl.models.fedweit_weight`), one head per
-task (task-incremental only).
+``B * sigmoid(mask^(t)) + A^(t) + kb_mix^(t) + sum_k attention^(t)_k kb_k`` (:mod:`cfl.models.fedweit_weight`),
+one head per task (task-incremental only).
 
 Each decomposed layer holds, as parameters (so a stack of clients carries them per client):
 ``base`` ``(out, ...)`` (shared, the part the server averages), per task ``mask`` logits ``(T, out)``,
