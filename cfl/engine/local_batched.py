@@ -22,6 +22,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from cfl.engine import hooks, local_optim
+from cfl.engine.batched_steps import carry_on, leaf_row, preconditioners_of, rewritten
 from cfl.engine.heap import retain_freed_memory
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, client_schedule, replay_generator
 from cfl.engine.path import choose_path
@@ -261,7 +262,7 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
                                      for i, m in enumerate(plugins.methods) if overrides(m, "penalty")],
                                     params) if stacked is not None else {}
     # layer preconditioners (RGO), once per round: (C or 1, d, d) per weight, the methods' products in order
-    matrices = _preconditioners(plugins, global_params, states)
+    matrices = preconditioners_of(plugins, global_params, states)
     loss_sum = torch.zeros(C, device=device)
     finite = torch.ones(C, dtype=torch.bool, device=device)
     task_ids = torch.full((C, hp.batch_size), task, dtype=y.dtype, device=device)
@@ -318,74 +319,21 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
             grads = dict(zip(params, grads, strict=True))
             if stage is not None:  # the step hooks: after the loss gradient, before the optimiser
                 step_data = _with_replay((xb, yb, tb, wb), extras), [st[:n] for st in raw_states], step_states
-                grads, before, drawn = _rewritten(stage, s, n, params, grads, generators, x, carry, step_data)
+                grads, before, drawn = rewritten(stage, s, n, params, grads, generators, x, carry, step_data)
             grads = {k: hooks.precondition(g, step_matrices[k]) if k in step_matrices else g for k, g in grads.items()}
             # SGD's decay adds into the gradients in place: carry_step must see the gradient before it
             carrying = stage is not None and bool(stage.carry_stepping)
             update(s if kept is None else kept[1][:n] + s, params,
                    {k: g.clone() for k, g in grads.items()} if carrying else grads, None, step_states, plugins)
             if carrying:
-                _carry_on(stage, s, n, params, grads, before, drawn, carry, step_data)
-    carries = [{i: {k: _leaf_row(v, c) for k, v in ci.items()} for i, ci in carry.items()} for c in range(C)]
+                carry_on(stage, s, n, params, grads, before, drawn, carry, step_data)
+    carries = [{i: {k: leaf_row(v, c) for k, v in ci.items()} for i, ci in carry.items()} for c in range(C)]
     mean_loss = (loss_sum / steps_left.clamp(min=1)).tolist()
     slots = None if kept is None else (stacked.slots if stacked is not None else update.kept_slots())
     outcomes = [ClientOutcome(job.cid, len(job.indices), mean_loss[c], bool(finite[c]), carries[c] if carry else {},
                               {} if kept is None else local_optim.stored_state(slots, kept[1][c] + client_steps[c], c))
                 for c, job in enumerate(jobs)]
     return {k: v.detach().contiguous() for k, v in full_params.items()}, outcomes
-
-
-def _preconditioners(plugins: Plugins, global_params: Params, states: list[State]) -> dict[str, torch.Tensor]:
-    """Each weight's ``layer_preconditioner`` matrices over the stacked clients, multiplied in the methods' order."""
-    total: dict[str, torch.Tensor] = {}
-    for i, m in enumerate(plugins.methods):
-        if overrides(m, "layer_preconditioner"):
-            for k, v in hooks.stacked_preconditioners(m, global_params, states[i]).items():
-                total[k] = v if k not in total else torch.matmul(total[k], v)
-    return total
-
-
-StepData = tuple[tuple[torch.Tensor, ...], list[list[State]], list[State]]  # batch, raw states, stacked states
-
-
-def _rewritten(stage: StepStage, s: int, n: int, params: Params, grads: Params, generators: list[torch.Generator],
-               x: torch.Tensor, carry: State, data: StepData) -> tuple[Params, Params, dict]:
-    """The step hooks' gradients for the ``n`` clients still training (under ``vmap``), the parameters before
-    the step (for ``carry_step``) and the step's drawn samples."""
-    batch, raw, stacked = data
-    draws = [stage.draw([st[c] for st in raw], generators[c], x) for c in range(n)]
-    drawn = {}
-    for i in stage.sampling:
-        padded = pad_samples([d[i] for d in draws])
-        if padded is not None:
-            drawn[i] = (padded.x, padded.y, padded.task, padded.weight)
-    before = {k: v.detach().clone() for k, v in params.items()} if stage.carry_stepping else params
-    rows = client_rows(carry, n)
-    new = vmap(lambda p, g, b, d, st, ca: stage.rewrite(p, g, b, d, st, ca, s),
-               randomness="different")(before, grads, batch, drawn, stacked, rows)
-    return new, before, drawn
-
-
-def _carry_on(stage: StepStage, s: int, n: int, params: Params, grads: Params, before: Params, drawn: dict,
-              carry: State, data: StepData) -> None:
-    """The running values of the ``n`` clients still training after the step, written into ``carry``'s rows."""
-    batch, _, stacked = data
-    moved = {k: params[k] - before[k] for k in params}
-    new = vmap(lambda p, g, b, d, st, ca, mv: stage.carried(p, g, b, d, st, ca, s, mv),
-               randomness="different")(before, grads, batch, drawn, stacked, client_rows(carry, n), moved)
-    _write_rows(carry, new, n)
-
-
-def _write_rows(carry: State, new: State, n: int) -> None:
-    for k, v in new.items():
-        if isinstance(v, dict):
-            _write_rows(carry[k], v, n)
-        else:
-            carry[k][:n] = v
-
-
-def _leaf_row(v: State | torch.Tensor, c: int) -> State | torch.Tensor:
-    return {k: _leaf_row(u, c) for k, u in v.items()} if isinstance(v, dict) else v[c].clone()
 
 
 # ``vmap`` over ``F.linear`` returns the weight gradient as a transposed view of a contiguous (C, in, out)
