@@ -27,9 +27,39 @@ def stream_entry(name: str) -> Any:
     return STREAMS[name]
 
 
-def resolve_model(stream_name: str, model_name: str) -> str:
-    """``auto`` -> the stream's reference model; any other name is returned unchanged."""
-    return stream_entry(stream_name).default_model if model_name == "auto" else model_name
+def resolve_model(stream_name: str, model_name: str, method_name: str = "") -> str:
+    """``auto`` -> the first of the method's own models (``Method.models``) where it has some, else the stream's
+    reference model; any other name is returned unchanged."""
+    if model_name != "auto":
+        return model_name
+    from cfl.methods import METHODS
+
+    own = METHODS[method_name].models if method_name in METHODS else ()
+    return own[0] if own else stream_entry(stream_name).default_model
+
+
+def model_family_error(model_name: str, method_names: list[str]) -> str | None:
+    """Why ``model_name`` cannot be trained by the run's methods (None if it can): a method with models of its own
+    (``Method.models``) trains only those, and those are trained by it alone."""
+    from cfl.methods import METHODS
+
+    for name in method_names:
+        own = METHODS[name].models
+        if own and model_name not in own:
+            return (f"method {name} trains its own networks only ({', '.join(own)}); the run's model is {model_name}: "
+                    f"set model.name: {own[0]} (or auto)")
+    owners = [name for name, cls in METHODS.items() if model_name in cls.models]
+    if owners and owners[0] not in method_names:
+        return (f"model {model_name} is method {owners[0]}'s own network: another method would average all of its "
+                f"per-client parts; set method.name: {owners[0]}, or another model")
+    return None
+
+
+def check_model_family(cfg: Any) -> None:
+    """Refuse a model of a method's own family with another method, or such a method with another model."""
+    error = model_family_error(cfg.model.name, [cfg.method["name"], *[p["name"] for p in cfg.plugins]])
+    if error is not None:
+        raise ConfigError(error)
 
 
 def model_fit_error(model_name: str, stream_name: str, scenario: str, num_tasks: int | None) -> str | None:

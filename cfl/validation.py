@@ -12,6 +12,7 @@ from typing import Any
 from cfl.config import Config, _set_dotted, parse_overrides, read_yaml
 from cfl.cross_checks import (
     check_methods,
+    check_model_family,
     check_model_fits,
     check_optimizer,
     check_task_losses,
@@ -142,7 +143,9 @@ def _validate_names(cfg: Config) -> Config:
     check_optimizer(cfg, [method, *plugins])
     check_task_losses(cfg, [method, *plugins])
     cfg = dataclasses.replace(cfg, method=method, plugins=plugins, precision=parse_precision(cfg.precision),
-                              model=dataclasses.replace(cfg.model, name=resolve_model(cfg.stream.name, cfg.model.name)))
+                              model=dataclasses.replace(cfg.model, name=resolve_model(cfg.stream.name, cfg.model.name,
+                                                                                      method["name"])))
+    check_model_family(cfg)
     check_model_fits(cfg)
     return cfg
 
@@ -152,7 +155,8 @@ def resolve_saved_model(saved: dict[str, Any]) -> dict[str, Any]:
     model = saved.get("model") or {}
     if model.get("name") != "auto" or saved.get("stream", {}).get("name") not in STREAMS:
         return saved
-    return {**saved, "model": {**model, "name": resolve_model(saved["stream"]["name"], "auto")}}
+    method = (saved.get("method") or {}).get("name", "")
+    return {**saved, "model": {**model, "name": resolve_model(saved["stream"]["name"], "auto", method)}}
 
 
 def _raise(message: str) -> Any:

@@ -40,7 +40,17 @@ def tiny_config(**overrides: object):
 #: 16 inputs are a 4x4 image), here with a small memory and a short proxy server
 METHOD_SETTINGS = {"glfc": {"memory_size": 6, "perturb_steps": 1, "reconstruction_steps": 1, "reconstructions_kept": 1,
                             "reconstruction_iterations": 2}}
-METHOD_STREAMS = {"glfc": {"scenario": "class", "dim": 16}}
+METHOD_STREAMS = {"glfc": {"scenario": "class", "dim": 16},
+                  "fedweit": {"scenario": "task"}}  # FedWeIT: task-incremental only (one head per task)
+
+
+def any_method_models() -> list[str]:
+    """The registered models every method may train (not a method's own family, e.g. FedWeIT's networks, which
+    their method alone trains: tests/test_fedweit_engine.py)."""
+    from cfl.cross_checks import model_family_error
+    from cfl.models import MODELS
+
+    return [n for n in MODELS if model_family_error(n, ["fedavg"]) is None]
 
 
 def method_spec(name: str) -> dict:

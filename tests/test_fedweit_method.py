@@ -1,5 +1,4 @@
-"""The FedWeIT draft's hooks called one by one, as the proposed engine support would call them (the method is not
-registered: the engine does not call ``client_start``, ``client_upload`` or ``server_aggregate`` yet).
+"""FedWeIT's hooks called one by one, as the engine calls them (``cfl/engine/client_params.py``).
 
 The net: FedWeIT's MLP, 4 inputs, one hidden layer ``body.1`` of 3 units, 2 classes, 2 tasks, 2 knowledge-base
 slots; 3 clients, 2 per round."""
@@ -12,7 +11,7 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from cfl.methods.base import RunInfo
+from cfl.methods.base import ClientData, RunInfo
 from cfl.methods.fedweit import FedWeIT, FedWeITHyperparams
 from cfl.models.fedweit_net import FedWeITMLP
 from cfl.models.mlp import MLP
@@ -74,9 +73,10 @@ def test_task_end_builds_a_padded_knowledge_base_and_counts_it():
     adaptive = torch.zeros(2, 3, 4)
     adaptive[0, 0, 0], adaptive[0, 1, 1] = 0.5, 5e-4  # the second is pruned (|A| <= 1e-3)
     state = {"task": 0, "local": {"body.1.adaptive": adaptive}}
-    upload = method.client_end("task_end", None, params, None, state, {}, torch.Generator())
+    upload = method.client_end("task_end", None, params, ClientData(torch.zeros(0), torch.zeros(0), 0), state, {},
+                               torch.Generator())
     assert torch.count_nonzero(upload["adaptive"]["body.1"]) == 1
-    assert method.payload_bytes("task_end", upload) == 2 + 4  # a 12-bit bitmap, one float32
+    assert method.payload_bytes("task_end_upload", upload) == 2 + 4  # a 12-bit bitmap, one float32
     server: dict = {}
     method.server_end("task_end", {7: upload}, server, 0)
     kb = server["kb"]["body.1"]

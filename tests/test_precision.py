@@ -17,11 +17,12 @@ from cfl.engine.local_sequential import train_sequential
 from cfl.engine.precision import Bf16Weights, autocast, cpu_flags, warn_if_slow
 from cfl.engine.stacked_net import StackedNet
 from cfl.methods.fedavg import FedAvg
-from cfl.models import MODELS, ModelShape, build_model
+from cfl.models import ModelShape, build_model
 from cfl.precision_setting import parse_precision
 from cfl.records.client_states import MethodState
 from cfl.schema import ConfigError
 from cfl.validation import from_dict
+from tests.conftest import any_method_models
 
 
 @pytest.mark.parametrize(("given", "stored"), [(None, 32), (32, 32), ("32", 32), ("bf16-mixed", "bf16-mixed")])
@@ -146,7 +147,8 @@ def _products_of_a_step(name: str, path: str, precision_: int | str) -> Counter:
     return seen.counts
 
 
-@pytest.mark.parametrize(("name", "path"), [(name, path) for name in MODELS for path in _paths(name)])
+@pytest.mark.parametrize(("name", "path"), [(name, path) for name in any_method_models()
+                                            for path in _paths(name)])
 def test_bf16_mixed_runs_every_product_of_local_training_in_bfloat16_on_every_path(name, path, monkeypatch):
     """Forward and backward, convolutions included: under ``vmap`` torch's autocast does not reach a
     convolution (once 80 of the 86 products of a resnet18-reduced step ran in float32 there). The stacked

@@ -158,3 +158,57 @@ def check_params(result: Any, params: Params, rule: str) -> Any:
         if not isinstance(result[key], torch.Tensor) or result[key].shape != p.shape:
             raise BrokenRule(f"{rule}; for '{key}' (shape {tuple(p.shape)}) {_got(result[key])}")
     return result
+
+
+# ---- parameters kept per client (cfl/engine/client_params.py) ----
+NAMES = "must return a list of the model's parameter names (a subset of the names it is given)"
+CLIENT_START = "must return the client's starting parameters: {every parameter name: tensor shaped like it}"
+CLIENT_UPLOAD = ("must return (sent, info): sent {shared parameter name: tensor shaped like it}, info {name: tensor}, "
+                 "the same keys and shapes for every client")
+SERVER_AGGREGATE = "must return {every name of client_upload's sent: tensor shaped like the parameter}"
+BYTES = "must return an int >= 0 (bytes)"
+
+
+def check_names(result: Any, names: list[str], hook: str) -> list[str]:
+    if not isinstance(result, (list, tuple)) or not all(isinstance(n, str) for n in result):
+        raise BrokenRule(f"{NAMES}; {_got(result)}")
+    unknown = [n for n in result if n not in names]
+    if unknown:
+        raise BrokenRule(f"{NAMES}; {hook} names {unknown[:3]}, not parameters (the model's: {', '.join(names)})")
+    return list(result)
+
+
+def check_client_start(result: Any, params: Params) -> Params:
+    return check_params(result, params, CLIENT_START)
+
+
+def check_client_upload(result: Any, params: Params, local: frozenset[str]) -> tuple[Params, Params]:
+    if not isinstance(result, tuple) or len(result) != 2 or not all(isinstance(r, dict) for r in result):
+        raise BrokenRule(f"{CLIENT_UPLOAD}; {_got(result)}")
+    sent, info = result
+    for key, v in sent.items():
+        p = _parameter(key, params, CLIENT_UPLOAD)
+        if key in local:
+            raise BrokenRule(f"{CLIENT_UPLOAD}; '{key}' is kept per client (local_params), never sent")
+        if not isinstance(v, torch.Tensor) or v.shape != p.shape:
+            raise BrokenRule(f"{CLIENT_UPLOAD}; for '{key}' (shape {tuple(p.shape)}) {_got(v)}")
+    for key, v in info.items():
+        if not isinstance(v, torch.Tensor):
+            raise BrokenRule(f"{CLIENT_UPLOAD}; info '{key}' {_got(v)}")
+    return sent, info
+
+
+def check_server_aggregate(result: Any, sent: Params, params: Params) -> Params:
+    if not isinstance(result, dict) or set(result) != set(sent):
+        raise BrokenRule(f"{SERVER_AGGREGATE} ({', '.join(sent)}); {_got(result)}"
+                         + (f" with keys {sorted(result)}" if isinstance(result, dict) else ""))
+    for key, v in result.items():
+        if not isinstance(v, torch.Tensor) or v.shape != params[key].shape:
+            raise BrokenRule(f"{SERVER_AGGREGATE}; for '{key}' (shape {tuple(params[key].shape)}) {_got(v)}")
+    return result
+
+
+def check_bytes(result: Any) -> int:
+    if isinstance(result, bool) or not isinstance(result, int) or result < 0:
+        raise BrokenRule(f"{BYTES}; got {type(result).__name__} {result!r}")
+    return result

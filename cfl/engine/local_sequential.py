@@ -22,12 +22,14 @@ from cfl.tensors import Params
 def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.Tensor, y: torch.Tensor,
               task: int, hp: Hyper, plugins: Plugins) -> tuple[Params, ClientOutcome]:
     warn_if_slow(hp.precision, x.device)
-    params = {k: v.detach().clone().requires_grad_() for k, v in global_params.items()}
+    start = plugins.starts[job.cid] if plugins.starts is not None else global_params  # its own (local_params)
+    params = {k: v.detach().clone().requires_grad_(k not in plugins.frozen) for k, v in start.items()}
+    trainable = [k for k in params if k not in plugins.frozen]  # frozen_params: no gradient, step or state
     kept = plugins.optimizer if hp.optimizer_state == "kept" else None
     if kept is None:
-        slots, t0 = {k: local_optim.new_slots(hp, v) for k, v in params.items()}, 0  # fresh each round
+        slots, t0 = {k: local_optim.new_slots(hp, params[k]) for k in trainable}, 0  # fresh each round
     else:  # the client's own state from its earlier rounds
-        stacked, steps = local_optim.kept_state(hp, global_params, [kept.get(job.cid)])
+        stacked, steps = local_optim.kept_state(hp, {k: global_params[k] for k in trainable}, [kept.get(job.cid)])
         slots, t0 = {k: [v[0] for v in vs] for k, vs in stacked.items()}, int(steps[0])
     methods, broadcasts = plugins.methods, plugins.broadcasts
     states = [st.clients.get(job.cid) for st in plugins.states]
@@ -64,7 +66,7 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
             if overrides(m, "penalty"):
                 loss = loss + hooks.penalty_loss(m, params, global_params, broadcasts[i], states[i])
         finite &= bool(torch.isfinite(loss))
-        grads = dict(zip(params.keys(), torch.autograd.grad(loss, list(params.values())), strict=True))
+        grads = dict(zip(trainable, torch.autograd.grad(loss, [params[k] for k in trainable]), strict=True))
         if stage is not None:  # the step hooks: after the loss gradient, before the optimiser
             batch = (xb, yb, tb, wb)
             drawn = {i: as_batch(d, x.device) for i, d in stage.draw(states, generator, x).items() if d is not None}
@@ -79,8 +81,8 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
             for i, m in enumerate(methods):
                 if overrides(m, "gradient_projection"):
                     grads = hooks.projected(m, grads, states[i])
-            for k, p in params.items():
-                local_optim.apply_(hp, p, grads[k], slots[k], t0 + s + 1)
+            for k in trainable:
+                local_optim.apply_(hp, params[k], grads[k], slots[k], t0 + s + 1)
             if stage is not None and stage.carry_stepping:
                 moved = {k: params[k].detach() - before[k] for k in params}
                 carry = stage.carried(before, taken, batch, drawn, states, carry, s, moved)

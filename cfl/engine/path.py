@@ -5,7 +5,8 @@
 into the weight-gradient product; momentum, Adam and AdamW from the materialised gradient) and methods whose
 hooks have a fused form. ``vmap``: autograd under ``torch.func.vmap`` over one-client code, for every model and
 method. ``sequential``: one client after another (``client_execution: sequential``, a method that declares a
-``sequential_reason``, or step hooks on a model whose layers mix samples, where ``vmap`` would pad them).
+``sequential_reason`` or keeps parameters per client (``local_params`` and its kin), or step hooks on a model
+whose layers mix samples, where ``vmap`` would pad them).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from cfl.engine import local_optim
+from cfl.engine.client_params import PER_CLIENT_HOOKS
 from cfl.engine.jobs import Hyper
 from cfl.engine.stacked_net import StackedNet
 from cfl.engine.stacking import couples_samples
@@ -70,6 +72,12 @@ def sequential_refusal(model: nn.Module, methods: list[Method]) -> str | None:
     for m in methods:
         if m.sequential_reason:
             return f"method {m.name}: {m.sequential_reason}"
+    for m in methods:
+        hooks = [h for h in PER_CLIENT_HOOKS if overrides(m, h)]
+        if hooks:
+            return (f"method {m.name} keeps parameters per client ({', '.join(hooks)}): only the sequential trainer "
+                    f"starts each client from its own parameters (the batched paths start every client of a stack "
+                    f"from the global model)")
     stepping = [m.name for m in methods if takes_steps(m)]
     if stepping and couples_samples(model):
         return (f"method {stepping[0]} takes step hooks and model {type(model).__name__} mixes the samples of a "

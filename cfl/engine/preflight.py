@@ -13,12 +13,13 @@ import torch
 from torch.func import functional_call
 
 from cfl.engine import hooks
+from cfl.engine.hook_rules import check_bytes, check_client_start, check_client_upload, check_server_aggregate
 from cfl.engine.runner import Runner, broadcast_of
 from cfl.engine.server import transformed, updated
 from cfl.engine.step_hooks import StepStage, as_batch, gradient_function, takes_steps
 from cfl.methods.base import Method, overrides
 from cfl.methods.hook_guard import guarded
-from cfl.tensors import State
+from cfl.tensors import Params, State
 
 
 def dry_run_hooks(runner: Runner) -> None:
@@ -32,20 +33,23 @@ def dry_run_hooks(runner: Runner) -> None:
     with torch.random.fork_rng(devices=devices), torch.no_grad():
         for m, st in zip(runner.methods, runner.states, strict=True):
             server = copy.deepcopy(st.server)
-            broadcast = broadcast_of(m, "round", server)
+            broadcast = {**broadcast_of(m, "round", server), **broadcast_of(m, "task_start", server)}
+            params, state = _dry_start(runner, m, broadcast)
             if overrides(m, "penalty"):
-                hooks.penalty_loss(m, params, params, broadcast, {})
+                hooks.penalty_loss(m, params, params, broadcast, state)
             if overrides(m, "task_loss"):
                 logits = functional_call(runner.model, params, (x, task))
-                hooks.task_loss(m, params, logits, y, x, task, weight, None, broadcast, {})
+                hooks.task_loss(m, params, logits, y, x, task, weight, None, broadcast, state)
             if overrides(m, "extra_loss"):
-                hooks.extra_loss(m, params, x, task, weight, broadcast, {})
+                hooks.extra_loss(m, params, x, task, weight, broadcast, state)
             if overrides(m, "gradient_projection"):
-                hooks.projected(m, {k: torch.zeros_like(v) for k, v in params.items()}, {})
+                hooks.projected(m, {k: torch.zeros_like(v) for k, v in params.items()}, state)
             if overrides(m, "replay"):
-                hooks.replayed(m, {}, torch.Generator().manual_seed(0), x)
+                hooks.replayed(m, state, torch.Generator().manual_seed(0), x)
             if takes_steps(m):
                 _dry_step(runner, m, broadcast, (x, y, task, weight))
+            _dry_upload(runner, m, params, state)
+            params = runner.params
             delta = {k: torch.zeros_like(v) for k, v in params.items()}
             updated(m, params, delta, server, runner.cfg.server_lr)
             if overrides(m, "transform_update"):
@@ -66,3 +70,28 @@ def _dry_step(runner: Runner, method: Method, broadcast: State, batch: tuple[tor
                                                                   batch[0]).items() if d is not None}
     grads = stage.rewrite(params, zeros, batch, drawn, [{}], carry, 0)
     stage.carried(params, grads, batch, drawn, [{}], carry, 0, zeros)
+
+
+def _dry_start(runner: Runner, method: Method, broadcast: State) -> tuple[Params, State]:
+    """A fresh client's starting parameters and state after ``method.client_start`` (the global model and ``{}``
+    where it has none)."""
+    state: State = {}
+    if not overrides(method, "client_start"):
+        return runner.params, state
+    with guarded(method, "client_start"):
+        start = method.client_start(dict(runner.params), state, broadcast, 0)
+        return check_client_start(start, runner.params), state
+
+
+def _dry_upload(runner: Runner, method: Method, params: Params, state: State) -> None:
+    """``client_upload``, ``upload_bytes`` and ``server_aggregate`` on one fresh client's starting parameters."""
+    if not overrides(method, "client_upload"):
+        return
+    local = runner.client_params.local_names
+    with guarded(method, "client_upload"):
+        sent, info = check_client_upload(method.client_upload(dict(params), state), runner.params, local)
+    with guarded(method, "upload_bytes"):
+        check_bytes(method.upload_bytes(sent, info))
+    stacked = ({k: v.unsqueeze(0) for k, v in sent.items()}, {k: v.unsqueeze(0) for k, v in info.items()})
+    with guarded(method, "server_aggregate"):
+        check_server_aggregate(method.server_aggregate(*stacked), sent, runner.params)

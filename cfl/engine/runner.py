@@ -8,7 +8,7 @@ CPU and can resume at any round from its checkpointed state (parameters, method 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -18,7 +18,8 @@ from torch import nn
 
 from cfl.config import Config
 from cfl.data.stream import Stream
-from cfl.engine.hook_rules import check_upload
+from cfl.engine.client_params import ClientParams, keeps_client_params
+from cfl.engine.hook_rules import check_bytes, check_upload
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, derive_seed
 from cfl.engine.local_batched import BatchedTrainer
 from cfl.engine.local_sequential import train_sequential
@@ -70,7 +71,8 @@ class Runner:
         self.cfg, self.stream, self.device = cfg, stream, torch.device(device)
         self.observers = observers or []
         torch.manual_seed(cfg.seed)
-        shape = ModelShape(stream.input_shape, stream.classes_per_head, stream.num_tasks, stream.scenario == "task")
+        shape = ModelShape(stream.input_shape, stream.classes_per_head, stream.num_tasks, stream.scenario == "task",
+                           cfg.clients_per_round)
         self.model: nn.Module = build_model(cfg.model.name if cfg.model.name != "auto" else stream.default_model,
                                             shape).to(self.device)
         self.run_info = RunInfo(stream.num_tasks, stream.scenario, cfg.num_clients, cfg.clients_per_round,
@@ -97,10 +99,12 @@ class Runner:
                            optimizer_state=cfg.optimizer.state)
         # optimizer.state: kept: each client's optimiser state between its rounds (checkpointed with the run)
         self.optimizer_states = ClientStates() if cfg.optimizer.state == "kept" else None
+        self.client_params = ClientParams(self.methods, list(self.params))
+        refuse_client_params(cfg, self.methods, self.client_params)
         self.engine_path = choose_path(self.model, self.hyper, self.methods, cfg.client_execution)
         self.hyper.path = self.engine_path.path
         self.engine_path.announce()  # once per run, on stderr; results.json keeps it as engine_path
-        self.model_bytes = nbytes(self.params)
+        self.model_bytes = nbytes(self.client_params.shared(self.params))  # the local parameters are never sent
         self.should_stop: Callable[[], bool] = lambda: False
         self.after_round: Callable[[], None] = lambda: None
         trainer = trainer_kind(cfg.client_execution, self.engine_path.path)
@@ -151,13 +155,20 @@ class Runner:
         data = self.stream.tasks[task]
         jobs = self.schedule.round_jobs(task, rnd)
         broadcasts = [broadcast_of(m, "round", st.server) for m, st in zip(self.methods, self.states, strict=True)]
+        round_down = sum(payload_size(m, "round", b) for m, b in zip(self.methods, broadcasts, strict=True))
+        task_start_down = task_start_shim(self.methods, self.states, broadcasts, jobs, task)  # SHIM (task_start)
         plugins = Plugins(self.methods, self.states, broadcasts, self.optimizer_states)
+        if self.client_params.active:  # each client from its own parameters (local_params, client_start)
+            plugins.starts = self.client_params.starts(jobs, self.params, self.states, broadcasts, task)
+        plugins.frozen = self.client_params.frozen
         start = time.perf_counter()
         trained, outcomes = self.trainer(self.model, self.params, jobs, data.train_x, data.train_y, task,
                                          self.hyper, plugins)
         self.progress.train_seconds += time.perf_counter() - start
         keep = self.server.accept(trained, outcomes, task, rnd)
         kept_jobs = [j for j, ok in zip(jobs, keep.tolist(), strict=True) if ok]
+        self.client_params.keep_trained(trained, jobs, keep, self.states)
+        combined, sent_sizes = self.client_params.uploads(trained, jobs, keep, self.params, self.states)
         self._keep_carries([o for o, ok in zip(outcomes, keep.tolist(), strict=True) if ok])
         if self.optimizer_states is not None:  # the kept clients' optimiser states, for their next round
             for o, ok in zip(outcomes, keep.tolist(), strict=True):
@@ -168,7 +179,8 @@ class Runner:
         forgetting = client_forgetting.measure(self.model, self.params, self.stream, task,
                                                self.progress.global_round + 1, self.cfg.client_forgetting_clients,
                                                kept_jobs, trained, keep)  # None when off
-        self.server.step(trained, keep, weights, task, rnd)  # uses up ``trained``'s memory
+        self.server.step(trained, keep, weights, task, rnd, self.client_params.local_names,
+                         combined)  # uses up ``trained``'s memory
         for m, st, pl in zip(self.methods, self.states, payloads, strict=True):
             if overrides(m, "server_end"):
                 with guarded(m, "server_end"):
@@ -178,8 +190,11 @@ class Runner:
                 self.model.eval()
                 with guarded(m, "after_server_step"):
                     m.after_server_step(self.model, self.params, st.server, task)
-        down = len(jobs) * (self.model_bytes + nbytes(broadcasts))
-        up = len(kept_jobs) * self.model_bytes + nbytes(payloads)
+        down = len(jobs) * (self.model_bytes + round_down) + task_start_down
+        # a method's own upload (client_upload) in place of the dense bytes of the parameters it sends
+        up = len(kept_jobs) * (self.model_bytes - nbytes({k: self.params[k] for k in combined})) + sum(sent_sizes)
+        up += sum(payload_size(m, "round_upload", u) for m, pl in zip(self.methods, payloads, strict=True)
+                  for u in pl.values())
         self.comm.down(down)
         self.comm.up(up)
         losses = [o.mean_loss for o in outcomes if o.finite]
@@ -233,8 +248,17 @@ class Runner:
 
     # ---- task boundaries and evaluation ----
     def evaluate(self, upto: int) -> list[float]:
-        return [accuracy(self.model, self.params, t.test_x, t.test_y, j, self._eval_mask(upto))
-                for j, t in enumerate(self.stream.tasks[: upto + 1])]
+        """Each task's accuracy: the global model's, or with parameters kept per client the mean over the clients
+        of each one's own model (:meth:`ClientParams.evaluated`)."""
+        per_model = [[accuracy(self.model, params, t.test_x, t.test_y, j, self._eval_mask(upto))
+                      for j, t in enumerate(self.stream.tasks[: upto + 1])] for params in self._evaluated()]
+        return per_model[0] if len(per_model) == 1 else [float(np.mean(col)) for col in zip(*per_model, strict=True)]
+
+    def _evaluated(self) -> Iterable[Params]:
+        """The models evaluation averages over (the global one, or each client's own)."""
+        if not self.client_params.local_names:
+            return [self.params]
+        return self.client_params.evaluated(self.params, self.states)
 
     @property
     def measures_forward_transfer(self) -> bool:
@@ -245,12 +269,13 @@ class Runner:
     def accuracy_of(self, task: int) -> float:
         """The global model's accuracy on ``task`` with the task's head and no class mask (forward transfer)."""
         t = self.stream.tasks[task]
-        return accuracy(self.model, self.params, t.test_x, t.test_y, task)
+        return float(np.mean([accuracy(self.model, params, t.test_x, t.test_y, task) for params in self._evaluated()]))
 
     def class_accuracy(self, upto: int) -> dict[str, float]:
         """Per class (class-incremental): the accuracy over the test sets of tasks 0..upto, seen classes only."""
-        counts = [class_counts(self.model, self.params, t.test_x, t.test_y, j, self.stream.classes_per_head,
-                               self._eval_mask(upto)) for j, t in enumerate(self.stream.tasks[: upto + 1])]
+        counts = [class_counts(self.model, params, t.test_x, t.test_y, j, self.stream.classes_per_head,
+                               self._eval_mask(upto)) for params in self._evaluated()
+                  for j, t in enumerate(self.stream.tasks[: upto + 1])]
         return per_class_percent(torch.stack([c for c, _ in counts]).sum(0), torch.stack([n for _, n in counts]).sum(0))
 
     def _eval_mask(self, upto: int) -> torch.Tensor | None:
@@ -277,8 +302,8 @@ class Runner:
                     self._client_end(i, "task_end", self.params, cdata, c, broadcast, gen, uploads)
                 if m.downloads_model_at_task_end:
                     self.comm.down(len(cids) * self.model_bytes, line=task_end_model_line(m.name))
-                self.comm.down(len(cids) * nbytes(broadcast))
-                self.comm.up(nbytes(uploads))
+                self.comm.down(len(cids) * payload_size(m, "task_end", broadcast))
+                self.comm.up(sum(payload_size(m, "task_end_upload", u) for u in uploads.values()))
             if overrides(m, "server_end"):
                 with guarded(m, "server_end"):
                     m.server_end("task_end", uploads, st.server, task)
@@ -350,3 +375,52 @@ def built(cls: type[Method], hparams: Any, run_info: RunInfo) -> Method:
 def broadcast_of(method: Method, event: str, server: State) -> State:
     """The server-state keys ``method`` declares it sends at ``event`` (those the server holds)."""
     return {k: server[k] for k in method.broadcast.get(event, ()) if k in server}
+
+
+def payload_size(method: Method, kind: str, payload: State) -> int:
+    """Bytes of one payload of ``method``: its ``payload_bytes`` where it counts them, else every tensor's."""
+    if overrides(method, "payload_bytes") and payload:
+        with guarded(method, "payload_bytes"):
+            size = method.payload_bytes(kind, payload)
+            if size is not None:
+                return check_bytes(size)
+    return nbytes(payload)
+
+
+def refuse_client_params(cfg: Config, methods: list[Method], client_params: ClientParams) -> None:
+    """Refuse what parameters kept per client cannot run with: the Ray backend (its workers start every client
+    from the global model), and a method's own aggregation beside a non-mean aggregator or another one."""
+    per_client = [m.name for m in methods if keeps_client_params(m)]
+    if per_client and cfg.backend == "ray":
+        raise ConfigError(f"method {per_client[0]} keeps parameters per client, which the sequential trainer "
+                          "alone loads; set backend: local")
+    if len(client_params.uploading) > 1:
+        names = [methods[i].name for i in client_params.uploading]
+        raise ConfigError(f"methods {', '.join(names)} each aggregate with their own client_upload; one at most")
+    if client_params.uploading and cfg.aggregator.name != "mean":
+        raise ConfigError(f"method {methods[client_params.uploading[0]].name} aggregates with its own "
+                          f"server_aggregate; aggregator {cfg.aggregator.name} would mask it: set aggregator: mean")
+
+
+# ---- SHIM: the broadcast event "task_start" (built in the task-end worktree; replace at merge) ----------------
+#: the client-state key marking the last task whose "task_start" keys a client received
+TASK_START_SEEN = "task_start_seen"
+
+
+def task_start_shim(methods: list[Method], states: list, broadcasts: list[State], jobs: list[ClientJob],
+                    task: int) -> int:
+    """SHIM: each method's "task_start" keys added to its round broadcast (available in all of the task's
+    rounds), and their bytes counted for the clients of this round receiving them the first time in this task."""
+    down = 0
+    for i, (m, st) in enumerate(zip(methods, states, strict=True)):
+        extra = broadcast_of(m, "task_start", st.server)
+        if not m.broadcast.get("task_start"):
+            continue
+        broadcasts[i] = {**broadcasts[i], **extra}
+        for job in jobs:
+            state = st.clients.get(job.cid)
+            if state.get(TASK_START_SEEN) != task:
+                down += payload_size(m, "task_start", extra)
+                state[TASK_START_SEEN] = task
+                st.clients.put(job.cid, state)
+    return down

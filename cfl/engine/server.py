@@ -58,12 +58,20 @@ class Server:
         raise NonFiniteError(f"non-finite loss or update at {where}; lower lr (now {self.cfg.lr}) or check "
                              f"the method's parameters")
 
-    def step(self, trained: Params, keep: torch.Tensor, weights: torch.Tensor, task: int, rnd: int) -> None:
+    def step(self, trained: Params, keep: torch.Tensor, weights: torch.Tensor, task: int, rnd: int,
+             local: frozenset[str] = frozenset(), combined: Params | None = None) -> None:
         """Aggregate the kept rows of ``trained`` (used up: their memory holds the deltas) with ``weights``
-        and replace the global parameters by the result of the server step."""
+        and replace the global parameters by the result of the server step. ``local``: parameters kept per
+        client, which the global model keeps as they are; ``combined``: a method's ``server_aggregate`` of some
+        parameters, whose update is ``combined - w`` in place of the weighted mean's."""
         deltas = client_deltas(trained, self.params, keep)
         delta, mask = aggregate(self.cfg.aggregator.name, deltas, weights, self.cfg.aggregator.tau)
-        self.params = self.check_step(self.apply(delta, mask, task), task, rnd)
+        for k, v in (combined or {}).items():
+            delta[k] = v - self.params[k]
+        new = self.apply(delta, mask, task)
+        for k in local:
+            new[k] = self.params[k]
+        self.params = self.check_step(new, task, rnd)
 
     def apply(self, delta: Params, mask: Params | None, task: int) -> Params:
         """The new global parameters: the first method's ``server_update`` (else ``server_lr * delta``), times

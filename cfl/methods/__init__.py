@@ -11,6 +11,7 @@ from cfl.methods.fedavg import FedAvg
 from cfl.methods.fedcurv import FedCurv
 from cfl.methods.fedlwf import FedLwF
 from cfl.methods.fedprox import FedProx
+from cfl.methods.fedweit import FedWeIT
 from cfl.methods.fedyogi import FedYogi
 from cfl.methods.flwf2t import FLwF2T
 from cfl.methods.fot import FOT
@@ -49,3 +50,4 @@ register(FLwF2T)
 register(FOT)  # eps per stream: PMNIST 0.96 IID / 0.94 non-IID; CIFAR-100 0.87 (+0.001/task);
 register(GPM)  # 5-Datasets 0.95 (+0.001); Mini-ImageNet 0.90 (+0.001) -- same values for gpm
 register(RGO)
+register(FedWeIT)

@@ -1,4 +1,5 @@
-"""The method plugin interface: fifteen optional hooks, written for ONE client, and a few declarations.
+"""The method plugin interface: fifteen optional hooks, written for ONE client, seven more for parameters kept
+per client (FedWeIT: ``local_params`` ... ``payload_bytes``), and a few declarations.
 
 A method is a small class with a ``Hyperparams`` dataclass and whichever hooks it overrides (the engine
 detects them by override). Client hooks see one client's state (a nested dict) and return one client's
@@ -160,6 +161,9 @@ class Method:
     #: top-level config keys the method makes unread -> why (a run setting one away from its default is refused,
     #: cfl/ignored_keys.py), e.g. an adaptive server's ``{"server_lr": "..."}``
     unread_keys: ClassVar[dict[str, str]] = {}
+    #: the models only this method can train (a model family of its own, e.g. FedWeIT's decomposed networks): the
+    #: run's model must be one of them, and no other method may train them (refused when the config is validated)
+    models: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -177,6 +181,47 @@ class Method:
     def check(cls, hparams: Any, cfg: Any) -> None:
         """Raise ``ConfigError`` if ``hparams`` cannot work with the run config ``cfg``; called when the config
         is validated, before any file is written or data loaded."""
+
+    # ---- parameters kept per client (docs/plugins.md, "Parameters kept per client") ----
+    def local_params(self, names: list[str]) -> list[str]:
+        """The parameters (of the model's ``names``) each client keeps as its own: the engine keeps them in the
+        client's state (``state["local"]``), loads them at its round start (the template's values at its first
+        round), writes the trained values back after training (before ``client_end``), and leaves them out of
+        the aggregation and out of the model bytes. Declaring any sends the run to the sequential path."""
+        return []
+
+    def frozen_params(self, names: list[str]) -> list[str]:
+        """The parameters no optimiser step moves (no gradient, weight decay or optimiser state), e.g. values a
+        hook fills in (FedWeIT's knowledge base)."""
+        return []
+
+    def client_start(self, params: Params, state: State, server: State, task: int) -> Params:
+        """A client's starting parameters of a round (per client, outside ``vmap``, before its local training):
+        ``params`` is the global model with the client's local parameters; ``state`` may be updated in place
+        (the training hooks see it). Returns every parameter, shaped as ``params``."""
+        return params
+
+    def client_upload(self, params: Params, state: State) -> tuple[Params, Params]:
+        """After a round's training (``params``: the client's trained model): what it sends of the shared
+        parameters (``sent``: names of parameters, each shaped like it) and what the server needs to combine
+        them (``info``: tensors); the parameters in ``sent`` are combined by ``server_aggregate`` in place of
+        the weighted mean. Defaults to nothing: every shared parameter averaged."""
+        return {}, {}
+
+    def server_aggregate(self, sent: Params, info: Params) -> Params:
+        """The new global values of the parameters in ``sent`` from the round's kept clients' uploads, stacked
+        ``(C, ...)`` (``client_upload``); the server steps to them (``server_lr`` 1: exactly them)."""
+        return {k: v.mean(0) for k, v in sent.items()}
+
+    def upload_bytes(self, sent: Params, info: Params) -> int:
+        """Bytes of one client's ``client_upload`` (one client's ``sent`` and ``info``), in place of the dense
+        bytes of those parameters."""
+        return sum(v.numel() * v.element_size() for v in sent.values())
+
+    def payload_bytes(self, event: str, payload: State) -> int | None:
+        """Bytes of a payload: ``event`` "task_end" (one client's task-end upload) or "task_start" / "round" /
+        "task_end_broadcast" (a broadcast, one client's copy); None: its dense size (every tensor's bytes)."""
+        return None
 
     # ---- client side, one client ----
     def penalty(self, global_params: Params, server: State, state: State) -> dict[str, Quadratic] | None:

@@ -1,20 +1,18 @@
 """FedWeIT: Federated Weighted Inter-client Transfer (Yoon et al., "Federated Continual Learning with Weighted
 Inter-client Transfer", ICML 2021, arXiv 2003.03196), task-incremental; the official code ``wyjeong/FedWeIT``
-(TensorFlow 2) is the reference where the paper is silent.
+(TensorFlow 2) is the reference where the paper is silent (``docs/methods/fedweit.md``).
 
-DRAFT, NOT REGISTERED: it is written against engine support that does not exist yet (``docs/methods/fedweit.md``,
-"What the engine must add"): parameters kept per client (everything but the bases), parameters no optimiser step
-moves (the knowledge base), a hook at each client's round start, a sparse upload with its own server
-aggregation, and exact byte counts of sparse payloads. The hooks marked "proposed" below are those.
-
-Per client, on a FedWeIT network (``cfl.models.fedweit_net``), while it learns task ``t``:
-- round start (proposed ``client_start``): at a new task, the finished task's knowledge sum folded into
-  ``kb_mix`` (``cfl.models.fedweit_weight.fold_knowledge``), the stored weights of the past tasks taken from
-  the client's own base (the drift anchors), the server's knowledge base loaded into ``kb``; every round the
-  base is the global one where that is not 0, the client's own elsewhere (``merge_base``);
+It trains FedWeIT's networks only (``cfl.models.fedweit_net``: models ``fedweit-mlp``, ``fedweit-lenet``) and
+keeps every parameter but the layers' bases on its clients (``local_params``, the engine's per-client parameters:
+the sequential path). Per client, while it learns task ``t``:
+- round start (``client_start``): at a new task, the finished task's knowledge sum folded into ``kb_mix``
+  (``cfl.models.fedweit_weight.fold_knowledge``), the stored weights of the past tasks taken from the client's own
+  base (the drift anchors), the server's knowledge base loaded into ``kb`` (the broadcast ``task_start``); every
+  round the base is the global one where that is not 0, the client's own elsewhere (``merge_base``);
 - every local step: cross-entropy on the task's head + the code's regularisers (``cfl.ops.fedweit_losses``);
-- after training (proposed ``client_upload``): the base's output units above the code's threshold of the
-  current mask (``client_sparsity``) sent, the rest zeroed; the server averages each unit over its senders;
+- after training (``client_upload``): the base's output units above the code's threshold of the current mask
+  (``client_sparsity``) sent, the rest zeroed; the server averages each unit over its senders
+  (``server_aggregate``);
 - task end: each participant sends its ``A^(t)`` pruned at ``|A| > lambda_l1``; the server stacks them into the
   next task's knowledge base (``kb_size`` slots: the clients per round, zero-padded).
 """
@@ -59,8 +57,9 @@ class FedWeIT(Method):
     about: ClassVar[str] = ("FedWeIT (Yoon et al., ICML 2021): decomposed weights, sparse base upload, attention over "
                             "other clients' task-adaptive parts; task-incremental")
     Hyperparams: ClassVar[type] = FedWeITHyperparams
-    #: the knowledge base goes to each client once per task, with its first round of the task (proposed event)
+    #: the knowledge base goes to each client once per task, with its first round of the task
     broadcast: ClassVar[dict[str, tuple[str, ...]]] = {"task_start": ("kb",)}
+    models: ClassVar[tuple[str, ...]] = ("fedweit-mlp", "fedweit-lenet")
     client_events: ClassVar[tuple[Event, ...]] = ("task_end",)
     #: the task-end participants send their own A; the final global model is of no use to them
     downloads_model_at_task_end: ClassVar[bool] = False
@@ -71,6 +70,9 @@ class FedWeIT(Method):
         if layers is None:
             raise ConfigError("method fedweit needs one of FedWeIT's networks (cfl.models.fedweit_net); the run's "
                               f"model is {type(run_info.model).__name__}")
+        if run_info.scenario != "task":
+            raise ConfigError(f"method fedweit is task-incremental (one head per task); this stream is "
+                              f"{run_info.scenario}-incremental: set stream.scenario: task")
         self.layers: list[str] = list(layers())
         self.kb_size = next(iter(layers().values())).kb.shape[0]
         self.weights = RegulariserWeights(hparams.lambda_l1, hparams.lambda_l2, hparams.lambda_mask, hparams.wd,
@@ -83,20 +85,21 @@ class FedWeIT(Method):
             raise ConfigError(f"method fedweit decays its own parts (fedweit.wd, {hparams.wd}); set weight_decay: 0 "
                               f"(it is {cfg.weight_decay})")
         if cfg.stream.scenario not in ("auto", "task"):
-            raise ConfigError(f"method fedweit is task-incremental; the run sets scenario: {cfg.stream.scenario}")
+            raise ConfigError(f"method fedweit is task-incremental (one head per task); the run sets scenario: "
+                              f"{cfg.stream.scenario}: set stream.scenario: task")
 
-    # ---- proposed declarations ----
+    # ---- parameters kept per client ----
     def local_params(self, names: list[str]) -> list[str]:
-        """(Proposed) Parameters each client keeps: every one but the layers' bases (heads included, as the code)."""
+        """Parameters each client keeps: every one but the layers' bases (heads included, as the code)."""
         return [n for n in names if n.rsplit(".", 1)[-1] not in SHARED]
 
     def frozen_params(self, names: list[str]) -> list[str]:
-        """(Proposed) Parameters no optimiser step moves: the knowledge base and the folded sums."""
+        """Parameters no optimiser step moves: the knowledge base and the folded sums."""
         return [n for n in names if n.rsplit(".", 1)[-1] in FROZEN]
 
-    # ---- proposed client hooks ----
+    # ---- client hooks ----
     def client_start(self, params: Params, state: State, server: State, task: int) -> Params:
-        """(Proposed) The client's starting parameters of a round: ``params`` the global bases with its own local
+        """The client's starting parameters of a round: ``params`` the global bases with its own local
         parameters (the template's at its first round)."""
         out = dict(params)
         own = state.get("base", {})
@@ -130,7 +133,7 @@ class FedWeIT(Method):
         return x.new_ones(x.shape[0]) * regulariser(params, self.layers, current, anchors, self.weights)
 
     def client_upload(self, params: Params, state: State) -> tuple[Params, Params]:
-        """(Proposed) After a round's training: the sparse bases sent and each layer's kept output units; the client
+        """After a round's training: the sparse bases sent and each layer's kept output units; the client
         keeps its full trained base for its next merge."""
         state["base"] = {p: params[f"{p}.base"].detach().clone() for p in self.layers}
         task, sent, keeps = state["task"], {}, {}
@@ -140,24 +143,27 @@ class FedWeIT(Method):
         return sent, keeps
 
     def upload_bytes(self, sent: Params, keeps: Params) -> int:
-        """(Proposed) Bytes of one client's sparse bases: the kept rows and a bitmap of the units per layer."""
+        """Bytes of one client's sparse bases: the kept rows and a bitmap of the units per layer."""
         return sum(sparse.row_sparse_bytes(keeps[n], sent[n][0].numel()) for n in sent)
 
     def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
                    server: State, generator: torch.Generator) -> State | None:
-        """Task end: the client's own ``A`` of the task (its local parameters, proposed ``state["local"]``),
-        pruned at ``lambda_l1``: its entry of the next knowledge base."""
-        if event != "task_end" or "task" not in state:
+        """Task end: the client's own ``A`` of the task (its local parameters, ``state["local"]``), pruned at
+        ``lambda_l1``: its entry of the next knowledge base; a participant that has not trained the task sends
+        nothing."""
+        if event != "task_end" or state.get("task") != data.task:
             return None
         local, task = state["local"], state["task"]
         return {"adaptive": {p: hard_threshold(local[f"{p}.adaptive"][task], self.hparams.lambda_l1)
                              for p in self.layers}}
 
-    def payload_bytes(self, event: str, payload: State) -> int:
-        """(Proposed) Bytes of a sparse payload: a task-end upload (one knowledge-base entry) or the knowledge
-        base sent at a task start (every entry), each tensor element-sparse."""
-        if event == "task_end":
+    def payload_bytes(self, event: str, payload: State) -> int | None:
+        """Bytes of a sparse payload: a task-end upload (one knowledge-base entry) or the knowledge base sent at a
+        task start (every entry), each tensor element-sparse."""
+        if event == "task_end_upload":
             return sparse.knowledge_base_bytes([payload["adaptive"]], self.hparams.encoding)
+        if event != "task_start":
+            return None
         kb = payload.get("kb", {})
         entries = [{p: kb[p][k] for p in kb} for k in range(self.kb_size)] if kb else []
         return sparse.knowledge_base_bytes(entries, self.hparams.encoding)
@@ -169,7 +175,7 @@ class FedWeIT(Method):
 
     # ---- server ----
     def server_aggregate(self, sent: Params, keeps: Params) -> Params:
-        """(Proposed) The new global bases from the clients' stacked uploads ``(C, ...)``: each output unit the mean
+        """The new global bases from the clients' stacked uploads ``(C, ...)``: each output unit the mean
         over the clients that sent it (unweighted, as the code), 0 where none did."""
         return {n: sparse.aggregate_bases(sent[n], keeps[n]) for n in sent}
 

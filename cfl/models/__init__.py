@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from cfl.models.alexnet import AlexNetLike
+from cfl.models.fedweit_net import FedWeITLeNet, FedWeITMLP
 from cfl.models.mlp import MLP
 from cfl.models.resnet import ReducedResNet18
 from cfl.registry import Registry
@@ -21,6 +22,7 @@ class ModelShape:
     classes: int
     num_tasks: int
     multi_head: bool
+    clients_per_round: int = 1  # FedWeIT's knowledge base holds one entry per client of a round
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -59,6 +61,15 @@ def _resnet18_mini(shape: ModelShape) -> nn.Module:
                            batch_norm=True)
 
 
+def _fedweit_mlp(shape: ModelShape) -> nn.Module:
+    return FedWeITMLP(_numel(shape.input_shape), [256, 256], shape.classes, shape.num_tasks, shape.clients_per_round,
+                      shape.multi_head)
+
+
+def _fedweit_lenet(shape: ModelShape) -> nn.Module:
+    return FedWeITLeNet(*_image(shape), shape.classes, shape.num_tasks, shape.clients_per_round, shape.multi_head)
+
+
 ModelBuilder = Callable[[ModelShape], nn.Module]
 
 MODELS: Registry[ModelBuilder] = Registry("model")
@@ -70,6 +81,12 @@ MODELS.register("resnet18-reduced", _resnet18_reduced,
                 about="reduced ResNet-18, 20 base filters, no BatchNorm (5-Datasets)")
 MODELS.register("resnet18-mini", _resnet18_mini,
                 about="reduced ResNet-18, 32 base filters, stride-2 stem, batch-stat BatchNorm (Mini-ImageNet)")
+
+#: FedWeIT's networks (method fedweit only: any other method would average their per-client parts)
+MODELS.register("fedweit-mlp", _fedweit_mlp,
+                about="FedWeIT's decomposed MLP in-256-256, one head per task (method fedweit only)")
+MODELS.register("fedweit-lenet", _fedweit_lenet,
+                about="FedWeIT's decomposed LeNet (conv 20, 50, fc 800, 500; the official code's; method fedweit only)")
 
 
 def build_model(name: str, shape: ModelShape) -> nn.Module:

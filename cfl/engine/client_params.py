@@ -1,0 +1,150 @@
+"""Parameters kept per client (``Method.local_params``), each client's starting parameters (``client_start``) and
+a method's own upload and aggregation of the shared parameters (``client_upload``, ``server_aggregate``).
+
+A method's local parameters live in its client state under ``state["local"]`` (so they are checkpointed, kept
+in the client-state store and sized by ``client_state_bytes``): loaded into the client's starting parameters at
+each of its rounds (the global model's values, i.e. the template's, before its first), written back after
+training, left out of the aggregation (the global model keeps the template's values) and out of the model bytes
+sent each way. Only the sequential trainer starts clients from their own parameters (:mod:`cfl.engine.path`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from cfl.engine.hook_rules import (
+    check_bytes,
+    check_client_start,
+    check_client_upload,
+    check_names,
+    check_server_aggregate,
+)
+from cfl.engine.jobs import ClientJob
+from cfl.methods.base import Method, overrides
+from cfl.methods.hook_guard import guarded
+from cfl.records.client_states import MethodState
+from cfl.tensors import Params, State
+
+#: the hooks of parameters kept per client: a method overriding any trains on the sequential path
+PER_CLIENT_HOOKS = ("local_params", "frozen_params", "client_start", "client_upload", "server_aggregate")
+#: the client-state key of a method's local parameters
+LOCAL = "local"
+
+
+def keeps_client_params(method: Method) -> bool:
+    """Whether ``method`` overrides a hook of parameters kept per client."""
+    return any(overrides(method, h) for h in PER_CLIENT_HOOKS)
+
+
+class ClientParams:
+    """The run's per-client parameters: which are local (per method), which frozen, who starts and uploads."""
+
+    def __init__(self, methods: list[Method], names: list[str]) -> None:
+        self.methods = methods
+        self.local: list[list[str]] = []
+        for m in methods:
+            with guarded(m, "local_params"):
+                self.local.append(check_names(m.local_params(list(names)), names, "local_params"))
+        self.frozen: frozenset[str] = frozenset()
+        for m in methods:
+            with guarded(m, "frozen_params"):
+                self.frozen |= set(check_names(m.frozen_params(list(names)), names, "frozen_params"))
+        taken: dict[str, str] = {}
+        for m, own in zip(methods, self.local, strict=True):
+            for n in own:
+                if n in taken:
+                    raise ValueError(f"methods {taken[n]} and {m.name} both keep parameter {n!r} per client")
+                taken[n] = m.name
+        self.local_names = frozenset(taken)
+        self.starting = [i for i, m in enumerate(methods) if overrides(m, "client_start")]
+        self.uploading = [i for i, m in enumerate(methods) if overrides(m, "client_upload")]
+
+    @property
+    def active(self) -> bool:
+        """Whether clients start from anything but the global model."""
+        return bool(self.local_names or self.starting)
+
+    def shared(self, params: Params) -> Params:
+        """The parameters the server holds for every client (those sent each way)."""
+        return {k: v for k, v in params.items() if k not in self.local_names}
+
+    def starts(self, jobs: list[ClientJob], params: Params, states: list[MethodState], servers: list[State],
+               task: int) -> dict[int, Params]:
+        """Each sampled client's starting parameters: the global model with its local parameters, then every
+        ``client_start`` (whose state changes are written back)."""
+        out = {}
+        for job in jobs:
+            start = dict(params)
+            client = [st.clients.get(job.cid) for st in states]
+            for own, state in zip(self.local, client, strict=True):
+                start.update({k: state[LOCAL][k] for k in own if k in state.get(LOCAL, {})})
+            for i in self.starting:
+                with guarded(self.methods[i], "client_start"):
+                    start = check_client_start(self.methods[i].client_start(start, client[i], servers[i], task),
+                                               params)
+            for i in sorted({*self.starting, *(i for i, own in enumerate(self.local) if own)}):
+                if self.local[i]:
+                    client[i][LOCAL] = {k: start[k].detach().clone() for k in self.local[i]}
+                states[i].clients.put(job.cid, client[i])
+            out[job.cid] = start
+        return out
+
+    def keep_trained(self, trained: Params, jobs: list[ClientJob], keep: torch.Tensor,
+                     states: list[MethodState]) -> None:
+        """The kept clients' trained local parameters into their states (a dropped client's stay its start's,
+        written by :meth:`starts`)."""
+        rows = keep.nonzero().flatten().tolist()
+        kept = [j for j, ok in zip(jobs, keep.tolist(), strict=True) if ok]
+        for i, own in enumerate(self.local):
+            if own:
+                clients = states[i].clients
+                for job, row in zip(kept, rows, strict=True):
+                    state = clients.get(job.cid)
+                    state[LOCAL] = {k: trained[k][row].detach().clone() for k in own}
+                    clients.put(job.cid, state)
+
+    def uploads(self, trained: Params, jobs: list[ClientJob], keep: torch.Tensor, params: Params,
+                states: list[MethodState]) -> tuple[Params, list[int]]:
+        """The uploading method's ``client_upload`` on each kept client, combined by its ``server_aggregate``:
+        the new global values of the parameters it sends, and each client's ``upload_bytes``."""
+        if not self.uploading:
+            return {}, []
+        i = self.uploading[0]
+        method, clients = self.methods[i], states[i].clients
+        rows = keep.nonzero().flatten().tolist()
+        kept = [j for j, ok in zip(jobs, keep.tolist(), strict=True) if ok]
+        sent, info, sizes = [], [], []
+        for job, row in zip(kept, rows, strict=True):
+            state = clients.get(job.cid)
+            with guarded(method, "client_upload"):
+                s, n = check_client_upload(method.client_upload({k: v[row] for k, v in trained.items()}, state),
+                                           params, self.local_names)
+            with guarded(method, "upload_bytes"):
+                sizes.append(check_bytes(method.upload_bytes(s, n)))
+            clients.put(job.cid, state)
+            sent.append(s)
+            info.append(n)
+        stacked_sent = {k: torch.stack([s[k] for s in sent]) for k in sent[0]}
+        stacked_info = {k: torch.stack([n[k] for n in info]) for k in info[0]}
+        with guarded(method, "server_aggregate"):
+            combined = check_server_aggregate(method.server_aggregate(stacked_sent, stacked_info), sent[0], params)
+        return combined, sizes
+
+    def evaluated(self, params: Params, states: list[MethodState]) -> Iterator[Params]:
+        """The models evaluation averages over: each client's own (the global model with its local parameters),
+        for the clients holding local parameters; the global model alone where none does."""
+        owners = [i for i, own in enumerate(self.local) if own]
+        cids = sorted({c for i in owners for c in states[i].clients.ids()})
+        found = False
+        for c in cids:
+            model = dict(params)
+            for i in owners:
+                model.update(states[i].clients.get(c).get(LOCAL, {}))
+            found = True
+            yield model
+        if not found:
+            yield params
+
+
