@@ -112,6 +112,33 @@ def check_methods(cfg: Any, specs: list[dict[str, Any]]) -> None:
             raise hook_error(cls, "check", err) from err
 
 
+def check_client_params(cfg: Any, specs: list[dict[str, Any]]) -> None:
+    """Parameters kept per client (``Method.local_params`` and its kin) run on the sequential trainer of the local
+    backend; one method at most aggregates with its own ``server_aggregate``, beside the plain mean only."""
+    from cfl.methods import METHODS
+    from cfl.methods.base import Method, per_client_hooks
+
+    keeping = [s["name"] for s in specs if per_client_hooks(METHODS[s["name"]])]
+    if keeping and cfg.backend == "ray":
+        raise ConfigError(f"method {keeping[0]} keeps parameters per client, which only the local backend's "
+                          "sequential trainer loads: set backend: local")
+    def own(hook: str) -> list[str]:
+        return [s["name"] for s in specs if getattr(METHODS[s["name"]], hook) is not getattr(Method, hook)]
+
+    never = sorted(set(own("server_aggregate")) - set(own("client_upload")))
+    if never:
+        raise ConfigError(f"method {never[0]} overrides server_aggregate but not client_upload, which gives it what "
+                          "to combine: it would never be called; override client_upload too")
+    if len(own("client_upload")) > 1:
+        first, second = own("client_upload")[:2]
+        raise ConfigError(f"methods {first} and {second} both upload with their own client_upload; a run takes one "
+                          "of them: drop one from method/plugins")
+    uploading = own("client_upload")
+    if uploading and cfg.aggregator.name != "mean":
+        raise ConfigError(f"method {uploading[0]} aggregates with its own client_upload/server_aggregate; 'aggregator: "
+                          f"{cfg.aggregator.name}' would mask its step: set aggregator.name: mean")
+
+
 def check_task_losses(cfg: Any, specs: list[dict[str, Any]]) -> None:
     """At most one method replaces the cross-entropy (``Method.task_loss``), and none beside ``loss: tce``
     (which changes the cross-entropy such a method replaces)."""

@@ -11,6 +11,7 @@ from typing import Any
 
 from cfl.config import Config, _set_dotted, parse_overrides, read_yaml
 from cfl.cross_checks import (
+    check_client_params,
     check_methods,
     check_model_family,
     check_model_fits,
@@ -142,6 +143,7 @@ def _validate_names(cfg: Config) -> Config:
     check_threads(cfg.threads)
     check_optimizer(cfg, [method, *plugins])
     check_task_losses(cfg, [method, *plugins])
+    check_client_params(cfg, [method, *plugins])
     cfg = dataclasses.replace(cfg, method=method, plugins=plugins, precision=parse_precision(cfg.precision),
                               model=dataclasses.replace(cfg.model, name=resolve_model(cfg.stream.name, cfg.model.name,
                                                                                       method["name"])))

@@ -199,6 +199,18 @@ CASES = [
       "raise num_clients to at least 7"]),
     ("glfc: not class-incremental", ["{cfg}", "--set", "method.name=glfc"],
      ["method glfc runs class-incremental streams; this one is task-incremental", "set stream.scenario: class"]),
+    # issue 31 item 4: FedWeIT and its own networks
+    ("fedweit with another model", ["{cfg}", "--set", "method.name=fedweit", "--set", "model.name=digits-mlp"],
+     ["method fedweit trains its own networks only (fedweit-mlp, fedweit-lenet)", "set model.name: fedweit-mlp"]),
+    ("fedweit's network with another method", ["{cfg}", "--set", "model.name=fedweit-mlp"],
+     ["model fedweit-mlp is method fedweit's own network", "set method.name: fedweit"]),
+    ("fedweit: class-incremental", ["{cfg}", "--set", "method.name=fedweit", "--set", "stream.scenario=class"],
+     ["method fedweit is task-incremental", "set stream.scenario: task"]),
+    ("fedweit: weight_decay", ["{cfg}", "--set", "method.name=fedweit", "--set", "weight_decay=0.1"],
+     ["method fedweit decays its own parts", "set weight_decay: 0"]),
+    ("fedweit: an aggregator other than the mean", ["{cfg}", "--set", "method.name=fedweit", "--set",
+                                                    "aggregator.name=gma"],
+     ["method fedweit aggregates with its own client_upload/server_aggregate", "set aggregator.name: mean"]),
 ]
 #: refusals that depend on the data (the training set sizes): made after loading it, before any round
 AFTER_DATA_LOADS = {"shards: a client gets no data",

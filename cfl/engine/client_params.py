@@ -27,15 +27,8 @@ from cfl.methods.hook_guard import guarded
 from cfl.records.client_states import MethodState
 from cfl.tensors import Params, State
 
-#: the hooks of parameters kept per client: a method overriding any trains on the sequential path
-PER_CLIENT_HOOKS = ("local_params", "frozen_params", "client_start", "client_upload", "server_aggregate")
 #: the client-state key of a method's local parameters
 LOCAL = "local"
-
-
-def keeps_client_params(method: Method) -> bool:
-    """Whether ``method`` overrides a hook of parameters kept per client."""
-    return any(overrides(method, h) for h in PER_CLIENT_HOOKS)
 
 
 class ClientParams:

@@ -17,12 +17,11 @@ from dataclasses import dataclass
 from torch import nn
 
 from cfl.engine import local_optim
-from cfl.engine.client_params import PER_CLIENT_HOOKS
 from cfl.engine.jobs import Hyper
 from cfl.engine.stacked_net import StackedNet
 from cfl.engine.stacking import couples_samples
 from cfl.engine.step_hooks import STEP_HOOKS, takes_steps
-from cfl.methods.base import Method, overrides
+from cfl.methods.base import Method, overrides, per_client_hooks
 
 #: hooks the stacked path cannot take, with the reason
 _NOT_STACKED = {
@@ -73,7 +72,7 @@ def sequential_refusal(model: nn.Module, methods: list[Method]) -> str | None:
         if m.sequential_reason:
             return f"method {m.name}: {m.sequential_reason}"
     for m in methods:
-        hooks = [h for h in PER_CLIENT_HOOKS if overrides(m, h)]
+        hooks = per_client_hooks(type(m))
         if hooks:
             return (f"method {m.name} keeps parameters per client ({', '.join(hooks)}): only the sequential trainer "
                     f"starts each client from its own parameters (the batched paths start every client of a stack "

@@ -18,7 +18,7 @@ from torch import nn
 
 from cfl.config import Config
 from cfl.data.stream import Stream
-from cfl.engine.client_params import ClientParams, keeps_client_params
+from cfl.engine.client_params import ClientParams
 from cfl.engine.hook_rules import check_bytes, check_upload
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, derive_seed
 from cfl.engine.local_batched import BatchedTrainer
@@ -100,7 +100,6 @@ class Runner:
         # optimizer.state: kept: each client's optimiser state between its rounds (checkpointed with the run)
         self.optimizer_states = ClientStates() if cfg.optimizer.state == "kept" else None
         self.client_params = ClientParams(self.methods, list(self.params))
-        refuse_client_params(cfg, self.methods, self.client_params)
         self.engine_path = choose_path(self.model, self.hyper, self.methods, cfg.client_execution)
         self.hyper.path = self.engine_path.path
         self.engine_path.announce()  # once per run, on stderr; results.json keeps it as engine_path
@@ -385,21 +384,6 @@ def payload_size(method: Method, kind: str, payload: State) -> int:
             if size is not None:
                 return check_bytes(size)
     return nbytes(payload)
-
-
-def refuse_client_params(cfg: Config, methods: list[Method], client_params: ClientParams) -> None:
-    """Refuse what parameters kept per client cannot run with: the Ray backend (its workers start every client
-    from the global model), and a method's own aggregation beside a non-mean aggregator or another one."""
-    per_client = [m.name for m in methods if keeps_client_params(m)]
-    if per_client and cfg.backend == "ray":
-        raise ConfigError(f"method {per_client[0]} keeps parameters per client, which the sequential trainer "
-                          "alone loads; set backend: local")
-    if len(client_params.uploading) > 1:
-        names = [methods[i].name for i in client_params.uploading]
-        raise ConfigError(f"methods {', '.join(names)} each aggregate with their own client_upload; one at most")
-    if client_params.uploading and cfg.aggregator.name != "mean":
-        raise ConfigError(f"method {methods[client_params.uploading[0]].name} aggregates with its own "
-                          f"server_aggregate; aggregator {cfg.aggregator.name} would mask it: set aggregator: mean")
 
 
 # ---- SHIM: the broadcast event "task_start" (built in the task-end worktree; replace at merge) ----------------

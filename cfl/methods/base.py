@@ -321,6 +321,15 @@ def overrides(method: Method, hook: str) -> bool:
     return getattr(type(method), hook) is not getattr(Method, hook)
 
 
+#: the hooks of parameters kept per client: a method overriding any trains on the sequential path
+PER_CLIENT_HOOKS = ("local_params", "frozen_params", "client_start", "client_upload", "server_aggregate")
+
+
+def per_client_hooks(cls: type[Method]) -> list[str]:
+    """The hooks of parameters kept per client that the method class ``cls`` overrides."""
+    return [h for h in PER_CLIENT_HOOKS if getattr(cls, h) is not getattr(Method, h)]
+
+
 def takes_part_at_task_end(method: Method) -> bool:
     """Whether any client runs ``client_end("task_end")`` for ``method``."""
     return overrides(method, "client_end") and "task_end" in method.client_events and method.task_end_clients != 0
