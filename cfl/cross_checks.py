@@ -122,6 +122,9 @@ def check_client_params(cfg: Any, specs: list[dict[str, Any]]) -> None:
     if keeping and cfg.backend == "ray":
         raise ConfigError(f"method {keeping[0]} keeps parameters per client, which only the local backend's "
                           "sequential trainer loads: set backend: local")
+    if keeping and cfg.client_forgetting_clients:
+        raise ConfigError(f"method {keeping[0]} keeps parameters per client: client forgetting compares each client's "
+                          "model with the global one, which lacks them; set client_forgetting_clients: 0")
     def own(hook: str) -> list[str]:
         return [s["name"] for s in specs if getattr(METHODS[s["name"]], hook) is not getattr(Method, hook)]
 

@@ -134,3 +134,14 @@ def test_frozen_parameters_take_no_optimiser_state():
     runner.run_round(0, 0)
     kept = runner.optimizer_states.get(runner.optimizer_states.ids()[0])
     assert "body.1.kb" not in kept["slots"] and "body.1.adaptive" in kept["slots"]
+
+
+def test_the_state_estimate_bounds_what_the_clients_keep(run):
+    """Per client: its local parameters and own base (one model: 274432 bytes of bases and the rest), one past
+    task's anchors (bases) and two numbers; the estimate allows num_tasks anchors."""
+    runner, _, _ = run
+    clients = runner.states[0].clients
+    kept = sum(clients.nbytes(c) for c in clients.ids())
+    model = sum(v.numel() * v.element_size() for v in runner.params.values())
+    assert runner.state_estimate[0] == 4 * (model + 2 * 274432 + 64)
+    assert model * len(clients.ids()) < kept <= runner.state_estimate[0]

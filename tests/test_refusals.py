@@ -211,6 +211,8 @@ CASES = [
     ("fedweit: an aggregator other than the mean", ["{cfg}", "--set", "method.name=fedweit", "--set",
                                                     "aggregator.name=gma"],
      ["method fedweit aggregates with its own client_upload/server_aggregate", "set aggregator.name: mean"]),
+    ("fedweit: client forgetting", ["{cfg}", "--set", "method.name=fedweit", "--set", "client_forgetting_clients=2"],
+     ["method fedweit keeps parameters per client", "set client_forgetting_clients: 0"]),
 ]
 #: refusals that depend on the data (the training set sizes): made after loading it, before any round
 AFTER_DATA_LOADS = {"shards: a client gets no data",

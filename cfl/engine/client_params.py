@@ -132,9 +132,12 @@ class ClientParams:
         cids = sorted({c for i in owners for c in states[i].clients.ids()})
         found = False
         for c in cids:
+            held = [states[i].clients.get(c).get(LOCAL) for i in owners]
+            if not any(held):  # a state written by a hook of a client that has not trained yet
+                continue
             model = dict(params)
-            for i in owners:
-                model.update(states[i].clients.get(c).get(LOCAL, {}))
+            for own in held:
+                model.update(own or {})
             found = True
             yield model
         if not found:

@@ -172,6 +172,9 @@ def train_batched(model: nn.Module, global_params: Params, jobs: list[ClientJob]
     with the same workspace.
     """
     warn_if_slow(hp.precision, x.device)
+    if plugins.starts is not None or plugins.frozen:  # the run's path is sequential then (cfl/engine/path.py)
+        raise ValueError("train_batched starts every client from the global model and moves every parameter: "
+                         "parameters kept per client or frozen ones train with train_sequential")
     order = sorted(range(len(jobs)), key=lambda c: -len(jobs[c].indices))  # stable: ties keep job order
     ordered = [jobs[c] for c in order]
     block = hp.client_block or auto_client_block(model, x.device, len(jobs))

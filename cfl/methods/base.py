@@ -295,8 +295,9 @@ class Method:
         """Estimated bytes of the state of all clients together at its largest in the run (an upper bound where
         it can be one): ``client_state_store: auto`` and the disk-space check use it before the run starts
         (docs/scaling.md). A method that does not override ``client_end`` keeps no client state (0); one that
-        does and gives no estimate (None) is kept in memory under ``auto``, with a line on stderr."""
-        return None if overrides(self, "client_end") else 0
+        does, or keeps parameters per client, and gives no estimate (None) is kept in memory under ``auto``, with a
+        line on stderr."""
+        return None if overrides(self, "client_end") or per_client_hooks(type(self)) else 0
 
     # ---- server side ----
     def server_end(self, event: Event, uploads: dict[int, State], server: State, task: int) -> None:

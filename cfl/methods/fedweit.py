@@ -169,9 +169,11 @@ class FedWeIT(Method):
         return sparse.knowledge_base_bytes(entries, self.hparams.encoding)
 
     def client_state_bytes(self, sizing: StateSizing) -> int | None:
-        """Upper bound: each client's local parameters (at most one model), its base and past tasks' anchors (at most
-        ``num_tasks`` bases, each at most a model)."""
-        return sizing.num_clients * (2 + sizing.num_tasks) * sizing.model_bytes
+        """Upper bound: each client's local parameters and its own base (one model together), the past tasks'
+        drift anchors (fewer than ``num_tasks`` bases) and a few numbers."""
+        bases = sum(layer.base.numel() * layer.base.element_size()
+                    for layer in self.run_info.model.decomposed().values())
+        return sizing.num_clients * (sizing.model_bytes + sizing.num_tasks * bases + 64)
 
     # ---- server ----
     def server_aggregate(self, sent: Params, keeps: Params) -> Params:
