@@ -63,3 +63,16 @@ def load_plugin_file(path: Path) -> ModuleType:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+class Records:
+    """A runner observer keeping each round's record."""
+
+    def __init__(self) -> None:
+        self.rounds: list[dict] = []
+
+    def round_end(self, record: dict) -> None:
+        self.rounds.append(record)
+
+    def evaluation(self, record: dict) -> None: ...
+    def task_end(self, task: int, record: dict) -> None: ...

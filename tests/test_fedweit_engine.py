@@ -16,20 +16,10 @@ from cfl.methods.base import RunInfo
 from cfl.metrics.evaluate import accuracy
 from cfl.tensors import Params
 from tests.conftest import make_stream, tiny_config
+from tests.helpers import Records
 
 LAYERS = ("body.1", "body.3")  # the decomposed layers: 12 -> 256, 256 -> 256
 SHARED = {"body.1.base": (256, 12), "body.3.base": (256, 256)}
-
-
-class Records:
-    def __init__(self) -> None:
-        self.rounds: list[dict] = []
-
-    def round_end(self, record: dict) -> None:
-        self.rounds.append(record)
-
-    def evaluation(self, record: dict) -> None: ...
-    def task_end(self, task: int, record: dict) -> None: ...
 
 
 def _runner(**kw: object) -> tuple[Runner, Records]:

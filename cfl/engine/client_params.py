@@ -25,6 +25,7 @@ from cfl.engine.jobs import ClientJob
 from cfl.methods.base import Method, overrides
 from cfl.methods.hook_guard import guarded
 from cfl.records.client_states import MethodState
+from cfl.schema import ConfigError
 from cfl.tensors import Params, State
 
 #: the client-state key of a method's local parameters
@@ -48,7 +49,8 @@ class ClientParams:
         for m, own in zip(methods, self.local, strict=True):
             for n in own:
                 if n in taken:
-                    raise ValueError(f"methods {taken[n]} and {m.name} both keep parameter {n!r} per client")
+                    raise ConfigError(f"methods {taken[n]} and {m.name} both keep parameter {n!r} per client; a "
+                                      "parameter has one owner: drop one from method/plugins")
                 taken[n] = m.name
         self.local_names = frozenset(taken)
         self.starting = [i for i, m in enumerate(methods) if overrides(m, "client_start")]
