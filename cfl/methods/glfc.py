@@ -13,6 +13,11 @@ Server (the proxy): reconstructs the uploads into a monitor set, scores each new
 the best; at a task end the best becomes the old model, broadcast with every round's model (counted each
 round). ``proxy: false`` is the ablation without the proxy server: the old model is the finished task's final
 global model.
+
+Task- and domain-incremental streams (cfl's adaptation; GLFC's paper and code are class-incremental, FOT's is not
+public): classes named by global id ``task x classes per head + label`` (memory, learned mask, LeNet labels,
+monitor set); the loss's old group = samples of classes learned at earlier task ends, their whole row distilled
+(``glfc_loss_by_task``); each reconstruction scored on its own task's head (docs/methods/glfc.md).
 """
 
 from __future__ import annotations
