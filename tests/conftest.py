@@ -36,8 +36,9 @@ def tiny_config(**overrides: object):
 
 
 #: what the registry-wide tests (each method of METHODS) give a method beyond its name: GLFC runs class-incremental
-#: streams only (cfl has no task- or domain-incremental adaptation of it) of square images (its LeNet encodes them:
-#: 16 inputs are a 4x4 image), here with a small memory and a short proxy server
+#: streams there, its own form (its task- and domain-incremental adaptation: tests/test_glfc_by_task.py and
+#: test_glfc_runs_alike_in_both_engines_on_task_and_domain_streams), of square images (its LeNet encodes them: 16
+#: inputs are a 4x4 image), here with a small memory and a short proxy server
 METHOD_SETTINGS = {"glfc": {"memory_size": 6, "perturb_steps": 1, "reconstruction_steps": 1, "reconstructions_kept": 1,
                             "reconstruction_iterations": 2}}
 METHOD_STREAMS = {"glfc": {"scenario": "class", "dim": 16},

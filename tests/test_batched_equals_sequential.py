@@ -36,7 +36,7 @@ from cfl.models.dropout import Dropout
 from cfl.models.mlp import MLP
 from cfl.records.client_states import MethodState
 from cfl.validation import from_dict
-from tests.conftest import METHOD_SETTINGS, METHOD_STREAMS, any_method_models, make_stream
+from tests.conftest import METHOD_SETTINGS, METHOD_STREAMS, any_method_models, make_stream, method_spec
 
 # the smallest input every registered model takes (the Mini-ImageNet ResNet's stride-2 stem needs 32x32)
 IMAGE = (3, 32, 32)
@@ -201,7 +201,25 @@ def test_every_model_and_method_run_alike_end_to_end(model, method, optimizer):
                      "lr": 0.05, "partition": {"name": "quantity", "beta": 0.5}, **OPTIMIZERS.get(optimizer, {}),
                      "method": {"name": method, **CHEAP_TASK_END.get(method, {})}, "wandb": {"mode": "disabled"}})
     cfg = replace(cfg, model=replace(cfg.model, name=model))  # on images of its size, not the config's stream
-    runner = Runner(cfg, image_stream(smallest_image(model), METHOD_STREAMS.get(method, {}).get("scenario", "task")))
+    _assert_rounds_alike(Runner(cfg, image_stream(smallest_image(model),
+                                                  METHOD_STREAMS.get(method, {}).get("scenario", "task"))))
+
+
+@pytest.mark.usefixtures("float64_without_dropout")
+@pytest.mark.parametrize("scenario", ["task", "domain"])
+def test_glfc_runs_alike_in_both_engines_on_task_and_domain_streams(scenario):
+    """GLFC's adaptation (its registry-wide row above runs class-incremental): the second task's rounds train on
+    the by-task groups, the memory of the first and the old model, per client under vmap."""
+    cfg = from_dict({"num_clients": 2, "clients_per_round": 2, "rounds_per_task": 1, "batch_size": 4, "lr": 0.05,
+                     "partition": {"name": "quantity", "beta": 0.5}, "method": method_spec("glfc"),
+                     "wandb": {"mode": "disabled"}})
+    _assert_rounds_alike(Runner(replace(cfg, model=replace(cfg.model, name="mlp")),
+                                image_stream(smallest_image("mlp"), scenario)))
+
+
+def _assert_rounds_alike(runner: Runner) -> None:
+    """A round of each of two tasks from the same state with either trainer (and on the vmap path as well where
+    the run takes the stacked one), the real task-end state of task 0 in between."""
     for task in range(2):
         sizes = [len(ix) for ix in runner.schedule.client_indices(task)]
         assert len(set(sizes)) == len(sizes) and any(n % 4 for n in sizes), sizes  # padded short batches

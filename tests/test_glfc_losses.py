@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.func import vmap
 
-from cfl.ops.glfc_losses import glfc_loss, gradient_compensation, relation_distillation
+from cfl.ops.glfc_losses import glfc_loss, glfc_loss_by_task, gradient_compensation, relation_distillation
 
 L2, L3 = math.log(2), math.log(3)
 LOGITS = torch.tensor([[L3, 0.0, 0.0, 5.0], [0.0, L3, 0.0, -4.0], [0.0, 0.0, -L3, 9.0]], dtype=torch.float64)
@@ -110,3 +110,63 @@ def test_a_stack_of_clients_under_vmap_equals_each_client(form):
     for c in range(2):
         torch.testing.assert_close(stacked[c], glfc_loss(logits[c], y[c], weight[c], seen[c], old[c], old_logits[c],
                                                          form=form))
+
+
+# ---- cfl's adaptation to task- and domain-incremental streams: the groups by task (glfc_loss_by_task) ----------
+# One head of 3 columns, all seen. Sample 0 is a memory sample of a finished task (old), samples 1 and 2 of the
+# running task; samples 0 and 1 share label 1 (Permuted MNIST: the same labels every task), so a grouping by class
+# (w = 1/2, 3/2, 1) and the grouping by task differ.
+TASK_LOGITS = torch.tensor([[0.0, L3, 0.0], [0.0, -L3, 0.0], [0.0, 0.0, L3]], dtype=torch.float64)
+TASK_Y = torch.tensor([1, 1, 2])
+OLD_SAMPLES = torch.tensor([True, False, False])
+ALL_SEEN = torch.ones(3, dtype=torch.bool)
+YES, NO = torch.tensor(True), torch.tensor(False)
+# the old model on sample 0: sigmoids [1/2, 3/4, 1/4], softmax [3, 9, 1] / 13; on the new samples never read
+TASK_OLD_LOGITS = torch.tensor([[0.0, L3, -L3], [9.0, 9, 9], [9.0, 9, 9]], dtype=torch.float64)
+# code form: mean over 3 columns of BCE(z, onehot); g = 1/4, 3/4, 1/4; old group {0}: w0 = 1; new {1, 2}, mean 1/2
+TASK_BASE = [(2 * L2 + math.log(4 / 3)) / 3, (2 * L2 + math.log(4)) / 3, (2 * L2 + math.log(4 / 3)) / 3]
+TASK_W = [1.0, 1.5, 0.5]
+
+
+def test_by_task_code_form_groups_the_memory_samples_of_finished_tasks():
+    close(glfc_loss_by_task(TASK_LOGITS, TASK_Y, REAL, ALL_SEEN, OLD_SAMPLES, YES, None),
+          [w * b for w, b in zip(TASK_W, TASK_BASE, strict=True)])
+
+
+def test_by_task_weighs_every_sample_one_before_a_finished_task():
+    close(glfc_loss_by_task(TASK_LOGITS, TASK_Y, REAL, ALL_SEEN, torch.zeros(3, dtype=torch.bool), NO, None),
+          TASK_BASE)
+
+
+def test_by_task_code_form_distils_the_whole_row_of_an_old_sample_only():
+    """Sample 0's target is the old sigmoids [1/2, 3/4, 1/4] on every column: (ln 2 + ln 4 - 3/4 ln 3 + ln 2) / 3;
+    a new sample's is its one-hot label, its L_RD its base loss."""
+    rd = [(4 * L2 - 0.75 * L3) / 3, TASK_BASE[1], TASK_BASE[2]]
+    close(glfc_loss_by_task(TASK_LOGITS, TASK_Y, REAL, ALL_SEEN, OLD_SAMPLES, YES, TASK_OLD_LOGITS),
+          [0.5 * w * b + 0.5 * r for w, b, r in zip(TASK_W, TASK_BASE, rd, strict=True)])
+
+
+def test_by_task_paper_form():
+    """softmax: [1, 3, 1] / 5, [3, 1, 3] / 7, [1, 1, 3] / 5; p_y = 3/5, 1/7, 3/5; g = 2/5, 6/7, 2/5; new-group mean
+    22/35: w = 1, 15/11, 7/11; CE = ln 5/3, ln 7, ln 5/3. L_RD: sample 0 KL([3, 9, 1] / 13 || [1, 3, 1] / 5) =
+    12/13 ln 15/13 + 1/13 ln 5/13; the new samples KL(onehot || q) = their CE."""
+    ce = [math.log(5 / 3), math.log(7), math.log(5 / 3)]
+    w = [1.0, 15 / 11, 7 / 11]
+    close(glfc_loss_by_task(TASK_LOGITS, TASK_Y, REAL, ALL_SEEN, OLD_SAMPLES, YES, None, form="paper"),
+          [a * b for a, b in zip(w, ce, strict=True)])
+    rd = [12 / 13 * math.log(15 / 13) + 1 / 13 * math.log(5 / 13), ce[1], ce[2]]
+    close(glfc_loss_by_task(TASK_LOGITS, TASK_Y, REAL, ALL_SEEN, OLD_SAMPLES, YES, TASK_OLD_LOGITS, form="paper"),
+          [0.5 * a * b + 0.5 * r for a, b, r in zip(w, ce, rd, strict=True)])
+
+
+@pytest.mark.parametrize("form", ["code", "paper"])
+def test_by_task_under_vmap_equals_each_client(form):
+    """Client 1 has finished no task and a padded sample."""
+    logits, y = torch.stack([TASK_LOGITS, TASK_LOGITS.flip(0)]), torch.stack([TASK_Y, TASK_Y])
+    weight = torch.stack([REAL, torch.tensor([1.0, 1, 0], dtype=torch.float64)])
+    seen, old = torch.stack([ALL_SEEN, ALL_SEEN]), torch.stack([OLD_SAMPLES, torch.zeros(3, dtype=torch.bool)])
+    any_old, old_logits = torch.stack([YES, NO]), torch.stack([TASK_OLD_LOGITS, TASK_OLD_LOGITS])
+    stacked = vmap(lambda *a: glfc_loss_by_task(*a, form=form))(logits, y, weight, seen, old, any_old, old_logits)
+    for c in range(2):
+        torch.testing.assert_close(stacked[c], glfc_loss_by_task(logits[c], y[c], weight[c], seen[c], old[c],
+                                                                 any_old[c], old_logits[c], form=form))

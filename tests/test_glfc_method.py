@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 
-import pytest
 import torch
 from torch.func import functional_call
 
@@ -17,7 +16,6 @@ from cfl.ops.features import head_features
 from cfl.ops.glfc_losses import glfc_loss
 from cfl.ops.glfc_memory import herding
 from cfl.ops.glfc_proxy import infer_label
-from cfl.schema import ConfigError
 
 FAST = {"perturb_steps": 2, "reconstruction_steps": 2, "reconstructions_kept": 1}
 
@@ -35,11 +33,6 @@ def data(classes: list[int], task: int, per_class: int = 4, seed: int = 0) -> Cl
     gen = torch.Generator().manual_seed(seed)
     y = torch.tensor(classes).repeat_interleave(per_class)
     return ClientData(torch.rand(len(y), 16, generator=gen), y, task)
-
-
-def test_only_class_incremental_streams():
-    with pytest.raises(ConfigError, match="stream.scenario: class"):
-        make(scenario="task")
 
 
 def test_the_loss_replaces_the_cross_entropy_and_distils_once_an_old_model_exists():

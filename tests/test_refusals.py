@@ -197,8 +197,6 @@ CASES = [
     ("clients_join_per_task: first task below clients_per_round", ["{cfg}", "--set", "clients_join_per_task=4"],
      ["'clients_join_per_task: 4' over 2 tasks", "= 2 clients in the first task", "clients_per_round=3",
       "raise num_clients to at least 7"]),
-    ("glfc: not class-incremental", ["{cfg}", "--set", "method.name=glfc"],
-     ["method glfc runs class-incremental streams; this one is task-incremental", "set stream.scenario: class"]),
     # issue 31 item 4: FedWeIT and its own networks
     ("fedweit with another model", ["{cfg}", "--set", "method.name=fedweit", "--set", "model.name=digits-mlp"],
      ["method fedweit trains its own networks only (fedweit-mlp, fedweit-lenet)", "set model.name: fedweit-mlp"]),
@@ -215,8 +213,7 @@ CASES = [
      ["method fedweit keeps parameters per client", "set client_forgetting_clients: 0"]),
 ]
 #: refusals that depend on the data (the training set sizes): made after loading it, before any round
-AFTER_DATA_LOADS = {"shards: a client gets no data",
-                    "glfc: not class-incremental"}  # the stream's scenario (auto: the stream's default) once loaded
+AFTER_DATA_LOADS = {"shards: a client gets no data"}
 
 
 def write_run(path, cfg, edit=None, wandb_run_id=None):

@@ -160,6 +160,10 @@ VARIANTS = {
     "glfc": {"stream": {"name": "split-digits", "num_tasks": 2, "scenario": "class"},
              "method": {"name": "glfc", "memory_size": 10, "perturb_steps": 1, "reconstruction_steps": 1,
                         "reconstructions_kept": 1, "reconstruction_iterations": 2}},
+    # GLFC's task-incremental adaptation (issue 29 item 4): the learned mask and monitor labels by global class id
+    "glfc-task": {"stream": {"name": "split-digits", "num_tasks": 2, "scenario": "task"},
+                  "method": {"name": "glfc", "memory_size": 10, "perturb_steps": 1, "reconstruction_steps": 1,
+                             "reconstructions_kept": 1, "reconstruction_iterations": 2}},
 }
 
 

@@ -13,6 +13,11 @@ Server (the proxy): reconstructs the uploads into a monitor set, scores each new
 the best; at a task end the best becomes the old model, broadcast with every round's model (counted each
 round). ``proxy: false`` is the ablation without the proxy server: the old model is the finished task's final
 global model.
+
+Task- and domain-incremental streams (cfl's adaptation; GLFC's paper and code are class-incremental, FOT's is not
+public): classes named by global id ``task x classes per head + label`` (memory, learned mask, LeNet labels,
+monitor set); the loss's old group = samples of classes learned at earlier task ends, their whole row distilled
+(``glfc_loss_by_task``); each reconstruction scored on its own task's head (docs/methods/glfc.md).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from cfl.methods.episodic_memory import draw_memory
 from cfl.models.lenet import GradientLeNet, uniform_init_
 from cfl.ops.distill import evaluating, frozen
 from cfl.ops.features import head_features
-from cfl.ops.glfc_losses import FORMS, glfc_loss
+from cfl.ops.glfc_losses import FORMS, glfc_loss, glfc_loss_by_task
 from cfl.ops.glfc_memory import refill
 from cfl.ops.glfc_proxy import BestModel, accuracy, finish_task, keep_best, monitor_set, prototype_gradients
 from cfl.schema import ConfigError, field
@@ -69,9 +74,6 @@ class GLFC(Method):
 
     def __init__(self, hparams: GLFCHyperparams, run_info: Any) -> None:
         super().__init__(hparams, run_info)
-        if run_info.scenario != "class":
-            raise ConfigError(f"method glfc runs class-incremental streams; this one is {run_info.scenario}-"
-                              "incremental (set stream.scenario: class)")
         if hparams.reconstructions_kept > hparams.reconstruction_steps:
             raise ConfigError(f"method.reconstructions_kept={hparams.reconstructions_kept} is above "
                               f"method.reconstruction_steps={hparams.reconstruction_steps}; lower it")
@@ -79,14 +81,18 @@ class GLFC(Method):
         if not isinstance(getattr(head, "weight", None), torch.Tensor):
             raise ConfigError(f"method glfc reads features at the input of the model's head; "
                               f"{type(run_info.model).__name__} has no 'head' layer with a weight")
-        self.classes = int(head.weight.shape[-2])
+        self.classes = int(head.weight.shape[-2])  # a head's columns
+        #: task- and domain-incremental (cfl's adaptation): groups by task, classes named by global id task x classes +
+        #: label (memory, learned mask, LeNet labels, monitor set); class-incremental: the label itself
+        self.by_task = run_info.scenario != "class"
+        self.ids = self.classes * run_info.num_tasks if self.by_task else self.classes
         self._encoder: GradientLeNet | None = None
         self._client_seconds: dict[str, float] = {}  # the clients' phases since the last server_end
 
     def encoder(self, input_shape: tuple[int, ...], like: torch.Tensor) -> GradientLeNet:
         """The fixed random LeNet, the same for every client and the server (seeded by the run seed)."""
         if self._encoder is None:
-            net = GradientLeNet(input_shape, self.classes)
+            net = GradientLeNet(input_shape, self.ids)
             uniform_init_(net, torch.Generator().manual_seed(self.run_info.seed))
             self._encoder = net.to(device=like.device, dtype=like.dtype)
         return self._encoder
@@ -94,18 +100,28 @@ class GLFC(Method):
     def client_state_bytes(self, sizing: StateSizing) -> int:
         """The memory (an input, a label and a task id (int64), a valid flag per slot) and the learned-classes mask,
         per client."""
-        return sizing.num_clients * (self.hparams.memory_size * (sizing.sample_bytes + 8 + 8 + 1) + self.classes)
+        return sizing.num_clients * (self.hparams.memory_size * (sizing.sample_bytes + 8 + 8 + 1) + self.ids)
+
+    def global_ids(self, y: torch.Tensor, task: torch.Tensor | int) -> torch.Tensor:
+        """Each sample's class as the memory, the learned mask and the LeNet name it: ``task x classes + y`` on task-
+        and domain-incremental streams, ``y`` on class-incremental ones."""
+        return task * self.classes + y if self.by_task else y
 
     # ---- the local step ----
     def task_loss(self, params: Params, logits: torch.Tensor, y: torch.Tensor, x: torch.Tensor, task: torch.Tensor,
                   weight: torch.Tensor, allowed: torch.Tensor | None, server: State, state: State) -> torch.Tensor:
         """Per sample, GLFC's loss in place of the cross-entropy."""
         seen = torch.ones(logits.shape[-1], dtype=torch.bool, device=logits.device) if allowed is None else allowed
-        learned = state.get("learned", torch.zeros_like(seen))
         old_logits = None
         if "old_model" in server:
             with evaluating(self.run_info.model):
                 old_logits = functional_call(self.run_info.model, server["old_model"], (x, task)).detach()
+        if self.by_task:  # old: a sample of a (task, class) the client learned, i.e. of a finished task
+            learned = state.get("learned", torch.zeros(self.ids, dtype=torch.bool, device=logits.device))
+            old_samples = learned.gather(-1, self.global_ids(y, task))
+            return glfc_loss_by_task(logits, y, weight, seen, old_samples, learned.any(-1), old_logits,
+                                     self.hparams.form)
+        learned = state.get("learned", torch.zeros_like(seen))
         return glfc_loss(logits, y, weight, seen, learned & seen, old_logits, self.hparams.form)
 
     def replay(self, state: State, generator: torch.Generator) -> Samples | None:
@@ -137,8 +153,10 @@ class GLFC(Method):
         valid = state["valid"] if "valid" in state else None
         mem_x, mem_y, mem_t = (data.x[:0], data.y[:0], data.y[:0]) if valid is None else \
             (state["x"][valid], state["y"][valid], state["task"][valid])
-        old = {int(c): torch.nonzero(mem_y == c).flatten() for c in torch.unique(mem_y).tolist()}
-        new = {int(c): torch.nonzero(data.y == c).flatten() for c in torch.unique(data.y).tolist() if int(c) not in old}
+        mem_ids, data_ids = self.global_ids(mem_y, mem_t), self.global_ids(data.y, data.task)
+        old = {int(c): torch.nonzero(mem_ids == c).flatten() for c in torch.unique(mem_ids).tolist()}
+        new = {int(c): torch.nonzero(data_ids == c).flatten() for c in torch.unique(data_ids).tolist()
+               if int(c) not in old}
         sets = refill(old, {c: features[rows] for c, rows in new.items()}, self.hparams.memory_size,
                       self.hparams.herding_repeats)
         kept = [new[c][sets[c]] for c in new]
@@ -150,18 +168,22 @@ class GLFC(Method):
         state["y"], state["task"] = (torch.zeros(size, dtype=torch.long, device=device) for _ in range(2))
         state["valid"] = torch.zeros(size, dtype=torch.bool, device=device)
         state["x"][: len(y)], state["y"][: len(y)], state["task"][: len(y)], state["valid"][: len(y)] = x, y, t, True
-        learned = state.get("learned", torch.zeros(self.classes, dtype=torch.bool, device=data.x.device)).clone()
-        learned[torch.unique(data.y)] = True
+        learned = state.get("learned", torch.zeros(self.ids, dtype=torch.bool, device=data.x.device)).clone()
+        learned[torch.unique(data_ids)] = True
         state["learned"] = learned
 
     def _prototype_upload(self, model: nn.Module, params: Params, data: ClientData,
                           state: State) -> list[list[torch.Tensor]]:
         """Per class the client holds: its perturbed prototype's LeNet gradient. The perturbation's loss runs over
-        the classes the client learned and holds (our reading: the client is not told the run's seen classes)."""
+        the classes the client learned and holds (our reading: the client is not told the run's seen classes); on
+        task- and domain-incremental streams over the task's head, labelled by global class id for the LeNet."""
         features, _ = head_features(model, params, data.x, data.task)
         classes = [int(c) for c in torch.unique(data.y).tolist()]
-        seen = state.get("learned", torch.zeros(self.classes, dtype=torch.bool, device=data.x.device)).clone()
-        seen[classes] = True
+        if self.by_task:
+            seen = torch.ones(self.classes, dtype=torch.bool, device=data.x.device)
+        else:
+            seen = state.get("learned", torch.zeros(self.classes, dtype=torch.bool, device=data.x.device)).clone()
+            seen[classes] = True
         task = torch.full((1,), data.task, dtype=torch.long, device=data.x.device)
 
         def logits_fn(v: torch.Tensor) -> torch.Tensor:
@@ -169,7 +191,8 @@ class GLFC(Method):
 
         return prototype_gradients(logits_fn, features, data.x, data.y, classes,
                                    self.encoder(tuple(data.x.shape[1:]), data.x), seen, self.hparams.perturb_steps,
-                                   self.hparams.perturb_lr)
+                                   self.hparams.perturb_lr,
+                                   encoder_labels=[int(self.global_ids(torch.tensor(c), data.task)) for c in classes])
 
     # ---- the proxy server ----
     def server_end(self, event: Event, uploads: dict[int, State], server: State, task: int) -> None:
@@ -201,11 +224,14 @@ class GLFC(Method):
         if "monitor_x" not in server:
             return
         start = time.perf_counter()
-        x = server["monitor_x"].to(next(iter(global_params.values())).dtype)
+        x, y = server["monitor_x"].to(next(iter(global_params.values())).dtype), server["monitor_y"]
+        tasks = torch.full((len(x),), task, device=x.device)
+        if self.by_task:  # global ids: each sample scored on its own task's head and label
+            tasks, y = y // self.classes, y % self.classes
         with evaluating(model), torch.no_grad():
-            logits = functional_call(model, global_params, (x, torch.full((len(x),), task, device=x.device)))
+            logits = functional_call(model, global_params, (x, tasks))
         best = BestModel(server.get("best_score", -math.inf), server.get("best"))
-        kept = keep_best(best, accuracy(logits, server["monitor_y"]), global_params)
+        kept = keep_best(best, accuracy(logits, y), global_params)
         if kept is not best:
             server["best_score"], server["best"] = kept.score, frozen(global_params)
         stats = server.setdefault("stats", {})

@@ -9,6 +9,9 @@ Shapes: ``logits`` (..., B, K); ``y`` (..., B) int; ``weight`` (..., B), 0 marks
 batch mean); ``seen`` (..., K) bool: the classes learned so far, current task's included (the columns the losses
 run over); ``old`` (..., K) bool: the classes of earlier tasks (a subset of ``seen``; none on the first task).
 No function branches on data: empty groups give masked means of 0, never a Python ``if``.
+
+:func:`glfc_loss_by_task` is cfl's adaptation to task- and domain-incremental streams: the groups are by task (a
+memory sample of a finished task is old, with its whole row), not by class column.
 """
 
 from __future__ import annotations
@@ -65,15 +68,21 @@ def gradient_compensation(logits: torch.Tensor, y: torch.Tensor, weight: torch.T
     (the code's ``mean(w * BCE)`` over the batch and the seen columns is the batch mean of this).
     paper: ``g_i = |softmax(z_i)_y_i - 1|`` (softmax over the seen classes), loss = the cross-entropy."""
     onehot = F.one_hot(y, logits.shape[-1]).to(logits.dtype)
+    g, base = _magnitude_and_loss(logits, y, onehot, seen, form)
+    is_old = (onehot * old.to(logits.dtype).unsqueeze(-2)).sum(-1) > 0
+    return compensation_weights(g, is_old, weight, old.any(-1)) * base
+
+
+def _magnitude_and_loss(logits: torch.Tensor, y: torch.Tensor, onehot: torch.Tensor, seen: torch.Tensor,
+                        form: Form) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per sample (..., B): the gradient magnitude ``g`` (detached) and the classification loss it weighs."""
     if form == "code":
         p_y = _picked(torch.sigmoid(logits), y)
         base = _column_mean(F.binary_cross_entropy_with_logits(logits, onehot, reduction="none"), seen)
     else:
         log_p_y = _picked(_seen_log_softmax(logits, seen), y)
         p_y, base = log_p_y.exp(), -log_p_y
-    g = (p_y - 1).abs().detach()
-    is_old = (onehot * old.to(logits.dtype).unsqueeze(-2)).sum(-1) > 0
-    return compensation_weights(g, is_old, weight, old.any(-1)) * base
+    return (p_y - 1).abs().detach(), base
 
 
 def relation_distillation(logits: torch.Tensor, y: torch.Tensor, old_logits: torch.Tensor, seen: torch.Tensor,
@@ -86,8 +95,13 @@ def relation_distillation(logits: torch.Tensor, y: torch.Tensor, old_logits: tor
     paper: ``D_KL(target || softmax(z))`` over the seen classes, target = one-hot with the ``old`` entries replaced by
     the old model's softmax over the old classes, scaled to sum to 1 (our reading: the paper concatenates the two
     and names a KL divergence, which needs a distribution; on a new-class sample the two halves weigh 1/2 each)."""
+    return _distillation(logits, y, old_logits, seen, old.unsqueeze(-2), form)
+
+
+def _distillation(logits: torch.Tensor, y: torch.Tensor, old_logits: torch.Tensor, seen: torch.Tensor,
+                  old_cols: torch.Tensor, form: Form) -> torch.Tensor:
+    """:func:`relation_distillation` with the old entries ``old_cols`` (..., B or 1, K) given per sample."""
     onehot = F.one_hot(y, logits.shape[-1]).to(logits.dtype)
-    old_cols = old.unsqueeze(-2)
     old_logits = old_logits.detach()
     if form == "code":
         target = torch.where(old_cols, torch.sigmoid(old_logits), onehot)
@@ -107,3 +121,22 @@ def glfc_loss(logits: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, seen:
     if old_logits is None:
         return gc
     return 0.5 * gc + 0.5 * relation_distillation(logits, y, old_logits, seen, old, form)
+
+
+def glfc_loss_by_task(logits: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, seen: torch.Tensor,
+                      old_samples: torch.Tensor, any_old: torch.Tensor, old_logits: torch.Tensor | None,
+                      form: Form = "code") -> torch.Tensor:
+    """:func:`glfc_loss` with the old/new groups by task, cfl's adaptation to task- and domain-incremental streams
+    (the official code and the paper are class-incremental): ``old_samples`` (..., B) bool marks the samples of a
+    task the client has finished (its memory's), whose whole row (its own head, task-incremental; the shared head,
+    domain-incremental) is old; ``any_old`` (...,) bool: whether the client has finished a task (else ``w_i = 1``).
+
+    ``L_GC``: the weights of :func:`compensation_weights` with these groups. ``L_RD``: an old sample's target is the
+    old model's output on all its seen columns, a new sample's the one-hot label."""
+    onehot = F.one_hot(y, logits.shape[-1]).to(logits.dtype)
+    g, base = _magnitude_and_loss(logits, y, onehot, seen, form)
+    gc = compensation_weights(g, old_samples, weight, any_old) * base
+    if old_logits is None:
+        return gc
+    old_cols = old_samples.unsqueeze(-1) & seen.unsqueeze(-2)
+    return 0.5 * gc + 0.5 * _distillation(logits, y, old_logits, seen, old_cols, form)

@@ -189,20 +189,22 @@ def new_task_signal(entropy: float, last_entropy: float, threshold: float = ENTR
 
 def prototype_gradients(logits_fn: Callable[[torch.Tensor], torch.Tensor], features: torch.Tensor, x: torch.Tensor,
                         y: torch.Tensor, classes: Sequence[int], encoder: nn.Module, seen: torch.Tensor,
-                        steps: int = 50, lr: float = 0.01, weight_decay: float = 1e-5) -> list[list[torch.Tensor]]:
+                        steps: int = 50, lr: float = 0.01, weight_decay: float = 1e-5,
+                        encoder_labels: Sequence[int] | None = None) -> list[list[torch.Tensor]]:
     """A client's upload for its new ``classes``: per class, its prototype (:func:`prototype_index` on the class's
     ``features``, rows of ``x``), perturbed by :func:`perturb` to lower :func:`prototype_loss` of
     ``logits_fn`` (a batch of inputs -> logits: the client's trained model, in eval mode), then the encoder's
-    gradient at it (:func:`encoder_gradient`)."""
+    gradient at it (:func:`encoder_gradient`) with the class's ``encoder_labels`` entry (None: the class itself;
+    task- and domain-incremental streams encode global class ids)."""
     out = []
-    for c in classes:
+    for c, label in zip(classes, classes if encoder_labels is None else encoder_labels, strict=True):
         rows = torch.nonzero(y == c).flatten()
         if len(rows) == 0:
             raise ValueError(f"prototype_gradients: class {c} has no sample on this client")
         proto = x[rows[prototype_index(features[rows])]]
         moved = perturb(proto, lambda v, c=c: prototype_loss(logits_fn(v.unsqueeze(0)), c, seen), steps, lr,
                         weight_decay)
-        out.append(encoder_gradient(encoder, moved, c))
+        out.append(encoder_gradient(encoder, moved, label))
     return out
 
 
