@@ -12,6 +12,7 @@ from typing import Any
 from cfl.config import Config, _set_dotted, parse_overrides, read_yaml
 from cfl.cross_checks import (
     check_methods,
+    check_model_buffers,
     check_model_fits,
     check_optimizer,
     check_task_losses,
@@ -144,6 +145,7 @@ def _validate_names(cfg: Config) -> Config:
     cfg = dataclasses.replace(cfg, method=method, plugins=plugins, precision=parse_precision(cfg.precision),
                               model=dataclasses.replace(cfg.model, name=resolve_model(cfg.stream.name, cfg.model.name)))
     check_model_fits(cfg)
+    check_model_buffers(cfg)
     return cfg
 
 

@@ -199,6 +199,12 @@ CASES = [
       "raise num_clients to at least 7"]),
     ("glfc: not class-incremental", ["{cfg}", "--set", "method.name=glfc"],
      ["method glfc runs class-incremental streams; this one is task-incremental", "set stream.scenario: class"]),
+    # -- BatchNorm running statistics through federated training (issue 31 item 1) --
+    ("model.buffers: unknown setting", ["{cfg}", "--set", "model.buffers=median"],
+     ["'model.buffers' must be one of ['averaged', 'local'], got 'median'"]),
+    ("model.buffers: local on a model without running statistics", ["{cfg}", "--set", "model.buffers=local"],
+     ["'model.buffers: local' has no effect with 'model.name: digits-mlp'", "keeps no BatchNorm running statistics",
+      "resnet18-reduced-running-bn"]),
 ]
 #: refusals that depend on the data (the training set sizes): made after loading it, before any round
 AFTER_DATA_LOADS = {"shards: a client gets no data",

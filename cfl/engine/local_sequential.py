@@ -23,6 +23,9 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
               task: int, hp: Hyper, plugins: Plugins) -> tuple[Params, ClientOutcome]:
     warn_if_slow(hp.precision, x.device)
     params = {k: v.detach().clone().requires_grad_() for k, v in global_params.items()}
+    # BatchNorm running statistics: the client's own copy, updated in place by its training forwards
+    buffers = {k: v.detach().clone() for k, v in job.buffers.items()}
+    tensors = (params, buffers) if buffers else params
     kept = plugins.optimizer if hp.optimizer_state == "kept" else None
     if kept is None:
         slots, t0 = {k: local_optim.new_slots(hp, v) for k, v in params.items()}, 0  # fresh each round
@@ -52,7 +55,7 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
                 xb, yb = torch.cat([xb, extra.x]), torch.cat([yb, extra.y])
                 tb, wb = torch.cat([tb, extra.task]), torch.cat([wb, torch.ones(len(extra.y), device=x.device)])
         with autocast(hp.precision, x.device):  # bf16-mixed: products in bfloat16, the loss on float32 logits
-            logits = to_float(functional_call(model, params, (xb, tb)))
+            logits = to_float(functional_call(model, tensors, (xb, tb)))
         per_sample = masked_cross_entropy(logits, yb, job.allowed) if own_loss is None else hooks.task_loss(
             methods[own_loss], params, logits, yb, xb, tb, wb, job.allowed, broadcasts[own_loss], states[own_loss])
         keep = wb > 0
@@ -86,7 +89,7 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
                 carry = stage.carried(before, taken, batch, drawn, states, carry, s, moved)
     mean_loss = sum(losses) / max(len(losses), 1)
     outcome = ClientOutcome(job.cid, len(job.indices), mean_loss, finite, carry,
-                            {} if kept is None else local_optim.stored_state(slots, t0 + len(losses)))
+                            {} if kept is None else local_optim.stored_state(slots, t0 + len(losses)), buffers)
     return {k: v.detach() for k, v in params.items()}, outcome
 
 
