@@ -85,9 +85,11 @@ def assert_stats(engine: dict, hand: dict) -> None:
     assert engine["norm.num_batches_tracked"].dtype == torch.long
 
 
-def test_two_rounds_of_averaged_buffers_equal_the_hand_values():
+def test_two_rounds_of_averaged_buffers_equal_the_hand_values(capsys):
     with norm_first():
         runner = Runner(config(), stream())
+    assert "model buffers: 3 BatchNorm running-statistics tensors (48 bytes) averaged by the server" in \
+        capsys.readouterr().err
     x = runner.stream.tasks[0].train_x
     hp = Hyper(0.1, 0.0, 0.0, 1, 7)
     expected = {k: v.clone() for k, v in runner.buffers.items()}
@@ -121,9 +123,11 @@ def test_two_rounds_of_averaged_buffers_equal_the_hand_values():
                        model(test.test_x, t))
 
 
-def test_local_buffers_stay_with_each_client_and_are_not_sent_down():
+def test_local_buffers_stay_with_each_client_and_are_not_sent_down(capsys):
     with norm_first():
         runner = Runner(config(model={"name": "norm-first", "buffers": "local"}, rounds_per_task=4), stream())
+    assert "kept by each client (model.buffers: local, FedBN); evaluation and the server hooks use their " \
+        "sample-weighted mean" in capsys.readouterr().err
     x = runner.stream.tasks[0].train_x
     hp = Hyper(0.1, 0.0, 0.0, 1, 7)
     initial = {k: v.clone() for k, v in runner.buffers.items()}
