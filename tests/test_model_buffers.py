@@ -201,3 +201,23 @@ def _plugins(runner: Runner):
     from cfl.engine.jobs import Plugins
 
     return Plugins(runner.methods, runner.states, [{} for _ in runner.methods])
+
+
+def test_client_forgetting_evaluates_each_client_with_its_own_statistics(monkeypatch):
+    from cfl.metrics import client_forgetting
+
+    seen: list[dict] = []
+    real = client_forgetting.class_accuracy
+    monkeypatch.setattr(client_forgetting, "class_accuracy", lambda model, params, *a: seen.append(params) or
+                        real(model, params, *a))
+    with norm_first():
+        runner = Runner(config(client_forgetting_clients=2), stream())
+    x = runner.stream.tasks[0].train_x
+    initial = {k: v.clone() for k, v in runner.buffers.items()}
+    jobs = runner.schedule.round_jobs(0, 0)
+    clients = [by_hand(initial, x, client_schedule(job, Hyper(0.1, 0.0, 0.0, 1, 7))) for job in jobs]
+    runner.run_round(0, 0)
+    assert len(seen) == 3  # the global model (w_{t-1}: the initial statistics), then each client's trained model
+    assert_stats({k: seen[0][k] for k in initial}, initial)
+    for params, hand in zip(seen[1:], clients, strict=True):
+        assert_stats({k: params[k] for k in initial}, hand)

@@ -193,9 +193,10 @@ class Runner:
                     self.optimizer_states.put(o.cid, o.optimizer_state)
         payloads = self._round_uploads(trained, kept_jobs, keep, data, broadcasts)
         weights = torch.tensor([float(len(j.indices)) for j in kept_jobs], device=self.device)
-        forgetting = client_forgetting.measure(self.model, self.params, self.stream, task,
+        forgetting = client_forgetting.measure(self.model, self.global_tensors, self.stream, task,
                                                self.progress.global_round + 1, self.cfg.client_forgetting_clients,
-                                               kept_jobs, trained, keep)  # None when off
+                                               kept_jobs, self._with_client_buffers(trained, outcomes),
+                                               keep)  # None when off
         self.server.step(trained, keep, weights, task, rnd)  # uses up ``trained``'s memory
         if self.buffers:
             self.buffers = collect([o for o, ok in zip(outcomes, keep.tolist(), strict=True) if ok], weights,
@@ -222,6 +223,13 @@ class Runner:
             self.progress.client_forgetting.append(forgetting)
             record["client_forgetting_mean"] = forgetting["mean"]
         return record
+
+    def _with_client_buffers(self, trained: Params, outcomes: list[ClientOutcome]) -> Params:
+        """``trained`` and, for a model with running statistics, the clients' own stacked alongside (each client's
+        model evaluated with its statistics: client forgetting)."""
+        if not self.buffers or self.cfg.client_forgetting_clients < 2:
+            return trained
+        return {**trained, **{k: torch.stack([o.buffers[k] for o in outcomes]) for k in self.buffers}}
 
     @property
     def model_download_bytes(self) -> int:
