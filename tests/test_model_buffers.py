@@ -22,6 +22,7 @@ from cfl.engine.runner import Runner
 from cfl.models import MODELS, ModelShape
 from cfl.models.buffers import load_global_model, running_stats
 from cfl.models.heads import make_head
+from cfl.schema import ConfigError
 from cfl.validation import from_dict
 from tests.conftest import make_stream
 
@@ -221,3 +222,25 @@ def test_client_forgetting_evaluates_each_client_with_its_own_statistics(monkeyp
     assert_stats({k: seen[0][k] for k in initial}, initial)
     for params, hand in zip(seen[1:], clients, strict=True):
         assert_stats({k: params[k] for k in initial}, hand)
+
+
+def test_an_extra_loss_on_a_running_statistics_model_trains_sequentially_and_says_why():
+    with norm_first():
+        plain = Runner(config(), stream())
+        distilling = Runner(config(method={"name": "fedlwf"}), stream())
+    assert plain.engine_path.path == "vmap"
+    assert distilling.engine_path.path == "sequential"
+    assert "method fedlwf adds an extra loss" in distilling.engine_path.reason
+    assert "BatchNorm running statistics" in distilling.engine_path.reason
+
+
+def test_dropped_client_states_include_the_local_buffers(tmp_path):
+    with norm_first():
+        runner = Runner(config(model={"name": "norm-first", "buffers": "local"}), stream())
+    runner.run()
+    assert len(runner.buffer_states) == 3
+    payload = checkpoint.capture(runner.snapshot(), None, client_states=False)
+    assert payload["buffer_states"] == checkpoint.dropped(3)
+    checkpoint.save(tmp_path, payload)
+    with pytest.raises(ConfigError, match="dropped its client states"):
+        checkpoint.load(tmp_path)
