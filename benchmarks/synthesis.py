@@ -36,11 +36,7 @@ from cfl.ops.target_task_end import fresh_copy
 
 def running_stat_teacher(channels: int, image: int, classes: int, nf: int, device: torch.device) -> nn.Module:
     """The reduced ResNet-18 with running-stat BatchNorm, its statistics warmed on 4 random batches."""
-    model = ReducedResNet18(channels, image, classes, 1, False, nf=nf, stem_stride=1, batch_norm=True)
-    for module in list(model.modules()):
-        for child, layer in list(module.named_children()):
-            if isinstance(layer, nn.BatchNorm2d):
-                setattr(module, child, nn.BatchNorm2d(layer.num_features))
+    model = ReducedResNet18(channels, image, classes, 1, False, nf=nf, stem_stride=1, batch_norm="running")
     teacher = Logits(model).to(device).train()
     with torch.no_grad():
         for _ in range(4):

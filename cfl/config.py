@@ -43,6 +43,12 @@ class StreamConfig:
 class ModelConfig:
     name: str = field("auto", "model name (see `cfl list`); auto: the stream's reference model, written as its "
                       "name into the resolved config.yaml and results.json")
+    buffers: str = field("averaged", "a model with BatchNorm running statistics (e.g. resnet18-reduced-running-bn): "
+                         "averaged, the clients' buffers averaged by the server like the parameters (weighted by "
+                         "sample counts; num_batches_tracked: the weighted mean, rounded down) and sent down with "
+                         "them; local (FedBN), each client keeps its own across its rounds and only uploads them, "
+                         "and evaluation uses their weighted mean over the last round's clients (docs/concepts.md)",
+                         choices=("averaged", "local"))
 
 
 @dataclass(frozen=True)

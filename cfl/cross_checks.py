@@ -98,6 +98,39 @@ def check_model_fits(cfg: Any) -> None:
                       f"{', '.join(fitting)}")
 
 
+def check_model_buffers(cfg: Any) -> None:
+    """Refuse ``model.buffers: local`` on a model without BatchNorm running statistics (nothing to keep local)."""
+    if cfg.model.buffers == "averaged":
+        return
+    from cfl.ignored_keys import IgnoredKey
+    from cfl.models import MODELS, ModelShape
+
+    entry = stream_entry(cfg.stream.name)
+    scenario = entry.scenarios[0] if cfg.stream.scenario == "auto" else cfg.stream.scenario
+    shape = ModelShape(entry.input_shape, entry.head_classes(scenario), cfg.stream.num_tasks or entry.full_tasks,
+                       scenario == "task")
+    if _keeps_running_stats(cfg.model.name, shape):
+        return
+    keeping = [n for n in MODELS if _keeps_running_stats(n, shape)]
+    raise IgnoredKey("model.buffers", cfg.model.buffers, "model.name", cfg.model.name,
+                     "the model keeps no BatchNorm running statistics", "remove model.buffers, or use a model that "
+                     f"keeps them: {', '.join(keeping) or 'none registered fits this stream'}",
+                     keeping[0] if keeping else None)
+
+
+def _keeps_running_stats(model_name: str, shape: Any) -> bool:
+    """Whether model ``model_name``, built for ``shape`` (without weights), has BatchNorm running statistics."""
+    from cfl.models import build_model
+    from cfl.models.buffers import keeps_running_stats
+
+    try:
+        with warnings.catch_warnings(), torch.device("meta"):
+            warnings.simplefilter("ignore")  # torch warns of zero-sized layers of models that do not fit the stream
+            return keeps_running_stats(build_model(model_name, shape))
+    except (RuntimeError, ValueError):  # a model that cannot take the stream's inputs
+        return False
+
+
 def check_methods(cfg: Any, specs: list[dict[str, Any]]) -> None:
     """Each method's own constraints against the rest of the config (``Method.check``)."""
     from cfl.methods import METHODS

@@ -14,6 +14,7 @@ from cfl.cross_checks import (
     check_client_params,
     check_methods,
     check_model_family,
+    check_model_buffers,
     check_model_fits,
     check_optimizer,
     check_task_losses,
@@ -149,6 +150,7 @@ def _validate_names(cfg: Config) -> Config:
                                                                                       method["name"])))
     check_model_family(cfg)
     check_model_fits(cfg)
+    check_model_buffers(cfg)
     return cfg
 
 

@@ -32,6 +32,7 @@ from cfl.methods import METHODS
 from cfl.methods.base import PER_CLIENT_HOOKS, Method, Quadratic, Samples
 from cfl.methods.fedavg import FedAvg
 from cfl.models import MODELS, ModelShape, build_model
+from cfl.models.buffers import running_stats
 from cfl.models.dropout import Dropout
 from cfl.models.mlp import MLP
 from cfl.records.client_states import MethodState
@@ -57,18 +58,28 @@ def assert_params_close(a: dict, b: dict) -> None:
 
 @pytest.mark.parametrize("name", any_method_models())
 def test_every_model_trains_alike_in_both_engines_with_ragged_clients(name):
-    """Client sizes (6, 5) at batch 4: batches 4, 2 and 4, 1, so the batched trainer pads both last steps."""
+    """Client sizes (6, 5) at batch 4: batches 4, 2 and 4, 1, so the batched trainer pads both last steps. A model
+    with BatchNorm running statistics: each client's buffers, updated by its training forwards, agree as well."""
     torch.manual_seed(0)
     model = without_dropout(build_model(name, ModelShape(IMAGE, 3, 2, True)))
-    assert not list(model.buffers())  # nothing but parameters to average (BatchNorm: batch statistics only)
+    # nothing but parameters and the running statistics to carry (batch-statistics BatchNorm keeps no buffers)
+    buffers = running_stats(model)
+    assert [k for k, _ in model.named_buffers()] == list(buffers)
     x, y = torch.randn(11, *IMAGE), torch.arange(11) % 3
-    jobs = [ClientJob(0, torch.arange(6), None, 1), ClientJob(1, torch.arange(6, 11), None, 2)]
+    jobs = [ClientJob(0, torch.arange(6), None, 1, buffers), ClientJob(1, torch.arange(6, 11), None, 2, buffers)]
     hp = Hyper(lr=0.05, momentum=0.0, weight_decay=0.0, local_epochs=1, batch_size=4, client_block=2)
     start = {k: v.detach().clone() for k, v in model.named_parameters()}
     plugins = Plugins([FedAvg(None, None)], [MethodState()], [{}])
-    batched, _ = train_batched(model, start, jobs, x, y, 1, hp, plugins)
-    sequential, _ = train_sequential(model, start, jobs, x, y, 1, hp, plugins)
+    batched, batched_out = train_batched(model, start, jobs, x, y, 1, hp, plugins)
+    sequential, sequential_out = train_sequential(model, start, jobs, x, y, 1, hp, plugins)
     assert_params_close(batched, sequential)
+    for b, s in zip(batched_out, sequential_out, strict=True):
+        assert b.buffers.keys() == s.buffers.keys() == buffers.keys()
+        assert_params_close(b.buffers, s.buffers)
+        # both steps moved the statistics (the mean off its initial zeros), and only the client's own copy
+        assert all(int(v) == 2 for k, v in s.buffers.items() if k.endswith("num_batches_tracked"))
+        assert all(bool(v.ne(0).any()) for k, v in s.buffers.items() if k.endswith("running_mean"))
+    assert all(bool(v.eq(0).all()) for k, v in buffers.items() if k.endswith("running_mean"))
 
 
 @pytest.mark.parametrize("name", [n for n in any_method_models()
@@ -99,7 +110,7 @@ def test_every_model_trains_alike_in_both_engines_in_bf16_mixed(name):
 def test_only_batch_norm_models_are_trained_on_unpadded_groups():
     shape = ModelShape(IMAGE, 3, 2, True)
     coupled = {name for name in MODELS if couples_samples(build_model(name, shape))}
-    assert coupled == {"resnet18-mini"}
+    assert coupled == {"resnet18-mini", "resnet18-reduced-running-bn"}
 
 
 def test_the_stacked_path_refuses_layers_that_mix_samples():
@@ -156,7 +167,8 @@ def float64_without_dropout():
 
 def _round_with(runner: Runner, trainer: object, task: int, path: str) -> tuple[dict, list[float]]:
     """Run one round of ``task`` with ``trainer`` on ``path`` from the runner's current state, leaving that state
-    as it was; returns the new global parameters and the accuracies on the tasks so far."""
+    as it was; returns the new global parameters (and BatchNorm running statistics) and the accuracies on the tasks
+    so far."""
     params, accuracies, _ = _round_and_states_with(runner, trainer, task, path)
     return params, accuracies
 
@@ -165,13 +177,15 @@ def _round_and_states_with(runner: Runner, trainer: object, task: int,
                            path: str) -> tuple[dict, list[float], tuple[list[dict], list[dict], int]]:
     """:func:`_round_with`, also returning the methods' states after the round (their server states and every
     client's state) and the round's upload bytes."""
-    saved = copy.deepcopy((runner.params, runner.states, runner.comm, runner.progress, runner.hyper))
+    saved = copy.deepcopy((runner.params, runner.states, runner.comm, runner.progress, runner.hyper, runner.buffers,
+                           runner.buffer_states))
     runner.trainer, runner.hyper.path = trainer, path
     runner.run_round(task, 0)
     states = ([st.server for st in runner.states],
               [{c: st.clients.get(c) for c in st.clients.ids()} for st in runner.states], runner.comm.upload_bytes)
-    out = runner.params, runner.evaluate(task), copy.deepcopy(states)
-    runner.params, runner.states, runner.comm, runner.progress, runner.hyper = saved
+    out = {**runner.params, **runner.buffers}, runner.evaluate(task), copy.deepcopy(states)
+    runner.params, runner.states, runner.comm, runner.progress, runner.hyper, runner.buffers, \
+        runner.buffer_states = saved
     return out
 
 
@@ -232,7 +246,8 @@ def _assert_rounds_alike(runner: Runner) -> None:
             for k in sequential:
                 assert torch.allclose(batched[k], sequential[k], atol=1e-9, rtol=1e-7), (k, task, path)
             assert batched_acc == sequential_acc, path
-        runner.params = sequential
+        runner.params = {k: sequential[k] for k in runner.params}
+        runner.buffers = {k: sequential[k] for k in runner.buffers}  # BatchNorm running statistics, if any
         if task == 0:
             runner.task_end(0)
 

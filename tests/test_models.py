@@ -8,6 +8,7 @@ import torch
 from torch.func import functional_call, grad, vmap
 
 from cfl.models import ModelShape, build_model
+from cfl.models.buffers import running_stats
 from cfl.models.layers import protected_layers
 
 # (model, shape, parameters counted by hand from the GPM/FOT reference nets)
@@ -101,3 +102,19 @@ def test_dropout_noise_fields_match_the_words_bytes_without_view():
     for bits, dtype in ((8, torch.int8), (16, torch.int16)):
         batched = vmap(lambda w, b=bits: split_words(w, b), randomness="different")(words.view(4, 16))
         assert torch.equal(batched, words.view(4, 16).view(dtype).long())
+
+
+def test_running_bn_resnet_keeps_running_statistics_and_uses_them_in_evaluation():
+    shape = ModelShape((3, 32, 32), 10, 5, True)
+    model = build_model("resnet18-reduced-running-bn", shape)
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert len(norms) == 1 + 8 * 2 + 3 and all(m.track_running_stats for m in norms)  # stem, blocks, 1x1 shortcuts
+    # the no-BatchNorm reduced ResNet-18's parameters plus a weight and a bias per BatchNorm channel
+    plain = build_model("resnet18-reduced", shape)
+    assert sum(p.numel() for p in model.parameters()) == \
+        sum(p.numel() for p in plain.parameters()) + 2 * sum(m.num_features for m in norms)
+    assert len(running_stats(model)) == 3 * len(norms)  # running_mean, running_var, num_batches_tracked
+    model.eval()
+    x, t = torch.randn(4, 3, 32, 32), torch.zeros(4, dtype=torch.long)
+    # running statistics in evaluation: a sample's output does not depend on the rest of its batch
+    assert torch.allclose(model(x, t)[:2], model(x[:2], t[:2]), atol=1e-5)

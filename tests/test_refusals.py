@@ -211,6 +211,12 @@ CASES = [
      ["method fedweit aggregates with its own client_upload/server_aggregate", "set aggregator.name: mean"]),
     ("fedweit: client forgetting", ["{cfg}", "--set", "method.name=fedweit", "--set", "client_forgetting_clients=2"],
      ["method fedweit keeps parameters per client", "set client_forgetting_clients: 0"]),
+    # -- BatchNorm running statistics through federated training (issue 31 item 1) --
+    ("model.buffers: unknown setting", ["{cfg}", "--set", "model.buffers=median"],
+     ["'model.buffers' must be one of ['averaged', 'local'], got 'median'"]),
+    ("model.buffers: local on a model without running statistics", ["{cfg}", "--set", "model.buffers=local"],
+     ["'model.buffers: local' has no effect with 'model.name: digits-mlp'", "keeps no BatchNorm running statistics",
+      "resnet18-reduced-running-bn"]),
 ]
 #: refusals that depend on the data (the training set sizes): made after loading it, before any round
 AFTER_DATA_LOADS = {"shards: a client gets no data"}

@@ -2,12 +2,13 @@
 
 The runner derives client sampling, partitions, data order, replay draws and task-end generators from
 (seed, task, round, client), so a checkpoint only has to hold what the run has *accumulated*: the global
-parameters, every method's server and per-client state (server optimisers live there), the
-communication ledger, the progress (position, accuracy matrix, evaluations, timings), the global random
-generators (torch CPU/CUDA for dropout; numpy and python for completeness), the W&B run id, the
-config the run was started with and the fingerprint of the stream's data (resuming on other data is
-refused, :mod:`cfl.data.fingerprint`). ``checkpoint.pt`` is replaced atomically (temp file, fsync, rename,
-fsync of the directory), so a crash while writing leaves the previous checkpoint valid.
+parameters and BatchNorm running statistics (under ``model.buffers: local`` every client's own too), every
+method's server and per-client state (server optimisers live there), the communication ledger, the progress
+(position, accuracy matrix, evaluations, timings), the global random generators (torch CPU/CUDA for dropout;
+numpy and python for completeness), the W&B run id, the config the run was started with and the fingerprint of
+the stream's data (resuming on other data is refused, :mod:`cfl.data.fingerprint`). ``checkpoint.pt`` is replaced
+atomically (temp file, fsync, rename, fsync of the directory), so a crash while writing leaves the previous
+checkpoint valid.
 """
 
 from __future__ import annotations
@@ -103,6 +104,9 @@ def capture(run: RunSnapshot, wandb_run_id: str | None, client_states: bool = Tr
         "optimizer_states": optimizer,
         "config": run.cfg.to_dict(),
         "params": run.params,
+        "buffers": run.buffers,  # BatchNorm running statistics ({} without any)
+        "buffer_states": {} if run.buffer_states is None else
+        (run.buffer_states.state_dict() if client_states else dropped(len(run.buffer_states))),
         "states": states,
         "comm": run.comm.state_dict(),
         "progress": progress,
@@ -160,7 +164,8 @@ def load(run_dir: Path) -> dict[str, Any]:
     if not isinstance(payload, dict) or payload.get("format") != FORMAT or keys - set(payload):
         raise ConfigError(f"--resume {run_dir}: {path.name} is not a cfl checkpoint of format {FORMAT}")
     if any(isinstance(st, dict) and isinstance(st.get("clients"), dict) and st["clients"].get("store") == DROPPED
-           for st in payload["states"]) or payload.get("optimizer_states", {}).get("store") == DROPPED:
+           for st in payload["states"]) or any(payload.get(k, {}).get("store") == DROPPED
+                                               for k in ("optimizer_states", "buffer_states")):
         raise ConfigError(f"--resume {run_dir}: this run finished and dropped its client states "
                           f"(keep_client_states: false), which a resumed run needs; its outputs (results.json) are "
                           f"complete. To train it again, run its config with --overwrite and keep_client_states: true")
@@ -231,6 +236,10 @@ def restore(run: RunSnapshot, payload: dict[str, Any]) -> RunSnapshot:
     if set(payload["params"]) != set(run.params) or len(payload["states"]) != len(run.states):
         raise ConfigError("the checkpoint's model or methods do not match this config; start a new run with --out")
     params = {k: v.to(run.device) for k, v in payload["params"].items()}
+    buffers = {k: v.to(run.device) for k, v in payload.get("buffers", {}).items()}  # none before they were carried
+    if set(buffers) != set(run.buffers):
+        raise ConfigError("the checkpoint's model buffers (BatchNorm running statistics) do not match this model's; "
+                          "start a new run with --out")
     for method, state, saved in zip(run.methods, run.states, payload["states"], strict=True):
         try:
             state.load_state_dict(_to(saved, run.device))
@@ -239,7 +248,9 @@ def restore(run: RunSnapshot, payload: dict[str, Any]) -> RunSnapshot:
                               f"round {payload['progress']['global_round']}): {err}") from None
     if run.optimizer_states is not None:  # optimizer.state: kept (the config check makes it the run's setting)
         run.optimizer_states.load_state_dict(_to(payload.get("optimizer_states", {}), run.device))
+    if run.buffer_states is not None:  # model.buffers: local (the config check makes it the run's setting)
+        run.buffer_states.load_state_dict(_to(payload.get("buffer_states", {}), run.device))
     run.comm.load_state_dict(payload["comm"])
     progress = Progress(**payload["progress"])
     set_rng_state(payload["rng"])
-    return dataclasses.replace(run, params=params, progress=progress)
+    return dataclasses.replace(run, params=params, progress=progress, buffers=buffers)

@@ -20,14 +20,15 @@ from cfl.engine.runner import Runner
 
 def drop_client_states(runner: Runner, out: Path, wandb_run_id: str | None, lock: RunLock) -> str:
     """Drop the finished run's client states (checkpoint first, then the files); what was dropped, to print."""
-    held = sum(len(st.clients) for st in runner.states) + len(runner.optimizer_states or ())
+    kept_per_client = [c for c in (runner.optimizer_states, runner.buffer_states) if c is not None]
+    held = sum(len(st.clients) for st in runner.states) + sum(len(c) for c in kept_per_client)
     store = out / CLIENT_STATES
     on_disk = sum(f.stat().st_size for f in store.rglob("*") if f.is_file()) if store.is_dir() else 0
     if not held and not store.exists():
         return "cfl: keep_client_states: false: the methods held no client state; nothing to drop"
     size = sum(st.clients.nbytes(c) for st in runner.states for c in st.clients.ids())
-    if runner.optimizer_states is not None:  # optimizer.state: kept
-        size += sum(runner.optimizer_states.nbytes(c) for c in runner.optimizer_states.ids())
+    for states in kept_per_client:  # optimizer.state: kept; model.buffers: local
+        size += sum(states.nbytes(c) for c in states.ids())
     lock.check()  # never into a directory another run may have taken over
     checkpoint.save(out, checkpoint.capture(runner.snapshot(), wandb_run_id, client_states=False))
     where = f"{checkpoint.CHECKPOINT} rewritten without them"

@@ -10,7 +10,7 @@ import torch
 
 from cfl.methods.base import Method
 from cfl.records.client_states import ClientStates, MethodState
-from cfl.tensors import State
+from cfl.tensors import Params, State
 
 
 @dataclass
@@ -46,6 +46,9 @@ class ClientJob:
     indices: torch.Tensor  # (n_c,) long
     allowed: torch.Tensor | None  # (K,) bool: classes the loss may use (TCE / class-IL), None: all
     seed: int  # seeds this client's data order and replay draws for this round
+    #: the BatchNorm running statistics the client starts from (the global ones, or under ``model.buffers: local``
+    #: its own); ``{}`` for a model without any (:mod:`cfl.models.buffers`)
+    buffers: Params = field(default_factory=dict)
 
 
 @dataclass
@@ -106,3 +109,5 @@ class ClientOutcome:
     #: ``optimizer.state: kept``: the client's optimiser state after the round, which the round engine stores if
     #: it keeps the client
     optimizer_state: State = field(default_factory=dict)
+    #: the client's BatchNorm running statistics after the round (``{}`` for a model without any)
+    buffers: Params = field(default_factory=dict)

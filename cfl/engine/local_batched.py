@@ -188,7 +188,9 @@ def train_batched(model: nn.Module, global_params: Params, jobs: list[ClientJob]
             params = stacked.leaves({k: v[start : start + len(chunk)] for k, v in full.items()})
         else:
             params = {k: _stacked_leaf(v, len(chunk)) for k, v in global_params.items()}
-        trained, block_outcomes = _train_sorted(model, global_params, params, chunk, x, y, task, hp, plugins, stacked)
+        buffers = {k: torch.stack([job.buffers[k] for job in chunk]) for k in chunk[0].buffers}
+        trained, block_outcomes = _train_sorted(model, global_params, params, chunk, x, y, task, hp, plugins, stacked,
+                                                buffers)
         parts.append(trained)
         outcomes += block_outcomes
     if full is not None:
@@ -230,10 +232,12 @@ class BatchedTrainer:
 
 
 def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs: list[ClientJob], x: torch.Tensor,
-                  y: torch.Tensor, task: int, hp: Hyper, plugins: Plugins,
-                  stacked: StackedNet | None) -> tuple[Params, list[ClientOutcome]]:
+                  y: torch.Tensor, task: int, hp: Hyper, plugins: Plugins, stacked: StackedNet | None,
+                  client_buffers: Params) -> tuple[Params, list[ClientOutcome]]:
     """Train ``jobs`` (sorted by steps, most first) together from the stacked ``params``: in place through
-    ``stacked``'s fused steps, else by autograd under ``vmap``."""
+    ``stacked``'s fused steps, else by autograd under ``vmap``. ``client_buffers``: the clients' BatchNorm running
+    statistics stacked ``(C, ...)`` (``{}`` without any; never on the stacked path), updated by their forwards
+    and returned in the outcomes."""
     device = x.device
     C = len(jobs)
     token = torch.zeros((), device=device, requires_grad=True) if stacked is not None else None
@@ -275,7 +279,8 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
         with autocast(hp.precision, device):  # bf16-mixed: products in bfloat16, the loss on float32 logits
             return to_float(functional_call(model, (p, buffers), (xb, tb)))
 
-    batched_forward = vmap(forward, randomness="different")
+    batched_forward = _buffered_forward(model, hp, device, client_buffers) if client_buffers else \
+        _plain_forward(vmap(forward, randomness="different"))
     model.train()
     full_params = params
     for s in range(index.shape[1]):
@@ -334,7 +339,8 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
     mean_loss = (loss_sum / steps_left.clamp(min=1)).tolist()
     slots = None if kept is None else (stacked.slots if stacked is not None else update.kept_slots())
     outcomes = [ClientOutcome(job.cid, len(job.indices), mean_loss[c], bool(finite[c]), carries[c] if carry else {},
-                              {} if kept is None else local_optim.stored_state(slots, kept[1][c] + client_steps[c], c))
+                              {} if kept is None else local_optim.stored_state(slots, kept[1][c] + client_steps[c], c),
+                              {k: v[c] for k, v in client_buffers.items()})
                 for c, job in enumerate(jobs)]
     return {k: v.detach().contiguous() for k, v in full_params.items()}, outcomes
 
@@ -367,6 +373,38 @@ def _match_grad_layout(params: Params, grads: tuple[torch.Tensor, ...]) -> Param
             p = _empty_in_order(p.shape, order, p).copy_(p).requires_grad_()
         out[k] = p
     return out
+
+
+def _plain_forward(batched: Callable) -> Callable:
+    """The ``vmap``-ed forward ``(params, x, task) -> logits`` of a model without running statistics, taking (and
+    ignoring) the group's client indices like :func:`_buffered_forward`."""
+    return lambda p, xb, tb, idx=None: batched(p, xb, tb)  # noqa: ARG005
+
+
+def _buffered_forward(model: nn.Module, hp: Hyper, device: torch.device, buffers: Params) -> Callable:
+    """The ``vmap``-ed forward of a model with BatchNorm running statistics: each client's forward runs on a copy of
+    its own row of ``buffers`` (stacked ``(C, ...)``), which the forward updates (training mode) and which is
+    written back into ``buffers`` at the group's client indices (None: the first n clients, those training)."""
+    def forward(p: Params, b: Params, xb: torch.Tensor, tb: torch.Tensor) -> tuple[torch.Tensor, Params]:
+        b = {k: v.clone() for k, v in b.items()}  # functional_call updates these in place
+        with autocast(hp.precision, device):
+            return to_float(functional_call(model, (p, b), (xb, tb))), b
+
+    batched = vmap(forward, randomness="different")
+
+    def run(p: Params, xb: torch.Tensor, tb: torch.Tensor, idx: torch.Tensor | None = None) -> torch.Tensor:
+        n = xb.shape[0]
+        rows = {k: v[:n] if idx is None else v.index_select(0, idx) for k, v in buffers.items()}
+        logits, updated = batched(p, rows, xb, tb)
+        with torch.no_grad():
+            for k, v in updated.items():
+                if idx is None:
+                    buffers[k][:n].copy_(v)
+                else:
+                    buffers[k].index_copy_(0, idx, v)
+        return logits
+
+    return run
 
 
 StepBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # x, y, task, weight: (n, width, ...)
@@ -419,10 +457,10 @@ def _grouped_losses(groups: list[Group], data: StepBatch, extras: list[Batch | N
         p = {k: pick(v) for k, v in params.items()}
         own = task_loss_of(plugins.methods)
         if own is None:
-            cross_entropy = weighted_mean(masked_cross_entropy(forward(p, xb, tb), yb, None if allowed is None
+            cross_entropy = weighted_mean(masked_cross_entropy(forward(p, xb, tb, idx), yb, None if allowed is None
                                                                else pick(allowed)), wb)
         else:  # the method's own per-sample loss in place of the cross-entropy
-            cross_entropy = weighted_mean(_own_losses(plugins, own, p, forward(p, xb, tb), (xb, yb, tb, wb),
+            cross_entropy = weighted_mean(_own_losses(plugins, own, p, forward(p, xb, tb, idx), (xb, yb, tb, wb),
                                                       None if allowed is None else pick(allowed),
                                                       client_rows_of(states[own], pick)), wb)
         loss = cross_entropy

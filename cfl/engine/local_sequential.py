@@ -25,6 +25,9 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
     start = plugins.starts[job.cid] if plugins.starts is not None else global_params  # its own (local_params)
     params = {k: v.detach().clone().requires_grad_(k not in plugins.frozen) for k, v in start.items()}
     trainable = [k for k in params if k not in plugins.frozen]  # frozen_params: no gradient, step or state
+    # BatchNorm running statistics: the client's own copy, updated in place by its training forwards
+    buffers = {k: v.detach().clone() for k, v in job.buffers.items()}
+    tensors = (params, buffers) if buffers else params
     kept = plugins.optimizer if hp.optimizer_state == "kept" else None
     if kept is None:
         slots, t0 = {k: local_optim.new_slots(hp, params[k]) for k in trainable}, 0  # fresh each round
@@ -54,7 +57,7 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
                 xb, yb = torch.cat([xb, extra.x]), torch.cat([yb, extra.y])
                 tb, wb = torch.cat([tb, extra.task]), torch.cat([wb, torch.ones(len(extra.y), device=x.device)])
         with autocast(hp.precision, x.device):  # bf16-mixed: products in bfloat16, the loss on float32 logits
-            logits = to_float(functional_call(model, params, (xb, tb)))
+            logits = to_float(functional_call(model, tensors, (xb, tb)))
         per_sample = masked_cross_entropy(logits, yb, job.allowed) if own_loss is None else hooks.task_loss(
             methods[own_loss], params, logits, yb, xb, tb, wb, job.allowed, broadcasts[own_loss], states[own_loss])
         keep = wb > 0
@@ -88,7 +91,7 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
                 carry = stage.carried(before, taken, batch, drawn, states, carry, s, moved)
     mean_loss = sum(losses) / max(len(losses), 1)
     outcome = ClientOutcome(job.cid, len(job.indices), mean_loss, finite, carry,
-                            {} if kept is None else local_optim.stored_state(slots, t0 + len(losses)))
+                            {} if kept is None else local_optim.stored_state(slots, t0 + len(losses)), buffers)
     return {k: v.detach() for k, v in params.items()}, outcome
 
 

@@ -5,8 +5,9 @@
 into the weight-gradient product; momentum, Adam and AdamW from the materialised gradient) and methods whose
 hooks have a fused form. ``vmap``: autograd under ``torch.func.vmap`` over one-client code, for every model and
 method. ``sequential``: one client after another (``client_execution: sequential``, a method that declares a
-``sequential_reason`` or keeps parameters per client (``local_params`` and its kin), or step hooks on a model
-whose layers mix samples, where ``vmap`` would pad them).
+``sequential_reason`` or keeps parameters per client (``local_params`` and its kin), step hooks on a model
+whose layers mix samples, where ``vmap`` would pad them, or an extra loss on a model with BatchNorm running
+statistics, whose forwards inside it would update them in place).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from cfl.engine.stacked_net import StackedNet
 from cfl.engine.stacking import couples_samples
 from cfl.engine.step_hooks import STEP_HOOKS, takes_steps
 from cfl.methods.base import Method, overrides, per_client_hooks
+from cfl.models.buffers import keeps_running_stats
 
 #: hooks the stacked path cannot take, with the reason
 _NOT_STACKED = {
@@ -81,6 +83,11 @@ def sequential_refusal(model: nn.Module, methods: list[Method]) -> str | None:
     if stepping and couples_samples(model):
         return (f"method {stepping[0]} takes step hooks and model {type(model).__name__} mixes the samples of a "
                 f"batch (BatchNorm): under vmap its steps' padding would enter the batch statistics")
+    extra = [m.name for m in methods if overrides(m, "extra_loss")]
+    if extra and keeps_running_stats(model):
+        return (f"method {extra[0]} adds an extra loss, and model {type(model).__name__} keeps BatchNorm running "
+                "statistics: a training-mode forward of the model inside that loss updates them in place, which "
+                "vmap cannot do on the one module all clients share")
     return None
 
 

@@ -7,6 +7,7 @@ CPU and can resume at any round from its checkpointed state (parameters, method 
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -23,6 +24,7 @@ from cfl.engine.hook_rules import check_bytes, check_upload
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, derive_seed
 from cfl.engine.local_batched import BatchedTrainer
 from cfl.engine.local_sequential import train_sequential
+from cfl.engine.model_buffers import announcement, collect, download_bytes, hand_out
 from cfl.engine.path import choose_path, trainer_kind
 from cfl.engine.schedule import Schedule, sample_clients
 from cfl.engine.server import Server
@@ -42,6 +44,7 @@ from cfl.metrics import client_forgetting
 from cfl.metrics.evaluate import accuracy, class_counts, per_class_percent
 from cfl.metrics.matrix import empty_matrix
 from cfl.models import ModelShape, build_model
+from cfl.models.buffers import load_global_model, running_stats
 from cfl.models.layers import protected_layers
 from cfl.records.client_states import ClientStates, MethodState
 from cfl.records.comm import CommLedger, task_end_model_line
@@ -84,7 +87,11 @@ class Runner:
         self.client_stores = build_stores(cfg, sizing, self.methods, state_dir, self.device)
         self.state_store, self.state_estimate = self.client_stores.kind, self.client_stores.estimates
         self.server = Server(cfg, {k: v.detach().clone() for k, v in self.model.named_parameters()}, self.methods,
-                             [MethodState(clients=s) for s in self.client_stores.stores])
+                             [MethodState(clients=s) for s in self.client_stores.stores],
+                             running_stats(self.model))
+        # model.buffers: local (FedBN): each client's own BatchNorm running statistics between its rounds
+        self.buffer_states = ClientStates() if cfg.model.buffers == "local" and self.buffers else None
+        self.initial_buffers = {k: v.clone() for k, v in self.buffers.items()}  # a local client's first start
         self.comm = CommLedger()
         self.progress = Progress(acc_matrix=empty_matrix(stream.num_tasks))
         self.schedule = Schedule(cfg, stream, self.device)  # checks the clients' shares before any round
@@ -103,6 +110,8 @@ class Runner:
         self.engine_path = choose_path(self.model, self.hyper, self.methods, cfg.client_execution)
         self.hyper.path = self.engine_path.path
         self.engine_path.announce()  # once per run, on stderr; results.json keeps it as engine_path
+        if self.buffers:
+            print(announcement(self.buffers, cfg.model.buffers), file=sys.stderr)
         self.model_bytes = nbytes(self.client_params.shared(self.params))  # the local parameters are never sent
         self.should_stop: Callable[[], bool] = lambda: False
         self.after_round: Callable[[], None] = lambda: None
@@ -128,6 +137,21 @@ class Runner:
         self.server.params = params
 
     @property
+    def buffers(self) -> Params:
+        """The global model's BatchNorm running statistics (held by the server; ``{}`` for a model without any)."""
+        return self.server.buffers
+
+    @buffers.setter
+    def buffers(self, buffers: Params) -> None:
+        self.server.buffers = buffers
+        load_global_model(self.model, {}, buffers)  # the hooks' functional_call(model, params) reads them
+
+    @property
+    def global_tensors(self) -> Params:
+        """The global parameters and buffers in one dict, for ``functional_call`` (evaluation)."""
+        return {**self.params, **self.buffers} if self.buffers else self.params
+
+    @property
     def states(self) -> list[MethodState]:
         """The methods' server and per-client states (held by the server, read by the clients' hooks)."""
         return self.server.states
@@ -139,7 +163,8 @@ class Runner:
     def snapshot(self) -> RunSnapshot:
         """The run's state now (references, not copies), for checkpoints and ``results.json``."""
         return RunSnapshot(self.cfg, self.stream, self.device, self.params, self.methods, self.states, self.comm,
-                           self.progress, self.model_bytes, self.engine_path.as_dict(), self.optimizer_states)
+                           self.progress, self.model_bytes, self.engine_path.as_dict(), self.optimizer_states,
+                           self.buffers, self.buffer_states)
 
     def resume(self, run: RunSnapshot) -> None:
         """Continue from ``run``, a snapshot of this runner put back into a checkpointed state
@@ -147,12 +172,13 @@ class Runner:
         if run.states is not self.states or run.comm is not self.comm:
             raise ValueError("Runner.resume takes a snapshot of this runner (checkpoint.restore(runner.snapshot(), "
                              "payload))")
-        self.params, self.progress = run.params, run.progress
+        self.params, self.progress, self.buffers = run.params, run.progress, run.buffers
 
     # ---- one round ----
     def run_round(self, task: int, rnd: int) -> dict[str, Any]:
         data = self.stream.tasks[task]
         jobs = self.schedule.round_jobs(task, rnd)
+        hand_out(jobs, self.buffers, self.buffer_states, self.initial_buffers)
         broadcasts = [broadcast_of(m, "round", st.server) for m, st in zip(self.methods, self.states, strict=True)]
         round_down = sum(payload_size(m, "round", b) for m, b in zip(self.methods, broadcasts, strict=True))
         task_start_down = task_start_shim(self.methods, self.states, broadcasts, jobs, task)  # SHIM (task_start)
@@ -164,6 +190,8 @@ class Runner:
         trained, outcomes = self.trainer(self.model, self.params, jobs, data.train_x, data.train_y, task,
                                          self.hyper, plugins)
         self.progress.train_seconds += time.perf_counter() - start
+        if self.buffers:  # the hooks' forwards in training may have moved the template's statistics: the global ones
+            load_global_model(self.model, {}, self.buffers)
         keep = self.server.accept(trained, outcomes, task, rnd)
         kept_jobs = [j for j, ok in zip(jobs, keep.tolist(), strict=True) if ok]
         self.client_params.keep_trained(trained, jobs, keep, self.states)
@@ -175,11 +203,15 @@ class Runner:
                     self.optimizer_states.put(o.cid, o.optimizer_state)
         payloads = self._round_uploads(trained, kept_jobs, keep, data, broadcasts)
         weights = torch.tensor([float(len(j.indices)) for j in kept_jobs], device=self.device)
-        forgetting = client_forgetting.measure(self.model, self.params, self.stream, task,
+        forgetting = client_forgetting.measure(self.model, self.global_tensors, self.stream, task,
                                                self.progress.global_round + 1, self.cfg.client_forgetting_clients,
-                                               kept_jobs, trained, keep)  # None when off
+                                               kept_jobs, self._with_client_buffers(trained, outcomes),
+                                               keep)  # None when off
         self.server.step(trained, keep, weights, task, rnd, self.client_params.local_names,
                          combined)  # uses up ``trained``'s memory
+        if self.buffers:
+            self.buffers = collect([o for o, ok in zip(outcomes, keep.tolist(), strict=True) if ok], weights,
+                                   self.buffer_states)
         for m, st, pl in zip(self.methods, self.states, payloads, strict=True):
             if overrides(m, "server_end"):
                 with guarded(m, "server_end"):
@@ -189,9 +221,10 @@ class Runner:
                 self.model.eval()
                 with guarded(m, "after_server_step"):
                     m.after_server_step(self.model, self.params, st.server, task)
-        down = len(jobs) * (self.model_bytes + round_down) + task_start_down
+        down = len(jobs) * (self.model_download_bytes + round_down) + task_start_down
         # a method's own upload (client_upload) in place of the dense bytes of the parameters it sends
-        up = len(kept_jobs) * (self.model_bytes - nbytes({k: self.params[k] for k in combined})) + sum(sent_sizes)
+        sent_dense = nbytes({k: self.params[k] for k in combined})
+        up = len(kept_jobs) * (self.model_bytes + nbytes(self.buffers) - sent_dense) + sum(sent_sizes)
         up += sum(payload_size(m, "round_upload", u) for m, pl in zip(self.methods, payloads, strict=True)
                   for u in pl.values())
         self.comm.down(down)
@@ -205,6 +238,18 @@ class Runner:
             self.progress.client_forgetting.append(forgetting)
             record["client_forgetting_mean"] = forgetting["mean"]
         return record
+
+    def _with_client_buffers(self, trained: Params, outcomes: list[ClientOutcome]) -> Params:
+        """``trained`` and, for a model with running statistics, the clients' own stacked alongside (each client's
+        model evaluated with its statistics: client forgetting)."""
+        if not self.buffers or self.cfg.client_forgetting_clients < 2:
+            return trained
+        return {**trained, **{k: torch.stack([o.buffers[k] for o in outcomes]) for k in self.buffers}}
+
+    @property
+    def model_download_bytes(self) -> int:
+        """Bytes of the global model sent to one client: its parameters, and its buffers where they are sent."""
+        return self.model_bytes + download_bytes(self.buffers, self.buffer_states)
 
     def _keep_carries(self, outcomes: list[ClientOutcome]) -> None:
         """The step hooks' running values of the kept clients into their states (``Method.carry_start``)."""
@@ -256,8 +301,8 @@ class Runner:
     def _evaluated(self) -> Iterable[Params]:
         """The models evaluation averages over (the global one, or each client's own)."""
         if not self.client_params.local_names:
-            return [self.params]
-        return self.client_params.evaluated(self.params, self.states)
+            return [self.global_tensors]
+        return ({**p, **self.buffers} for p in self.client_params.evaluated(self.params, self.states))
 
     @property
     def measures_forward_transfer(self) -> bool:
@@ -300,7 +345,7 @@ class Runner:
                     cdata = ClientData(data.train_x, data.train_y, task, rows=parts[c])
                     self._client_end(i, "task_end", self.params, cdata, c, broadcast, gen, uploads)
                 if m.downloads_model_at_task_end:
-                    self.comm.down(len(cids) * self.model_bytes, line=task_end_model_line(m.name))
+                    self.comm.down(len(cids) * self.model_download_bytes, line=task_end_model_line(m.name))
                 self.comm.down(len(cids) * payload_size(m, "task_end", broadcast))
                 self.comm.up(sum(payload_size(m, "task_end_upload", u) for u in uploads.values()))
             if overrides(m, "server_end"):

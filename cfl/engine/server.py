@@ -38,8 +38,12 @@ def client_deltas(trained: Params, global_params: Params, keep: torch.Tensor) ->
 class Server:
     """Holds the global parameters and applies the aggregated client updates to them."""
 
-    def __init__(self, cfg: Config, params: Params, methods: list[Method], states: list[MethodState]) -> None:
+    def __init__(self, cfg: Config, params: Params, methods: list[Method], states: list[MethodState],
+                 buffers: Params | None = None) -> None:
         self.cfg, self.params, self.methods, self.states = cfg, params, methods, states
+        #: the global BatchNorm running statistics (``{}`` without any), replaced each round by the runner
+        #: (:mod:`cfl.engine.model_buffers`)
+        self.buffers: Params = buffers or {}
 
     def accept(self, trained: Params, outcomes: list[ClientOutcome], task: int, rnd: int) -> torch.Tensor:
         """(C,) bool: the clients whose loss and update are finite; a non-finite one is refused, or dropped

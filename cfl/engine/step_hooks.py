@@ -48,12 +48,13 @@ def carries(method: Method) -> bool:
 def gradient_function(model: nn.Module, precision: int | str,
                       device: torch.device) -> Callable[[Params], Callable[..., Params]]:
     """``at(params)(x, y, task, weight=None)``: the gradient at ``params`` of the weighted mean cross-entropy of
-    the samples (all classes of their heads), with the model's buffers and the run's precision."""
+    the samples (all classes of their heads), with the model's buffers and the run's precision. BatchNorm running
+    statistics, if any, are read from copies: these extra forwards (in training mode) move no statistics."""
     buffers = dict(model.named_buffers())
 
     def loss(p: Params, x: torch.Tensor, y: torch.Tensor, task: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         with autocast(precision, device):
-            logits = to_float(functional_call(model, (p, buffers), (x, task)))
+            logits = to_float(functional_call(model, (p, {k: v.clone() for k, v in buffers.items()}), (x, task)))
         return weighted_mean(masked_cross_entropy(logits, y, None), weight)
 
     grad = torch.func.grad(loss)

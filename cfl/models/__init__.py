@@ -53,12 +53,17 @@ def _alexnet(shape: ModelShape) -> nn.Module:
 
 def _resnet18_reduced(shape: ModelShape) -> nn.Module:
     return ReducedResNet18(*_image(shape), shape.classes, shape.num_tasks, shape.multi_head, nf=20, stem_stride=1,
-                           batch_norm=False)
+                           batch_norm="none")
 
 
 def _resnet18_mini(shape: ModelShape) -> nn.Module:
     return ReducedResNet18(*_image(shape), shape.classes, shape.num_tasks, shape.multi_head, nf=32, stem_stride=2,
-                           batch_norm=True)
+                           batch_norm="batch")
+
+
+def _resnet18_reduced_running_bn(shape: ModelShape) -> nn.Module:
+    return ReducedResNet18(*_image(shape), shape.classes, shape.num_tasks, shape.multi_head, nf=20, stem_stride=1,
+                           batch_norm="running")
 
 
 def _fedweit_mlp(shape: ModelShape) -> nn.Module:
@@ -81,6 +86,9 @@ MODELS.register("resnet18-reduced", _resnet18_reduced,
                 about="reduced ResNet-18, 20 base filters, no BatchNorm (5-Datasets)")
 MODELS.register("resnet18-mini", _resnet18_mini,
                 about="reduced ResNet-18, 32 base filters, stride-2 stem, batch-stat BatchNorm (Mini-ImageNet)")
+MODELS.register("resnet18-reduced-running-bn", _resnet18_reduced_running_bn,
+                about="reduced ResNet-18, 20 base filters, BatchNorm with running statistics (buffers carried by the "
+                      "engine: model.buffers; TARGET/MFCL's BN-statistics matching)")
 
 #: FedWeIT's networks (method fedweit only: any other method would average their per-client parts)
 MODELS.register("fedweit-mlp", _fedweit_mlp,

@@ -2,8 +2,11 @@
 
 Blocks [2, 2, 2, 2] of two 3x3 convs, 1x1 conv shortcuts where the shape changes, widths nf, 2nf, 4nf,
 8nf, bias-free convs, a 3x3 stem (stride 1 for 32x32 inputs, 2 for 84x84), 2x2 average pool, flatten,
-bias-free heads. ``batch_norm``: BatchNorm with batch statistics only (``track_running_stats=False``),
-so it behaves the same in training and evaluation and keeps no buffers for federated averaging.
+bias-free heads. ``batch_norm``: ``none`` (no normalisation), ``batch`` (BatchNorm with batch statistics only,
+``track_running_stats=False``: it behaves the same in training and evaluation and keeps no buffers) or ``running``
+(PyTorch's default BatchNorm: batch statistics in training, which update the running mean and variance buffers;
+those in evaluation; the engine carries the buffers with the global model, ``model.buffers`` in the config,
+docs/concepts.md).
 """
 
 from __future__ import annotations
@@ -14,13 +17,20 @@ from torch import nn
 
 from cfl.models.heads import make_head
 
+#: ``batch_norm`` values: none, batch statistics only, or running statistics
+BATCH_NORMS = ("none", "batch", "running")
 
-def _norm(width: int, batch_norm: bool) -> nn.Module:
-    return nn.BatchNorm2d(width, track_running_stats=False) if batch_norm else nn.Identity()
+
+def _norm(width: int, batch_norm: str) -> nn.Module:
+    if batch_norm not in BATCH_NORMS:
+        raise ValueError(f"batch_norm must be one of {BATCH_NORMS}, not {batch_norm!r}")
+    if batch_norm == "none":
+        return nn.Identity()
+    return nn.BatchNorm2d(width, track_running_stats=batch_norm == "running")
 
 
 class BasicBlock(nn.Module):
-    def __init__(self, width_in: int, width: int, stride: int, batch_norm: bool) -> None:
+    def __init__(self, width_in: int, width: int, stride: int, batch_norm: str) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(width_in, width, 3, stride, 1, bias=False)
         self.bn1 = _norm(width, batch_norm)
@@ -40,7 +50,7 @@ class ReducedResNet18(nn.Module):
     with a stride-1 stem, 2304 for nf=32 on 84x84 with a stride-2 stem."""
 
     def __init__(self, in_channels: int, image_size: int, classes: int, num_tasks: int, multi_head: bool,
-                 nf: int, stem_stride: int, batch_norm: bool) -> None:
+                 nf: int, stem_stride: int, batch_norm: str) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(in_channels, nf, 3, stem_stride, 1, bias=False)
         self.bn1 = _norm(nf, batch_norm)

@@ -62,3 +62,7 @@ class RunSnapshot:
     engine_path: dict[str, str] = field(default_factory=dict)
     #: ``optimizer.state: kept``: every client's optimiser state between its rounds, else None
     optimizer_states: ClientStates | None = None
+    #: the global model's BatchNorm running statistics ({} without any), and under ``model.buffers: local`` every
+    #: client's own (else None)
+    buffers: Params = field(default_factory=dict)
+    buffer_states: ClientStates | None = None
