@@ -13,8 +13,8 @@ from cfl.config import Config, _set_dotted, parse_overrides, read_yaml
 from cfl.cross_checks import (
     check_client_params,
     check_methods,
-    check_model_family,
     check_model_buffers,
+    check_model_family,
     check_model_fits,
     check_optimizer,
     check_task_losses,
