@@ -5,7 +5,9 @@
 into the weight-gradient product; momentum, Adam and AdamW from the materialised gradient) and methods whose
 hooks have a fused form. ``vmap``: autograd under ``torch.func.vmap`` over one-client code, for every model and
 method. ``sequential``: one client after another (``client_execution: sequential``, a method that declares a
-``sequential_reason``, or step hooks on a model whose layers mix samples, where ``vmap`` would pad them).
+``sequential_reason``, or step hooks on a model whose layers mix samples, where ``vmap`` would pad them; a
+``step_samples`` draw read only by ``extra_loss`` is not padded there: those losses run per group of clients with
+equal counts).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from cfl.engine import local_optim
 from cfl.engine.jobs import Hyper
 from cfl.engine.stacked_net import StackedNet
 from cfl.engine.stacking import couples_samples
-from cfl.engine.step_hooks import STEP_HOOKS, takes_steps
+from cfl.engine.step_hooks import STEP_HOOKS
 from cfl.methods.base import Method, overrides
 
 #: hooks the stacked path cannot take, with the reason
@@ -70,7 +72,8 @@ def sequential_refusal(model: nn.Module, methods: list[Method]) -> str | None:
     for m in methods:
         if m.sequential_reason:
             return f"method {m.name}: {m.sequential_reason}"
-    stepping = [m.name for m in methods if takes_steps(m)]
+    # a ``step_samples`` draw that only an ``extra_loss`` reads reaches it unpadded (grouped by real counts)
+    stepping = [m.name for m in methods if any(overrides(m, h) for h in STEP_HOOKS if h != "step_samples")]
     if stepping and couples_samples(model):
         return (f"method {stepping[0]} takes step hooks and model {type(model).__name__} mixes the samples of a "
                 f"batch (BatchNorm): under vmap its steps' padding would enter the batch statistics")

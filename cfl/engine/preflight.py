@@ -16,9 +16,8 @@ from cfl.engine import hooks
 from cfl.engine.runner import Runner, broadcast_of
 from cfl.engine.server import transformed, updated
 from cfl.engine.step_hooks import StepStage, as_batch, gradient_function, takes_steps
-from cfl.methods.base import Method, overrides
+from cfl.methods.base import Samples, overrides
 from cfl.methods.hook_guard import guarded
-from cfl.tensors import State
 
 
 def dry_run_hooks(runner: Runner) -> None:
@@ -32,20 +31,24 @@ def dry_run_hooks(runner: Runner) -> None:
     with torch.random.fork_rng(devices=devices), torch.no_grad():
         for m, st in zip(runner.methods, runner.states, strict=True):
             server = copy.deepcopy(st.server)
-            broadcast = broadcast_of(m, "round", server)
+            broadcast = {**broadcast_of(m, "round", server), **broadcast_of(m, "task_start", server)}
             if overrides(m, "penalty"):
                 hooks.penalty_loss(m, params, params, broadcast, {})
             if overrides(m, "task_loss"):
                 logits = functional_call(runner.model, params, (x, task))
                 hooks.task_loss(m, params, logits, y, x, task, weight, None, broadcast, {})
+            stage = StepStage([m], [broadcast], params, runner.hyper.lr,
+                              gradient_function(runner.model, runner.hyper.precision, runner.device))
+            drawn = {i: as_batch(d, runner.device) for i, d in stage.draw([{}], torch.Generator().manual_seed(0),
+                                                                          x).items() if d is not None}
             if overrides(m, "extra_loss"):
-                hooks.extra_loss(m, params, x, task, weight, broadcast, {})
+                hooks.extra_loss(m, params, x, task, weight, broadcast, {}, Samples(*drawn[0]) if drawn else None)
             if overrides(m, "gradient_projection"):
                 hooks.projected(m, {k: torch.zeros_like(v) for k, v in params.items()}, {})
             if overrides(m, "replay"):
                 hooks.replayed(m, {}, torch.Generator().manual_seed(0), x)
             if takes_steps(m):
-                _dry_step(runner, m, broadcast, (x, y, task, weight))
+                _dry_step(runner, stage, drawn, (x, y, task, weight))
             delta = {k: torch.zeros_like(v) for k, v in params.items()}
             updated(m, params, delta, server, runner.cfg.server_lr)
             if overrides(m, "transform_update"):
@@ -55,14 +58,11 @@ def dry_run_hooks(runner: Runner) -> None:
                     m.after_server_step(runner.model, params, server, 0)
 
 
-def _dry_step(runner: Runner, method: Method, broadcast: State, batch: tuple[torch.Tensor, ...]) -> None:
-    """One step of ``method``'s step hooks on a fresh client: the loss gradient and the update taken as zeros."""
+def _dry_step(runner: Runner, stage: StepStage, drawn: dict, batch: tuple[torch.Tensor, ...]) -> None:
+    """One step of a method's step hooks (``stage``, ``drawn``: its ``step_samples`` draw) on a fresh client: the
+    loss gradient and the update taken as zeros."""
     params = runner.params
     zeros = {k: torch.zeros_like(v) for k, v in params.items()}
-    stage = StepStage([method], [broadcast], params, runner.hyper.lr,
-                      gradient_function(runner.model, runner.hyper.precision, runner.device))
     carry = stage.start([{}])
-    drawn = {i: as_batch(d, runner.device) for i, d in stage.draw([{}], torch.Generator().manual_seed(0),
-                                                                  batch[0]).items() if d is not None}
     grads = stage.rewrite(params, zeros, batch, drawn, [{}], carry, 0)
     stage.carried(params, grads, batch, drawn, [{}], carry, 0, zeros)
