@@ -29,7 +29,7 @@ from cfl.engine.local_sequential import train_sequential
 from cfl.engine.path import choose_path
 from cfl.engine.runner import Runner
 from cfl.methods import METHODS
-from cfl.methods.base import PER_CLIENT_HOOKS, Method, Quadratic, Samples
+from cfl.methods.base import PER_CLIENT_HOOKS, Method, Quadratic, RunInfo, Samples
 from cfl.methods.fedavg import FedAvg
 from cfl.models import MODELS, ModelShape, build_model
 from cfl.models.buffers import running_stats
@@ -173,15 +173,18 @@ def _round_with(runner: Runner, trainer: object, task: int, path: str) -> tuple[
     return params, accuracies
 
 
-def _round_and_states_with(runner: Runner, trainer: object, task: int,
-                           path: str) -> tuple[dict, list[float], tuple[list[dict], list[dict], int]]:
-    """:func:`_round_with`, also returning the methods' states after the round (their server states and every
-    client's state) and the round's upload bytes."""
+def _round_and_states_with(runner: Runner, trainer: object, task: int, path: str,
+                           task_end: bool = False) -> tuple[dict, list[float], tuple[list[dict], list[dict], int]]:
+    """:func:`_round_with`, also returning the methods' states after the round (their server states, timings in
+    ``stats`` left out, and every client's state) and the round's upload bytes; ``task_end``: the task's end
+    after the round."""
     saved = copy.deepcopy((runner.params, runner.states, runner.comm, runner.progress, runner.hyper, runner.buffers,
                            runner.buffer_states))
     runner.trainer, runner.hyper.path = trainer, path
     runner.run_round(task, 0)
-    states = ([st.server for st in runner.states],
+    if task_end:
+        runner.task_end(task)
+    states = ([{k: v for k, v in st.server.items() if k != "stats"} for st in runner.states],
               [{c: st.clients.get(c) for c in st.clients.ids()} for st in runner.states], runner.comm.upload_bytes)
     out = {**runner.params, **runner.buffers}, runner.evaluate(task), copy.deepcopy(states)
     runner.params, runner.states, runner.comm, runner.progress, runner.hyper, runner.buffers, \
@@ -405,6 +408,50 @@ VARIANTS.update({
 })
 
 
+#: issue 31: a server hook at a task end (the test runs the task end after the round)
+VARIANTS["before_task_end"] = (
+    lambda _self, model, classes, server, _task: server.update(
+        teacher=(sum(p.norm() for p in model.parameters()) + classes.sum()).detach()),
+    lambda self, model, _classes, server, _task: server.update(teacher=server["scale"] * model(
+        torch.ones(1, _input_dim(self)), torch.zeros(1, dtype=torch.long)).detach().sum()),
+)
+TASK_END_HOOKS = ("before_task_end",)
+
+
+def _synthetic_loss(self, params, x, _task, server, _state, samples=None):
+    """``extra_loss`` taking the method's draw: ``scale`` x the weighted mean over the drawn samples of their
+    squared logits (a forward of their own), added to every sample of the batch."""
+    if samples is None:
+        return x.new_zeros(x.shape[0])
+    logits = torch.func.functional_call(self.run_info.model, params, (samples.x, samples.task))
+    kd = (logits.pow(2).mean(1) * samples.weight).sum() / samples.weight.sum().clamp(min=1)
+    return x.new_zeros(x.shape[0]) + server.get("scale", 0.5) * kd
+
+
+def _drawn_with_server(self, _state, generator, server):
+    """``step_samples`` reading the broadcast: random inputs scaled by its ``scale`` (state-free: none, 1)."""
+    scale = server.get("scale", torch.tensor(1.0))
+    return Samples(scale * torch.randn(3, _input_dim(self), generator=generator),
+                   torch.randint(0, 3, (3,), generator=generator), torch.zeros(3, dtype=torch.long))
+
+
+#: issue 31: the hooks' newer optional arguments (``step_samples``' ``server``, ``extra_loss``'s ``samples``), the
+#: state-dependent variants reading ``scale`` from the "task_start" broadcast
+ARGUMENT_VARIANTS = {
+    "extra_loss(samples)": (
+        {"step_samples": VARIANTS["step_samples"][0]["step_samples"], "extra_loss": _synthetic_loss},
+        {"broadcast": {"task_start": ("scale",)}, "step_samples": VARIANTS["step_samples"][1]["step_samples"],
+         "extra_loss": _synthetic_loss},
+    ),
+    "step_samples(server)": (
+        {"step_samples": _drawn_with_server, "extra_loss": _synthetic_loss},
+        {"broadcast": {"task_start": ("scale",)}, "step_samples": _drawn_with_server,
+         "step_gradient": _nudged_by("samples")},
+    ),
+}
+VARIANTS.update(ARGUMENT_VARIANTS)
+
+
 def _accumulate(state: dict, value: torch.Tensor) -> dict:
     """``state["sum"] += value`` (from 0), uploading the new sum."""
     state["sum"] = state.get("sum", torch.zeros(1)) + value
@@ -412,8 +459,8 @@ def _accumulate(state: dict, value: torch.Tensor) -> dict:
 
 
 def test_every_hook_has_both_variants():
-    assert sorted(VARIANTS) == HOOKS
-    assert len(HOOKS) == 15  # the base class's docstring says fifteen
+    assert sorted(set(VARIANTS) - set(ARGUMENT_VARIANTS)) == HOOKS
+    assert len(HOOKS) == 16  # the base class's docstring says sixteen
 
 
 def _assert_states_close(a: object, b: object, where: str) -> None:
@@ -433,7 +480,7 @@ def _assert_states_close(a: object, b: object, where: str) -> None:
 
 @pytest.mark.usefixtures("float64_without_dropout")
 @pytest.mark.parametrize("variant", ["state-free", "state-dependent"])
-@pytest.mark.parametrize("hook", HOOKS)
+@pytest.mark.parametrize("hook", sorted(VARIANTS))
 def test_every_hook_runs_alike_in_both_engines(hook, variant):
     """A method overriding ``hook`` alone, in a variant that holds and reads no state and one that reads its
     state (client 0 holds a client state, client 1 none; the server holds one): one round gives the same
@@ -441,7 +488,7 @@ def test_every_hook_runs_alike_in_both_engines(hook, variant):
     the run can take. (The batched trainer once skipped a gradient projection whenever no client held state,
     so a state-free one was never applied.)"""
     impl = VARIANTS[hook][variant == "state-dependent"]
-    name = f"hook-{hook.replace('_', '-')}-{variant}"
+    name = f"hook-{hook.replace('_', '-').replace('(', '-').rstrip(')')}-{variant}"
     cls = type(name, (Method,), {"name": name, **(impl if isinstance(impl, dict) else {hook: impl})})
     with METHODS.temporarily(name, cls):
         cfg = from_dict({"num_clients": 2, "clients_per_round": 2, "rounds_per_task": 1, "batch_size": 4,
@@ -450,9 +497,10 @@ def test_every_hook_runs_alike_in_both_engines(hook, variant):
         runner = Runner(cfg, make_stream("task", n_train=15, n_test=6))
         if variant == "state-dependent":  # the state-free variant runs with no state at all
             _seed_states(runner, other=False)
-        sequential = _round_and_states_with(runner, train_sequential, 0, "sequential")
+        task_end = hook in TASK_END_HOOKS
+        sequential = _round_and_states_with(runner, train_sequential, 0, "sequential", task_end)
         for path in {runner.engine_path.path, "vmap"}:
-            batched = _round_and_states_with(runner, BatchedTrainer(), 0, path)
+            batched = _round_and_states_with(runner, BatchedTrainer(), 0, path, task_end)
             for k in sequential[0]:
                 assert torch.allclose(batched[0][k], sequential[0][k], atol=1e-9, rtol=1e-7), (k, path)
             assert batched[1] == sequential[1], path
@@ -462,7 +510,7 @@ def test_every_hook_runs_alike_in_both_engines(hook, variant):
             runner.methods[0] = Method(None, runner.run_info)
         else:
             _seed_states(runner, other=True)
-        control = _round_and_states_with(runner, train_sequential, 0, "sequential")
+        control = _round_and_states_with(runner, train_sequential, 0, "sequential", task_end)
         assert _round_differs(control, sequential)
 
 
@@ -482,3 +530,40 @@ def _round_differs(a: tuple, b: tuple) -> bool:
     except AssertionError:
         return True
     return False
+
+
+class _DrawsRagged(Method):
+    """A synthetic batch of 1-3 samples per client and step (the client's generator decides), whose loss has a
+    forward of its own (issue 31: TARGET's KD on a synthetic batch)."""
+
+    name = "draws-ragged"
+
+    def step_samples(self, state, generator, server):
+        k = int(torch.randint(1, 4, (1,), generator=generator))
+        return Samples(torch.randn(k, *IMAGE, generator=generator), torch.zeros(k, dtype=torch.long),
+                       torch.ones(k, dtype=torch.long))
+
+    def extra_loss(self, params, x, task, server, state, samples=None):
+        logits = torch.func.functional_call(self.run_info.model, params, (samples.x, samples.task))
+        mean = (logits.pow(2).mean(1) * samples.weight).sum() / samples.weight.sum()
+        return x.new_zeros(x.shape[0]) + 0.1 * mean
+
+
+def test_drawn_samples_reach_the_extra_loss_unpadded_on_batch_norm():
+    """On a BatchNorm model a draw that only ``extra_loss`` reads keeps the run on the vmap path, whose losses run
+    per group of clients with equal batch and draw sizes (padding would enter the batch statistics): the same
+    parameters as the sequential trainer, with ragged draws (1-3 samples) and ragged batches (6, 5 at 4)."""
+    torch.manual_seed(0)
+    model = build_model("resnet18-mini", ModelShape(IMAGE, 3, 2, True))
+    method = _DrawsRagged(None, RunInfo(2, "task", 2, 2, 0, model))
+    hp = Hyper(lr=0.05, momentum=0.0, weight_decay=0.0, local_epochs=1, batch_size=4, client_block=2)
+    assert choose_path(model, hp, [method]).path == "vmap"
+    x, y = torch.randn(11, *IMAGE), torch.arange(11) % 3
+    jobs = [ClientJob(0, torch.arange(6), None, 1), ClientJob(1, torch.arange(6, 11), None, 2)]
+    start = {k: v.detach().clone() for k, v in model.named_parameters()}
+    plugins = Plugins([method], [MethodState()], [{}])
+    batched, _ = train_batched(model, start, jobs, x, y, 1, hp, plugins)
+    sequential, _ = train_sequential(model, start, jobs, x, y, 1, hp, plugins)
+    assert_params_close(batched, sequential)
+    plain, _ = train_sequential(model, start, jobs, x, y, 1, hp, Plugins([FedAvg(None, None)], [MethodState()], [{}]))
+    assert any(not torch.allclose(plain[k], sequential[k], atol=1e-4) for k in plain)  # the loss counts

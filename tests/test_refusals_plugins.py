@@ -13,7 +13,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {"stream": {"name": "split-digits", "num_tasks": 2}, "num_clients": 4, "clients_per_round": 2,
         "rounds_per_task": 2, "batch_size": 32, "threads": 1, "wandb": {"mode": "disabled"}}
-HEAD = "import sys\nimport torch\nfrom cfl.methods import register\nfrom cfl.methods.base import Method, Quadratic\n"
+HEAD = ("import sys\nimport torch\nfrom cfl.methods import register\n"
+        "from cfl.methods.base import Method, Quadratic, Samples\n")
 
 
 def method(name: str, body: str, cls: str = "Bad") -> str:
@@ -75,6 +76,21 @@ PLUGINS = {
                                "        if step.grads['body.1.weight'].sum().item() > 0:\n"
                                "            return None\n"
                                "        return None\n"),
+    # issue 31: the task-end server hook, the task_start broadcast, synthetic samples reaching extra_loss
+    "broadcast_event": method("be", "    broadcast = {'task_begin': ('pool',)}\n"),
+    "samples_shape": method("sx", "    def step_samples(self, state, generator, server):\n"
+                                  "        n = torch.zeros(2).long()\n"
+                                  "        return Samples(torch.zeros(2, 5), n, n)\n"),
+    "samples_loss_shape": method("sl", "    def step_samples(self, state, generator, server):\n"
+                                       "        n = torch.zeros(3).long()\n"
+                                       "        return Samples(torch.zeros(3, 1, 8, 8), n, n)\n"
+                                       "    def extra_loss(self, params, x, task, server, state, samples=None):\n"
+                                       "        return samples.x.flatten(1).sum(1)\n"),
+    "task_end_returns": method("tr", "    def before_task_end(self, model, classes, server, task):\n"
+                                     "        return {'pool': torch.zeros(1)}\n"),
+    "task_start_changed": method("tc", "    broadcast = {'task_start': ('pool',)}\n"
+                                       "    def server_end(self, event, uploads, server, task):\n"
+                                       "        server['pool'] = torch.ones(1)  # a new tensor each round\n"),
 }
 BENCHMARK = "import sys\n\ndef make():\n    sys.exit(0)\n"  # a stream.benchmark callable ending the process
 NAME_RULE = "must be letters, digits, '-', '_' or '.'"
@@ -167,6 +183,24 @@ CASES = [
                                                "{tmp}/takes_mine_too.py"], 2,
      ["method 'mine' is already registered (by Mine in {tmp}/takes_mine.py; Mine in {tmp}/takes_mine_too.py is "
       "another definition)"]),
+    # issue 31: the task-end server hook, the task_start broadcast, synthetic samples reaching extra_loss
+    ("an unknown broadcast event", ["list", "--plugin", "{tmp}/broadcast_event.py"], 2,
+     ["broadcast_event.py", "broadcast names the event(s) ['task_begin']",
+      "the events are ['round', 'task_start', 'task_end']"]),
+    ("step_samples(server): x of the wrong shape", ["run", "{cfg}", "--plugin", "{tmp}/samples_shape.py", "--set",
+                                                    "method.name=sx", "--out", "{tmp}/sx"], 2,
+     ["method 'sx'", "hook step_samples", "x must be of shape (n, 1, 8, 8)", "shape (2, 5)"]),
+    ("extra_loss(samples): one loss per drawn sample", ["run", "{cfg}", "--plugin", "{tmp}/samples_loss_shape.py",
+                                                        "--set", "method.name=sl", "--out", "{tmp}/sl"], 2,
+     ["method 'sl'", "hook extra_loss", "tensor of shape (B,)", "(here 2)", "shape (3,)"]),
+    ("mid-run: before_task_end returns a value", ["run", "{cfg}", "--plugin", "{tmp}/task_end_returns.py", "--set",
+                                                  "method.name=tr", "--out", "{tmp}/tr"], 3,
+     ["method 'tr'", "hook before_task_end", "must return None", "got dict", "at the end of task 0 (0-based)",
+      "is kept"]),
+    ("mid-run: a task_start key changed during its task", ["run", "{cfg}", "--plugin", "{tmp}/task_start_changed.py",
+                                                           "--set", "method.name=tc", "--out", "{tmp}/tc"], 3,
+     ["method 'tc'", "pool listed under broadcast['task_start'] changed during task 0", "change these keys only at",
+      "at task 0 (0-based), round 2 of the task", "is kept"]),
 ]
 
 

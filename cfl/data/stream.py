@@ -58,6 +58,10 @@ class Stream:
             mask[task.classes] = True
         return mask
 
+    def seen_classes(self, upto_task: int) -> torch.Tensor:
+        """The global class ids of tasks 0..upto_task, sorted (class-incremental: the head's columns)."""
+        return torch.tensor(sorted({c for task in self.tasks[: upto_task + 1] for c in task.classes}), dtype=torch.long)
+
 
 def prefix(stream: Stream, num_tasks: int) -> Stream:
     """The first ``num_tasks`` tasks of ``stream`` as a new Stream (new Task objects: moving them to a

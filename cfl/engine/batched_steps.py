@@ -9,9 +9,9 @@ from torch.func import vmap
 
 from cfl.engine import hooks
 from cfl.engine.jobs import Plugins
-from cfl.engine.stacking import client_rows, pad_samples
+from cfl.engine.stacking import Batch, client_rows, pad_samples, sample_counts
 from cfl.engine.step_hooks import StepStage
-from cfl.methods.base import overrides
+from cfl.methods.base import Method, accepts, overrides
 from cfl.tensors import Params, State
 
 
@@ -28,22 +28,38 @@ def preconditioners_of(plugins: Plugins, global_params: Params, states: list[Sta
 StepData = tuple[tuple[torch.Tensor, ...], list[list[State]], list[State]]  # batch, raw states, stacked states
 
 
-def rewritten(stage: StepStage, s: int, n: int, params: Params, grads: Params, generators: list[torch.Generator],
-               x: torch.Tensor, carry: State, data: StepData) -> tuple[Params, Params, dict]:
-    """The step hooks' gradients for the ``n`` clients still training (under ``vmap``), the parameters before
-    the step (for ``carry_step``) and the step's drawn samples."""
-    batch, raw, stacked = data
+def drawn_samples(stage: StepStage, n: int, raw: list[list[State]], generators: list[torch.Generator],
+                  x: torch.Tensor) -> tuple[dict[int, list[int]], dict[int, tuple[torch.Tensor, ...]]]:
+    """The step's ``step_samples`` draws of the ``n`` clients still training (``raw``: their states per method):
+    per sampling method, each client's count, and the draws padded to the client with the most as (x, y, task,
+    weight) (left out where no client drew any)."""
     draws = [stage.draw([st[c] for st in raw], generators[c], x) for c in range(n)]
-    drawn = {}
+    counts, drawn = {}, {}
     for i in stage.sampling:
+        counts[i] = sample_counts([d[i] for d in draws])
         padded = pad_samples([d[i] for d in draws])
         if padded is not None:
             drawn[i] = (padded.x, padded.y, padded.task, padded.weight)
+    return counts, drawn
+
+
+def loss_samples(methods: list[Method], counts: dict[int, list[int]],
+                 drawn: dict[int, tuple[torch.Tensor, ...]]) -> dict[int, tuple[list[int], Batch | None]]:
+    """Per method whose ``extra_loss`` takes ``samples``: its clients' counts and its padded draw (None: none)."""
+    return {i: (c, Batch(*drawn[i]) if i in drawn else None) for i, c in counts.items()
+            if overrides(methods[i], "extra_loss") and accepts(methods[i], "extra_loss", "samples")}
+
+
+def rewritten(stage: StepStage, s: int, n: int, params: Params, grads: Params, drawn: dict, carry: State,
+              data: StepData) -> tuple[Params, Params]:
+    """The step hooks' gradients for the ``n`` clients still training (under ``vmap``) and the parameters before
+    the step (for ``carry_step``); ``drawn``: the step's samples (:func:`drawn_samples`)."""
+    batch, _, stacked = data
     before = {k: v.detach().clone() for k, v in params.items()} if stage.carry_stepping else params
     rows = client_rows(carry, n)
     new = vmap(lambda p, g, b, d, st, ca: stage.rewrite(p, g, b, d, st, ca, s),
                randomness="different")(before, grads, batch, drawn, stacked, rows)
-    return new, before, drawn
+    return new, before
 
 
 def carry_on(stage: StepStage, s: int, n: int, params: Params, grads: Params, before: Params, drawn: dict,

@@ -24,6 +24,7 @@ STEP_GRADIENT = "must return None or the step's gradient: {every parameter name:
 CARRY_START = "must return a dict of tensors (nested dicts allowed), the same keys and shapes for every client"
 CARRY_STEP = "must return a dict shaped like step.carry: the same keys, each tensor of the same shape and dtype"
 UPLOAD = "must return None or the client's upload, a dict"
+BEFORE_TASK_END = "must return None: it writes what it keeps into its server state (the argument server) in place"
 SERVER_UPDATE = "must return None or the new global parameters: {every parameter name: tensor shaped like it}"
 TRANSFORM = "must return the server step: {every parameter name: tensor shaped like it}"
 
@@ -148,6 +149,11 @@ def check_upload(result: Any) -> Any:
     if result is not None and not isinstance(result, dict):
         raise BrokenRule(f"{UPLOAD}; {_got(result)}")
     return result
+
+
+def check_none(result: Any, rule: str) -> None:
+    if result is not None:
+        raise BrokenRule(f"{rule}; {_got(result)}")
 
 
 def check_params(result: Any, params: Params, rule: str) -> Any:

@@ -21,7 +21,7 @@ from cfl.engine.hook_rules import (
     check_step_gradient,
     check_step_samples,
 )
-from cfl.methods.base import Method, Quadratic, Samples, Step
+from cfl.methods.base import Method, Quadratic, Samples, Step, accepts
 from cfl.methods.hook_guard import guarded
 from cfl.ops.losses import weighted_mean
 from cfl.ops.subspace import project_out
@@ -73,10 +73,12 @@ def task_loss(method: Method, params: Params, logits: torch.Tensor, y: torch.Ten
 
 
 def extra_loss(method: Method, params: Params, x: torch.Tensor, task: torch.Tensor, weight: torch.Tensor,
-               server: State, state: State) -> torch.Tensor:
-    """One client's extra loss averaged over its real samples (``weight`` 0 marks padding)."""
+               server: State, state: State, samples: Samples | None = None) -> torch.Tensor:
+    """One client's extra loss averaged over its real samples (``weight`` 0 marks padding); ``samples`` (the
+    method's ``step_samples`` draw) reach an override that names the argument."""
+    more = {"samples": samples} if accepts(method, "extra_loss", "samples") else {}
     with guarded(method, "extra_loss"):
-        return weighted_mean(check_extra_loss(method.extra_loss(params, x, task, server, state), x), weight)
+        return weighted_mean(check_extra_loss(method.extra_loss(params, x, task, server, state, **more), x), weight)
 
 
 def project(grads: Params, bases: dict[str, torch.Tensor]) -> Params:
@@ -103,10 +105,13 @@ def replayed(method: Method, state: State, generator: torch.Generator, like: tor
         return check_replay(method.replay(state, generator), like)
 
 
-def step_samples(method: Method, state: State, generator: torch.Generator, like: torch.Tensor) -> Samples | None:
-    """One client's ``step_samples`` draw for a step."""
+def step_samples(method: Method, state: State, generator: torch.Generator, like: torch.Tensor,
+                 server: State) -> Samples | None:
+    """One client's ``step_samples`` draw for a step; ``server`` (the method's broadcast) reaches an override that
+    names the argument."""
+    more = {"server": server} if accepts(method, "step_samples", "server") else {}
     with guarded(method, "step_samples"):
-        return check_step_samples(method.step_samples(state, generator), like)
+        return check_step_samples(method.step_samples(state, generator, **more), like)
 
 
 def step_gradient(method: Method, step: Step) -> Params:

@@ -22,7 +22,14 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from cfl.engine import hooks, local_optim
-from cfl.engine.batched_steps import carry_on, leaf_row, preconditioners_of, rewritten
+from cfl.engine.batched_steps import (
+    carry_on,
+    drawn_samples,
+    leaf_row,
+    loss_samples,
+    preconditioners_of,
+    rewritten,
+)
 from cfl.engine.heap import retain_freed_memory
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, client_schedule, replay_generator
 from cfl.engine.path import choose_path
@@ -30,7 +37,7 @@ from cfl.engine.precision import autocast, to_float, warn_if_slow
 from cfl.engine.stacked_net import StackedNet
 from cfl.engine.stacking import Batch, client_rows, couples_samples, pad_samples, sample_counts, stack_states
 from cfl.engine.step_hooks import STEP_HOOKS, StepStage, task_loss_of
-from cfl.methods.base import Method, overrides
+from cfl.methods.base import Method, Samples, overrides
 from cfl.ops.losses import masked_cross_entropy, weighted_mean
 from cfl.tensors import Params, State
 
@@ -294,6 +301,9 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
             xb = hp.augment(xb.flatten(0, 1), None).view_as(xb)
         draws = [[hooks.replayed(m, raw[c], generators[c], x) for c in range(n)] for m, raw in replaying]
         extras = [pad_samples(d) for d in draws]
+        step_raw = [st[:n] for st in raw_states]
+        # the step hooks' draws, after replay's and before the loss (``extra_loss`` may take them)
+        counts, drawn = drawn_samples(stage, n, step_raw, generators, x) if stage is not None else ({}, {})
         # the clients' prefix of the penalty steps (a client dim of 1, shared by all, stays 1)
         step_penalty = penalty if n == C else {k: (m[:n], None if b is None else b[:n])
                                                for k, (m, b) in penalty.items()}
@@ -307,9 +317,12 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
             cross_entropy = weighted_mean(masked_cross_entropy(logits, yb, step_allowed), wb)
             per_client = cross_entropy
         else:
-            groups = _size_groups(sizes[:n, s], [sample_counts(d) for d in draws], hp.batch_size, coupled, device)
+            to_loss = loss_samples(plugins.methods, counts, drawn)
+            groups = _size_groups(sizes[:n, s], [sample_counts(d) for d in draws] + [c for c, _ in to_loss.values()],
+                                  hp.batch_size, coupled, device)
             cross_entropy, per_client = _grouped_losses(groups, (xb, yb, tb, wb), extras, params, step_allowed,
-                                                        step_states, batched_forward, plugins)
+                                                        step_states, batched_forward, plugins,
+                                                        {i: b for i, (_, b) in to_loss.items()})
         loss_sum[:n] += cross_entropy.detach()
         for i, m in enumerate(plugins.methods):
             if stacked is None and overrides(m, "penalty"):
@@ -326,8 +339,8 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
                 params = full_params = _match_grad_layout(params, grads)
             grads = dict(zip(params, grads, strict=True))
             if stage is not None:  # the step hooks: after the loss gradient, before the optimiser
-                step_data = _with_replay((xb, yb, tb, wb), extras), [st[:n] for st in raw_states], step_states
-                grads, before, drawn = rewritten(stage, s, n, params, grads, generators, x, carry, step_data)
+                step_data = _with_replay((xb, yb, tb, wb), extras), step_raw, step_states
+                grads, before = rewritten(stage, s, n, params, grads, drawn, carry, step_data)
             grads = {k: hooks.precondition(g, step_matrices[k]) if k in step_matrices else g for k, g in grads.items()}
             # SGD's decay adds into the gradients in place: carry_step must see the gradient before it
             carrying = stage is not None and bool(stage.carry_stepping)
@@ -410,12 +423,14 @@ def _buffered_forward(model: nn.Module, hp: Hyper, device: torch.device, buffers
 StepBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # x, y, task, weight: (n, width, ...)
 
 
-Group = tuple[torch.Tensor | None, int, list[int]]  # client indices (None: all), batch width, replay widths
+#: client indices (None: all), batch width, replay widths (then those of the draws an ``extra_loss`` takes)
+Group = tuple[torch.Tensor | None, int, list[int]]
 
 
 def _size_groups(sizes: torch.Tensor, replay_counts: list[list[int]], width: int, coupled: bool,
                  device: torch.device) -> list[Group]:
-    """The step's client groups as ``(client indices or None for all, batch width, replay widths)``.
+    """The step's client groups as ``(client indices or None for all, batch width, replay widths)``
+    (``replay_counts`` may go on with the counts of the draws an ``extra_loss`` takes: widths of those as well).
 
     Samples independent of each other: one group at the padded widths. Coupled: one group per distinct
     real (batch size, replay sizes) among the clients' (CPU) ``sizes`` and ``replay_counts`` (per method,
@@ -443,16 +458,21 @@ def _with_replay(data: StepBatch, extras: list[Batch | None]) -> StepBatch:
 
 def _grouped_losses(groups: list[Group], data: StepBatch, extras: list[Batch | None], params: Params,
                     allowed: torch.Tensor | None, states: list[State], forward: Callable,
-                    plugins: Plugins) -> tuple[torch.Tensor, torch.Tensor]:
+                    plugins: Plugins, samples: dict[int, Batch | None]) -> tuple[torch.Tensor, torch.Tensor]:
     """Per client (n,): the weighted cross-entropy of the step, and it plus the methods' extra losses; each
-    group of :func:`_size_groups` runs its own ``vmap``-ed forward on its clients' real samples."""
+    group of :func:`_size_groups` runs its own ``vmap``-ed forward on its clients' real samples. ``samples``:
+    per method whose ``extra_loss`` takes them, its ``step_samples`` draw (their widths follow the replay
+    widths in a group's)."""
     ce_parts, loss_parts = [], []
-    for idx, width, replay_widths in groups:
+    for idx, width, widths in groups:
         def pick(v: torch.Tensor, idx: torch.Tensor | None = idx) -> torch.Tensor:
             return v if idx is None else v.index_select(0, idx)
 
-        replays = [None if e is None else Batch(*(pick(v)[:, :w] for v in (e.x, e.y, e.task, e.weight)))
-                   for e, w in zip(extras, replay_widths, strict=True)]
+        def cut(e: Batch | None, w: int) -> Batch | None:
+            return None if e is None or w == 0 else Batch(*(pick(v)[:, :w] for v in (e.x, e.y, e.task, e.weight)))
+
+        replays = [cut(e, w) for e, w in zip(extras, widths[:len(extras)], strict=True)]
+        drawn = {i: cut(e, w) for (i, e), w in zip(samples.items(), widths[len(extras):], strict=True)}
         xb, yb, tb, wb = _with_replay(tuple(pick(v)[:, :width] for v in data), replays)
         p = {k: pick(v) for k, v in params.items()}
         own = task_loss_of(plugins.methods)
@@ -466,8 +486,8 @@ def _grouped_losses(groups: list[Group], data: StepBatch, extras: list[Batch | N
         loss = cross_entropy
         for i, m in enumerate(plugins.methods):
             if overrides(m, "extra_loss"):
-                loss = loss + vmap(lambda *a, m=m, b=plugins.broadcasts[i]: hooks.extra_loss(m, *a[:4], b, a[4]),
-                                   randomness="different")(p, xb, tb, wb, client_rows_of(states[i], pick))
+                loss = loss + _extra_losses(m, plugins.broadcasts[i], (p, xb, tb, wb, client_rows_of(states[i], pick)),
+                                            drawn.get(i))
         ce_parts.append(cross_entropy)
         loss_parts.append(loss)
     if len(groups) == 1:
@@ -476,6 +496,15 @@ def _grouped_losses(groups: list[Group], data: StepBatch, extras: list[Batch | N
     back = torch.empty_like(order)
     back[order] = torch.arange(len(order), device=order.device)
     return torch.cat(ce_parts)[back], torch.cat(loss_parts)[back]
+
+
+def _extra_losses(method: Method, server: State, args: tuple, samples: Batch | None) -> torch.Tensor:
+    """``method``'s ``extra_loss`` per client ``(n,)`` under ``vmap``; ``args``: the stacked params, x, task, weight
+    and state; ``samples``: the method's draw of the step, or None."""
+    if samples is None:
+        return vmap(lambda *a: hooks.extra_loss(method, *a[:4], server, a[4]), randomness="different")(*args)
+    return vmap(lambda *a: hooks.extra_loss(method, *a[:4], server, a[4], Samples(*a[5:])),
+                randomness="different")(*args, samples.x, samples.y, samples.task, samples.weight)
 
 
 def _own_losses(plugins: Plugins, i: int, params: Params, logits: torch.Tensor, data: StepBatch,

@@ -14,7 +14,7 @@ from cfl.engine import hooks, local_optim
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, client_schedule, replay_generator
 from cfl.engine.precision import autocast, to_float, warn_if_slow
 from cfl.engine.step_hooks import StepStage, as_batch, task_loss_of
-from cfl.methods.base import overrides
+from cfl.methods.base import Samples, overrides
 from cfl.ops.losses import masked_cross_entropy
 from cfl.tensors import Params
 
@@ -56,6 +56,9 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
             if extra is not None:
                 xb, yb = torch.cat([xb, extra.x]), torch.cat([yb, extra.y])
                 tb, wb = torch.cat([tb, extra.task]), torch.cat([wb, torch.ones(len(extra.y), device=x.device)])
+        # the step hooks' draws, after replay's and before the loss (``extra_loss`` may take them)
+        drawn = {} if stage is None else \
+            {i: as_batch(d, x.device) for i, d in stage.draw(states, generator, x).items() if d is not None}
         with autocast(hp.precision, x.device):  # bf16-mixed: products in bfloat16, the loss on float32 logits
             logits = to_float(functional_call(model, tensors, (xb, tb)))
         per_sample = masked_cross_entropy(logits, yb, job.allowed) if own_loss is None else hooks.task_loss(
@@ -65,14 +68,14 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
         losses.append(float(loss.detach()))
         for i, m in enumerate(methods):
             if overrides(m, "extra_loss"):
-                loss = loss + hooks.extra_loss(m, params, xb, tb, wb, broadcasts[i], states[i])
+                loss = loss + hooks.extra_loss(m, params, xb, tb, wb, broadcasts[i], states[i],
+                                               Samples(*drawn[i]) if i in drawn else None)
             if overrides(m, "penalty"):
                 loss = loss + hooks.penalty_loss(m, params, global_params, broadcasts[i], states[i])
         finite &= bool(torch.isfinite(loss))
         grads = dict(zip(trainable, torch.autograd.grad(loss, [params[k] for k in trainable]), strict=True))
         if stage is not None:  # the step hooks: after the loss gradient, before the optimiser
             batch = (xb, yb, tb, wb)
-            drawn = {i: as_batch(d, x.device) for i, d in stage.draw(states, generator, x).items() if d is not None}
             before = {k: v.detach().clone() for k, v in params.items()}
             with torch.no_grad():
                 grads = stage.rewrite(before, grads, batch, drawn, states, carry, s)

@@ -7,7 +7,8 @@ hooks have a fused form. ``vmap``: autograd under ``torch.func.vmap`` over one-c
 method. ``sequential``: one client after another (``client_execution: sequential``, a method that declares a
 ``sequential_reason`` or keeps parameters per client (``local_params`` and its kin), step hooks on a model
 whose layers mix samples, where ``vmap`` would pad them, or an extra loss on a model with BatchNorm running
-statistics, whose forwards inside it would update them in place).
+statistics, whose forwards inside it would update them in place; a ``step_samples`` draw read only by
+``extra_loss`` is not padded there: those losses run per group of clients with equal counts).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from cfl.engine import local_optim
 from cfl.engine.jobs import Hyper
 from cfl.engine.stacked_net import StackedNet
 from cfl.engine.stacking import couples_samples
-from cfl.engine.step_hooks import STEP_HOOKS, takes_steps
+from cfl.engine.step_hooks import STEP_HOOKS
 from cfl.methods.base import Method, overrides, per_client_hooks
 from cfl.models.buffers import keeps_running_stats
 
@@ -79,7 +80,8 @@ def sequential_refusal(model: nn.Module, methods: list[Method]) -> str | None:
             return (f"method {m.name} keeps parameters per client ({', '.join(hooks)}): only the sequential trainer "
                     f"starts each client from its own parameters (the batched paths start every client of a stack "
                     f"from the global model)")
-    stepping = [m.name for m in methods if takes_steps(m)]
+    # a ``step_samples`` draw that only an ``extra_loss`` reads reaches it unpadded (grouped by real counts)
+    stepping = [m.name for m in methods if any(overrides(m, h) for h in STEP_HOOKS if h != "step_samples")]
     if stepping and couples_samples(model):
         return (f"method {stepping[0]} takes step hooks and model {type(model).__name__} mixes the samples of a "
                 f"batch (BatchNorm): under vmap its steps' padding would enter the batch statistics")

@@ -17,7 +17,7 @@ from cfl.engine.hook_rules import check_bytes, check_client_start, check_client_
 from cfl.engine.runner import Runner, broadcast_of
 from cfl.engine.server import transformed, updated
 from cfl.engine.step_hooks import StepStage, as_batch, gradient_function, takes_steps
-from cfl.methods.base import Method, overrides
+from cfl.methods.base import Method, Samples, overrides
 from cfl.methods.hook_guard import guarded
 from cfl.tensors import Params, State
 
@@ -40,14 +40,18 @@ def dry_run_hooks(runner: Runner) -> None:
             if overrides(m, "task_loss"):
                 logits = functional_call(runner.model, params, (x, task))
                 hooks.task_loss(m, params, logits, y, x, task, weight, None, broadcast, state)
+            stage = StepStage([m], [broadcast], params, runner.hyper.lr,
+                              gradient_function(runner.model, runner.hyper.precision, runner.device))
+            drawn = {i: as_batch(d, runner.device) for i, d in stage.draw([state], torch.Generator().manual_seed(0),
+                                                                          x).items() if d is not None}
             if overrides(m, "extra_loss"):
-                hooks.extra_loss(m, params, x, task, weight, broadcast, state)
+                hooks.extra_loss(m, params, x, task, weight, broadcast, state, Samples(*drawn[0]) if drawn else None)
             if overrides(m, "gradient_projection"):
                 hooks.projected(m, {k: torch.zeros_like(v) for k, v in params.items()}, state)
             if overrides(m, "replay"):
                 hooks.replayed(m, state, torch.Generator().manual_seed(0), x)
             if takes_steps(m):
-                _dry_step(runner, m, broadcast, (x, y, task, weight))
+                _dry_step(runner, stage, drawn, (x, y, task, weight))
             _dry_upload(runner, m, params, state)
             params = runner.params
             delta = {k: torch.zeros_like(v) for k, v in params.items()}
@@ -59,15 +63,12 @@ def dry_run_hooks(runner: Runner) -> None:
                     m.after_server_step(runner.model, params, server, 0)
 
 
-def _dry_step(runner: Runner, method: Method, broadcast: State, batch: tuple[torch.Tensor, ...]) -> None:
-    """One step of ``method``'s step hooks on a fresh client: the loss gradient and the update taken as zeros."""
+def _dry_step(runner: Runner, stage: StepStage, drawn: dict, batch: tuple[torch.Tensor, ...]) -> None:
+    """One step of a method's step hooks (``stage``, ``drawn``: its ``step_samples`` draw) on a fresh client: the
+    loss gradient and the update taken as zeros."""
     params = runner.params
     zeros = {k: torch.zeros_like(v) for k, v in params.items()}
-    stage = StepStage([method], [broadcast], params, runner.hyper.lr,
-                      gradient_function(runner.model, runner.hyper.precision, runner.device))
     carry = stage.start([{}])
-    drawn = {i: as_batch(d, runner.device) for i, d in stage.draw([{}], torch.Generator().manual_seed(0),
-                                                                  batch[0]).items() if d is not None}
     grads = stage.rewrite(params, zeros, batch, drawn, [{}], carry, 0)
     stage.carried(params, grads, batch, drawn, [{}], carry, 0, zeros)
 

@@ -20,7 +20,8 @@ from torch import nn
 from cfl.config import Config
 from cfl.data.stream import Stream
 from cfl.engine.client_params import ClientParams
-from cfl.engine.hook_rules import check_bytes, check_upload
+from cfl.engine.global_model import global_model
+from cfl.engine.hook_rules import BEFORE_TASK_END, check_bytes, check_none, check_upload
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, derive_seed
 from cfl.engine.local_batched import BatchedTrainer
 from cfl.engine.local_sequential import train_sequential
@@ -29,6 +30,7 @@ from cfl.engine.path import choose_path, trainer_kind
 from cfl.engine.schedule import Schedule, sample_clients
 from cfl.engine.server import Server
 from cfl.engine.state_stores import build_stores, sizing_of
+from cfl.engine.task_start import TaskStarts
 from cfl.methods import METHODS
 from cfl.methods.base import (
     ClientData,
@@ -47,7 +49,7 @@ from cfl.models import ModelShape, build_model
 from cfl.models.buffers import load_global_model, running_stats
 from cfl.models.layers import protected_layers
 from cfl.records.client_states import ClientStates, MethodState
-from cfl.records.comm import CommLedger, task_end_model_line
+from cfl.records.comm import CommLedger, task_end_model_line, task_start_line
 from cfl.records.snapshot import Progress, RunSnapshot
 from cfl.schema import ConfigError
 from cfl.tensors import Params, State, nbytes
@@ -95,6 +97,7 @@ class Runner:
         self.comm = CommLedger()
         self.progress = Progress(acc_matrix=empty_matrix(stream.num_tasks))
         self.schedule = Schedule(cfg, stream, self.device)  # checks the clients' shares before any round
+        self.task_starts = TaskStarts(self.methods, self.schedule.sampled)
         for m in self.methods:  # a task end's own draw among the clients of the first task (clients_join_per_task)
             if m.task_end_clients and m.task_end_clients > self.schedule.joined(0):
                 raise ConfigError(f"method {m.name} draws {m.task_end_clients} clients at each task end, but the first "
@@ -179,9 +182,12 @@ class Runner:
         data = self.stream.tasks[task]
         jobs = self.schedule.round_jobs(task, rnd)
         hand_out(jobs, self.buffers, self.buffer_states, self.initial_buffers)
-        broadcasts = [broadcast_of(m, "round", st.server) for m, st in zip(self.methods, self.states, strict=True)]
-        round_down = sum(payload_size(m, "round", b) for m, b in zip(self.methods, broadcasts, strict=True))
-        task_start_down = task_start_shim(self.methods, self.states, broadcasts, jobs, task)  # SHIM (task_start)
+        each_round = [broadcast_of(m, "round", st.server) for m, st in zip(self.methods, self.states, strict=True)]
+        round_down = sum(payload_size(m, "round", b) for m, b in zip(self.methods, each_round, strict=True))
+        # "task_start" keys: sent to the clients new in the task, kept by them for the task's rounds
+        newcomers = self.task_starts.newcomers(task, rnd, [j.cid for j in jobs])
+        task_start = [self.task_starts.payload(i, st.server) for i, st in enumerate(self.states)]
+        broadcasts = [{**r, **t} for r, t in zip(each_round, task_start, strict=True)]
         plugins = Plugins(self.methods, self.states, broadcasts, self.optimizer_states)
         if self.client_params.active:  # each client from its own parameters (local_params, client_start)
             plugins.starts = self.client_params.starts(jobs, self.params, self.states, broadcasts, task)
@@ -221,13 +227,17 @@ class Runner:
                 self.model.eval()
                 with guarded(m, "after_server_step"):
                     m.after_server_step(self.model, self.params, st.server, task)
-        down = len(jobs) * (self.model_download_bytes + round_down) + task_start_down
+        down = len(jobs) * (self.model_download_bytes + round_down)
         # a method's own upload (client_upload) in place of the dense bytes of the parameters it sends
         sent_dense = nbytes({k: self.params[k] for k in combined})
         up = len(kept_jobs) * (self.model_bytes + nbytes(self.buffers) - sent_dense) + sum(sent_sizes)
         up += sum(payload_size(m, "round_upload", u) for m, pl in zip(self.methods, payloads, strict=True)
                   for u in pl.values())
         self.comm.down(down)
+        for m, payload in zip(self.methods, task_start, strict=True):
+            if m.broadcast.get("task_start"):
+                self.comm.down(len(newcomers) * payload_size(m, "task_start", payload), line=task_start_line(m.name))
+                down += len(newcomers) * payload_size(m, "task_start", payload)
         self.comm.up(up)
         losses = [o.mean_loss for o in outcomes if o.finite]
         record = {"task": task, "round": self.progress.global_round + 1, "clients": len(kept_jobs),
@@ -327,12 +337,15 @@ class Runner:
         return None if mask is None else mask.to(self.device)
 
     def task_end(self, task: int) -> None:
-        """Client task-end hooks (Fisher, memories, bases, GPSE) and the server's reduction."""
+        """Per method: the server's ``before_task_end`` on the final global model, the client task-end hooks
+        (Fisher, memories, bases, GPSE) and the server's reduction."""
         start = time.perf_counter()
         parts = self.schedule.client_indices(task)
         data = self.stream.tasks[task]
         for i, (m, st) in enumerate(zip(self.methods, self.states, strict=True)):
             uploads: dict[int, Any] = {}
+            if overrides(m, "before_task_end"):  # before the task-end broadcast is read
+                self._before_task_end(m, st.server, task)
             if takes_part_at_task_end(m):
                 joined = self.schedule.joined(task)  # clients_join_per_task: those that have joined
                 if m.task_end_clients is None:
@@ -352,6 +365,18 @@ class Runner:
                 with guarded(m, "server_end"):
                     m.server_end("task_end", uploads, st.server, task)
         self.progress.task_end_seconds += time.perf_counter() - start
+
+    def _before_task_end(self, method: Method, server: State, task: int) -> None:
+        """``method.before_task_end`` on a copy of the final global model; its wall time into ``server["stats"]``."""
+        model = global_model(self.model, self.params, self.buffers)
+        classes = self.stream.seen_classes(task).to(self.device)
+        start = time.perf_counter()
+        with guarded(method, "before_task_end"):
+            check_none(method.before_task_end(model, classes, server, task), BEFORE_TASK_END)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        stats = server.setdefault("stats", {})
+        stats["before_task_end_seconds"] = stats.get("before_task_end_seconds", 0.0) + time.perf_counter() - start
 
     def _emit(self, kind: str, *args: Any) -> None:
         for obs in self.observers:
@@ -429,27 +454,3 @@ def payload_size(method: Method, kind: str, payload: State) -> int:
             if size is not None:
                 return check_bytes(size)
     return nbytes(payload)
-
-
-# ---- SHIM: the broadcast event "task_start" (built in the task-end worktree; replace at merge) ----------------
-#: the client-state key marking the last task whose "task_start" keys a client received
-TASK_START_SEEN = "task_start_seen"
-
-
-def task_start_shim(methods: list[Method], states: list, broadcasts: list[State], jobs: list[ClientJob],
-                    task: int) -> int:
-    """SHIM: each method's "task_start" keys added to its round broadcast (available in all of the task's
-    rounds), and their bytes counted for the clients of this round receiving them the first time in this task."""
-    down = 0
-    for i, (m, st) in enumerate(zip(methods, states, strict=True)):
-        extra = broadcast_of(m, "task_start", st.server)
-        if not m.broadcast.get("task_start"):
-            continue
-        broadcasts[i] = {**broadcasts[i], **extra}
-        for job in jobs:
-            state = st.clients.get(job.cid)
-            if state.get(TASK_START_SEEN) != task:
-                down += payload_size(m, "task_start", extra)
-                state[TASK_START_SEEN] = task
-                st.clients.put(job.cid, state)
-    return down

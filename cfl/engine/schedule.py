@@ -63,10 +63,14 @@ class Schedule:
         present[self.stream.tasks[task].train_y[indices]] = True
         return present
 
+    def sampled(self, task: int, rnd: int) -> list[int]:
+        """The clients of (task, round), sorted."""
+        return sample_clients(self.cfg.seed, task, rnd, self.joined(task), self.cfg.clients_per_round)
+
     def round_jobs(self, task: int, rnd: int) -> list[ClientJob]:
         """The sampled clients of (task, round), each with its rows, label set and data-order seed."""
         cfg = self.cfg
         parts = self.client_indices(task)
-        cids = sample_clients(cfg.seed, task, rnd, self.joined(task), cfg.clients_per_round)
+        cids = self.sampled(task, rnd)
         return [ClientJob(c, parts[c], self.allowed_classes(task, parts[c]), derive_seed(cfg.seed, task, rnd, c))
                 for c in cids]

@@ -1,10 +1,11 @@
 """The step hooks in local training (:class:`cfl.methods.base.Step`): one client's code, run on one client by the
 sequential trainer and under ``torch.func.vmap`` over the clients still training by the batched one.
 
-Each local step, after the step's loss gradient: every method's ``step_samples`` draw (outside ``vmap``, from
-the client's own generator, padded with weight 0), then the methods' ``step_gradient`` in the run's method
-order (each sees the gradient as the previous one left it); the optimiser takes the result (weight decay,
-GPM's projection, moments). After the optimiser's update, each method's ``carry_step`` gets the step (``grads``:
+Each local step, before the step's loss (after ``replay``'s draw): every method's ``step_samples`` draw (outside
+``vmap``, from the client's own generator, padded with weight 0), which the method's ``extra_loss`` may take as
+``samples``; after the step's loss gradient, the methods' ``step_gradient`` in the run's method order (each sees
+the gradient as the previous one left it); the optimiser takes the result (weight decay, GPM's projection,
+moments). After the optimiser's update, each method's ``carry_step`` gets the step (``grads``:
 the gradient the optimiser took) and ``moved``, the update. A round starts each client's running values from
 ``carry_start``; they come back with the client's outcome, and the round engine writes them into the client's
 state (kept clients only) before ``client_end("round")``.
@@ -97,7 +98,8 @@ class StepStage:
 
     def draw(self, states: list[State], generator: torch.Generator, like: torch.Tensor) -> dict[int, Samples | None]:
         """One client's ``step_samples`` per sampling method."""
-        return {i: hooks.step_samples(self.methods[i], states[i], generator, like) for i in self.sampling}
+        return {i: hooks.step_samples(self.methods[i], states[i], generator, like, self.broadcasts[i])
+                for i in self.sampling}
 
     # ---- one client's step (the batched trainer vmaps these) ----
     def _step(self, i: int, params: Params, grads: Params, batch: SampleBatch, samples: dict[int, SampleBatch],

@@ -1,4 +1,4 @@
-"""The method plugin interface: fifteen optional hooks, written for ONE client, seven more for parameters kept
+"""The method plugin interface: sixteen optional hooks, written for ONE client, seven more for parameters kept
 per client (FedWeIT: ``local_params`` ... ``payload_bytes``), and a few declarations.
 
 A method is a small class with a ``Hyperparams`` dataclass and whichever hooks it overrides (the engine
@@ -15,11 +15,14 @@ round; the optimiser projects the gradients off ``gradient_projection`` and step
 ``client_end("round")`` on each client, then the server aggregates, applies ``server_update`` (x GMA mask)
 and ``transform_update``, ``server_end("round")`` reduces the clients' uploads and ``after_server_step`` sees
 the new global model. At a task end,
+``before_task_end`` on the server (the task's final global model; e.g. training a generator), then
 ``client_end("task_end")`` on the participants (``task_end_clients``) and ``server_end("task_end")``.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -32,6 +35,9 @@ from cfl.tensors import Params, State
 
 Event = Literal["round", "task_end"]
 EVENTS: tuple[Event, ...] = ("round", "task_end")
+#: when a method's ``broadcast`` keys are sent: with every round's model, to a client at its first sampled round
+#: of each task (kept by the client for the task's later rounds), to the task-end participants
+BROADCAST_EVENTS = ("round", "task_start", "task_end")
 
 
 @dataclass(frozen=True)
@@ -143,8 +149,9 @@ class Method:
     name: ClassVar[str] = "base"
     about: ClassVar[str] = ""
     Hyperparams: ClassVar[type] = NoHyperparams
-    #: server-state keys sent to the clients, per event ("round": with the model each round; "task_end": to
-    #: the task-end participants); counted as download bytes
+    #: server-state keys sent to the clients, per event ("round": with the model each round; "task_start": to a
+    #: client at its first sampled round of each task, once, and the client's hooks see them in all of the task's
+    #: rounds; "task_end": to the task-end participants); counted as download bytes
     broadcast: ClassVar[dict[str, tuple[str, ...]]] = {}
     #: client-state tensors whose size differs between clients: key (a nested key's dotted path, or the
     #: path of a dict holding them) -> dim; the engine zero-pads that dim to the widest client
@@ -170,6 +177,7 @@ class Method:
         unknown = [e for e in cls.client_events if e not in EVENTS]
         if unknown:
             raise TypeError(f"{cls.__name__}.client_events lists {unknown}; the events are {list(EVENTS)}")
+        check_broadcast(cls)
 
     def __init__(self, hparams: Any, run_info: RunInfo) -> None:
         self.hparams = hparams
@@ -238,10 +246,15 @@ class Method:
         return masked_cross_entropy(logits, y, allowed)
 
     def extra_loss(self, params: Params, x: torch.Tensor, task: torch.Tensor, server: State,
-                   state: State) -> torch.Tensor:
+                   state: State, samples: Samples | None = None) -> torch.Tensor:
         """Per-sample extra loss ``(B,)`` of the step's batch ``x`` (distillation, e.g. LwF); the engine averages
         it over the real samples. A pure tensor function of ``params``. The engine calls it only where a method
-        overrides it (an override sends the run to the vmap path, said on stderr)."""
+        overrides it (an override sends the run to the vmap path, said on stderr).
+
+        ``samples``: this method's ``step_samples`` draw of the step (``weight`` 0 marks padding) or None; the
+        engine passes it only to an override that names the argument. A loss on them needs a forward of its
+        own (``functional_call(self.run_info.model, params, (samples.x, samples.task))``); a batch-mean term
+        (TARGET's KD on a synthetic batch) is added to every entry, so the mean over the real samples keeps it."""
         return x.new_zeros(x.shape[0])
 
     def layer_preconditioner(self, state: State) -> dict[str, torch.Tensor]:
@@ -261,9 +274,11 @@ class Method:
         return None
 
     # ---- step hooks, one client (see :class:`Step`) ----
-    def step_samples(self, state: State, generator: torch.Generator) -> Samples | None:
-        """Samples drawn for this step's hooks and not trained on (A-GEM's reference batch), as ``step.samples``;
-        ``generator`` is the client's own (the one ``replay`` draws from)."""
+    def step_samples(self, state: State, generator: torch.Generator, server: State | None = None) -> Samples | None:
+        """Samples drawn for this step's hooks and not trained on (A-GEM's reference batch, a synthetic batch from a
+        broadcast generator or pool), as ``step.samples`` and ``extra_loss``'s ``samples``; ``generator`` is the
+        client's own (the one ``replay`` draws from), drawn after ``replay``'s draw and before the step's loss;
+        ``server``: the method's broadcast of the round, passed only to an override that names the argument."""
         return None
 
     def step_gradient(self, step: Step) -> Params | None:
@@ -300,6 +315,14 @@ class Method:
         return None if overrides(self, "client_end") or per_client_hooks(type(self)) else 0
 
     # ---- server side ----
+    def before_task_end(self, model: nn.Module, classes: torch.Tensor, server: State, task: int) -> None:
+        """At the end of every task but the last, before the task-end broadcast is sent and before
+        ``client_end("task_end")``: ``model`` is the task's final global model (a copy of the template holding the
+        global parameters, in eval mode; the method may keep or change it), ``classes`` the class ids seen in tasks
+        ``0..task`` (long, sorted). Update ``server`` in place (a generator, a synthetic pool, the old model for
+        the next task's ``"task_start"`` broadcast). Its wall time adds to ``server["stats"]``'s
+        ``before_task_end_seconds``."""
+
     def server_end(self, event: Event, uploads: dict[int, State], server: State, task: int) -> None:
         """Reduce the clients' uploads of a round or a task end into the server state."""
 
@@ -329,6 +352,32 @@ PER_CLIENT_HOOKS = ("local_params", "frozen_params", "client_start", "client_upl
 def per_client_hooks(cls: type[Method]) -> list[str]:
     """The hooks of parameters kept per client that the method class ``cls`` overrides."""
     return [h for h in PER_CLIENT_HOOKS if getattr(cls, h) is not getattr(Method, h)]
+
+
+@functools.cache
+def _parameters(function: Callable[..., Any]) -> tuple[frozenset[str], bool]:
+    params = inspect.signature(function).parameters.values()
+    return frozenset(p.name for p in params), any(p.kind is p.VAR_KEYWORD for p in params)
+
+
+def accepts(method: Method, hook: str, argument: str) -> bool:
+    """Whether ``method``'s ``hook`` takes ``argument`` (by name, or ``**kwargs``): the engine passes a hook's
+    newer optional arguments (``step_samples``' ``server``, ``extra_loss``'s ``samples``) only to overrides that
+    name them, so a plugin written before them runs unchanged."""
+    names, var_keyword = _parameters(getattr(type(method), hook))
+    return argument in names or var_keyword
+
+
+def check_broadcast(cls: type) -> None:
+    """Refuse a ``broadcast`` declaration with an unknown event or a key sent both each round and at task starts."""
+    unknown = [e for e in cls.broadcast if e not in BROADCAST_EVENTS]
+    if unknown:
+        raise TypeError(f"{cls.__name__}.broadcast names the event(s) {unknown}; the events are "
+                        f"{list(BROADCAST_EVENTS)}")
+    both = sorted(set(cls.broadcast.get("round", ())) & set(cls.broadcast.get("task_start", ())))
+    if both:
+        raise TypeError(f"{cls.__name__}.broadcast lists {both} under both 'round' and 'task_start': a key goes "
+                        f"either with every round or once per client and task; keep it under one")
 
 
 def takes_part_at_task_end(method: Method) -> bool:

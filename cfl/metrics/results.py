@@ -15,7 +15,7 @@ from cfl.metrics.matrix import (
     rounds_to_targets,
 )
 from cfl.records.client_states import MethodState
-from cfl.records.comm import CommLedger, task_end_model_line
+from cfl.records.comm import CommLedger, task_end_model_line, task_start_line
 from cfl.records.snapshot import RunSnapshot
 
 
@@ -42,10 +42,12 @@ def client_state_bytes(state: MethodState) -> dict[str, Any]:
 def method_stats(comm: CommLedger, method: Method, state: MethodState) -> dict[str, Any]:
     """A method's figures: its clients' state sizes, what it put in its server state's ``stats``, and the bytes
     of the final global models its task-end participants downloaded (a line of ``download_bytes`` of its
-    own, so communication tables can compare with or without)."""
+    own, so communication tables can compare with or without), and those of its ``"task_start"`` broadcast."""
     stats = {**client_state_bytes(state), **state.server.get("stats", {})}
     if takes_part_at_task_end(method):
         stats["task_end_model_download_bytes"] = comm.lines.get(task_end_model_line(method.name), 0)
+    if method.broadcast.get("task_start"):
+        stats["task_start_download_bytes"] = comm.lines.get(task_start_line(method.name), 0)
     return stats
 
 

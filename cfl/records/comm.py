@@ -37,3 +37,8 @@ class CommLedger:
 def task_end_model_line(method: str) -> str:
     """The ledger line of the final global models a method's clients download at task ends."""
     return f"task_end_model.{method}"
+
+
+def task_start_line(method: str) -> str:
+    """The ledger line of a method's ``"task_start"`` broadcast (once per client and task)."""
+    return f"task_start.{method}"
