@@ -38,6 +38,12 @@ def resolve_model(stream_name: str, model_name: str, method_name: str = "") -> s
     return own[0] if own else stream_entry(stream_name).default_model
 
 
+def _probe_shape() -> Any:
+    from cfl.models import ModelShape
+
+    return ModelShape((3, 32, 32), 10, 2, False)
+
+
 def model_family_error(model_name: str, method_names: list[str]) -> str | None:
     """Why ``model_name`` cannot be trained by the run's methods (None if it can): a method with models of its own
     (``Method.models``) trains only those, and those are trained by it alone."""
@@ -48,6 +54,10 @@ def model_family_error(model_name: str, method_names: list[str]) -> str | None:
         if own and model_name not in own:
             return (f"method {name} trains its own networks only ({', '.join(own)}); the run's model is {model_name}: "
                     f"set model.name: {own[0]} (or auto)")
+    for name in method_names:
+        if METHODS[name].needs_running_stats and not _keeps_running_stats(model_name, _probe_shape()):
+            return (f"method {name} matches the BatchNorm running statistics of the model; {model_name} keeps none: "
+                    "set model.name: resnet18-reduced-running-bn")
     owners = [name for name, cls in METHODS.items() if model_name in cls.models]
     if owners and owners[0] not in method_names:
         return (f"model {model_name} is method {owners[0]}'s own network: another method would average all of its "

@@ -10,26 +10,30 @@ from cfl.validation import from_dict
 
 
 def make_stream(scenario: str = "task", num_tasks: int = 2, n_train: int = 60, n_test: int = 30,
-                dim: int = 12, classes: int = 3, seed: int = 0) -> Stream:
-    """Linearly separable Gaussian blobs, one set per task (class-dependent, so models can learn them)."""
+                dim: int = 12, classes: int = 3, seed: int = 0, image: tuple[int, ...] = (),
+                model: str = "digits-mlp") -> Stream:
+    """Linearly separable Gaussian blobs, one set per task (class-dependent, so models can learn them); ``image``:
+    inputs of that shape (``dim`` its size), for ``model``."""
     gen = torch.Generator().manual_seed(seed)
     tasks = []
     for t in range(num_tasks):
         centers = torch.randn(classes, dim, generator=gen) * 0.7
         def draw(n: int, centers: torch.Tensor = centers) -> tuple[torch.Tensor, torch.Tensor]:
             y = torch.arange(n) % classes
-            return centers[y] + torch.randn(n, dim, generator=gen), y
+            return (centers[y] + torch.randn(n, dim, generator=gen)).view(n, *(image or (dim,))), y
         (xtr, ytr), (xte, yte) = draw(n_train), draw(n_test)
         offset = t * classes if scenario == "class" else 0
         tasks.append(Task(f"blob-{t}", xtr, ytr + offset, xte, yte + offset,
                           list(range(offset, offset + classes))))
     head = classes * num_tasks if scenario == "class" else classes
-    return Stream("blobs", scenario, tasks, head, (dim,), "digits-mlp")
+    return Stream("blobs", scenario, tasks, head, image or (dim,), model)
 
 
 def tiny_config(**overrides: object):
     data = {"stream": {"name": "split-digits", "num_tasks": 2}, "num_clients": 6, "clients_per_round": 4,
             "rounds_per_task": 3, "batch_size": 8, "lr": 0.05, "wandb": {"mode": "disabled"}}
+    method = overrides.get("method")
+    data.update(METHOD_CONFIGS.get(method["name"], {}) if isinstance(method, dict) else {})
     for key, value in overrides.items():
         data[key] = value
     return from_dict(data)
@@ -40,9 +44,19 @@ def tiny_config(**overrides: object):
 #: test_glfc_runs_alike_in_both_engines_on_task_and_domain_streams), of square images (its LeNet encodes them: 16
 #: inputs are a 4x4 image), here with a small memory and a short proxy server
 METHOD_SETTINGS = {"glfc": {"memory_size": 6, "perturb_steps": 1, "reconstruction_steps": 1, "reconstructions_kept": 1,
-                            "reconstruction_iterations": 2}}
+                            "reconstruction_iterations": 2},
+                   "target": {"syn_rounds": 2, "warmup": 1, "g_steps": 2, "synthesis_batch": 4, "nz": 8, "ngf": 4,
+                              "nums": 8, "synthetic_batch": 3, "kd_steps": 1, "student_batch": 4}}
 METHOD_STREAMS = {"glfc": {"scenario": "class", "dim": 16},
-                  "fedweit": {"scenario": "task"}}  # FedWeIT: task-incremental only (one head per task)
+                  "fedweit": {"scenario": "task"},  # FedWeIT: task-incremental only (one head per task)
+                  # TARGET: class-incremental, images for its generator, a model with BatchNorm running statistics
+                  "target": {"scenario": "class", "dim": 256, "image": (1, 16, 16),
+                             "model": "resnet18-reduced-running-bn"}}
+
+#: the config keys a method's registry-wide runs need (tiny_config): TARGET a model with running statistics, on a
+#: class-incremental image stream (split-fmnist validates it; the tests run on stream_for's in-memory images)
+METHOD_CONFIGS = {"target": {"stream": {"name": "split-fmnist", "num_tasks": 2, "scenario": "class"},
+                             "model": {"name": "resnet18-reduced-running-bn"}}}
 
 
 def any_method_models() -> list[str]:

@@ -105,6 +105,7 @@ class RunInfo:
     protected: dict[str, str] = field(default_factory=dict)  # param name -> "linear" | "conv"
     stream_name: str = ""
     batch_size: int = 0  # the local mini-batch size of the run
+    input_shape: tuple[int, ...] = ()  # one input's shape, e.g. (1, 28, 28) (a server-side generator's images)
 
 
 @dataclass(frozen=True)
@@ -171,6 +172,9 @@ class Method:
     #: the models only this method can train (a model family of its own, e.g. FedWeIT's decomposed networks): the
     #: run's model must be one of them, and no other method may train them (refused when the config is validated)
     models: ClassVar[tuple[str, ...]] = ()
+    #: whether the method reads the model's BatchNorm running statistics (TARGET's synthesis matches them): a model
+    #: without any is refused when the config is validated (``resnet18-reduced-running-bn`` keeps them)
+    needs_running_stats: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
