@@ -217,6 +217,12 @@ CASES = [
     ("model.buffers: local on a model without running statistics", ["{cfg}", "--set", "model.buffers=local"],
      ["'model.buffers: local' has no effect with 'model.name: digits-mlp'", "keeps no BatchNorm running statistics",
       "resnet18-reduced-running-bn"]),
+    # -- issue 31 item 2: TARGET --
+    ("target on a model without running statistics", ["{cfg}", "--set", "method.name=target", "--set",
+                                                      "stream.scenario=class"],
+     ["method target matches the BatchNorm running statistics", "set model.name: resnet18-reduced-running-bn"]),
+    ("target: task-incremental", ["{cfg}", "--set", "method.name=target", "--set", "stream.scenario=task"],
+     ["method target is class-incremental only", "set stream.scenario: class"]),
 ]
 #: refusals that depend on the data (the training set sizes): made after loading it, before any round
 AFTER_DATA_LOADS = {"shards: a client gets no data"}
