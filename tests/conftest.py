@@ -50,7 +50,7 @@ METHOD_SETTINGS = {"glfc": {"memory_size": 6, "perturb_steps": 1, "reconstructio
 METHOD_STREAMS = {"glfc": {"scenario": "class", "dim": 16},
                   "fedweit": {"scenario": "task"},  # FedWeIT: task-incremental only (one head per task)
                   # TARGET: class-incremental, images for its generator, a model with BatchNorm running statistics
-                  "target": {"scenario": "class", "dim": 256, "image": (1, 16, 16),
+                  "target": {"scenario": "class", "dim": 256, "image": (1, 16, 16), "n_train": 24, "n_test": 6,
                              "model": "resnet18-reduced-running-bn"}}
 
 #: the config keys a method's registry-wide runs need (tiny_config): TARGET a model with running statistics, on a
