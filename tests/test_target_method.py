@@ -121,3 +121,18 @@ def test_other_scenarios_and_models_without_running_statistics_are_refused(scena
     stream.scenario = scenario
     with pytest.raises(ConfigError, match=match):
         Runner(replace(cfg, model=replace(cfg.model, name=model)), stream)
+
+
+def test_a_synthetic_batch_is_drawn_from_the_pool_and_normalised_as_the_stream():
+    """augment off: each drawn image is ``(pixel / 255 - mean) / std`` of a distinct pool image (the uint8 value
+    ``i`` fills image ``i``, so the draw is read back from the values)."""
+    model = resnet()
+    target = method(model, augment=False, image_mean=[0.5], image_std=[0.25], synthetic_batch=3)
+    pool = torch.arange(5, dtype=torch.uint8).view(5, 1, 1, 1).expand(5, *IMAGE).contiguous()
+    server = {"pool": pool, "old_model": dict(model.named_parameters())}
+    drawn = target.step_samples({}, torch.Generator().manual_seed(0), server)
+    values = drawn.x.flatten(1)
+    assert torch.equal(values, values[:, :1].expand_as(values))  # whole images, not mixed
+    ids = (values[:, 0] * 0.25 + 0.5) * 255
+    assert torch.allclose(ids, ids.round(), atol=1e-4) and len(set(ids.round().tolist())) == 3
+    assert set(ids.round().tolist()) <= set(range(5))

@@ -13,6 +13,7 @@ plus ``kd x`` the soft cross-entropy over the old classes of a synthetic batch a
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,6 +100,8 @@ class Target(Method):
             if len(getattr(hparams, key)) not in (1, shape[0]):
                 raise ConfigError(f"method.{key} has {len(getattr(hparams, key))} values; the images have "
                                   f"{shape[0]} channel(s): give 1 or {shape[0]}")
+        print(f"method target: generated images in [0, 1] normalised with mean {hparams.image_mean} and std "
+              f"{hparams.image_std} (method.image_mean/image_std: give the stream's normalisation)", file=sys.stderr)
 
     # ---- the client step ----
     def task_loss(self, params: Params, logits: torch.Tensor, y: torch.Tensor, x: torch.Tensor, task: torch.Tensor,
