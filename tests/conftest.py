@@ -10,8 +10,10 @@ from cfl.validation import from_dict
 
 
 def make_stream(scenario: str = "task", num_tasks: int = 2, n_train: int = 60, n_test: int = 30,
-                dim: int = 12, classes: int = 3, seed: int = 0) -> Stream:
-    """Linearly separable Gaussian blobs, one set per task (class-dependent, so models can learn them)."""
+                dim: int = 12, classes: int = 3, seed: int = 0, image: tuple[int, ...] | None = None) -> Stream:
+    """Linearly separable Gaussian blobs, one set per task (class-dependent, so models can learn them); ``image``:
+    inputs of that shape (``dim`` is then its size)."""
+    dim = dim if image is None else int(torch.Size(image).numel())
     gen = torch.Generator().manual_seed(seed)
     tasks = []
     for t in range(num_tasks):
@@ -20,16 +22,19 @@ def make_stream(scenario: str = "task", num_tasks: int = 2, n_train: int = 60, n
             y = torch.arange(n) % classes
             return centers[y] + torch.randn(n, dim, generator=gen), y
         (xtr, ytr), (xte, yte) = draw(n_train), draw(n_test)
+        xtr, xte = (xtr, xte) if image is None else (xtr.view(-1, *image), xte.view(-1, *image))
         offset = t * classes if scenario == "class" else 0
         tasks.append(Task(f"blob-{t}", xtr, ytr + offset, xte, yte + offset,
                           list(range(offset, offset + classes))))
     head = classes * num_tasks if scenario == "class" else classes
-    return Stream("blobs", scenario, tasks, head, (dim,), "digits-mlp")
+    return Stream("blobs", scenario, tasks, head, (dim,) if image is None else image, "digits-mlp")
 
 
 def tiny_config(**overrides: object):
     data = {"stream": {"name": "split-digits", "num_tasks": 2}, "num_clients": 6, "clients_per_round": 4,
             "rounds_per_task": 3, "batch_size": 8, "lr": 0.05, "wandb": {"mode": "disabled"}}
+    method = overrides.get("method")
+    data.update(METHOD_CONFIG.get(method.get("name") if isinstance(method, dict) else None, {}))
     for key, value in overrides.items():
         data[key] = value
     return from_dict(data)
@@ -42,7 +47,13 @@ def tiny_config(**overrides: object):
 METHOD_SETTINGS = {"glfc": {"memory_size": 6, "perturb_steps": 1, "reconstruction_steps": 1, "reconstructions_kept": 1,
                             "reconstruction_iterations": 2}}
 METHOD_STREAMS = {"glfc": {"scenario": "class", "dim": 16},
-                  "fedweit": {"scenario": "task"}}  # FedWeIT: task-incremental only (one head per task)
+                  "fedweit": {"scenario": "task"},  # FedWeIT: task-incremental only (one head per task)
+                  "mfcl": {"scenario": "class", "image": (1, 12, 12)}}  # its generator's square images
+#: MFCL: a tiny generator; its config validates on a class-incremental image stream (its model, the running-stat
+#: ResNet, does not fit split-digits' 8x8 images)
+METHOD_SETTINGS["mfcl"] = {"syn_size": 4, "generator_steps": 2, "generator_batch": 4, "nz": 8, "generator_width": 8,
+                           "generator_hidden": 4}
+METHOD_CONFIG = {"mfcl": {"stream": {"name": "split-fmnist", "num_tasks": 2, "scenario": "class"}}}
 
 
 def any_method_models() -> list[str]:

@@ -37,7 +37,14 @@ from cfl.models.dropout import Dropout
 from cfl.models.mlp import MLP
 from cfl.records.client_states import MethodState
 from cfl.validation import from_dict
-from tests.conftest import METHOD_SETTINGS, METHOD_STREAMS, any_method_models, make_stream, method_spec
+from tests.conftest import (
+    METHOD_CONFIG,
+    METHOD_SETTINGS,
+    METHOD_STREAMS,
+    any_method_models,
+    make_stream,
+    method_spec,
+)
 
 # the smallest input every registered model takes (the Mini-ImageNet ResNet's stride-2 stem needs 32x32)
 IMAGE = (3, 32, 32)
@@ -216,7 +223,8 @@ def test_every_model_and_method_run_alike_end_to_end(model, method, optimizer):
     state of task 0 in between (computed once). Client sizes (quantity split) are ragged."""
     cfg = from_dict({"num_clients": 2, "clients_per_round": 2, "rounds_per_task": 1, "batch_size": 4,
                      "lr": 0.05, "partition": {"name": "quantity", "beta": 0.5}, **OPTIMIZERS.get(optimizer, {}),
-                     "method": {"name": method, **CHEAP_TASK_END.get(method, {})}, "wandb": {"mode": "disabled"}})
+                     "method": {"name": method, **CHEAP_TASK_END.get(method, {})}, "wandb": {"mode": "disabled"},
+                     **METHOD_CONFIG.get(method, {})})
     cfg = replace(cfg, model=replace(cfg.model, name=model))  # on images of its size, not the config's stream
     _assert_rounds_alike(Runner(cfg, image_stream(smallest_image(model),
                                                   METHOD_STREAMS.get(method, {}).get("scenario", "task"))))

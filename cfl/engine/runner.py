@@ -82,7 +82,7 @@ class Runner:
                                             shape).to(self.device)
         self.run_info = RunInfo(stream.num_tasks, stream.scenario, cfg.num_clients, cfg.clients_per_round,
                                 cfg.seed, self.model, protected_layers(self.model), stream.name,
-                                cfg.batch_size)
+                                cfg.batch_size, tuple(stream.input_shape))
         specs = [cfg.method, *cfg.plugins]
         self.methods: list[Method] = [built(METHODS[s["name"]], self._hparams_of(s), self.run_info) for s in specs]
         sizing = sizing_of(cfg, stream, self.model, self.run_info.protected)

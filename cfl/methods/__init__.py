@@ -19,6 +19,7 @@ from cfl.methods.gem import GEM
 from cfl.methods.glfc import GLFC
 from cfl.methods.gpm import GPM
 from cfl.methods.mas import MAS
+from cfl.methods.mfcl import MFCL
 from cfl.methods.rgo import RGO
 from cfl.methods.si import SI
 from cfl.registry import Registry
@@ -51,3 +52,4 @@ register(FOT)  # eps per stream: PMNIST 0.96 IID / 0.94 non-IID; CIFAR-100 0.87 
 register(GPM)  # 5-Datasets 0.95 (+0.001); Mini-ImageNet 0.90 (+0.001) -- same values for gpm
 register(RGO)
 register(FedWeIT)
+register(MFCL)

@@ -105,6 +105,7 @@ class RunInfo:
     protected: dict[str, str] = field(default_factory=dict)  # param name -> "linear" | "conv"
     stream_name: str = ""
     batch_size: int = 0  # the local mini-batch size of the run
+    input_shape: tuple[int, ...] = ()  # one input's shape (e.g. ``(1, 28, 28)``; a generator's images)
 
 
 @dataclass(frozen=True)
@@ -171,6 +172,9 @@ class Method:
     #: the models only this method can train (a model family of its own, e.g. FedWeIT's decomposed networks): the
     #: run's model must be one of them, and no other method may train them (refused when the config is validated)
     models: ClassVar[tuple[str, ...]] = ()
+    #: a model with BatchNorm running statistics, for a method that reads them (MFCL's synthesis matches them): the
+    #: run's model must keep running statistics (refused when the config is validated); ``model.name: auto`` is it
+    running_stats_model: ClassVar[str] = ""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -269,8 +273,10 @@ class Method:
         must not move along (GPM): ``g <- g - (g M) M^T`` on the im2col view, after weight decay."""
         return {}
 
-    def replay(self, state: State, generator: torch.Generator) -> Samples | None:
-        """Extra samples appended to every local step's batch (ER); ``generator`` is the client's own."""
+    def replay(self, state: State, generator: torch.Generator, server: State | None = None) -> Samples | None:
+        """Extra samples appended to every local step's batch and trained on in its forward (ER's memory, MFCL's
+        synthetic images); ``generator`` is the client's own; ``server``: the method's broadcast of the round
+        (``"task_start"`` keys included), passed only to an override that names the argument."""
         return None
 
     # ---- step hooks, one client (see :class:`Step`) ----
