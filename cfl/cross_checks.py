@@ -17,6 +17,9 @@ from cfl.failures import USER_FAILURES
 from cfl.methods.hook_guard import hook_error
 from cfl.schema import ConfigError
 
+#: the shape a model is built for to see whether it keeps BatchNorm running statistics (any square image it takes)
+RUNNING_STATS_PROBE_INPUT = (3, 32, 32)
+
 #: most torch CPU threads per CPU core a run may ask for (each is an OS thread)
 THREADS_PER_CPU = 4
 
@@ -34,30 +37,29 @@ def resolve_model(stream_name: str, model_name: str, method_name: str = "") -> s
         return model_name
     from cfl.methods import METHODS
 
-    own = METHODS[method_name].models if method_name in METHODS else ()
-    return own[0] if own else stream_entry(stream_name).default_model
-
-
-def _probe_shape() -> Any:
-    from cfl.models import ModelShape
-
-    return ModelShape((3, 32, 32), 10, 2, False)
+    cls = METHODS[method_name] if method_name in METHODS else None
+    own = cls.models if cls is not None else ()
+    if own:
+        return own[0]
+    return (cls.running_stats_model if cls is not None else "") or stream_entry(stream_name).default_model
 
 
 def model_family_error(model_name: str, method_names: list[str]) -> str | None:
     """Why ``model_name`` cannot be trained by the run's methods (None if it can): a method with models of its own
-    (``Method.models``) trains only those, and those are trained by it alone."""
+    (``Method.models``) trains only those, and those are trained by it alone; a method that reads BatchNorm running
+    statistics (``Method.running_stats_model``) needs a model that keeps them."""
     from cfl.methods import METHODS
+    from cfl.models import ModelShape
 
     for name in method_names:
+        needed = METHODS[name].running_stats_model
+        if needed and not _keeps_running_stats(model_name, ModelShape(RUNNING_STATS_PROBE_INPUT, 2, 1, False)):
+            return (f"method {name} matches its synthetic images to the model's BatchNorm running statistics; model "
+                    f"{model_name} keeps none: set model.name: {needed} (or auto)")
         own = METHODS[name].models
         if own and model_name not in own:
             return (f"method {name} trains its own networks only ({', '.join(own)}); the run's model is {model_name}: "
                     f"set model.name: {own[0]} (or auto)")
-    for name in method_names:
-        if METHODS[name].needs_running_stats and not _keeps_running_stats(model_name, _probe_shape()):
-            return (f"method {name} matches the BatchNorm running statistics of the model; {model_name} keeps none: "
-                    "set model.name: resnet18-reduced-running-bn")
     owners = [name for name, cls in METHODS.items() if model_name in cls.models]
     if owners and owners[0] not in method_names:
         return (f"model {model_name} is method {owners[0]}'s own network: another method would average all of its "

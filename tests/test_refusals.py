@@ -220,9 +220,22 @@ CASES = [
     # -- issue 31 item 2: TARGET --
     ("target on a model without running statistics", ["{cfg}", "--set", "method.name=target", "--set",
                                                       "stream.scenario=class"],
-     ["method target matches the BatchNorm running statistics", "set model.name: resnet18-reduced-running-bn"]),
+     ["method target matches its synthetic images to the model's BatchNorm running statistics",
+      "set model.name: resnet18-reduced-running-bn"]),
     ("target: task-incremental", ["{cfg}", "--set", "method.name=target", "--set", "stream.scenario=task"],
      ["method target is class-incremental only", "set stream.scenario: class"]),
+    # -- MFCL (issue 31 item 3) --
+    ("mfcl: task-incremental", ["{cfg}", "--set", "method.name=mfcl", "--set", "stream.name=split-fmnist", "--set",
+                                "stream.scenario=task"],
+     ["method mfcl is class-incremental", "the run's scenario is task", "set stream.scenario: class"]),
+    ("mfcl: a stream whose default scenario is not class-incremental", ["{cfg}", "--set", "method.name=mfcl", "--set",
+                                                                        "stream.name=split-fmnist"],
+     ["method mfcl is class-incremental", "set stream.scenario: class"]),
+    ("mfcl: a model without running statistics", ["{cfg}", "--set", "method.name=mfcl", "--set",
+                                                  "stream.name=split-fmnist", "--set", "stream.scenario=class",
+                                                  "--set", "model.name=mlp"],
+     ["method mfcl matches its synthetic images to the model's BatchNorm running statistics", "model mlp keeps none",
+      "set model.name: resnet18-reduced-running-bn"]),
 ]
 #: refusals that depend on the data (the training set sizes): made after loading it, before any round
 AFTER_DATA_LOADS = {"shards: a client gets no data"}

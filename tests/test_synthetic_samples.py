@@ -85,3 +85,35 @@ def test_a_plugin_without_the_new_arguments_runs_unchanged(trainer):
     trained, outcomes = trainer(model, start, jobs, x, y, 0, hp,
                                 Plugins([Legacy(None, RunInfo(1, "domain", 2, 2, 0, model))], [MethodState()], [{}]))
     assert all(o.finite for o in outcomes) and not torch.equal(trained["head.bias"][0], start["head.bias"])
+
+
+class PoolReplay(Method):
+    """Replays the broadcast pool (``replay``'s ``server`` argument), labelled class 0."""
+
+    name = "pool-replay"
+
+    def replay(self, state, generator, server):
+        pool = server["pool"]
+        return Samples(pool, torch.zeros(len(pool), dtype=torch.long), torch.zeros(len(pool), dtype=torch.long))
+
+
+def test_replay_sees_the_broadcast_on_both_trainers():
+    """One SGD step on the batch and the broadcast pool (MFCL's synthetic images join the batch this way): both
+    trainers agree, and the step is the plain one on the batch with the pool appended."""
+    torch.manual_seed(0)
+    model = build_model("digits-mlp", ModelShape((12,), 3, 1, False))
+    pool, x, y = torch.randn(4, 12), torch.randn(8, 12), torch.arange(8) % 3
+    hp = Hyper(lr=LR, momentum=0.0, weight_decay=0.0, local_epochs=1, batch_size=8)
+    start = {k: v.detach().clone() for k, v in model.named_parameters()}
+    method = PoolReplay(None, RunInfo(1, "domain", 1, 1, 0, model))
+    plugins = Plugins([method], [MethodState()], [{"pool": pool}])
+    runs = [trainer(model, start, [ClientJob(0, torch.arange(8), None, 1)], x, y, 0, hp, plugins)[0]
+            for trainer in (train_sequential, train_batched)]
+    joined = torch.cat([x, pool])
+    plain, _ = train_sequential(model, start, [ClientJob(0, torch.arange(12), None, 1)], joined,
+                                torch.cat([y, torch.zeros(4, dtype=torch.long)]), 0,
+                                Hyper(lr=LR, momentum=0.0, weight_decay=0.0, local_epochs=1, batch_size=12),
+                                Plugins([FedAvg(None, None)], [MethodState()], [{}]))
+    for k in start:
+        assert torch.allclose(runs[0][k], runs[1][k], atol=1e-6)
+        assert torch.allclose(runs[0][k], plain[k], atol=1e-6)

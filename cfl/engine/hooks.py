@@ -99,10 +99,13 @@ def state_free_bases(method: Method, grads: Params) -> dict[str, torch.Tensor]:
         return check_projection(method.gradient_projection({}), grads)
 
 
-def replayed(method: Method, state: State, generator: torch.Generator, like: torch.Tensor) -> Samples | None:
-    """One client's replay samples for a step (``like``: the stream's inputs, whose shape they must have)."""
+def replayed(method: Method, state: State, generator: torch.Generator, like: torch.Tensor,
+             server: State | None = None) -> Samples | None:
+    """One client's replay samples for a step (``like``: the stream's inputs, whose shape they must have);
+    ``server`` (the method's broadcast) reaches an override that names the argument."""
+    more = {"server": server} if accepts(method, "replay", "server") else {}
     with guarded(method, "replay"):
-        return check_replay(method.replay(state, generator), like)
+        return check_replay(method.replay(state, generator, **more), like)
 
 
 def step_samples(method: Method, state: State, generator: torch.Generator, like: torch.Tensor,

@@ -256,7 +256,8 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
     allowed = _stack_allowed(jobs)
     cids = [job.cid for job in jobs]
     states = [_stacked_states(m, plugins.client_states(i, cids)) for i, m in enumerate(plugins.methods)]
-    replaying = [(m, plugins.client_states(i, cids)) for i, m in enumerate(plugins.methods) if overrides(m, "replay")]
+    replaying = [(m, plugins.client_states(i, cids), plugins.broadcasts[i]) for i, m in enumerate(plugins.methods)
+                 if overrides(m, "replay")]
     generators = [replay_generator(job) for job in jobs]
     stage = StepStage.of(plugins.methods, plugins.broadcasts, global_params, hp.lr, model, hp.precision, device)
     if stage is not None and stacked is not None:
@@ -299,7 +300,7 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
         yb, wb, tb = y[index[:n, s]], weight[:n, s], task_ids[:n]
         if hp.augment is not None:  # per sample, over the (clients x batch) samples at once
             xb = hp.augment(xb.flatten(0, 1), None).view_as(xb)
-        draws = [[hooks.replayed(m, raw[c], generators[c], x) for c in range(n)] for m, raw in replaying]
+        draws = [[hooks.replayed(m, raw[c], generators[c], x, b) for c in range(n)] for m, raw, b in replaying]
         extras = [pad_samples(d) for d in draws]
         step_raw = [st[:n] for st in raw_states]
         # the step hooks' draws, after replay's and before the loss (``extra_loss`` may take them)

@@ -52,7 +52,7 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
         tb = torch.full_like(yb, task)
         wb = torch.ones(len(batch), device=x.device)
         for i, m in enumerate(methods):
-            extra = hooks.replayed(m, states[i], generator, x) if overrides(m, "replay") else None
+            extra = hooks.replayed(m, states[i], generator, x, broadcasts[i]) if overrides(m, "replay") else None
             if extra is not None:
                 xb, yb = torch.cat([xb, extra.x]), torch.cat([yb, extra.y])
                 tb, wb = torch.cat([tb, extra.task]), torch.cat([wb, torch.ones(len(extra.y), device=x.device)])

@@ -49,7 +49,7 @@ def dry_run_hooks(runner: Runner) -> None:
             if overrides(m, "gradient_projection"):
                 hooks.projected(m, {k: torch.zeros_like(v) for k, v in params.items()}, state)
             if overrides(m, "replay"):
-                hooks.replayed(m, state, torch.Generator().manual_seed(0), x)
+                hooks.replayed(m, state, torch.Generator().manual_seed(0), x, broadcast)
             if takes_steps(m):
                 _dry_step(runner, stage, drawn, (x, y, task, weight))
             _dry_upload(runner, m, params, state)

@@ -19,6 +19,7 @@ from cfl.methods.gem import GEM
 from cfl.methods.glfc import GLFC
 from cfl.methods.gpm import GPM
 from cfl.methods.mas import MAS
+from cfl.methods.mfcl import MFCL
 from cfl.methods.rgo import RGO
 from cfl.methods.si import SI
 from cfl.methods.target import Target
@@ -53,3 +54,4 @@ register(GPM)  # 5-Datasets 0.95 (+0.001); Mini-ImageNet 0.90 (+0.001) -- same v
 register(RGO)
 register(FedWeIT)
 register(Target)  # class-incremental, a model with BatchNorm running statistics
+register(MFCL)

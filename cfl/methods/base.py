@@ -172,9 +172,9 @@ class Method:
     #: the models only this method can train (a model family of its own, e.g. FedWeIT's decomposed networks): the
     #: run's model must be one of them, and no other method may train them (refused when the config is validated)
     models: ClassVar[tuple[str, ...]] = ()
-    #: whether the method reads the model's BatchNorm running statistics (TARGET's synthesis matches them): a model
-    #: without any is refused when the config is validated (``resnet18-reduced-running-bn`` keeps them)
-    needs_running_stats: ClassVar[bool] = False
+    #: a model with BatchNorm running statistics, for a method that reads them (TARGET's and MFCL's synthesis match them): the
+    #: run's model must keep running statistics (refused when the config is validated); ``model.name: auto`` is it
+    running_stats_model: ClassVar[str] = ""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -273,8 +273,10 @@ class Method:
         must not move along (GPM): ``g <- g - (g M) M^T`` on the im2col view, after weight decay."""
         return {}
 
-    def replay(self, state: State, generator: torch.Generator) -> Samples | None:
-        """Extra samples appended to every local step's batch (ER); ``generator`` is the client's own."""
+    def replay(self, state: State, generator: torch.Generator, server: State | None = None) -> Samples | None:
+        """Extra samples appended to every local step's batch and trained on in its forward (ER's memory, MFCL's
+        synthetic images); ``generator`` is the client's own; ``server``: the method's broadcast of the round
+        (``"task_start"`` keys included), passed only to an override that names the argument."""
         return None
 
     # ---- step hooks, one client (see :class:`Step`) ----

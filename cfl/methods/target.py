@@ -23,7 +23,7 @@ from torch.func import functional_call
 
 from cfl.data.augment import CropFlip
 from cfl.methods.base import Method, Samples
-from cfl.models.buffers import keeps_running_stats, running_stats
+from cfl.models.buffers import RUNNING_BN_MODEL, keeps_running_stats, running_stats
 from cfl.ops.distill import evaluating
 from cfl.ops.synthesis import Images, Logits, TargetSettings, normalising
 from cfl.ops.target_losses import TargetWeights, new_class_cross_entropy, old_class_distillation
@@ -71,7 +71,7 @@ class Target(Method):
     Hyperparams = TargetHyperparams
     broadcast = {"task_start": ("pool", "old_model", "old_classes")}
     client_events = ()
-    needs_running_stats = True
+    running_stats_model = RUNNING_BN_MODEL
 
     @classmethod
     def check(cls, hparams: TargetHyperparams, cfg: Any) -> None:  # noqa: ARG003 (the interface's)

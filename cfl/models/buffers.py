@@ -13,6 +13,9 @@ from torch import nn
 
 from cfl.tensors import Params
 
+#: the registered model with BatchNorm running statistics (what TARGET and MFCL need; ``model: auto`` for them)
+RUNNING_BN_MODEL = "resnet18-reduced-running-bn"
+
 
 def running_stats(model: nn.Module) -> Params:
     """``{name: copy}`` of every running-statistics buffer of ``model`` (its BatchNorm layers that track them),
