@@ -54,7 +54,8 @@ METHOD_STREAMS = {"glfc": {"scenario": "class", "dim": 16},
                   "target": {"scenario": "class", "dim": 256, "image": (1, 16, 16), "n_train": 24, "n_test": 6,
                              "model": "resnet18-reduced-running-bn"},
                   # MFCL: likewise, its generator's square images
-                  "mfcl": {"scenario": "class", "dim": 144, "image": (1, 12, 12), "model": "resnet18-reduced-running-bn"}}
+                  "mfcl": {"scenario": "class", "dim": 144, "image": (1, 12, 12),
+                           "model": "resnet18-reduced-running-bn"}}
 #: MFCL: a tiny generator
 METHOD_SETTINGS["mfcl"] = {"syn_size": 4, "generator_steps": 2, "generator_batch": 4, "nz": 8, "generator_width": 8,
                            "generator_hidden": 4}

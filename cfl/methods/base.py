@@ -172,8 +172,9 @@ class Method:
     #: the models only this method can train (a model family of its own, e.g. FedWeIT's decomposed networks): the
     #: run's model must be one of them, and no other method may train them (refused when the config is validated)
     models: ClassVar[tuple[str, ...]] = ()
-    #: a model with BatchNorm running statistics, for a method that reads them (TARGET's and MFCL's synthesis match them): the
-    #: run's model must keep running statistics (refused when the config is validated); ``model.name: auto`` is it
+    #: a model with BatchNorm running statistics, for a method that reads them (TARGET's and MFCL's synthesis match
+    #: them): the run's model must keep running statistics (refused when the config is validated); ``model.name:
+    #: auto`` is it
     running_stats_model: ClassVar[str] = ""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
