@@ -219,9 +219,9 @@ CASES = [
       "resnet18-reduced-running-bn"]),
     # -- issue 31 item 2: TARGET --
     ("target on a model without running statistics", ["{cfg}", "--set", "method.name=target", "--set",
-                                                      "stream.scenario=class"],
+                                                      "stream.scenario=class", "--set", "model.name=mlp"],
      ["method target matches its synthetic images to the model's BatchNorm running statistics",
-      "set model.name: resnet18-reduced-running-bn"]),
+      "model mlp keeps none", "set model.name: resnet18-reduced-running-bn"]),
     ("target: task-incremental", ["{cfg}", "--set", "method.name=target", "--set", "stream.scenario=task"],
      ["method target is class-incremental only", "set stream.scenario: class"]),
     # -- MFCL (issue 31 item 3) --
