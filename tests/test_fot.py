@@ -150,7 +150,8 @@ def test_run_counts_gpse_and_basis_traffic_and_reports_stats():
 #: the FOT spec's sketch widths m / d per model and layer kind: m = d for the MLP and the small AlexNet
 #: convs, m = 5d for the fully connected layers of AlexNet/ResNet and for ResNet convs
 SPEC_FACTORS = {"mlp": {"linear": 1}, "digits-mlp": {"linear": 1}, "alexnet": {"linear": 5, "conv": 1},
-                "resnet18-reduced": {"linear": 5, "conv": 5}, "resnet18-mini": {"linear": 5, "conv": 5}}
+                "resnet18-reduced": {"linear": 5, "conv": 5}, "resnet18-mini": {"linear": 5, "conv": 5},
+                "resnet18-reduced-running-bn": {"linear": 5, "conv": 5}}
 
 
 @pytest.mark.parametrize("model_name", sorted(any_method_models()))  # FOT cannot train FedWeIT's nets

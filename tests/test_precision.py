@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
@@ -14,10 +15,12 @@ from cfl.engine import precision
 from cfl.engine.jobs import ClientJob, Hyper, Plugins
 from cfl.engine.local_batched import train_batched
 from cfl.engine.local_sequential import train_sequential
+from cfl.engine.path import choose_path
 from cfl.engine.precision import Bf16Weights, autocast, cpu_flags, warn_if_slow
 from cfl.engine.stacked_net import StackedNet
 from cfl.methods.fedavg import FedAvg
 from cfl.models import ModelShape, build_model
+from cfl.models.buffers import keeps_running_stats, running_stats
 from cfl.precision_setting import parse_precision
 from cfl.records.client_states import MethodState
 from cfl.schema import ConfigError
@@ -128,7 +131,17 @@ SMALL_IMAGE = (3, 20, 20)
 
 def _paths(name: str) -> list[str]:
     model = build_model(name, ModelShape(SMALL_IMAGE, 3, 2, True))
-    return (["stacked"] if StackedNet.model_refusal(model) is None else []) + ["vmap", "sequential"]
+    vmap = [] if keeps_running_stats(model) else ["vmap"]  # bf16-mixed with running statistics: sequential
+    return (["stacked"] if StackedNet.model_refusal(model) is None else []) + vmap + ["sequential"]
+
+
+def test_bf16_mixed_on_a_model_with_running_statistics_trains_sequentially_and_says_why():
+    model = build_model("resnet18-reduced-running-bn", ModelShape(SMALL_IMAGE, 3, 2, True))
+    hp = Hyper(lr=0.05, momentum=0.0, weight_decay=0.0, local_epochs=1, batch_size=4, client_block=2,
+               precision="bf16-mixed")
+    chosen = choose_path(model, hp, [FedAvg(None, None)])
+    assert chosen.path == "sequential" and "bfloat16 inputs beside float32 running statistics" in chosen.reason
+    assert choose_path(model, replace(hp, precision=32), [FedAvg(None, None)]).path == "vmap"
 
 
 def _products_of_a_step(name: str, path: str, precision_: int | str) -> Counter:
@@ -136,7 +149,9 @@ def _products_of_a_step(name: str, path: str, precision_: int | str) -> Counter:
     torch.manual_seed(0)
     model = build_model(name, ModelShape(SMALL_IMAGE, 3, 2, True))
     x, y = torch.randn(8, *SMALL_IMAGE), torch.arange(8) % 3
-    jobs = [ClientJob(0, torch.arange(4), None, 1), ClientJob(1, torch.arange(4, 8), None, 2)]
+    stats = running_stats(model)  # a model with BatchNorm running statistics: each client starts from them
+    jobs = [ClientJob(0, torch.arange(4), None, 1, buffers=stats), ClientJob(1, torch.arange(4, 8), None, 2,
+                                                                             buffers=stats)]
     hp = Hyper(lr=0.05, momentum=0.0, weight_decay=0.0, local_epochs=1, batch_size=4, client_block=2,
                path="" if path == "sequential" else path, precision=precision_)
     start = {k: v.detach().clone() for k, v in model.named_parameters()}

@@ -100,6 +100,10 @@ def choose_path(model: nn.Module, hp: Hyper, methods: list[Method], execution: s
     needed = sequential_refusal(model, methods)
     if needed is not None:
         return EnginePath("sequential", needed)
+    if hp.precision == "bf16-mixed" and keeps_running_stats(model):
+        return EnginePath("sequential", f"precision bf16-mixed on model {type(model).__name__}, which keeps BatchNorm "
+                                        "running statistics: under vmap torch's batch norm refuses bfloat16 inputs "
+                                        "beside float32 running statistics")
     refusal = stacked_refusal(model, hp, methods)
     if refusal is None:
         return EnginePath("stacked", f"model {type(model).__name__} lists its layers, {local_optim.describe(hp)} "
