@@ -13,7 +13,8 @@ def make_stream(scenario: str = "task", num_tasks: int = 2, n_train: int = 60, n
                 dim: int = 12, classes: int = 3, seed: int = 0, image: tuple[int, ...] = (),
                 model: str = "digits-mlp") -> Stream:
     """Linearly separable Gaussian blobs, one set per task (class-dependent, so models can learn them); ``image``:
-    inputs of that shape (``dim`` its size), for ``model``."""
+    inputs of that shape (``dim`` is then its size), for ``model``."""
+    dim = int(torch.Size(image).numel()) if image else dim
     gen = torch.Generator().manual_seed(seed)
     tasks = []
     for t in range(num_tasks):
@@ -22,7 +23,6 @@ def make_stream(scenario: str = "task", num_tasks: int = 2, n_train: int = 60, n
             y = torch.arange(n) % classes
             return (centers[y] + torch.randn(n, dim, generator=gen)).view(n, *(image or (dim,))), y
         (xtr, ytr), (xte, yte) = draw(n_train), draw(n_test)
-        xtr, xte = (xtr, xte) if image is None else (xtr.view(-1, *image), xte.view(-1, *image))
         offset = t * classes if scenario == "class" else 0
         tasks.append(Task(f"blob-{t}", xtr, ytr + offset, xte, yte + offset,
                           list(range(offset, offset + classes))))
