@@ -22,6 +22,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from cfl.engine import hooks, local_optim
+from cfl.engine.batched_forward import buffered_forward, plain_forward
 from cfl.engine.batched_steps import (
     carry_on,
     drawn_samples,
@@ -287,8 +288,8 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
         with autocast(hp.precision, device):  # bf16-mixed: products in bfloat16, the loss on float32 logits
             return to_float(functional_call(model, (p, buffers), (xb, tb)))
 
-    batched_forward = _buffered_forward(model, hp, device, client_buffers) if client_buffers else \
-        _plain_forward(vmap(forward, randomness="different"))
+    batched_forward = buffered_forward(model, hp, device, client_buffers) if client_buffers else \
+        plain_forward(vmap(forward, randomness="different"))
     model.train()
     full_params = params
     for s in range(index.shape[1]):
@@ -387,38 +388,6 @@ def _match_grad_layout(params: Params, grads: tuple[torch.Tensor, ...]) -> Param
             p = _empty_in_order(p.shape, order, p).copy_(p).requires_grad_()
         out[k] = p
     return out
-
-
-def _plain_forward(batched: Callable) -> Callable:
-    """The ``vmap``-ed forward ``(params, x, task) -> logits`` of a model without running statistics, taking (and
-    ignoring) the group's client indices like :func:`_buffered_forward`."""
-    return lambda p, xb, tb, idx=None: batched(p, xb, tb)  # noqa: ARG005
-
-
-def _buffered_forward(model: nn.Module, hp: Hyper, device: torch.device, buffers: Params) -> Callable:
-    """The ``vmap``-ed forward of a model with BatchNorm running statistics: each client's forward runs on a copy of
-    its own row of ``buffers`` (stacked ``(C, ...)``), which the forward updates (training mode) and which is
-    written back into ``buffers`` at the group's client indices (None: the first n clients, those training)."""
-    def forward(p: Params, b: Params, xb: torch.Tensor, tb: torch.Tensor) -> tuple[torch.Tensor, Params]:
-        b = {k: v.clone() for k, v in b.items()}  # functional_call updates these in place
-        with autocast(hp.precision, device):
-            return to_float(functional_call(model, (p, b), (xb, tb))), b
-
-    batched = vmap(forward, randomness="different")
-
-    def run(p: Params, xb: torch.Tensor, tb: torch.Tensor, idx: torch.Tensor | None = None) -> torch.Tensor:
-        n = xb.shape[0]
-        rows = {k: v[:n] if idx is None else v.index_select(0, idx) for k, v in buffers.items()}
-        logits, updated = batched(p, rows, xb, tb)
-        with torch.no_grad():
-            for k, v in updated.items():
-                if idx is None:
-                    buffers[k][:n].copy_(v)
-                else:
-                    buffers[k].index_copy_(0, idx, v)
-        return logits
-
-    return run
 
 
 StepBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # x, y, task, weight: (n, width, ...)
