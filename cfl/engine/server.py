@@ -24,7 +24,12 @@ from cfl.tensors import State
 
 
 class NonFiniteError(RuntimeError):
-    """A client produced a NaN/inf loss or update, or the server step a NaN/inf global model."""
+    """A client produced a NaN/inf loss or update (``cids``: those clients), or the server step a NaN/inf global
+    model (``cids`` empty)."""
+
+    def __init__(self, message: str, cids: list[int] | None = None) -> None:
+        super().__init__(message)
+        self.cids = cids or []
 
 
 def client_deltas(trained: Params, global_params: Params, keep: torch.Tensor) -> Params:
@@ -60,7 +65,7 @@ class Server:
             warnings.warn(f"non-finite loss or update at {where}: update dropped", stacklevel=2)
             return finite
         raise NonFiniteError(f"non-finite loss or update at {where}; lower lr (now {self.cfg.lr}) or check "
-                             f"the method's parameters")
+                             f"the method's parameters", bad)
 
     def step(self, trained: Params, keep: torch.Tensor, weights: torch.Tensor, task: int, rnd: int,
              local: frozenset[str] = frozenset(), combined: Params | None = None) -> None:
