@@ -47,15 +47,21 @@ def plain_forward(model: torch.nn.Module, params: dict[str, torch.Tensor], x: to
     return h @ params["head.weight"][task].T + params["head.bias"][task]
 
 
+#: batches of both tasks, and of one task only (a layer then composes that task's weight alone; task 1 sits at
+#: index 0 among the tasks present)
+PATTERNS = (TASKS, torch.tensor([1, 1, 1, 1]), torch.tensor([0, 0, 0, 0]))
+
+
 def check_equal(model: torch.nn.Module, x: torch.Tensor, seed: int) -> None:
     model.double()
     params = randomised(model, seed)
     for train in (True, False):
         model.train(train)
-        out = functional_call(model, params, (x, TASKS))
-        for t in (0, 1):
-            expected = plain_forward(model, params, x[TASKS == t], t, pruned=not train)
-            assert torch.allclose(out[TASKS == t], expected, atol=1e-10), (train, t)
+        for tasks in PATTERNS:
+            out = functional_call(model, params, (x, tasks))
+            for t in tasks.unique().tolist():
+                expected = plain_forward(model, params, x[tasks == t], t, pruned=not train)
+                assert torch.allclose(out[tasks == t], expected, atol=1e-10), (train, tasks, t)
 
 
 def test_mlp_forward_equals_the_composed_weights():

@@ -12,8 +12,9 @@ storing every task's knowledge base (the official code keeps one per task; the c
 Both enter the forward detached, so no gradient reaches them (an optimiser's weight decay still would:
 :data:`FROZEN`).
 
-A batch may mix tasks: every task's weight is composed and each sample takes its own task's output (as
-:class:`cfl.models.heads.MultiHead`), at ``T`` times a plain layer's cost. In eval mode ``A`` is pruned at
+A batch may mix tasks: the weight of every task present in the batch is composed and each sample takes its own
+task's output (as :class:`cfl.models.heads.MultiHead`), at a plain layer's cost times the number of tasks present
+(one in local training: FedWeIT replays nothing). In eval mode ``A`` is pruned at
 ``|A| > prune`` (the official code's evaluation, ``modules/layers.py``: its L1 weight 1e-3) and the gated mask at
 ``> prune_mask`` (0 there).
 
@@ -65,14 +66,25 @@ class Decomposed(nn.Module):
         self.kb_mix = nn.Parameter(torch.zeros(num_tasks, *base.shape))
         self.prune, self.prune_mask = prune, prune_mask
 
-    def weights(self) -> torch.Tensor:
-        """``(T, out, ...)``: every task's composed weight (pruned as the code evaluates, in eval mode)."""
-        mask, adaptive = gate(self.mask), self.adaptive
+    def weights(self, tasks: torch.Tensor | None = None) -> torch.Tensor:
+        """``(T, out, ...)``: every task's composed weight, or ``(len(tasks), out, ...)``: those of the task ids
+        ``tasks`` (pruned as the code evaluates, in eval mode)."""
+        mask, adaptive, kb_mix, attention = self.mask, self.adaptive, self.kb_mix, self.attention
+        if tasks is not None:
+            mask, adaptive, kb_mix, attention = mask[tasks], adaptive[tasks], kb_mix[tasks], attention[tasks]
+        mask = gate(mask)
         if not self.training:
             mask, adaptive = hard_threshold(mask, self.prune_mask), hard_threshold(adaptive, self.prune)
         # the knowledge base and its folded sums enter detached: no gradient ever reaches them
-        return (decomposed_weight(self.base, mask, adaptive) + self.kb_mix.detach()
-                + knowledge_sum(self.kb.detach(), self.attention))
+        return (decomposed_weight(self.base, mask, adaptive) + kb_mix.detach()
+                + knowledge_sum(self.kb.detach(), attention))
+
+
+def _own_task(every: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    """``every`` ``(B, n, ...)``, each sample's outputs under the ``n`` tasks present: sample ``b``'s under its own,
+    ``where[b]`` (its index among them)."""
+    index = where.view(-1, *([1] * (every.dim() - 1))).expand(-1, 1, *every.shape[2:])
+    return every.gather(1, index).squeeze(1)
 
 
 class DecomposedLinear(Decomposed):
@@ -80,8 +92,9 @@ class DecomposedLinear(Decomposed):
         super().__init__(nn.Linear(in_features, out_features).weight, num_tasks, kb_size, **prune)
 
     def forward(self, x: torch.Tensor, task: torch.Tensor) -> torch.Tensor:
-        every = torch.einsum("bi,toi->bto", x, self.weights()) + self.bias  # (B, T, out)
-        return every.gather(1, task.view(-1, 1, 1).expand(-1, 1, every.shape[-1])).squeeze(1)
+        present, where = task.unique(return_inverse=True)
+        every = torch.einsum("bi,toi->bto", x, self.weights(present)) + self.bias[present]  # (B, n, out)
+        return _own_task(every, where)
 
 
 class DecomposedConv2d(Decomposed):
@@ -91,12 +104,11 @@ class DecomposedConv2d(Decomposed):
         self.padding = padding
 
     def forward(self, x: torch.Tensor, task: torch.Tensor) -> torch.Tensor:
-        theta = self.weights()  # (T, out, in, kh, kw)
+        present, where = task.unique(return_inverse=True)
+        theta = self.weights(present)  # (n, out, in, kh, kw)
         tasks, out = theta.shape[:2]
-        every = F.conv2d(x, theta.flatten(0, 1), self.bias.flatten(), padding=self.padding)
-        every = every.view(len(x), tasks, out, *every.shape[-2:])
-        index = task.view(-1, 1, 1, 1, 1).expand(-1, 1, *every.shape[2:])
-        return every.gather(1, index).squeeze(1)
+        every = F.conv2d(x, theta.flatten(0, 1), self.bias[present].flatten(), padding=self.padding)
+        return _own_task(every.view(len(x), tasks, out, *every.shape[-2:]), where)
 
 
 class TaskSequential(nn.Module):
