@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, vmap
 
-from cfl.models.fedweit_net import FROZEN, SHARED, Decomposed, DecomposedConv2d, FedWeITLeNet, FedWeITMLP
+from cfl.models.fedweit_net import FROZEN, SHARED, ChannelLRN, Decomposed, DecomposedConv2d, FedWeITLeNet, FedWeITMLP
 from cfl.models.fedweit_weight import decomposed_weight, gate, hard_threshold
 
 TASKS = torch.tensor([0, 1, 1, 0])
@@ -113,6 +113,14 @@ def test_local_response_norm_is_tensorflows():
     expected = torch.stack([x[0, c, 0, 0] / (1 + 0.001 / 9 * sq[max(c - 4, 0) : c + 5].sum()) ** 0.75
                             for c in range(12)])
     assert torch.allclose(lrn(x)[0, :, 0, 0], expected)
+
+
+@pytest.mark.parametrize("size", [1, 4, 5, 9])
+@pytest.mark.parametrize("channels", [3, 12, 50])
+def test_channel_lrn_equals_torchs_local_response_norm(size, channels):
+    x = torch.randn(2, channels, 3, 4, dtype=torch.float64) * 3
+    expected = torch.nn.LocalResponseNorm(size, alpha=0.001, beta=0.75, k=1.0)(x)
+    assert torch.allclose(ChannelLRN(size, alpha=0.001, beta=0.75, k=1.0)(x), expected, rtol=0, atol=1e-12)
 
 
 def test_initial_values():
