@@ -218,3 +218,12 @@ def check_bytes(result: Any) -> int:
     if isinstance(result, bool) or not isinstance(result, int) or result < 0:
         raise BrokenRule(f"{BYTES}; got {type(result).__name__} {result!r}")
     return result
+
+
+STEPS_PER_EPOCH = "local_steps_per_epoch must return None or an int >= 1 (the local steps of each epoch)"
+
+
+def check_steps(result: Any) -> int | None:
+    if result is not None and (isinstance(result, bool) or not isinstance(result, int) or result < 1):
+        raise BrokenRule(f"{STEPS_PER_EPOCH}; {_got(result)}")
+    return result

@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from cfl.methods.base import Method
+from cfl.engine.hook_rules import check_steps
+from cfl.methods.base import Method, overrides
+from cfl.methods.hook_guard import guarded
 from cfl.records.client_states import ClientStates, MethodState
 from cfl.tensors import Params, State
 
@@ -49,6 +51,8 @@ class ClientJob:
     #: the BatchNorm running statistics the client starts from (the global ones, or under ``model.buffers: local``
     #: its own); ``{}`` for a model without any (:mod:`cfl.models.buffers`)
     buffers: Params = field(default_factory=dict)
+    #: at most this many steps in each local epoch (``Method.local_steps_per_epoch``); None: all the batches
+    steps_per_epoch: int | None = None
 
 
 @dataclass
@@ -78,15 +82,28 @@ def derive_seed(*parts: int) -> int:
 def client_schedule(job: ClientJob, hp: Hyper) -> list[torch.Tensor]:
     """The client's mini-batches (index tensors) for all local epochs, in order.
 
-    Each epoch is a fresh shuffle from the client's own generator; the last batch may be short.
+    Each epoch is a fresh shuffle from the client's own generator; the last batch may be short. With
+    ``job.steps_per_epoch`` an epoch keeps its first that many batches.
     """
     gen = torch.Generator().manual_seed(job.seed)
     n = len(job.indices)
     steps = []
     for _ in range(hp.local_epochs):
         order = job.indices[torch.randperm(n, generator=gen).to(job.indices.device)]
-        steps.extend(order[i : i + hp.batch_size] for i in range(0, n, hp.batch_size))
+        batches = [order[i : i + hp.batch_size] for i in range(0, n, hp.batch_size)]
+        steps.extend(batches[: job.steps_per_epoch])
     return steps
+
+
+def limit_epochs(jobs: list[ClientJob], methods: list[Method], broadcasts: list[State]) -> None:
+    """Set each job's ``steps_per_epoch``: the smallest ``local_steps_per_epoch`` of the methods that override it."""
+    limiting = [(m, b) for m, b in zip(methods, broadcasts, strict=True) if overrides(m, "local_steps_per_epoch")]
+    for job in jobs:
+        counts = []
+        for method, broadcast in limiting:
+            with guarded(method, "local_steps_per_epoch"):
+                counts.append(check_steps(method.local_steps_per_epoch(len(job.indices), broadcast)))
+        job.steps_per_epoch = min((c for c in counts if c is not None), default=None)
 
 
 def replay_generator(job: ClientJob) -> torch.Generator:

@@ -22,7 +22,7 @@ from cfl.data.stream import Stream
 from cfl.engine.client_params import ClientParams
 from cfl.engine.global_model import global_model
 from cfl.engine.hook_rules import BEFORE_TASK_END, check_bytes, check_none, check_upload
-from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, derive_seed
+from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, derive_seed, limit_epochs
 from cfl.engine.local_batched import BatchedTrainer
 from cfl.engine.local_sequential import train_sequential
 from cfl.engine.model_buffers import announcement, collect, download_bytes, hand_out
@@ -189,6 +189,7 @@ class Runner:
         newcomers = self.task_starts.newcomers(task, rnd, [j.cid for j in jobs])
         task_start = [self.task_starts.payload(i, st.server) for i, st in enumerate(self.states)]
         broadcasts = [{**r, **t} for r, t in zip(each_round, task_start, strict=True)]
+        limit_epochs(jobs, self.methods, broadcasts)
         plugins = Plugins(self.methods, self.states, broadcasts, self.optimizer_states)
         if self.client_params.active:  # each client from its own parameters (local_params, client_start)
             plugins.starts = self.client_params.starts(jobs, self.params, self.states, broadcasts, task)

@@ -321,6 +321,13 @@ class Method:
         line on stderr."""
         return None if overrides(self, "client_end") or per_client_hooks(type(self)) else 0
 
+    def local_steps_per_epoch(self, num_samples: int, server: State) -> int | None:
+        """At most this many local steps in each epoch of a client holding ``num_samples`` samples of the task (its
+        first batches of the epoch's shuffle), with ``server`` the round's broadcast; None: all its batches
+        (TARGET's code zips the real and the synthetic loaders, so an epoch stops at the shorter). Called once per
+        client and round; with several methods the smallest count applies."""
+        return None
+
     # ---- server side ----
     def before_task_end(self, model: nn.Module, classes: torch.Tensor, server: State, task: int) -> None:
         """At the end of every task but the last, before the task-end broadcast is sent and before

@@ -13,6 +13,7 @@ plus ``kd x`` the soft cross-entropy over the old classes of a synthetic batch a
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,7 @@ from cfl.methods.base import Method, Samples
 from cfl.models.buffers import RUNNING_BN_MODEL, keeps_running_stats, running_stats
 from cfl.ops.distill import evaluating
 from cfl.ops.synthesis import Images, Logits, TargetSettings, normalising
+from cfl.ops.synthetic_pool import client_steps_per_epoch
 from cfl.ops.target_losses import TargetWeights, new_class_cross_entropy, old_class_distillation
 from cfl.ops.target_task_end import TargetTaskEndSettings, target_task_end
 from cfl.schema import ConfigError, field
@@ -61,6 +63,9 @@ class TargetHyperparams:
     image_mean: list[float] = field([0.0], "per channel (or one for all), the mean the stream's inputs were "
                                     "normalised with (split-fmnist: 0.2860)")
     image_std: list[float] = field([1.0], "likewise the std (split-fmnist: 0.3530)")
+    truncated_epochs: bool = field(True, "the code's zip of the real and the synthetic loaders: once a pool exists, "
+                                   "a local epoch stops after ceil(pool images / synthetic_batch) steps when the "
+                                   "client has more real batches; false: every real batch")
     kd_steps: int = field(400, "student SGD steps after each round past the warm-up (official: 400)", min=0)
     student_batch: int = field(256, "the student's pool batch (official: 256)", min=1)
 
@@ -111,6 +116,14 @@ class Target(Method):
         if "old_classes" in server:
             new = new & ~server["old_classes"]
         return new_class_cross_entropy(logits, y, new)
+
+    def local_steps_per_epoch(self, num_samples: int, server: State) -> int | None:
+        """The code's epoch: ``zip(real loader, synthetic loader)`` stops at the shorter
+        (:func:`cfl.ops.synthetic_pool.client_steps_per_epoch`); no pool (the first task): every real batch."""
+        if not self.hparams.truncated_epochs or "pool" not in server:
+            return None
+        real_batches = math.ceil(num_samples / self.run_info.batch_size)
+        return client_steps_per_epoch(real_batches, len(server["pool"]), self.hparams.synthetic_batch)
 
     def step_samples(self, state: State, generator: torch.Generator, server: State | None = None) -> Samples | None:
         """A synthetic batch: ``synthetic_batch`` pool images drawn without replacement, as the model's input."""
