@@ -418,6 +418,13 @@ VARIANTS["before_task_end"] = (
 )
 TASK_END_HOOKS = ("before_task_end",)
 
+#: each local epoch cut to its first batches; the state-dependent variant reads the broadcast ``scale``
+VARIANTS["local_steps_per_epoch"] = (
+    lambda _self, _num_samples, _server: 1,
+    {"local_steps_per_epoch": lambda _self, _num_samples, server: 1 if float(server["scale"]) < 0.7 else 2,
+     "broadcast": {"round": ("scale",)}},
+)
+
 
 def _synthetic_loss(self, params, x, _task, server, _state, samples=None):
     """``extra_loss`` taking the method's draw: ``scale`` x the weighted mean over the drawn samples of their
@@ -461,7 +468,7 @@ def _accumulate(state: dict, value: torch.Tensor) -> dict:
 
 def test_every_hook_has_both_variants():
     assert sorted(set(VARIANTS) - set(ARGUMENT_VARIANTS)) == HOOKS
-    assert len(HOOKS) == 16  # the base class's docstring says sixteen
+    assert len(HOOKS) == 17  # the base class's docstring says seventeen
 
 
 def _assert_states_close(a: object, b: object, where: str) -> None:
