@@ -144,11 +144,18 @@ def _keeps_running_stats(model_name: str, shape: Any) -> bool:
 
 
 def check_methods(cfg: Any, specs: list[dict[str, Any]]) -> None:
-    """Each method's own constraints against the rest of the config (``Method.check``)."""
+    """Each method's scenarios (``Method.scenarios``; ``auto``: the stream's default) and own constraints against
+    the rest of the config (``Method.check``)."""
+    from cfl.data.streams import STREAMS
     from cfl.methods import METHODS
+    from cfl.methods.base import refuse_scenario
 
+    scenario = cfg.stream.scenario
+    if scenario == "auto" and cfg.stream.name in STREAMS:
+        scenario = STREAMS[cfg.stream.name].scenarios[0]
     for spec in specs:
         cls = METHODS[spec["name"]]
+        refuse_scenario(cls, scenario)
         try:
             cls.check(cls.Hyperparams(**{k: v for k, v in spec.items() if k != "name"}), cfg)
         except ConfigError:  # the way a method refuses a config

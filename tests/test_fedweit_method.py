@@ -5,6 +5,7 @@ slots; 3 clients, 2 per round."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -113,9 +114,9 @@ def test_a_new_task_keeps_the_old_tasks_outputs_and_merges_the_base():
 def test_refusals():
     with pytest.raises(ConfigError, match="weight_decay: 0"):
         FedWeIT.check(FedWeITHyperparams(), SimpleNamespace(weight_decay=0.1, stream=SimpleNamespace(scenario="task")))
-    with pytest.raises(ConfigError, match="task-incremental"):
-        FedWeIT.check(FedWeITHyperparams(), SimpleNamespace(weight_decay=0.0, stream=SimpleNamespace(scenario="class")))
     info = RunInfo(num_tasks=2, scenario="task", num_clients=3, clients_per_round=2, seed=0,
                    model=MLP(4, [3], 2, 2, True))
+    with pytest.raises(ConfigError, match="task-incremental"):  # Method.scenarios, when the method is built
+        FedWeIT(FedWeITHyperparams(), replace(info, scenario="class"))
     with pytest.raises(ConfigError, match="FedWeIT's networks"):
         FedWeIT(FedWeITHyperparams(), info)

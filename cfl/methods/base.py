@@ -177,6 +177,10 @@ class Method:
     #: them): the run's model must keep running statistics (refused when the config is validated); ``model.name:
     #: auto`` is it
     running_stats_model: ClassVar[str] = ""
+    #: the scenarios the method runs in (empty: every one), and why (a clause for the refusal): a run in another is
+    #: refused when the config is validated (``auto``: the stream's default) and when the method is built
+    scenarios: ClassVar[tuple[str, ...]] = ()
+    scenarios_why: ClassVar[str] = ""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -186,6 +190,7 @@ class Method:
         check_broadcast(cls)
 
     def __init__(self, hparams: Any, run_info: RunInfo) -> None:
+        refuse_scenario(type(self), run_info.scenario)
         self.hparams = hparams
         self.run_info = run_info
         #: clients that run ``client_end("task_end")``: None all of them, else that many sampled ones (0: none)
@@ -381,6 +386,19 @@ def accepts(method: Method, hook: str, argument: str) -> bool:
     name them, so a plugin written before them runs unchanged."""
     names, var_keyword = _parameters(getattr(type(method), hook))
     return argument in names or var_keyword
+
+
+def refuse_scenario(cls: type[Method], scenario: str) -> None:
+    """Raise ``ConfigError`` when ``cls`` declares its ``scenarios`` and ``scenario`` (resolved; ``auto``: not known
+    yet, let through) is not among them."""
+    if not cls.scenarios or scenario == "auto" or scenario in cls.scenarios:
+        return
+    from cfl.schema import ConfigError
+
+    kinds = " or ".join(f"{s}-incremental" for s in cls.scenarios)
+    why = f" ({cls.scenarios_why})" if cls.scenarios_why else ""
+    raise ConfigError(f"method {cls.name} is {kinds} only{why}; the run's scenario is {scenario}: set "
+                      f"stream.scenario: {cls.scenarios[0]}")
 
 
 def check_broadcast(cls: type) -> None:

@@ -60,6 +60,8 @@ class FedWeIT(Method):
     #: the knowledge base goes to each client once per task, with its first round of the task
     broadcast: ClassVar[dict[str, tuple[str, ...]]] = {"task_start": ("kb",)}
     models: ClassVar[tuple[str, ...]] = ("fedweit-mlp", "fedweit-lenet")
+    scenarios: ClassVar[tuple[str, ...]] = ("task",)
+    scenarios_why: ClassVar[str] = "one head per task"
     client_events: ClassVar[tuple[Event, ...]] = ("task_end",)
     #: the task-end participants send their own A; the final global model is of no use to them
     downloads_model_at_task_end: ClassVar[bool] = False
@@ -84,9 +86,6 @@ class FedWeIT(Method):
         if cfg.weight_decay != 0:
             raise ConfigError(f"method fedweit decays its own parts (fedweit.wd, {hparams.wd}); set weight_decay: 0 "
                               f"(it is {cfg.weight_decay})")
-        if cfg.stream.scenario not in ("auto", "task"):
-            raise ConfigError(f"method fedweit is task-incremental (one head per task); the run sets scenario: "
-                              f"{cfg.stream.scenario}: set stream.scenario: task")
 
     # ---- parameters kept per client ----
     def local_params(self, names: list[str]) -> list[str]:

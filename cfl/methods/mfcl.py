@@ -18,7 +18,6 @@ inside the loss updates copies of the BatchNorm running statistics, which ``vmap
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -64,21 +63,13 @@ class MFCL(Method):
     Hyperparams = MFCLHyperparams
     broadcast = {"task_start": ("generator", "old_model", "old_classes")}
     running_stats_model = RUNNING_BN_MODEL
+    scenarios = ("class",)
+    scenarios_why = "its generator replays the earlier classes into one head"
     sequential_reason = ("its loss's own forward of a model with BatchNorm running statistics updates them in place, "
                          "which vmap cannot")
 
-    @classmethod
-    def check(cls, hparams: MFCLHyperparams, cfg: Any) -> None:  # noqa: ARG003
-        scenario = cfg.stream.scenario
-        if scenario == "auto":  # the stream's default
-            from cfl.data.streams import STREAMS
-
-            scenario = STREAMS[cfg.stream.name].scenarios[0] if cfg.stream.name in STREAMS else "auto"
-        _refuse_scenario(scenario)
-
     def __init__(self, hparams: MFCLHyperparams, run_info: RunInfo) -> None:
         super().__init__(hparams, run_info)
-        _refuse_scenario(run_info.scenario)  # also a stream whose default ("auto") is not class-incremental
         shape = tuple(run_info.input_shape)
         if len(shape) != 3 or shape[1] != shape[2] or shape[1] % 4:
             raise ConfigError(f"method mfcl's generator makes square images whose side is a multiple of 4; the "
@@ -167,9 +158,3 @@ class MFCL(Method):
 
 def _head(params: Params) -> Params:
     return {k.removeprefix("head."): v for k, v in params.items() if k.startswith("head.")}
-
-
-def _refuse_scenario(scenario: str) -> None:
-    if scenario not in ("auto", "class"):
-        raise ConfigError(f"method mfcl is class-incremental (its generator replays the earlier classes into one "
-                          f"head); the run's scenario is {scenario}: set stream.scenario: class")

@@ -77,23 +77,11 @@ class Target(Method):
     broadcast = {"task_start": ("pool", "old_model", "old_classes")}
     client_events = ()
     running_stats_model = RUNNING_BN_MODEL
-
-    @classmethod
-    def check(cls, hparams: TargetHyperparams, cfg: Any) -> None:  # noqa: ARG003 (the interface's)
-        from cfl.data.streams import STREAMS
-
-        scenario = cfg.stream.scenario
-        if scenario == "auto" and cfg.stream.name in STREAMS:
-            scenario = STREAMS[cfg.stream.name].scenarios[0]
-        if scenario != "class":
-            raise ConfigError(f"method target is class-incremental only; the run's stream.scenario is {scenario}: "
-                              "set stream.scenario: class")
+    scenarios = ("class",)
+    scenarios_why = "its synthetic images distil the old classes of one head"
 
     def __init__(self, hparams: TargetHyperparams, run_info: Any) -> None:
         super().__init__(hparams, run_info)
-        if run_info.scenario != "class":
-            raise ConfigError(f"method target is class-incremental only; the stream is {run_info.scenario}-"
-                              "incremental: set stream.scenario: class")
         if not keeps_running_stats(run_info.model):
             raise ConfigError(f"method target matches the BatchNorm running statistics of the model; "
                               f"{type(run_info.model).__name__} keeps none: set model.name: "
