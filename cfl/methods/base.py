@@ -31,7 +31,9 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import nn
 
+from cfl.models.buffers import keeps_running_stats
 from cfl.ops.losses import masked_cross_entropy
+from cfl.schema import ConfigError
 from cfl.tensors import Params, State
 
 Event = Literal["round", "task_end"]
@@ -191,6 +193,7 @@ class Method:
 
     def __init__(self, hparams: Any, run_info: RunInfo) -> None:
         refuse_scenario(type(self), run_info.scenario)
+        refuse_model_without_running_stats(type(self), run_info.model)
         self.hparams = hparams
         self.run_info = run_info
         #: clients that run ``client_end("task_end")``: None all of them, else that many sampled ones (0: none)
@@ -388,13 +391,19 @@ def accepts(method: Method, hook: str, argument: str) -> bool:
     return argument in names or var_keyword
 
 
+def refuse_model_without_running_stats(cls: type[Method], model: nn.Module) -> None:
+    """Raise ``ConfigError`` when ``cls`` reads BatchNorm running statistics (``running_stats_model``) and ``model``
+    keeps none (the config's check names the model; this one also covers a method built directly)."""
+    if cls.running_stats_model and not keeps_running_stats(model):
+        raise ConfigError(f"method {cls.name} matches its synthetic images to the model's BatchNorm running "
+                          f"statistics; {type(model).__name__} keeps none: set model.name: {cls.running_stats_model}")
+
+
 def refuse_scenario(cls: type[Method], scenario: str) -> None:
     """Raise ``ConfigError`` when ``cls`` declares its ``scenarios`` and ``scenario`` (resolved; ``auto``: not known
     yet, let through) is not among them."""
     if not cls.scenarios or scenario == "auto" or scenario in cls.scenarios:
         return
-    from cfl.schema import ConfigError
-
     kinds = " or ".join(f"{s}-incremental" for s in cls.scenarios)
     why = f" ({cls.scenarios_why})" if cls.scenarios_why else ""
     raise ConfigError(f"method {cls.name} is {kinds} only{why}; the run's scenario is {scenario}: set "

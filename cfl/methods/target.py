@@ -24,7 +24,7 @@ from torch.func import functional_call
 
 from cfl.data.augment import CropFlip
 from cfl.methods.base import Method, Samples
-from cfl.models.buffers import RUNNING_BN_MODEL, keeps_running_stats, running_stats
+from cfl.models.buffers import RUNNING_BN_MODEL, running_stats
 from cfl.ops.distill import evaluating
 from cfl.ops.synthesis import Images, Logits, TargetSettings, normalising
 from cfl.ops.synthetic_pool import client_steps_per_epoch
@@ -82,10 +82,6 @@ class Target(Method):
 
     def __init__(self, hparams: TargetHyperparams, run_info: Any) -> None:
         super().__init__(hparams, run_info)
-        if not keeps_running_stats(run_info.model):
-            raise ConfigError(f"method target matches the BatchNorm running statistics of the model; "
-                              f"{type(run_info.model).__name__} keeps none: set model.name: "
-                              "resnet18-reduced-running-bn")
         shape = tuple(run_info.input_shape)
         if len(shape) != 3:
             raise ConfigError(f"method target generates images (C, H, W); the stream's inputs are {shape}")
