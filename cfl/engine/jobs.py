@@ -98,6 +98,8 @@ def client_schedule(job: ClientJob, hp: Hyper) -> list[torch.Tensor]:
 def limit_epochs(jobs: list[ClientJob], methods: list[Method], broadcasts: list[State]) -> None:
     """Set each job's ``steps_per_epoch``: the smallest ``local_steps_per_epoch`` of the methods that override it."""
     limiting = [(m, b) for m, b in zip(methods, broadcasts, strict=True) if overrides(m, "local_steps_per_epoch")]
+    if not limiting:
+        return
     for job in jobs:
         counts = []
         for method, broadcast in limiting:

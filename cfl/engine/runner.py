@@ -27,9 +27,8 @@ from cfl.engine.local_batched import BatchedTrainer
 from cfl.engine.local_sequential import train_sequential
 from cfl.engine.model_buffers import announcement, collect, download_bytes, hand_out
 from cfl.engine.path import choose_path, trainer_kind
-from cfl.engine.penalty_stiffness import stiffness_hint
 from cfl.engine.schedule import Schedule, sample_clients
-from cfl.engine.server import NonFiniteError, Server
+from cfl.engine.server import Server
 from cfl.engine.state_stores import build_stores, sizing_of
 from cfl.engine.task_start import TaskStarts
 from cfl.methods import METHODS
@@ -200,13 +199,7 @@ class Runner:
         self.progress.train_seconds += time.perf_counter() - start
         if self.buffers:  # the hooks' forwards in training may have moved the template's statistics: the global ones
             load_global_model(self.model, {}, self.buffers)
-        try:
-            keep = self.server.accept(trained, outcomes, task, rnd)
-        except NonFiniteError as err:
-            hint = stiffness_hint(self.cfg, self.methods, self.states, broadcasts, self.params, err.cids)
-            if hint:
-                raise NonFiniteError(f"{err}. {hint}", err.cids) from None
-            raise
+        keep = self.server.accept(trained, outcomes, task, rnd, broadcasts)
         kept_jobs = [j for j, ok in zip(jobs, keep.tolist(), strict=True) if ok]
         self.client_params.keep_trained(trained, jobs, keep, self.states)
         combined, sent_sizes = self.client_params.uploads(trained, jobs, keep, self.params, self.states)

@@ -16,6 +16,7 @@ import torch
 from cfl.config import Config
 from cfl.engine.hook_rules import SERVER_UPDATE, TRANSFORM, check_params
 from cfl.engine.jobs import ClientOutcome
+from cfl.engine.penalty_stiffness import stiffness_hint
 from cfl.methods.base import Method, Params, overrides
 from cfl.methods.hook_guard import guarded
 from cfl.ops.aggregate import aggregate
@@ -24,12 +25,7 @@ from cfl.tensors import State
 
 
 class NonFiniteError(RuntimeError):
-    """A client produced a NaN/inf loss or update (``cids``: those clients), or the server step a NaN/inf global
-    model (``cids`` empty)."""
-
-    def __init__(self, message: str, cids: list[int] | None = None) -> None:
-        super().__init__(message)
-        self.cids = cids or []
+    """A client produced a NaN/inf loss or update, or the server step a NaN/inf global model."""
 
 
 def client_deltas(trained: Params, global_params: Params, keep: torch.Tensor) -> Params:
@@ -50,9 +46,12 @@ class Server:
         #: (:mod:`cfl.engine.model_buffers`)
         self.buffers: Params = buffers or {}
 
-    def accept(self, trained: Params, outcomes: list[ClientOutcome], task: int, rnd: int) -> torch.Tensor:
-        """(C,) bool: the clients whose loss and update are finite; a non-finite one is refused, or dropped
-        with a warning under ``on_nonfinite: skip_client`` while at least one client is left."""
+    def accept(self, trained: Params, outcomes: list[ClientOutcome], task: int, rnd: int,
+               broadcasts: list[State]) -> torch.Tensor:
+        """(C,) bool: the clients whose loss and update are finite; a non-finite one is refused (naming a quadratic
+        penalty too stiff for the clients' SGD steps where one is: :mod:`cfl.engine.penalty_stiffness`, with the
+        round's ``broadcasts``), or dropped with a warning under ``on_nonfinite: skip_client`` while at least one
+        client is left."""
         finite = torch.tensor([o.finite for o in outcomes], device=next(iter(self.params.values())).device)
         for v in trained.values():  # min and max are finite iff every entry is (NaN propagates); one pass
             low, high = torch.aminmax(v.flatten(1), dim=1)
@@ -64,8 +63,9 @@ class Server:
         if self.cfg.on_nonfinite == "skip_client" and bool(finite.any()):
             warnings.warn(f"non-finite loss or update at {where}: update dropped", stacklevel=2)
             return finite
+        hint = stiffness_hint(self.cfg, self.methods, self.states, broadcasts, self.params, bad)
         raise NonFiniteError(f"non-finite loss or update at {where}; lower lr (now {self.cfg.lr}) or check "
-                             f"the method's parameters", bad)
+                             f"the method's parameters" + (f". {hint}" if hint else ""))
 
     def step(self, trained: Params, keep: torch.Tensor, weights: torch.Tensor, task: int, rnd: int,
              local: frozenset[str] = frozenset(), combined: Params | None = None) -> None:
