@@ -192,8 +192,10 @@ class Method:
         check_broadcast(cls)
 
     def __init__(self, hparams: Any, run_info: RunInfo) -> None:
-        refuse_scenario(type(self), run_info.scenario)
-        refuse_model_without_running_stats(type(self), run_info.model)
+        if self.scenarios:  # declared: checked here too (a method built directly, a stream whose scenario was auto)
+            refuse_scenario(type(self), run_info.scenario)
+        if self.running_stats_model:
+            refuse_model_without_running_stats(type(self), run_info.model)
         self.hparams = hparams
         self.run_info = run_info
         #: clients that run ``client_end("task_end")``: None all of them, else that many sampled ones (0: none)
