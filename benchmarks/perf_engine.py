@@ -27,6 +27,12 @@ engine is timed in the same run, its rounds interleaved with the bf16 ones so th
 ``--device cuda``: model, data and both loops on the GPU (the naive loop's DataLoader indexes GPU tensors),
 the peak a float32 batched product there (TF32 off, torch's default), every timing synchronised.
 
+Every run also counts one engine round's dispatched operators and host synchronisations
+(``benchmarks/dispatch_count.py``): ``kernels_per_round``, ``kernels_per_step`` (per batched local step, the
+longest client's step count), ``host_reads_per_round`` (values the host waits for, with the operators behind
+them), ``device_syncs_per_round`` (those of device tensors: 0 on the CPU). On a GPU each operator is at
+least one kernel launch, so these bound a round there whatever the arithmetic costs.
+
 ``--ragged BETA``: client sizes ~ Dirichlet(BETA) x total (as the ``quantity`` partitioner), same total and
 mean as the equal split; the JSON then also gives ``padded_step_fraction`` (share of the batched steps
 that are padding) so the cost of padding can be read against an equal-split run.
@@ -46,6 +52,7 @@ import time  # noqa: E402
 from dataclasses import replace  # noqa: E402
 
 import torch  # noqa: E402
+from dispatch_count import DispatchCounter  # noqa: E402  (a sibling: this script runs as benchmarks/perf_engine.py)
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -265,6 +272,8 @@ def main() -> None:
             times[name][0] += wall / args.rounds
             times[name][1] += cpu / args.rounds
     engine, engine_cpu = times["engine"]
+    with DispatchCounter() as counter:  # one more round, its operators and host synchronisations counted
+        engine_round("engine", args.rounds)
     naive, naive_cpu = None, None
     if args.naive_rounds:
         naive, naive_cpu = timed(lambda _: naive_round(model, x, y, [parts[c] for c in sampled], naive_hp, 0),
@@ -314,7 +323,7 @@ def main() -> None:
         "naive_peak_fraction_counted": ratio(counted / 1e9 / peak, naive, 3),
         "products_floor_sec_per_round": None if floor is None else round(floor, 4),
         "speedup_bound_vs_naive": ratio(naive, floor),
-        "load_average_1min": round(os.getloadavg()[0], 2), **extra,
+        "load_average_1min": round(os.getloadavg()[0], 2), **counter.summary(max(steps)), **extra,
     }))
 
 
