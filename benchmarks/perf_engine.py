@@ -4,6 +4,7 @@ Permuted-MNIST reference setup by default: MLP 784-400-400-400-10 (dropout 0.2/0
 480 samples, 64 sampled per round, batch 64, one local epoch, plain SGD lr 0.01 (synthetic data;
 ``--optimizer adam``: the engine trains with local Adam instead, the path it takes in the JSON's ``path``).
 ``--setup cifar``: the AlexNet-like Split CIFAR-100 setup (25 of 50 clients, batch 16, 32x32x3).
+``--setup resnet``: the reduced ResNet-18 on 32x32x3 images (10 of 20 clients, 200 samples each, batch 32).
 Prints a JSON object as its last line. ``peak_gflops`` is the machine's best rate in the engine's
 precision: a 2048x2048 by 2048x2048 product (float32, or bfloat16 with ``--precision bf16-mixed``), the best
 of several timings in the same process; ``peak_fraction`` counts 6 x parameters x samples per round against
@@ -20,7 +21,7 @@ engine is timed in the same run, its rounds interleaved with the bf16 ones so th
 ``engine_sec_per_round`` is then bf16-mixed's, ``fp32_engine_sec_per_round`` float32's,
 ``speedup_vs_fp32`` their ratio, and ``fp32_peak_gflops`` / ``bf16_peak_gflops`` the 2048x2048 rates.
 
-    python benchmarks/perf_engine.py [--rounds 3] [--setup pmnist|cifar] [--threads N] [--ragged BETA]
+    python benchmarks/perf_engine.py [--rounds 3] [--setup pmnist|cifar|resnet] [--threads N] [--ragged BETA]
                                      [--device cpu|cuda] [--method fedavg|fedprox|ewc|rgo] [--vmap]
                                      [--precision 32|bf16-mixed] [--optimizer sgd|adam|adamw]
 
@@ -75,6 +76,9 @@ SETUPS = {
                "sampled": 64, "per_client": 480, "batch": 64},
     "cifar": {"model": "alexnet", "shape": (3, 32, 32), "classes": 10, "tasks": 10, "multi": True, "clients": 50,
               "sampled": 25, "per_client": 500, "batch": 16},
+    # the reduced ResNet-18 (GPM/FOT's Mini-ImageNet net) on 32x32 images: a BatchNorm net, the vmap path
+    "resnet": {"model": "resnet18-reduced", "shape": (3, 32, 32), "classes": 10, "tasks": 10, "multi": True,
+               "clients": 20, "sampled": 10, "per_client": 200, "batch": 32},
 }
 
 
@@ -288,7 +292,7 @@ def main() -> None:
     bf16_peak, bf16_peak_cpu = square_peak_gflops(args.device, LOW) if mixed else (None, None)
     peak, peak_cpu = (bf16_peak, bf16_peak_cpu) if mixed else (fp32_peak, fp32_peak_cpu)
     pmnist = args.setup == "pmnist"
-    shape = (s["sampled"], s["batch"], 784, 400) if pmnist else (s["sampled"], s["batch"] * 64, 576, 128)
+    shape = (s["sampled"], s["batch"], 784, 400) if pmnist else (s["sampled"], s["batch"] * 64, 576, 128)  # a conv's
     shape_rate = peak_gflops(*shape, args.device, dtype=dtype)[0]
     floor = None
     if pmnist:

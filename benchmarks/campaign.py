@@ -1,0 +1,202 @@
+"""A run campaign that uses whatever minutes a session has: the evidence tables' runs, taken in order, run as
+many at once as the machine holds for at most a given time, cut off with a checkpoint, and carried to the next
+session in one archive.
+
+    python benchmarks/campaign.py plan  [--table NAME]... [--work DIR]
+    python benchmarks/campaign.py run   --minutes M [--jobs N] [--set KEY=VALUE]... [--table NAME]...
+                                        [--work DIR] [--unpack ARCHIVE] [--pack ARCHIVE]
+    python benchmarks/campaign.py tables [--write docs/results.md | --check docs/results.md]
+
+``run`` first unpacks an archive an earlier session packed (its records into ``benchmarks/results/``, its
+checkpoints into the work directory), then starts the next runs that have no record (``cfl run`` processes,
+``--resume`` where a checkpoint of the same config is there), ``--jobs`` at a time, and starts none after the
+deadline. At the deadline each running run gets ``SIGINT``: it stops after its round with a checkpoint (exit 130,
+docs/reliability.md). Every run that finished becomes a record; ``--pack`` writes the new records and every
+unfinished run's checkpoint into one archive (a few files, the size printed) for the next session. Ctrl-C does
+the same as the deadline, at once. ``--set device=cuda`` on a GPU machine (the key is resume-safe). A run that
+failed (exit other than 0 or 130) is reported with its log's last lines and left unrecorded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the campaign's sibling modules
+
+from campaign_plan import (  # noqa: E402
+    RESULTS_ROOT,
+    ROOT,
+    TABLES_FILE,
+    PlannedRun,
+    config_yaml,
+    load_tables,
+    parse_sets,
+    plan_text,
+    planned_runs,
+)
+from campaign_records import pack, unpack, write_record  # noqa: E402
+from campaign_tables import check_tables, write_tables  # noqa: E402
+
+from cfl.config import ConfigError  # noqa: E402
+
+#: seconds a cut-off run gets to finish its round and write its checkpoint before it is terminated
+GRACE_SECONDS = 300
+
+
+def start(run: PlannedRun) -> subprocess.Popen:
+    """``cfl run`` for ``run`` in a process of its own (its log beside its run directory): resumed where its
+    checkpoint is of the same config, else started anew."""
+    run.run_dir.parent.mkdir(parents=True, exist_ok=True)
+    if run.checkpointed:
+        args = ["run", "--resume", str(run.run_dir), "--quiet"]
+        how = "resuming"
+    else:
+        config = run.run_dir.parent / f"{run.name}.yaml"
+        config.write_text(config_yaml(run.config))
+        args = ["run", str(config), "--out", str(run.run_dir), "--quiet", "--overwrite"]
+        how = "starting"
+    print(f"campaign: {how} {run.table}/{run.name}", flush=True)
+    log = open(run.run_dir.parent / f"{run.name}.log", "a")  # noqa: SIM115 - closed with the process
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen([sys.executable, "-m", "cfl", *args], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            env=env, start_new_session=True)
+
+
+def log_tail(run: PlannedRun, lines: int = 8) -> str:
+    path = run.run_dir.parent / f"{run.name}.log"
+    text = path.read_text(errors="replace").splitlines() if path.is_file() else []
+    return "\n".join("    " + line for line in text[-lines:])
+
+
+def stop_all(running: dict[PlannedRun, subprocess.Popen], grace: float) -> None:
+    """SIGINT to every running run (each checkpoints after its round), then SIGTERM and SIGKILL past ``grace``."""
+    for proc in running.values():
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+    end = time.monotonic() + grace
+    while any(p.poll() is None for p in running.values()) and time.monotonic() < end:
+        time.sleep(0.2)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for proc in running.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, sig)
+        time.sleep(2)
+
+
+def finish(run: PlannedRun, code: int, device: str, recorded: list[PlannedRun]) -> None:
+    if code == 0 and run.finished:
+        write_record(run.run_dir, run.record_dir, run.table, run.name, device)
+        recorded.append(run)
+        print(f"campaign: recorded {run.table}/{run.name}", flush=True)
+    elif code == 130:
+        print(f"campaign: cut off {run.table}/{run.name} (checkpoint kept: {run.checkpointed})", flush=True)
+    else:
+        print(f"campaign: {run.table}/{run.name} FAILED (exit {code}); its log ends:\n{log_tail(run)}", flush=True)
+
+
+def campaign(runs: list[PlannedRun], minutes: float, jobs: int, device: str,
+             grace: float = GRACE_SECONDS) -> list[PlannedRun]:
+    """Run the unrecorded ``runs`` in order, ``jobs`` at a time, until done or ``minutes`` have passed; the runs
+    recorded. Ctrl-C cuts off the running ones as the deadline does."""
+    deadline = time.monotonic() + minutes * 60
+    queue = [r for r in runs if not r.recorded]
+    running: dict[PlannedRun, subprocess.Popen] = {}
+    recorded: list[PlannedRun] = []
+    try:
+        while queue or running:
+            while queue and len(running) < jobs and time.monotonic() < deadline:
+                run = queue.pop(0)
+                running[run] = start(run)
+            for run, proc in list(running.items()):
+                if proc.poll() is not None:
+                    del running[run]
+                    finish(run, proc.returncode, device, recorded)
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        print("campaign: interrupted; cutting off the running runs", flush=True)
+    if running:
+        stop_all(running, grace)
+        for run, proc in running.items():
+            finish(run, proc.wait(), device, recorded)
+    return recorded
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["plan", "run", "tables"])
+    parser.add_argument("--tables-file", type=Path, default=TABLES_FILE)
+    parser.add_argument("--results", type=Path, default=RESULTS_ROOT, help="where records go")
+    parser.add_argument("--work", type=Path, default=ROOT / "runs" / "campaign", help="the runs' directories")
+    parser.add_argument("--table", action="append", help="only these tables (repeat)")
+    parser.add_argument("--minutes", type=float, help="run: stop starting runs and cut off running ones after this")
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--set", action="append", default=[], dest="sets", help="KEY=VALUE for every run")
+    parser.add_argument("--pack", type=Path, help="run: write new records and unfinished checkpoints here")
+    parser.add_argument("--unpack", type=Path, help="run: first take an earlier session's archive")
+    parser.add_argument("--grace", type=float, default=GRACE_SECONDS, help="seconds a cut-off run gets to checkpoint")
+    parser.add_argument("--write", type=Path, help="tables: rewrite the generated tables in this file")
+    parser.add_argument("--check", type=Path, help="tables: exit 1 if this file's generated tables are stale")
+    args = parser.parse_args(argv)
+    try:
+        tables = load_tables(args.tables_file)
+        if args.command == "tables":
+            return tables_command(tables, args)
+        extra = parse_sets(args.sets)
+        if args.command == "run" and (args.minutes is None or args.minutes < 0 or args.jobs < 1):
+            raise ConfigError("run needs --minutes M (M >= 0) and --jobs N (N >= 1)")
+        if args.unpack:
+            counts = unpack(args.unpack, args.results, args.work)
+            print(f"campaign: unpacked {args.unpack}: {counts['records']} records, {counts['checkpoints']} checkpoints")
+        runs = planned_runs(tables, args.work, args.results, extra, args.table)
+    except (ConfigError, ValueError, OSError) as err:
+        print(f"campaign: error: {err}", file=sys.stderr)
+        return 2
+    if args.command == "plan":
+        print(plan_text(runs))
+        return 0
+    device = str(extra.get("device", "cpu"))
+    campaign(runs, args.minutes, args.jobs, device, args.grace)
+    print(plan_text(runs))
+    if args.pack:
+        records = [(f"{r.table}/{r.name}", r.record_dir / "results.json") for r in runs
+                   if r.recorded and not committed(r.record_dir / "results.json")]
+        unfinished = [(f"{r.table}/{r.name}", r.run_dir) for r in runs if not r.recorded and r.checkpointed]
+        counts = pack(args.pack, records, unfinished)
+        print(f"campaign: packed {args.pack}: {counts['records']} records, {counts['checkpoints']} checkpoints, "
+              f"{counts['bytes'] / 1e6:.1f} MB")
+    return 0
+
+
+def committed(path: Path) -> bool:
+    """Whether git tracks ``path`` (a record already in the repository need not travel)."""
+    found = subprocess.run(["git", "ls-files", "--error-unmatch", str(path)], cwd=ROOT, capture_output=True)
+    return found.returncode == 0
+
+
+def tables_command(tables: dict, args: argparse.Namespace) -> int:
+    if args.write:
+        write_tables(args.write, tables, args.results)
+        print(f"campaign: wrote the generated tables into {args.write}")
+        return 0
+    if args.check:
+        stale = check_tables(args.check, tables, args.results)
+        for name in stale:
+            print(f"campaign: {args.check}: table {name} differs from its records; run "
+                  f"`python benchmarks/campaign.py tables --write {args.check}`", file=sys.stderr)
+        return 1 if stale else 0
+    from campaign_tables import render_tables
+
+    print(render_tables(tables, args.results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
