@@ -31,6 +31,15 @@ def test_agem_projects_a_conflicting_gradient_and_keeps_the_others(g, expected):
     assert torch.allclose(out, torch.tensor(expected))
 
 
+def test_agem_divides_by_the_squared_norm_of_a_reference_off_the_axes():
+    """g_ref = (1, 2), g = (-3, 1): g . g_ref = -1, ||g_ref||^2 = 5 (sum |r| would give 3): g - (-1/5) g_ref =
+    (-2.8, 1.4), orthogonal to g_ref."""
+    agem = AGEM(AGEMHyperparams(), None)
+    refs = {0: {"w": torch.tensor([1.0, 2.0], dtype=torch.float64)}}
+    out = agem.step_gradient(_step(torch.tensor([-3.0, 1.0], dtype=torch.float64), ONE, refs=refs))["w"]
+    assert torch.allclose(out, torch.tensor([-2.8, 1.4], dtype=torch.float64), atol=1e-12)
+
+
 def test_agem_without_memory_changes_nothing():
     agem = AGEM(AGEMHyperparams(), None)
     assert agem.step_gradient(_step(torch.tensor([1.0, 2.0]))) is None
@@ -65,6 +74,18 @@ def test_gem_projection_satisfies_every_constraint():
     assert torch.allclose(out, best, atol=0.02)
     ok = torch.tensor([3.0, 1.0], dtype=torch.float64)  # no conflict: unchanged
     assert gem.step_gradient(_step(ok, state=state, refs=refs)) is None
+
+
+def test_gem_projects_when_one_memory_is_violated_and_another_satisfied():
+    """g_0 = (1, 0), g_1 = (0, 1), g = (-1, 2): memory 0 violated (-1), memory 1 satisfied (2); the projection onto
+    {g~ . g_k >= 0} (margin 0, eps tiny) is (0, 2)."""
+    gem = GEM(GEMHyperparams(margin=0.0, eps=1e-12), None)
+    refs = {0: {"w": torch.tensor([1.0, 0.0], dtype=torch.float64)},
+            1: {"w": torch.tensor([0.0, 1.0], dtype=torch.float64)}}
+    state = {"valid": torch.tensor([True, True]), "task": torch.tensor([0, 1]), "x": torch.zeros(2, 2),
+             "y": torch.zeros(2, dtype=torch.long)}
+    out = gem.step_gradient(_step(torch.tensor([-1.0, 2.0], dtype=torch.float64), state=state, refs=refs))
+    assert out is not None and torch.allclose(out["w"], torch.tensor([0.0, 2.0], dtype=torch.float64), atol=1e-9)
 
 
 def test_gem_trains_sequentially_and_agem_on_vmap_saying_why(capsys):

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch.func import functional_call
@@ -115,3 +117,49 @@ def test_a_tiny_run(scenario):
     memory = clients.get(0)
     ids = (memory["task"] * 3 + memory["y"])[memory["valid"]]
     assert sorted(set(ids.tolist())) == [0, 1, 2, 3, 4, 5] and memory["learned"].tolist() == [True] * 6 + [False] * 3
+
+
+def _by_task_code_loss(z: list[list[float]], old: list[list[float]], y: list[int], is_old: list[bool]) -> float:
+    """cfl's task/domain adaptation in the code form, transcribed in Python floats: groups by task (a memory sample
+    of a finished task is old), L_RD's target on an old sample its whole row of old sigmoids, on a new one the
+    one-hot label; batch mean of ``0.5 L_GC + 0.5 L_RD``."""
+    def sigmoid(v: float) -> float:
+        return 1 / (1 + math.exp(-v))
+
+    def bce(v: float, t: float) -> float:
+        return max(v, 0.0) - v * t + math.log1p(math.exp(-abs(v)))
+
+    n, c = len(z), len(z[0])
+    g = [abs(sigmoid(z[i][y[i]]) - 1) for i in range(n)]
+    w = [g[i] / (sum(g[k] for k in range(n) if is_old[k] == is_old[i]) / is_old.count(is_old[i])) for i in range(n)]
+    total = 0.0
+    for i in range(n):
+        onehot = [1.0 if j == y[i] else 0.0 for j in range(c)]
+        target = [sigmoid(old[i][j]) for j in range(c)] if is_old[i] else onehot
+        gc = w[i] * sum(bce(z[i][j], onehot[j]) for j in range(c)) / c
+        rd = sum(bce(z[i][j], target[j]) for j in range(c)) / c
+        total += 0.5 * gc + 0.5 * rd
+    return total / n
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_the_loss_is_unchanged_by_the_class_incremental_distillation_of_every_finished_class(scenario):
+    """Issue 37 item 1 changed the class-incremental L_RD only: here no ``old_classes`` is recorded at a task end, and
+    the loss of a client that learned task 0's label 0 only is the adaptation's formula (its memory sample of label 1
+    of task 0 would be old under the class-incremental rule; it is new here, distilled as a one-hot)."""
+    method, model, params = make(scenario)
+    model.double()
+    params = {k: v.double() for k, v in params.items()}
+    server: dict = {}
+    method.before_task_end(model, torch.tensor([0, 1]), server, 0)
+    assert server == {}
+    gen = torch.Generator().manual_seed(3)
+    x, y, task = torch.randn(5, 16, generator=gen, dtype=torch.float64), torch.tensor([0, 1, 0, 1, 1]), \
+        torch.tensor([0, 0, 1, 1, 1])
+    logits, weight = functional_call(model, params, (x, task)), torch.ones(5, dtype=torch.float64)
+    old = {k: v + 0.3 * torch.randn(v.shape, generator=gen, dtype=v.dtype) for k, v in params.items()}
+    state = {"learned": torch.tensor([True, False, False, False])}
+    got = method.task_loss(params, logits, y, x, task, weight, None, {"old_model": old}, state).mean()
+    old_logits = functional_call(model, old, (x, task))
+    want = _by_task_code_loss(logits.tolist(), old_logits.tolist(), y.tolist(), [True, False, False, False, False])
+    assert abs(got.item() - want) < 1e-12

@@ -95,8 +95,17 @@ def test_paper_form_distillation_is_a_kl_to_the_normalised_target():
 def test_combined_loss_halves_both_terms_once_an_old_model_exists():
     gc = gradient_compensation(LOGITS, Y, REAL, SEEN, OLD)
     rd = relation_distillation(LOGITS, Y, OLD_LOGITS, SEEN, OLD)
-    torch.testing.assert_close(glfc_loss(LOGITS, Y, REAL, SEEN, OLD, None), gc)
-    torch.testing.assert_close(glfc_loss(LOGITS, Y, REAL, SEEN, OLD, OLD_LOGITS), 0.5 * gc + 0.5 * rd)
+    torch.testing.assert_close(glfc_loss(LOGITS, Y, REAL, SEEN, OLD, OLD, None), gc)
+    torch.testing.assert_close(glfc_loss(LOGITS, Y, REAL, SEEN, OLD, OLD, OLD_LOGITS), 0.5 * gc + 0.5 * rd)
+
+
+@pytest.mark.parametrize("form", ["code", "paper"])
+def test_the_distillation_reads_the_finished_classes_and_the_groups_the_learned_ones(form):
+    """A client that learned no class (``old`` empty: every w_i = 1) still distils the finished tasks' class 0."""
+    got = glfc_loss(LOGITS, Y, REAL, SEEN, NONE_OLD, OLD, OLD_LOGITS, form)
+    gc = gradient_compensation(LOGITS, Y, REAL, SEEN, NONE_OLD, form)
+    torch.testing.assert_close(got, 0.5 * gc + 0.5 * relation_distillation(LOGITS, Y, OLD_LOGITS, SEEN, OLD, form))
+    assert not torch.allclose(got, glfc_loss(LOGITS, Y, REAL, SEEN, NONE_OLD, NONE_OLD, OLD_LOGITS, form))
 
 
 @pytest.mark.parametrize("form", ["code", "paper"])
@@ -106,10 +115,11 @@ def test_a_stack_of_clients_under_vmap_equals_each_client(form):
     y, weight = torch.stack([Y, Y]), torch.stack([REAL, torch.tensor([1.0, 1, 0], dtype=torch.float64)])
     seen, old = torch.stack([SEEN, SEEN]), torch.stack([OLD, NONE_OLD])
     old_logits = torch.stack([OLD_LOGITS, OLD_LOGITS])
-    stacked = vmap(lambda *a: glfc_loss(*a, form=form))(logits, y, weight, seen, old, old_logits)
+    finished = torch.stack([OLD, OLD])  # client 1 learned no old class yet distils the finished tasks' classes
+    stacked = vmap(lambda *a: glfc_loss(*a, form=form))(logits, y, weight, seen, old, finished, old_logits)
     for c in range(2):
-        torch.testing.assert_close(stacked[c], glfc_loss(logits[c], y[c], weight[c], seen[c], old[c], old_logits[c],
-                                                         form=form))
+        torch.testing.assert_close(stacked[c], glfc_loss(logits[c], y[c], weight[c], seen[c], old[c], finished[c],
+                                                         old_logits[c], form=form))
 
 
 # ---- cfl's adaptation to task- and domain-incremental streams: the groups by task (glfc_loss_by_task) ----------

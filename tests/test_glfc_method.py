@@ -43,13 +43,80 @@ def test_the_loss_replaces_the_cross_entropy_and_distils_once_an_old_model_exist
     seen = torch.tensor([True, True, True, False])
     state = {"learned": torch.tensor([True, True, False, False])}
     got = method.task_loss(params, logits, y, x, task, weight, seen, {}, state)
-    torch.testing.assert_close(got, glfc_loss(logits, y, weight, seen, state["learned"], None))
+    torch.testing.assert_close(got, glfc_loss(logits, y, weight, seen, state["learned"], state["learned"], None))
     old = {k: v + 0.1 for k, v in params.items()}
-    got = method.task_loss(params, logits, y, x, task, weight, seen, {"old_model": old}, state)
+    finished = torch.tensor([True, True, False, False])
+    server = {"old_model": old, "old_classes": finished}
+    got = method.task_loss(params, logits, y, x, task, weight, seen, server, state)
     old_logits = functional_call(model, old, (x, task))
-    torch.testing.assert_close(got, glfc_loss(logits, y, weight, seen, state["learned"], old_logits))
+    torch.testing.assert_close(got, glfc_loss(logits, y, weight, seen, state["learned"], finished, old_logits))
+    nothing = torch.zeros(4, dtype=torch.bool)
     fresh = method.task_loss(params, logits, y, x, task, weight, seen, {}, {})  # a client that learned nothing
-    torch.testing.assert_close(fresh, glfc_loss(logits, y, weight, seen, torch.zeros(4, dtype=torch.bool), None))
+    torch.testing.assert_close(fresh, glfc_loss(logits, y, weight, seen, nothing, nothing, None))
+
+
+def _official_compute_loss(output: list[list[float]], old_output: list[list[float]], label: list[int],
+                           learned_classes: list[int]) -> float:
+    """The official ``_compute_loss`` (conditionWang/FCIL, src/GLFC.py) with an old model, transcribed in Python
+    floats: ``output`` N x numclass, ``old_output`` N x (the old model's classes)."""
+    def sigmoid(z: float) -> float:
+        return 1 / (1 + math.exp(-z))
+
+    def bce(z: float, t: float) -> float:
+        return max(z, 0.0) - z * t + math.log1p(math.exp(-abs(z)))
+
+    n, c = len(output), len(output[0])
+    target = [[1.0 if j == label[i] else 0.0 for j in range(c)] for i in range(n)]
+    g = [abs(sigmoid(output[i][label[i]]) - 1) for i in range(n)]
+    old_group = [label[i] in learned_classes for i in range(n)]
+    w = []
+    for i in range(n):
+        group = [k for k in range(n) if old_group[k] == old_group[i]]
+        w.append(g[i] / (sum(g[k] for k in group) / len(group)))
+    loss_cur = sum(w[i] * bce(output[i][j], target[i][j]) for i in range(n) for j in range(c)) / (n * c)
+    distill = [[sigmoid(old_output[i][j]) if j < len(old_output[i]) else target[i][j] for j in range(c)]
+               for i in range(n)]
+    loss_old = sum(bce(output[i][j], distill[i][j]) for i in range(n) for j in range(c)) / (n * c)
+    return 0.5 * loss_cur + 0.5 * loss_old
+
+
+def test_the_distillation_covers_every_class_of_the_finished_tasks_as_the_official_code():
+    """Issue 37's batch: 6 classes seen (3 tasks of 2), an old model of the 4 classes of tasks 0 and 1, a client that
+    learned only {0, 1} (it held no class of task 1); 7 samples of its memory (0, 1) and of task 2 (4, 5). The
+    official loss distils classes 2 and 3 too (their target is the old model's sigmoid, not 0); the client's learned
+    classes only group L_GC's weights."""
+    torch.manual_seed(0)
+    model = MLP(16, [6], 6).double()
+    info = RunInfo(num_tasks=3, scenario="class", num_clients=2, clients_per_round=2, seed=0, model=model,
+                   batch_size=7)
+    method = GLFC(GLFCHyperparams(**FAST), info)
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    old = {k: v + 0.3 * torch.randn_like(v) for k, v in params.items()}
+    x, y = torch.randn(7, 16, dtype=torch.float64), torch.tensor([0, 1, 1, 4, 5, 5, 4])
+    task, weight = torch.zeros(7, dtype=torch.long), torch.ones(7, dtype=torch.float64)
+    logits = functional_call(model, params, (x, task))
+    seen = torch.ones(6, dtype=torch.bool)
+    state = {"learned": torch.tensor([True, True, False, False, False, False])}
+    server = {"old_model": old, "old_classes": torch.tensor([True, True, True, True, False, False])}
+    got = method.task_loss(params, logits, y, x, task, weight, seen, server, state).mean()
+    old_logits = functional_call(model, old, (x, task))
+    want = _official_compute_loss(logits.tolist(), old_logits[:, :4].tolist(), y.tolist(), [0, 1])
+    assert abs(got.item() - want) < 1e-12
+
+
+def test_a_task_end_records_the_old_models_classes():
+    """Class-incremental: the classes seen by the finished task become ``old_classes`` with the old model (the
+    ablation's last global model here); none while no old model is made."""
+    method, model, params = make(proxy=False)
+    server: dict = {}
+    method.before_task_end(model, torch.tensor([0, 1]), server, 0)
+    method.server_end("task_end", {}, server, 0)  # no global model kept yet: no old model, no old classes
+    assert "old_model" not in server and "old_classes" not in server
+    method.after_server_step(model, params, server, 1)
+    method.before_task_end(model, torch.tensor([0, 1, 2]), server, 1)
+    method.server_end("task_end", {}, server, 1)
+    assert server["old_classes"].tolist() == [True, True, True, False] and "old_model" in server
+    assert "old_classes" in method.broadcast["round"]
 
 
 def test_the_memory_over_two_tasks():

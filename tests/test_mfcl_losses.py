@@ -113,3 +113,15 @@ def test_client_loss_gradient_stays_finite_where_a_label_is_outside_the_new_clas
     old = torch.tensor([True, True, False, False])
     client_loss(terms, ~old, torch.ones(4, dtype=torch.bool), old)["total"].backward()
     assert torch.isfinite(logits.grad).all() and logits.grad[1].abs().sum() == 0
+
+
+def test_the_new_class_cross_entropy_leaves_out_a_real_old_class_sample():
+    """A real sample of old class 0 (its label outside the new columns) beside a real new-class one (y 2, new
+    logits ln 3, 0: ln 4/3): ``new`` is the mean over real samples of a new class only, ln 4/3."""
+    logits = torch.tensor([[0.0, 0.0, 1.0, 2.0], [9.0, 9.0, L3, 0.0]], dtype=torch.float64)
+    other = torch.zeros(2, 4, dtype=torch.float64)
+    terms = ClientTerms(logits, other, other, other, torch.tensor([0, 2]), torch.tensor([True, True]),
+                        torch.ones(2, dtype=torch.float64))
+    old = torch.tensor([True, True, False, False])
+    parts = client_loss(terms, ~old, torch.ones(4, dtype=torch.bool), old)
+    assert parts["new"].item() == pytest.approx(math.log(4 / 3), abs=1e-12)

@@ -11,7 +11,7 @@ from cfl.engine.runner import Runner
 from cfl.methods.base import ClientData, RunInfo, StateSizing
 from cfl.methods.rgo import RGO, RGOHyperparams
 from cfl.ops.layer_inputs import layer_grams
-from cfl.ops.rgo import closed_form, precondition
+from cfl.ops.rgo import closed_form, precondition, preconditioner
 from cfl.schema import ConfigError
 from cfl.validation import from_dict
 from tests.conftest import make_stream, run_both_paths
@@ -47,6 +47,23 @@ def test_task_ends_fold_each_tasks_gram_into_the_clients_preconditioner():
         held = state["deflation"][name]
         assert held.dtype == torch.float32 and torch.allclose(torch.eye(held.shape[0]) - held, expected.float(),
                                                               atol=1e-6)
+
+
+@pytest.mark.parametrize(("scale", "tolerance"), [(1.0, 1e-9), (30.0, 1e-6)])
+def test_a_float64_run_keeps_the_deflation_in_float64(scale, tolerance):
+    """A summed Gram, alpha 1e-3, 200 inputs spanning the 32-wide layer: ``d - trace D`` cancels to a few digits;
+    stored in float32 the preconditioner's relative error was 7e-3, and NaN at inputs of size 30 (trace D rounds to
+    d)."""
+    torch.manual_seed(0)
+    model = TwoLayerNet(inputs=32, hidden=16).double()
+    params, rgo, state = _params(model), _rgo(model, alpha=1e-3, gram="sum"), {}
+    x = scale * torch.randn(200, 32, dtype=torch.float64)
+    _end(rgo, model, params, x, state)
+    gram = layer_grams(model, params, x, 0, {"fc1.weight": "linear"})["fc1.weight"]
+    want = preconditioner(gram, 1e-3)
+    got = rgo.layer_preconditioner(state)["fc1.weight"]
+    assert state["deflation"]["fc1.weight"].dtype == torch.float64 and torch.isfinite(got).all()
+    assert (got - want).norm() / want.norm() < tolerance
 
 
 def test_a_client_without_data_of_the_task_keeps_its_state():
@@ -95,11 +112,12 @@ def test_a_preconditioned_step_barely_moves_old_outputs():
     assert (after - before).norm() < 1e-3 * (plain - before).norm()
 
 
-def test_state_bytes_are_a_float32_d_by_d_per_protected_layer_and_client():
+def test_state_bytes_are_a_d_by_d_per_protected_layer_and_client_in_the_models_precision():
     sizing = StateSizing(model_bytes=0, sample_bytes=0, samples_per_client=480, num_clients=125, num_tasks=10,
                          rounds=2000, clients_per_round=64,
                          protected={"a": ("linear", 784), "b": ("linear", 400), "c": ("conv", 27)})
     assert _rgo(TwoLayerNet()).client_state_bytes(sizing) == 125 * 4 * (784**2 + 400**2 + 27**2)
+    assert _rgo(TwoLayerNet().double()).client_state_bytes(sizing) == 125 * 8 * (784**2 + 400**2 + 27**2)
 
 
 def test_fel_is_refused():

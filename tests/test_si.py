@@ -61,3 +61,43 @@ def test_a_run_sums_each_clients_steps_into_its_state():
     state = runner.states[0].clients.get(0)
     assert set(state) == {"path", "start"}
     assert all(bool((p >= 0).all()) and float(p.sum()) > 0 for p in state["path"].values())
+
+
+def test_a_second_task_end_adds_its_importance_to_the_first():
+    """Task 0: path (0.4, 0.1), move (0.2, 0): Omega (8, 10). Task 1: path (0.5, 0.2), move (0, 0.1) with xi 0.01:
+    (50, 10); Omega = (58, 20), the sum over the tasks (the paper's Eq. 5 sums every finished task)."""
+    si = SI(SIHyperparams(c=0.5, xi=0.01), None)
+    state = {"path": {"w": torch.tensor([0.4, 0.1])}, "start": {"w": torch.tensor([1.0, 2.0])}}
+    si.client_end("task_end", None, {"w": torch.tensor([1.2, 2.0])}, None, state, {}, None)
+    state["path"] = {"w": torch.tensor([0.5, 0.2])}
+    si.client_end("task_end", None, {"w": torch.tensor([1.2, 2.1])}, None, state, {}, None)
+    assert torch.allclose(state["omega"]["w"], torch.tensor([58.0, 20.0]))
+
+
+def _weight_decay_task(si: SI, state: dict) -> None:
+    """One SGD step (lr 0.1, weight decay 1) from w = (1, 1) with loss gradients g = (-0.1, 0.5): the move
+    -lr (g + wd w) = (-0.09, -0.15); the path -g * move = (-0.009, 0.075): weight decay moved w_0 up its loss's
+    gradient. The task's global move (0.1, 0) and xi 0.01: the task's importance (-0.009 / 0.02, 0.075 / 0.01) =
+    (-0.45, 7.5)."""
+    carry = si.carry_start({"w": torch.ones(2)}, state)
+    carry = si.carry_step(_step({"w": torch.tensor([-0.1, 0.5])}, {"w": torch.ones(2)}, state, carry),
+                          {"w": torch.tensor([-0.09, -0.15])})
+    state.update(carry)
+    si.client_end("task_end", None, {"w": state["start"]["w"] + torch.tensor([0.1, 0.0])}, None, state, {}, None)
+
+
+def test_weight_decay_gives_a_negative_importance_which_clip_sets_to_zero_as_the_authors_code():
+    paper, code = SI(SIHyperparams(xi=0.01), None), SI(SIHyperparams(xi=0.01, clip=True), None)
+    kept, clipped = {}, {}
+    _weight_decay_task(paper, kept)
+    _weight_decay_task(code, clipped)
+    assert torch.allclose(kept["omega"]["w"], torch.tensor([-0.45, 7.5]))  # the paper's: unclipped (the default)
+    assert torch.allclose(clipped["omega"]["w"], torch.tensor([0.0, 7.5]))
+
+
+def test_the_clip_is_of_the_sum_over_tasks():
+    """pathint's Omega <- relu(Omega + new): an earlier importance 0.3 plus this task's -0.45 gives 0, not 0.3."""
+    si = SI(SIHyperparams(xi=0.01, clip=True), None)
+    state = {"omega": {"w": torch.tensor([0.3, 0.0])}, "start": {"w": torch.ones(2)}}
+    _weight_decay_task(si, state)
+    assert torch.allclose(state["omega"]["w"], torch.tensor([0.0, 7.5]))

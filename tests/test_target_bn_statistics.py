@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from cfl.ops.bn_statistics import (
+    LayerStatistics,
     channel_statistics,
     gaussian_statistics_loss,
     l2_statistics_loss,
@@ -78,6 +79,14 @@ def test_gaussian_form_is_the_channel_mean_kl_of_the_running_gaussian_from_the_b
     one layer: their mean."""
     got = gaussian_statistics_loss(recorded(toy(second=False))).item()
     assert got == pytest.approx((2 + math.log(2) - 0.375) / 2, abs=1e-7)
+
+
+def test_gaussian_form_averages_over_layers():
+    """Two layers of different statistics: KL 0 (batch and running N(0, 1)) and KL 1/2 (running mean 1 against the
+    batch's 0: (0 - (1 - (1 + 1) / 1) / 2) = 1/2); the loss is their mean 1/4, not their sum."""
+    zero, one = torch.zeros(1, dtype=torch.float64), torch.ones(1, dtype=torch.float64)
+    layers = [LayerStatistics("a", zero, one, zero, one), LayerStatistics("b", zero, one, one, one)]
+    assert gaussian_statistics_loss(layers).item() == pytest.approx(0.25, abs=1e-7)
 
 
 def test_gaussian_form_is_zero_where_the_statistics_match():

@@ -4,7 +4,8 @@ is silent. GLFC's loss replaces the cross-entropy (``task_loss``); the proxy ser
 (``after_server_step``).
 
 Client, every local step: ``L_GC`` (class-aware gradient compensation; old classes = those the client learned),
-plus ``L_RD`` (relation distillation from the old model) once the server holds one, ``0.5 L_GC + 0.5 L_RD``
+plus ``L_RD`` (relation distillation from the old model, of every class of the finished tasks, as the official
+``_compute_loss``) once the server holds one, ``0.5 L_GC + 0.5 L_RD``
 (cfl/ops/glfc_losses.py); memory samples appended to each step (``replay``). At a task end, with the task's
 final global model: herding exemplars of the client's classes into a memory of ``memory_size`` samples
 (cfl/ops/glfc_memory.py). In the first round of each task, after training: per class it holds, the prototype,
@@ -70,7 +71,8 @@ class GLFC(Method):
     name = "glfc"
     about = "GLFC: gradient-compensation and relation-distillation losses, herding memory, proxy server"
     Hyperparams = GLFCHyperparams
-    broadcast = {"round": ("old_model", "round_in_task")}
+    #: ``old_classes`` (class-incremental): the old model's classes, those of the tasks finished when it was made
+    broadcast = {"round": ("old_model", "old_classes", "round_in_task")}
 
     def __init__(self, hparams: GLFCHyperparams, run_info: Any) -> None:
         super().__init__(hparams, run_info)
@@ -122,7 +124,14 @@ class GLFC(Method):
             return glfc_loss_by_task(logits, y, weight, seen, old_samples, learned.any(-1), old_logits,
                                      self.hparams.form)
         learned = state.get("learned", torch.zeros_like(seen))
-        return glfc_loss(logits, y, weight, seen, learned & seen, old_logits, self.hparams.form)
+        finished = torch.zeros_like(seen)
+        if old_logits is not None:
+            if "old_classes" not in server:
+                raise ValueError("glfc: the server holds an old model without its classes ('old_classes', set at "
+                                 "each task end since cfl distils every class of the finished tasks); restart the "
+                                 "run instead of resuming a checkpoint written before")
+            finished = server["old_classes"]
+        return glfc_loss(logits, y, weight, seen, learned & seen, finished, old_logits, self.hparams.form)
 
     def replay(self, state: State, generator: torch.Generator) -> Samples | None:
         return draw_memory(state, generator, self.hparams.replay_batch_size or self.run_info.batch_size)
@@ -195,6 +204,14 @@ class GLFC(Method):
                                    encoder_labels=[int(self.global_ids(torch.tensor(c), data.task)) for c in classes])
 
     # ---- the proxy server ----
+    def before_task_end(self, model: nn.Module, classes: torch.Tensor, server: State, task: int) -> None:
+        """Class-incremental: the classes of the tasks finished now (``0..task``), the classes of the old model made
+        at this task end (``_finish_task``), which ``L_RD`` distils."""
+        if not self.by_task:
+            finished = torch.zeros(self.classes, dtype=torch.bool, device=classes.device)
+            finished[classes] = True
+            server["finished_classes"] = finished
+
     def server_end(self, event: Event, uploads: dict[int, State], server: State, task: int) -> None:
         stats = server.setdefault("stats", {})
         for phase, seconds in self._client_seconds.items():  # the clients' phases, summed over the clients
@@ -244,6 +261,9 @@ class GLFC(Method):
             server["best_score"] = carried.score
         else:
             old = server.get("last_global")
+        finished = server.pop("finished_classes", None)
         if old is not None:
             server["old_model"] = old
+            if finished is not None:  # class-incremental: the old model's classes
+                server["old_classes"] = finished
         server["round_in_task"] = 0

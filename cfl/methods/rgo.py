@@ -54,8 +54,10 @@ class RGO(Method):
         self.check(hparams, run_info)  # also when built directly
 
     def client_state_bytes(self, sizing: StateSizing) -> int:
-        """One float32 ``d x d`` deflation per protected layer and client (from its first task end on)."""
-        return sizing.num_clients * 4 * sum(d * d for _, d in sizing.protected.values())
+        """One ``d x d`` deflation per protected layer and client (from its first task end on), in the model's
+        precision (at least float32: :meth:`client_end`)."""
+        element = max(4, next(self.run_info.model.parameters()).element_size())
+        return sizing.num_clients * element * sum(d * d for _, d in sizing.protected.values())
 
     def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
                    server: State, generator: torch.Generator) -> None:
@@ -66,8 +68,12 @@ class RGO(Method):
         deflations = state.setdefault("deflation", {})
         for name, inputs in held.items():
             d = inputs.matrix.shape[0]
-            old = deflations.get(name, torch.zeros(d, d, device=inputs.matrix.device))
-            deflations[name] = absorb_held(old, inputs, self.hparams.alpha).float()
+            # kept in the weight's precision (at least float32): the step's ``d - trace D`` loses the digits of
+            # ``P``'s small trace in float32 when G's spectrum is wide (a summed Gram, a small alpha), to 0 at large
+            # inputs; a float64 run needs it in float64
+            dtype = torch.promote_types(params[name].dtype, torch.float32)
+            old = deflations.get(name, torch.zeros(d, d, dtype=dtype, device=inputs.matrix.device))
+            deflations[name] = absorb_held(old, inputs, self.hparams.alpha).to(dtype)
 
     def layer_preconditioner(self, state: State) -> dict[str, torch.Tensor]:
         """``P~ = d P / trace(P)`` with ``P = I - D`` for every protected weight the client holds a deflation of

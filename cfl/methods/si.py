@@ -11,6 +11,8 @@ global model ``theta*_t`` (the paper's Eq. 5, the task's total move taken on the
 
     Omega_i += omega_i / ((theta*_t,i - theta*_{t-1},i)^2 + xi),   omega <- 0,   anchor <- theta*_t,
 
+(``clip: true``: the authors' code, ``Omega_i <- max(0, Omega_i + ...)``),
+
 where ``theta*_{-1}`` is the global model the client first trained from. Later local training adds the paper's
 Eq. 4 surrogate ``c * sum_i Omega_i (theta_i - anchor_i)^2``. cfl's reading for federated training: each client
 sums its own local path and divides by the global model's move over the task (a client's local path restarts
@@ -36,6 +38,9 @@ class SIHyperparams:
                      "split MNIST and permuted MNIST in Zenke et al. 2017)", min=0.0)
     xi: float = field(1e-3, "xi: damping of the importance's denominator (Delta^2 + xi; 1e-3 in the paper)",
                       gt=0.0)
+    clip: bool = field(False, "the authors' code (ganguli-lab/pathint): Omega <- max(0, Omega + omega / "
+                       "(Delta^2 + xi)) at each task end; false: the paper's, unclipped (negative entries appear "
+                       "where weight decay or momentum moves a parameter up its loss's gradient)")
 
 
 class SI(Method):
@@ -75,6 +80,7 @@ class SI(Method):
             return
         xi, old = self.hparams.xi, state.get("omega", {})
         new = {k: state["path"][k] / ((v - state["start"][k]) ** 2 + xi) for k, v in params.items()}
-        state["omega"] = {k: old[k] + new[k] if k in old else new[k] for k in params}
+        total = {k: old[k] + new[k] if k in old else new[k] for k in params}
+        state["omega"] = {k: v.clamp(min=0.0) for k, v in total.items()} if self.hparams.clip else total
         state["start"] = {k: v.detach().clone() for k, v in params.items()}
         del state["path"]

@@ -7,7 +7,10 @@ paper's numbers, writes both losses with sigmoid / binary cross-entropy over the
 
 Shapes: ``logits`` (..., B, K); ``y`` (..., B) int; ``weight`` (..., B), 0 marks padding (left out of every
 batch mean); ``seen`` (..., K) bool: the classes learned so far, current task's included (the columns the losses
-run over); ``old`` (..., K) bool: the classes of earlier tasks (a subset of ``seen``; none on the first task).
+run over); ``old`` (..., K) bool: the old classes of ``L_GC``'s groups, those the client learned at earlier task
+ends (a subset of ``seen``; none on the first task); ``finished`` (..., K) bool: the classes ``L_RD`` distils, every
+class of the finished tasks (the official code replaces the first ``old_model(x).shape[1]`` target columns, the old
+model's classes, whether or not the client ever held them).
 No function branches on data: empty groups give masked means of 0, never a Python ``if``.
 
 :func:`glfc_loss_by_task` is cfl's adaptation to task- and domain-incremental streams: the groups are by task (a
@@ -87,8 +90,9 @@ def _magnitude_and_loss(logits: torch.Tensor, y: torch.Tensor, onehot: torch.Ten
 
 def relation_distillation(logits: torch.Tensor, y: torch.Tensor, old_logits: torch.Tensor, seen: torch.Tensor,
                           old: torch.Tensor, form: Form = "code") -> torch.Tensor:
-    """L_RD per sample (..., B): the current model matched to the one-hot label whose old-class entries are the old
-    model's outputs (``old_logits``, same shape as ``logits``, detached here); no temperature.
+    """L_RD per sample (..., B): the current model matched to the one-hot label whose old-class entries (``old``: in
+    GLFC every class of the finished tasks, the ``finished`` of :func:`glfc_loss`) are the old model's outputs
+    (``old_logits``, same shape as ``logits``, detached here); no temperature.
 
     code: target = one-hot with the ``old`` entries replaced by ``sigmoid(old_logits)``; loss = mean over the seen
     columns of ``BCE(z, target)``.
@@ -114,13 +118,14 @@ def _distillation(logits: torch.Tensor, y: torch.Tensor, old_logits: torch.Tenso
 
 
 def glfc_loss(logits: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, seen: torch.Tensor, old: torch.Tensor,
-              old_logits: torch.Tensor | None, form: Form = "code") -> torch.Tensor:
-    """GLFC's per-sample client loss, replacing the cross-entropy: ``L_GC`` while there is no old model, else
-    ``0.5 L_GC + 0.5 L_RD`` (the official code's weights)."""
+              finished: torch.Tensor, old_logits: torch.Tensor | None, form: Form = "code") -> torch.Tensor:
+    """GLFC's per-sample client loss, replacing the cross-entropy: ``L_GC`` (groups by the client's learned classes
+    ``old``) while there is no old model, else ``0.5 L_GC + 0.5 L_RD`` (the official code's weights), ``L_RD``
+    distilling every class of the finished tasks (``finished``)."""
     gc = gradient_compensation(logits, y, weight, seen, old, form)
     if old_logits is None:
         return gc
-    return 0.5 * gc + 0.5 * relation_distillation(logits, y, old_logits, seen, old, form)
+    return 0.5 * gc + 0.5 * relation_distillation(logits, y, old_logits, seen, finished, form)
 
 
 def glfc_loss_by_task(logits: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, seen: torch.Tensor,
