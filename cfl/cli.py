@@ -143,8 +143,13 @@ def _cmd_report(args: argparse.Namespace) -> int:
         figures = read_style(args.plot_style) if args.plot_style else FigureOptions()
         figures = figures.with_cli(args.plot_format, args.y_range, args.figure_size)
     print(report(args.runs, args.format, options))
+    failed: list[str] = []
     if args.plots:
-        write_figures(args.runs, Path(args.plots), figures)
+        write_figures(args.runs, Path(args.plots), figures, failed)
+    if failed:  # the table, every CSV and the other figures are written
+        print(f"cfl: {len(failed)} figure(s) could not be drawn: {', '.join(failed)} (see the warnings above)",
+              file=sys.stderr)
+        return 1
     return 0
 
 

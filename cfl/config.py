@@ -170,8 +170,9 @@ class Config:
     data_root: Optional[str] = field(None, "data directory (null: $CFL_DATA, else the user cache)")
     wandb: WandbConfig = field(WandbConfig(), "")
     label: Optional[str] = field(None, "name of this config in `cfl report` rows, figure legends and W&B group and run "
-                                 "names, in place of the method label (null: the method label); changes no result; a "
-                                 "sweep's `variant` entry sets it to its own label")
+                                 "names, in place of the method label (null: the method label); one line, its $...$ "
+                                 "mathtext must parse (matplotlib draws it); changes no result; a sweep's `variant` "
+                                 "entry sets it to its own label")
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)

@@ -106,10 +106,16 @@ class Checkpointer:
 
 def write_plots(results: dict[str, Any], evaluations: list[dict[str, Any]], rounds_per_task: int,
                 out: Path) -> list[Path]:
-    """``cfl.report.plots.write_plots``, importing matplotlib (~0.6 s) only once a run has trained."""
+    """``cfl.report.plots.write_plots``, importing matplotlib (~0.6 s) only once a run has trained. A figure that
+    fails is named on stderr and the run goes on (its results.json is written already; exit code 0)."""
     from cfl.report.plots import write_plots as draw
 
-    return draw(results, evaluations, rounds_per_task, out)
+    failed: list[str] = []
+    plots = draw(results, evaluations, rounds_per_task, out, failed)
+    if failed:
+        print(f"cfl: the run is complete and {out}/results.json written, but {', '.join(failed)} could not be "
+              "drawn (see the warning above)", file=sys.stderr, flush=True)
+    return plots
 
 
 def execute(cfg: Config, out: Path | None = None, overwrite: bool = False, quiet: bool = False,
@@ -251,10 +257,9 @@ def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quie
                          128 + int(stop.signum))
     results = build_results(runner.snapshot(), time.perf_counter() - started)
     results["wandb_run_id"] = logger.run_id
-    plots = write_plots(results, runner.progress.evaluations, cfg.rounds_per_task, out)
-    results["wall_seconds"] = time.perf_counter() - started
     lock.check()
-    atomic_write_json(out / "results.json", results)  # last local output: complete results.json, complete outputs
+    atomic_write_json(out / "results.json", results)  # before any figure: a figure that fails never costs results
+    plots = write_plots(results, runner.progress.evaluations, cfg.rounds_per_task, out)
     if not cfg.keep_client_states:  # after results.json: a run killed before has complete outputs and its states
         print(drop_client_states(runner, out, logger.run_id, lock), file=sys.stderr, flush=True)
     logger.finish(results, out, plots)  # then W&B, which logs the files as an artifact

@@ -29,6 +29,7 @@ from cfl.models import MODELS
 from cfl.ops.aggregate import AGGREGATORS
 from cfl.ops.losses import LOSSES
 from cfl.precision_setting import parse_precision
+from cfl.report.drawable import check_label
 from cfl.schema import ConfigError, build, refuse_nonfinite, to_dict
 
 __all__ = ["from_dict", "load_config", "resolve_saved_model", "validate_names"]
@@ -81,6 +82,8 @@ def validate_names(cfg: Config) -> Config:
     from cfl.data.avalanche_route import ROUTE, route_stream
 
     refuse_nonfinite(to_dict(cfg), "")  # the keys typed Any (stream.args, method parameters), nested
+    if cfg.label is not None:  # drawn in the run's figures at its end: refused now, not after training
+        check_label(cfg.label, "'label'")
     stream = route_stream(cfg.stream)
     if stream is None:
         return _validate_names(cfg)

@@ -40,6 +40,12 @@ CASES = [
     ("out of range: list item", ["{cfg}", "--set", "target_accuracies=[50, 101]"], ["'target_accuracies'"]),
     ("out of range: checkpoint_every", ["{cfg}", "--set", "checkpoint_every=-1"], ["'checkpoint_every'"]),
     ("out of range: method parameter", ["{cfg}", "--set", "method={{name: fedprox, mu: -1}}"], ["'method.mu'"]),
+    # issue 37 item 10: a label the run's figures (matplotlib's mathtext) or a LaTeX table cell cannot take
+    ("label: broken mathtext", ["{cfg}", "--set", "label='$\\sqrt{{2$'"], ["'label'", "mathtext", "matplotlib"]),
+    ("label: a line break", ["{cfg}", "--set", "label=\"EWC\\n\\nlam\""], ["'label'", "line break"]),
+    # issue 37 item 12: every built-in method parameter has an upper bound (cfl/methods/bounds.py)
+    ("out of range: method parameter's upper bound", ["{cfg}", "--set", "method={{name: gem, margin: 1e300}}"],
+     ["'method.margin'", "<= 10.0"]),
     ("bad choice: loss", ["{cfg}", "--set", "loss=mse"], ["'loss: mse'", "ce, tce"]),
     ("bad choice: on_nonfinite", ["{cfg}", "--set", "on_nonfinite=ignore"], ["'on_nonfinite'", "skip_client"]),
     ("bad choice: wandb.mode", ["{cfg}", "--set", "wandb.mode=cloud"], ["'wandb.mode'", "offline"]),

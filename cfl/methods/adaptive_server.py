@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from cfl.methods.base import Method
+from cfl.methods.bounds import LR_MAX
 from cfl.schema import field
 from cfl.tensors import Params, State
 
@@ -21,10 +22,12 @@ from cfl.tensors import Params, State
 @dataclass(frozen=True)
 class AdaptiveServerHyperparams:
     server_lr: float = field(0.01, "eta_g of the adaptive step (Reddi et al. tune it in 1e-3..1; the top-level "
-                             "server_lr is not used by adaptive servers)", gt=0.0)
+                             "server_lr is not used by adaptive servers)", gt=0.0, max=LR_MAX)
     beta1: float = field(0.9, "decay of the first moment m", min=0.0, max=0.9999)
     beta2: float = field(0.99, "decay of the second moment v", min=0.0, max=0.9999)
-    tau: float = field(1e-3, "adaptivity: added to sqrt(v) in the step's denominator", gt=0.0)
+    tau: float = field(1e-3, "adaptivity: added to sqrt(v) in the step's denominator (Reddi et al. tune it in "
+                       "1e-10..1e-1; at most 1, beyond which the step is plain SGD at server_lr / tau)",
+                       gt=0.0, max=1.0)
 
 
 class AdaptiveServer(Method):

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from cfl.methods.base import Samples, Step
+from cfl.methods.bounds import SAMPLES_MAX
 from cfl.methods.episodic_memory import EpisodicMemory
 from cfl.schema import field
 from cfl.tensors import Params, State
@@ -27,9 +28,10 @@ from cfl.tensors import Params, State
 
 @dataclass(frozen=True)
 class AGEMHyperparams:
-    mem_per_client: int = field(100, "episodic memory slots per client (all earlier tasks together)", min=1)
+    mem_per_client: int = field(100, "episodic memory slots per client (all earlier tasks together)",
+                                min=1, max=SAMPLES_MAX)
     ref_batch_size: int = field(256, "memory samples of each step's reference gradient (256 in the paper; the "
-                                "whole memory when it holds fewer)", min=1)
+                                "whole memory when it holds fewer)", min=1, max=SAMPLES_MAX)
 
 
 class AGEM(EpisodicMemory):

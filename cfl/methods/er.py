@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 
 from cfl.methods.base import Samples
+from cfl.methods.bounds import SAMPLES_MAX
 from cfl.methods.episodic_memory import EpisodicMemory
 from cfl.schema import field
 from cfl.tensors import State
@@ -21,9 +22,10 @@ from cfl.tensors import State
 
 @dataclass(frozen=True)
 class ERHyperparams:
-    mem_per_client: int = field(100, "replay memory slots per client (all earlier tasks together)", min=1)
+    mem_per_client: int = field(100, "replay memory slots per client (all earlier tasks together)",
+                                min=1, max=SAMPLES_MAX)
     replay_batch_size: Optional[int] = field(None, "memory samples added to each local step (null: the run's "
-                                             "batch_size, as in Chaudhry et al. 2019)", min=1)
+                                             "batch_size, as in Chaudhry et al. 2019)", min=1, max=SAMPLES_MAX)
 
 
 class ER(EpisodicMemory):

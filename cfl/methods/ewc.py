@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from cfl.methods.base import ClientData, Event, Method, Quadratic, StateSizing
+from cfl.methods.bounds import SAMPLES_MAX, WEIGHT_MAX
 from cfl.ops.fisher import diagonal_fisher
 from cfl.schema import field
 from cfl.tensors import Params, State
@@ -28,7 +29,7 @@ from cfl.tensors import Params, State
 
 @dataclass(frozen=True)
 class EWCHyperparams:
-    lam: float = field(10.0, "lambda: weight of the EWC penalty lambda/2 * sum F (w - w*)^2", min=0.0)
+    lam: float = field(10.0, "lambda: weight of the EWC penalty lambda/2 * sum F (w - w*)^2", min=0.0, max=WEIGHT_MAX)
     mode: str = field("separate", "one penalty term per finished task, or one online-consolidated term",
                       choices=("separate", "online"))
     gamma: float = field(1.0, "online mode: decay of the consolidated Fisher, F <- gamma F + F_new",
@@ -36,7 +37,7 @@ class EWCHyperparams:
     fisher: str = field("empirical", "empirical: squared gradients of log p(true label); true: expectation "
                         "over the model's predictive distribution", choices=("empirical", "true"))
     fisher_samples: int | None = field(None, "use at most this many local samples (a seeded random subset) "
-                                       "for the Fisher; null: all", min=1)
+                                       "for the Fisher; null: all", min=1, max=SAMPLES_MAX)
 
 
 class EWC(Method):

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from cfl.methods.base import ClientData, Event, Method, Quadratic, StateSizing
+from cfl.methods.bounds import WEIGHT_MAX
 from cfl.ops.fisher import diagonal_fisher
 from cfl.schema import field
 from cfl.tensors import Params, State
@@ -24,7 +25,7 @@ from cfl.tensors import Params, State
 
 @dataclass(frozen=True)
 class FedCurvHyperparams:
-    lam: float = field(1.0, "lambda: weight of sum_{j != s} (w - w_j)^T diag(I_j) (w - w_j)", min=0.0)
+    lam: float = field(1.0, "lambda: weight of sum_{j != s} (w - w_j)^T diag(I_j) (w - w_j)", min=0.0, max=WEIGHT_MAX)
     fisher: str = field("empirical", "empirical: squared gradients of log p(true label); true: expectation "
                         "over the model's predictive distribution", choices=("empirical", "true"))
 

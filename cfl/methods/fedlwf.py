@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from cfl.methods.base import ClientData, Event, Method, StateSizing
+from cfl.methods.bounds import TEMPERATURE_MAX, WEIGHT_MAX
 from cfl.ops.distill import Teacher, distillation, frozen, head_weights
 from cfl.schema import field
 from cfl.tensors import Params, State
@@ -25,8 +26,9 @@ from cfl.tensors import Params, State
 
 @dataclass(frozen=True)
 class FedLwFHyperparams:
-    lam: float = field(1.0, "lambda_o: weight of the distillation term (LwF paper: 1)", min=0.0)
-    temperature: float = field(2.0, "softmax temperature T of the distillation (LwF paper: 2)", gt=0.0)
+    lam: float = field(1.0, "lambda_o: weight of the distillation term (LwF paper: 1)", min=0.0, max=WEIGHT_MAX)
+    temperature: float = field(2.0, "softmax temperature T of the distillation (LwF paper: 2)",
+                               gt=0.0, max=TEMPERATURE_MAX)
 
 
 class FedLwF(Method):

@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cfl.methods.base import Method, Quadratic
+from cfl.methods.bounds import WEIGHT_MAX
 from cfl.schema import field
 from cfl.tensors import Params, State
 
 
 @dataclass(frozen=True)
 class FedProxHyperparams:
-    mu: float = field(0.01, "weight of the proximal term", min=0.0)
+    mu: float = field(0.01, "weight of the proximal term", min=0.0, max=WEIGHT_MAX)
 
 
 class FedProx(Method):

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from cfl.methods.base import ClientData, Event, Method, StateSizing
+from cfl.methods.bounds import WEIGHT_MAX
 from cfl.models.fedweit_net import FROZEN, SHARED
 from cfl.models.fedweit_weight import fold_knowledge, hard_threshold
 from cfl.ops import fedweit_sparse as sparse
@@ -37,11 +38,14 @@ from cfl.tensors import Params, State
 @dataclass(frozen=True)
 class FedWeITHyperparams:
     lambda_l1: float = field(1e-3, "L1 weight on the task-adaptive parts, also their pruning threshold at "
-                             "evaluation and upload (official code: 1e-3)", min=0.0)
-    lambda_l2: float = field(100.0, "weight of the drift of past tasks' weights (official code: 100)", min=0.0)
-    lambda_mask: float = field(0.0, "L1 weight on the current mask logits (official code: 0)", min=0.0)
+                             "evaluation and upload (official code: 1e-3); at most 1, which already prunes "
+                             "practically every task-adaptive weight", min=0.0, max=1.0)
+    lambda_l2: float = field(100.0, "weight of the drift of past tasks' weights (official code: 100)",
+                             min=0.0, max=WEIGHT_MAX)
+    lambda_mask: float = field(0.0, "L1 weight on the current mask logits (official code: 0)", min=0.0, max=WEIGHT_MAX)
     wd: float = field(1e-4, "the method's own weight decay on A, the mask and (first task) the base; the run's "
-                      "weight_decay must be 0 (official code: 1e-4)", min=0.0)
+                      "weight_decay must be 0 (official code: 1e-4); at most 1, a decay that halves the "
+                      "weights in a few steps", min=0.0, max=1.0)
     client_sparsity: float = field(0.3, "share of each layer's output units whose base is not uploaded (official "
                                    "code: 0.3)", min=0.0, max=0.999)
     halved: bool = field(True, "TensorFlow's l2_loss (sum x^2 / 2) in the drift and decay, as the code; false: the "

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from cfl.methods.base import ClientData, Event, Method, StateSizing
+from cfl.methods.bounds import TEMPERATURE_MAX
 from cfl.ops.distill import Teacher, distillation, frozen, head_weights
 from cfl.schema import ConfigError, field
 from cfl.tensors import Params, State
@@ -35,7 +36,8 @@ class FLwF2THyperparams:
                          gt=0.0, max=1.0)
     beta: float = field(0.3, "weight of the client's own previous-task teacher (re-implementations: 0.3); the "
                         "server teacher gets 1 - alpha - beta", min=0.0, max=1.0)
-    temperature: float = field(2.0, "softmax temperature T of both distillations (re-implementations: 2)", gt=0.0)
+    temperature: float = field(2.0, "softmax temperature T of both distillations (re-implementations: 2)",
+                               gt=0.0, max=TEMPERATURE_MAX)
 
 
 class FLwF2T(Method):

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from cfl.methods.base import ClientData, Event, Method, RunInfo, StateSizing
+from cfl.methods.bounds import SAMPLES_MAX
 from cfl.models.alexnet import AlexNetLike
 from cfl.models.mlp import MLP
 from cfl.models.resnet import ReducedResNet18
@@ -41,14 +42,19 @@ REFERENCE_SKETCH_FACTORS: dict[type, dict[str, float]] = {
 @dataclass(frozen=True)
 class FOTHyperparams:
     eps: float = field(0.96, "GPSE energy threshold (0.96 PMNIST IID, 0.94 non-IID; see docs)", gt=0.0, max=1.0)
-    eps_inc: float = field(0.0, "added to eps after each task (0.001 for the CIFAR/5-Datasets/MiniImageNet refs)",
-                           min=0.0)
-    gpse_clients: Optional[int] = field(None, "clients taking part in GPSE (null: clients_per_round)", min=1)
+    eps_inc: float = field(0.0, "added to eps after each task (0.001 for the CIFAR/5-Datasets/MiniImageNet refs; "
+                           "at most 1: eps above 1 keeps every direction)", min=0.0, max=1.0)
+    gpse_clients: Optional[int] = field(None, "clients taking part in GPSE (null: clients_per_round; at most "
+                                        "num_clients)", min=1,
+                                        bounded_by="num_clients: FOT.check refuses gpse_clients > num_clients")
     sketch_factor: Optional[float] = field(None, "sketch width m = factor * d for linear layers (null: the "
-                                           "reference's, 1 for MLPs, 5 for the FC layers of AlexNet/ResNet)", gt=0.0)
+                                           "reference's, 1 for MLPs, 5 for the FC layers of AlexNet/ResNet; at "
+                                           "most 64: the sketch's memory grows with it)", gt=0.0, max=64.0)
     conv_sketch_factor: Optional[float] = field(None, "sketch width factor for conv layers (null: the reference's, "
-                                                "1 for the small AlexNet convs, 5 for ResNet convs)", gt=0.0)
-    chunk: int = field(256, "samples per forward pass when collecting layer inputs (bounds memory)", min=1)
+                                                "1 for the small AlexNet convs, 5 for ResNet convs; at most 64)",
+                                                gt=0.0, max=64.0)
+    chunk: int = field(256, "samples per forward pass when collecting layer inputs (bounds memory)",
+                       min=1, max=SAMPLES_MAX)
     reference_quirks: bool = field(False, "reproduce the reference code's deviations: unsquared norm ratio "
                                    "averaged per client, >= 1 new vector per task, train-mode activations")
 

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from cfl.methods.base import Step
+from cfl.methods.bounds import SAMPLES_MAX
 from cfl.methods.episodic_memory import EpisodicMemory
 from cfl.schema import field
 from cfl.tensors import Params
@@ -32,10 +33,12 @@ from cfl.tensors import Params
 @dataclass(frozen=True)
 class GEMHyperparams:
     mem_per_client: int = field(100, "episodic memory slots per client (all earlier tasks together, split "
-                                "equally over them)", min=1)
-    margin: float = field(0.5, "gamma: lower bound of the dual variables (the authors' memory_strength, 0.5)",
-                          min=0.0)
-    eps: float = field(1e-3, "added to the diagonal of M M^T (the authors' 1e-3)", gt=0.0)
+                                "equally over them)", min=1, max=SAMPLES_MAX)
+    margin: float = field(0.5, "gamma: lower bound of the dual variables (the authors' memory_strength, 0.5, "
+                          "from a grid of 0..1; at most 10, where the memories' gradients outweigh the step's)",
+                          min=0.0, max=10.0)
+    eps: float = field(1e-3, "added to the diagonal of M M^T (the authors' 1e-3; at most 1e3, which swamps "
+                        "squared gradient norms of 1e-2..1e2)", gt=0.0, max=1e3)
 
 
 def gem_dual(memories: np.ndarray, g: np.ndarray, margin: float, eps: float) -> np.ndarray:

@@ -33,6 +33,7 @@ from torch import nn
 from torch.func import functional_call
 
 from cfl.methods.base import ClientData, Event, Method, Samples, StateSizing
+from cfl.methods.bounds import LR_MAX, SAMPLES_MAX, STEPS_MAX
 from cfl.methods.episodic_memory import draw_memory
 from cfl.models.lenet import GradientLeNet, uniform_init_
 from cfl.ops.distill import evaluating, frozen
@@ -49,20 +50,22 @@ class GLFCHyperparams:
     form: str = field("code", "code: the official code's sigmoid/BCE losses (its numbers); paper: the paper's "
                       "softmax/cross-entropy and KL", choices=FORMS)
     memory_size: int = field(2000, "exemplar slots per client, shared equally by the classes it learned (official "
-                             "code: 2000; beside ER+FL use ER's per-client budget)", min=1)
+                             "code: 2000; beside ER+FL use ER's per-client budget)", min=1, max=SAMPLES_MAX)
     replay_batch_size: int | None = field(None, "memory samples appended to each local step (null: the run's "
                                           "batch_size; the official code shuffles them into the client's data)",
-                                          min=1)
+                                          min=1, max=SAMPLES_MAX)
     proxy: bool = field(True, "the proxy server picks the old model; false: the ablation without it (old model = "
                         "the finished task's final global model)")
-    perturb_steps: int = field(50, "SGD steps perturbing each prototype (official code: 50)", min=0)
+    perturb_steps: int = field(50, "SGD steps perturbing each prototype (official code: 50)", min=0, max=STEPS_MAX)
     perturb_lr: float = field(0.001, "their learning rate (official code: the local lr / 10; the method is not told "
-                              "the run's lr, so set it to lr / 10)", gt=0.0)
-    reconstruction_steps: int = field(250, "L-BFGS steps per reconstruction (official code: 250)", min=1)
-    reconstruction_lr: float = field(0.1, "L-BFGS learning rate (official code: 0.1)", gt=0.0)
+                              "the run's lr, so set it to lr / 10)", gt=0.0, max=LR_MAX)
+    reconstruction_steps: int = field(250, "L-BFGS steps per reconstruction (official code: 250)", min=1, max=STEPS_MAX)
+    reconstruction_lr: float = field(0.1, "L-BFGS learning rate (official code: 0.1)", gt=0.0, max=LR_MAX)
     reconstruction_iterations: int = field(20, "L-BFGS iterations per step (torch's max_iter; official code: "
-                                           "torch's default 20)", min=1)
-    reconstructions_kept: int = field(20, "last iterates kept per reconstruction (official code: 20)", min=1)
+                                           "torch's default 20; at most 1000: steps x iterations "
+                                           "forward passes per reconstruction)", min=1, max=1000)
+    reconstructions_kept: int = field(20, "last iterates kept per reconstruction (official code: 20)",
+                                      min=1, max=STEPS_MAX)
     keep_best_score: bool = field(False, "the official code's quirk: the best score is never reset at a task switch")
     herding_repeats: bool = field(False, "the official code's quirk: herding may choose a sample twice")
 

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from cfl.methods.base import ClientData, Event, Method, StateSizing
+from cfl.methods.bounds import SAMPLES_MAX
 from cfl.ops.layer_inputs import HeldInputs, layer_inputs_or_grams
 from cfl.ops.subspace import energy_rank, extend_basis, gram_residual_spectrum, thin_residual_spectrum
 from cfl.schema import field
@@ -28,8 +29,10 @@ from cfl.tensors import Params, State
 @dataclass(frozen=True)
 class GPMHyperparams:
     eps: float = field(0.96, "GPM energy threshold (0.96 PMNIST IID, 0.94 non-IID; see docs)", gt=0.0, max=1.0)
-    eps_inc: float = field(0.0, "added to eps for each later task", min=0.0)
-    chunk: int = field(256, "samples per forward pass when collecting layer inputs (bounds memory)", min=1)
+    eps_inc: float = field(0.0, "added to eps for each later task (at most 1: eps above 1 keeps every "
+                           "direction)", min=0.0, max=1.0)
+    chunk: int = field(256, "samples per forward pass when collecting layer inputs (bounds memory)",
+                       min=1, max=SAMPLES_MAX)
 
 
 def extend_from_gram(gram: torch.Tensor, basis: torch.Tensor | None, eps: float) -> torch.Tensor:

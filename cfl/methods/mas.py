@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from cfl.methods.base import ClientData, Event, Method, Quadratic, StateSizing
+from cfl.methods.bounds import SAMPLES_MAX, WEIGHT_MAX
 from cfl.ops.fisher import output_norm_importance
 from cfl.schema import field
 from cfl.tensors import Params, State
@@ -30,9 +31,9 @@ from cfl.tensors import Params, State
 @dataclass(frozen=True)
 class MASHyperparams:
     lam: float = field(1.0, "lambda: weight of the MAS penalty lambda * sum Omega (w - w*)^2 (no 1/2, as the "
-                       "paper's Eq. 3; the authors used 1 for object recognition)", min=0.0)
+                       "paper's Eq. 3; the authors used 1 for object recognition)", min=0.0, max=WEIGHT_MAX)
     importance_samples: int | None = field(None, "use at most this many local samples (a seeded random subset) "
-                                           "for the importance; null: all", min=1)
+                                           "for the importance; null: all", min=1, max=SAMPLES_MAX)
 
 
 class MAS(Method):

@@ -24,6 +24,7 @@ from torch import nn
 from torch.func import functional_call
 
 from cfl.methods.base import Method, RunInfo, Samples
+from cfl.methods.bounds import GENERATED_BATCH_MAX, LR_MAX, NOISE_MAX, STEPS_MAX, WEIGHT_MAX, WIDTH_MAX
 from cfl.models.buffers import RUNNING_BN_MODEL, running_stats
 from cfl.models.generator import MfclGenerator
 from cfl.ops.data_free_clients import logits_and_features
@@ -37,21 +38,28 @@ from cfl.tensors import Params, State
 
 @dataclass(frozen=True)
 class MFCLHyperparams:
-    w_ft: float = field(1.0, "weight of the CE over the seen classes on detached features (official code: 1)", min=0.0)
-    w_kd: float = field(0.1, "weight of the feature distillation through the old head (official code: 0.1)", min=0.0)
+    w_ft: float = field(1.0, "weight of the CE over the seen classes on detached features (official code: 1)",
+                        min=0.0, max=WEIGHT_MAX)
+    w_kd: float = field(0.1, "weight of the feature distillation through the old head (official code: 0.1)",
+                        min=0.0, max=WEIGHT_MAX)
     syn_size: int = field(128, "synthetic images per local step (official code: the batch size, 128 in its "
-                          "CIFAR-100 runs)", min=1)
-    generator_steps: int = field(100, "Adam steps of the generator at each task end (official code: 100)", min=1)
-    generator_batch: int = field(128, "noise vectors per generator step (official code: 128)", min=1)
-    generator_lr: float = field(1e-3, "the generator's Adam learning rate (official code: 1e-3)", gt=0.0)
-    nz: int = field(1000, "noise dimension (official code: 1000)", min=1)
-    generator_width: int = field(128, "the generator's wide convolution channels (official code: 128)", min=1)
-    generator_hidden: int = field(64, "its last hidden convolution's channels (official code: 64)", min=1)
-    w_ce: float = field(1.0, "generator: content CE weight (official code: 1)", min=0.0)
-    w_ie: float = field(1.0, "generator: information-entropy weight (official code: 1)", min=0.0)
-    w_bn: float = field(50.0, "generator: BatchNorm-statistics weight (official code: 50)", min=0.0)
-    w_smooth: float = field(1e-3, "generator: smoothness weight (official code: 1e-3)", min=0.0)
-    temperature: float = field(1000.0, "generator: the content CE's temperature (official code: 1000)", gt=0.0)
+                          "CIFAR-100 runs)", min=1, max=GENERATED_BATCH_MAX)
+    generator_steps: int = field(100, "Adam steps of the generator at each task end (official code: 100)",
+                                 min=1, max=STEPS_MAX)
+    generator_batch: int = field(128, "noise vectors per generator step (official code: 128)",
+                                 min=1, max=GENERATED_BATCH_MAX)
+    generator_lr: float = field(1e-3, "the generator's Adam learning rate (official code: 1e-3)", gt=0.0, max=LR_MAX)
+    nz: int = field(1000, "noise dimension (official code: 1000)", min=1, max=NOISE_MAX)
+    generator_width: int = field(128, "the generator's wide convolution channels (official code: 128)",
+                                 min=1, max=WIDTH_MAX)
+    generator_hidden: int = field(64, "its last hidden convolution's channels (official code: 64)",
+                                  min=1, max=WIDTH_MAX)
+    w_ce: float = field(1.0, "generator: content CE weight (official code: 1)", min=0.0, max=WEIGHT_MAX)
+    w_ie: float = field(1.0, "generator: information-entropy weight (official code: 1)", min=0.0, max=WEIGHT_MAX)
+    w_bn: float = field(50.0, "generator: BatchNorm-statistics weight (official code: 50)", min=0.0, max=WEIGHT_MAX)
+    w_smooth: float = field(1e-3, "generator: smoothness weight (official code: 1e-3)", min=0.0, max=WEIGHT_MAX)
+    temperature: float = field(1000.0, "generator: the content CE's temperature (official code: 1000; at "
+                               "most 1e4)", gt=0.0, max=1e4)
     kernel_quirk: bool = field(True, "the code's smoothing kernel exp(-(d / 2 sigma)^2) (std sqrt 2); false: the "
                                "usual Gaussian of std 1")
     eps_quirk: bool = field(True, "the code's inner generator BatchNorms with eps 0.8 (DCGAN's momentum read as eps)")

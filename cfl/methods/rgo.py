@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from cfl.methods.base import ClientData, Event, Method, StateSizing
+from cfl.methods.bounds import SAMPLES_MAX, WEIGHT_MAX
 from cfl.ops.rgo import absorb_held, preconditioner_of, task_inputs
 from cfl.schema import ConfigError, field
 from cfl.tensors import Params, State
@@ -27,12 +28,14 @@ from cfl.tensors import Params, State
 @dataclass(frozen=True)
 class RGOHyperparams:
     alpha: float = field(1.0, "regulariser of (alpha I + G)^-1: smaller protects old inputs more (their "
-                         "outputs move ~alpha / eigenvalue); the paper gives no value, see docs", gt=0.0)
+                         "outputs move ~alpha / eigenvalue); the paper gives no value, see docs",
+                         gt=0.0, max=WEIGHT_MAX)
     gram: str = field("mean", "the task Gram A A^T summed over its columns (sum) or averaged (mean: alpha "
                       "is then on the scale of one input's energy)", choices=("sum", "mean"))
     fel: bool = field(False, "the paper's virtual feature encoding layer (task-seeded unit permutations, "
                       "task-incremental only): not implemented, must stay false (the paper's RGO-2)")
-    chunk: int = field(256, "samples per forward pass when collecting layer inputs (bounds memory)", min=1)
+    chunk: int = field(256, "samples per forward pass when collecting layer inputs (bounds memory)",
+                       min=1, max=SAMPLES_MAX)
 
 
 class RGO(Method):

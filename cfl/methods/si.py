@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from cfl.methods.base import ClientData, Event, Method, Quadratic, StateSizing, Step
+from cfl.methods.bounds import WEIGHT_MAX
 from cfl.schema import field
 from cfl.tensors import Params, State
 
@@ -35,9 +36,9 @@ from cfl.tensors import Params, State
 @dataclass(frozen=True)
 class SIHyperparams:
     c: float = field(0.1, "c: weight of the surrogate loss c * sum Omega (w - w*)^2 (the paper's Eq. 4; 0.1 on "
-                     "split MNIST and permuted MNIST in Zenke et al. 2017)", min=0.0)
-    xi: float = field(1e-3, "xi: damping of the importance's denominator (Delta^2 + xi; 1e-3 in the paper)",
-                      gt=0.0)
+                     "split MNIST and permuted MNIST in Zenke et al. 2017)", min=0.0, max=WEIGHT_MAX)
+    xi: float = field(1e-3, "xi: damping of the importance's denominator (Delta^2 + xi; 1e-3 in the paper; "
+                      "at most 1, where Omega, made of squared steps Delta^2 << 1, all but vanishes)", gt=0.0, max=1.0)
     clip: bool = field(False, "the authors' code (ganguli-lab/pathint): Omega <- max(0, Omega + omega / "
                        "(Delta^2 + xi)) at each task end; false: the paper's, unclipped (negative entries appear "
                        "where weight decay or momentum moves a parameter up its loss's gradient)")

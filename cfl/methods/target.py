@@ -24,6 +24,16 @@ from torch.func import functional_call
 
 from cfl.data.augment import CropFlip
 from cfl.methods.base import Method, Samples
+from cfl.methods.bounds import (
+    GENERATED_BATCH_MAX,
+    LR_MAX,
+    NOISE_MAX,
+    SAMPLES_MAX,
+    STEPS_MAX,
+    TEMPERATURE_MAX,
+    WEIGHT_MAX,
+    WIDTH_MAX,
+)
 from cfl.models.buffers import RUNNING_BN_MODEL, running_stats
 from cfl.ops.distill import evaluating
 from cfl.ops.synthesis import Images, Logits, TargetSettings, normalising
@@ -36,38 +46,45 @@ from cfl.tensors import Params, State
 
 @dataclass(frozen=True)
 class TargetHyperparams:
-    kd: float = field(25.0, "weight of the clients' old-class distillation on synthetic data (official: 25)", min=0.0)
-    temperature: float = field(2.0, "its temperature (official: 2)", gt=0.0)
-    syn_rounds: int = field(10, "synthesis rounds per task end (official preset: 10)", min=1)
+    kd: float = field(25.0, "weight of the clients' old-class distillation on synthetic data (official: 25)",
+                      min=0.0, max=WEIGHT_MAX)
+    temperature: float = field(2.0, "its temperature (official: 2)", gt=0.0, max=TEMPERATURE_MAX)
+    syn_rounds: int = field(10, "synthesis rounds per task end (official preset: 10)", min=1, max=STEPS_MAX)
     warmup: int = field(20, "the adversarial term joins at this round, the student is distilled after the rounds "
                         "past it; the official preset's 20 > syn_rounds reaches neither (its quirk); set it below "
-                        "syn_rounds for the paper's pipeline", min=0)
-    g_steps: int = field(10, "generator steps per synthesis round (official: 10)", min=1)
-    synthesis_batch: int = field(256, "images per synthesis round (official: 256)", min=1)
-    lr_g: float = field(0.002, "the fast generator's Adam learning rate (the slow one's: lr_g x g_steps)", gt=0.0)
-    lr_z: float = field(0.01, "the noise batch's Adam learning rate", gt=0.0)
-    bn: float = field(10.0, "weight of the BN-statistics term", min=0.0)
-    oh: float = field(0.5, "weight of the teacher's cross-entropy term", min=0.0)
-    adv: float = field(1.0, "weight of the adversarial term", min=0.0)
+                        "syn_rounds for the paper's pipeline", min=0, max=STEPS_MAX)
+    g_steps: int = field(10, "generator steps per synthesis round (official: 10)", min=1, max=STEPS_MAX)
+    synthesis_batch: int = field(256, "images per synthesis round (official: 256)", min=1, max=GENERATED_BATCH_MAX)
+    lr_g: float = field(0.002, "the fast generator's Adam learning rate (the slow one's: lr_g x g_steps)",
+                        gt=0.0, max=LR_MAX)
+    lr_z: float = field(0.01, "the noise batch's Adam learning rate", gt=0.0, max=LR_MAX)
+    bn: float = field(10.0, "weight of the BN-statistics term", min=0.0, max=WEIGHT_MAX)
+    oh: float = field(0.5, "weight of the teacher's cross-entropy term", min=0.0, max=WEIGHT_MAX)
+    adv: float = field(1.0, "weight of the adversarial term", min=0.0, max=WEIGHT_MAX)
     bn_momentum: float = field(0.9, "momentum of the BN statistics over the rounds (0: none)", min=0.0, max=1.0)
     meta: str = field("fomaml", "the slow generator's update: fomaml (official) or reptile",
                       choices=("fomaml", "reptile"))
-    nz: int = field(256, "the generator's noise width", min=1)
-    ngf: int = field(64, "the generator's base width", min=1)
-    nums: int = field(8000, "the pool's capacity (the code's nums)", min=1)
+    nz: int = field(256, "the generator's noise width", min=1, max=NOISE_MAX)
+    ngf: int = field(64, "the generator's base width", min=1, max=WIDTH_MAX // 2)
+    nums: int = field(8000, "the pool's capacity (the code's nums; at most 2**18: 0.8 GB of 32x32x3 "
+                      "images at 8 bits, 3.2 GB in float32)", min=1, max=2**18)
     quantize: bool = field(True, "pool images at 8 bits, as the code's PNG files; false: float32")
     synthetic_batch: int = field(500, "synthetic images per local step (the code: floor(nums / ceil(dataset size / "
                                  "(clients x tasks x batch))), 500 in its CIFAR-100 README run; "
-                                 "cfl.ops.synthetic_pool.client_synthetic_batch)", min=1)
+                                 "cfl.ops.synthetic_pool.client_synthetic_batch)", min=1, max=SAMPLES_MAX)
     augment: bool = field(True, "random crop (padding 4) and flip of synthetic images, as the code's transform")
     image_mean: list[float] = field([0.0], "per channel (or one for all), the mean the stream's inputs were "
-                                    "normalised with (split-fmnist: 0.2860)")
-    image_std: list[float] = field([1.0], "likewise the std (split-fmnist: 0.3530)")
+                                    "normalised with (split-fmnist: 0.2860), in [0, 1] as the generated images are",
+                                    min=0.0, max=1.0)
+    image_std: list[float] = field([1.0], "likewise the std (split-fmnist: 0.3530), in (0, 1]", gt=0.0,
+                                   max=1.0)
     truncated_epochs: bool = field(True, "the code's zip of the real and the synthetic loaders: once a pool exists, "
                                    "a local epoch stops after ceil(pool images / synthetic_batch) steps when the "
                                    "client has more real batches; false: every real batch")
-    kd_steps: int = field(400, "student SGD steps after each round past the warm-up (official: 400)", min=0)
-    student_batch: int = field(256, "the student's pool batch (official: 256)", min=1)
+    kd_steps: int = field(400, "student SGD steps after each round past the warm-up (official: 400; at most "
+                          "10 x STEPS_MAX, as these are steps of the small student)",
+                          min=0, max=10 * STEPS_MAX)
+    student_batch: int = field(256, "the student's pool batch (official: 256)", min=1, max=SAMPLES_MAX)
 
 
 class Target(Method):

@@ -35,6 +35,7 @@ from cfl.report.compare_data import (
     task_layout,
     write_csv,
 )
+from cfl.report.drawable import drawn as figure
 from cfl.report.figure_style import FigureOptions, Look, fitted_range, looks
 from cfl.report.files import check_writable
 from cfl.report.groups import Group, group_runs, load_runs
@@ -182,9 +183,11 @@ def check_out_dir(path: Path) -> None:
         raise ConfigError(f"{err}".replace("--out", "--plots")) from None
 
 
-def write_figures(runs: list[str | Path], out_dir: Path, options: FigureOptions | None = None) -> list[Path]:
-    """The comparison figures of the groups of the runs under ``runs`` in ``out_dir``; prints what it wrote."""
-    files = write_comparison(group_runs(load_runs(runs)), out_dir, options or FigureOptions())
+def write_figures(runs: list[str | Path], out_dir: Path, options: FigureOptions | None = None,
+                  failed: list[str] | None = None) -> list[Path]:
+    """The comparison figures of the groups of the runs under ``runs`` in ``out_dir``; prints what it wrote
+    (a figure that fails is named on stderr and in ``failed``, and the others are written)."""
+    files = write_comparison(group_runs(load_runs(runs)), out_dir, options or FigureOptions(), failed)
     print(f"figures: {out_dir}/ ({', '.join(f.name for f in files)})", flush=True)
     return files
 
@@ -209,25 +212,31 @@ def chosen(groups: list[Group], options: FigureOptions) -> list[Drawn]:
             for g, look in zip(options.groups, looks(len(options.groups)), strict=True)]
 
 
-def write_comparison(groups: list[Group], out_dir: Path, options: FigureOptions | None = None) -> list[Path]:
+def write_comparison(groups: list[Group], out_dir: Path, options: FigureOptions | None = None,
+                     failed: list[str] | None = None) -> list[Path]:
     """The comparison figures and their CSVs in ``out_dir`` (created); returns the files written (PNGs and
-    CSVs; the PDF or SVG copies lie beside the PNGs)."""
+    CSVs; the PDF or SVG copies lie beside the PNGs). Every CSV is written; a figure that fails is named on stderr
+    and in ``failed`` (:func:`cfl.report.drawable.drawn`) and the others are drawn."""
     options = options or FigureOptions()
     drawn = chosen(groups, options)
     out_dir.mkdir(parents=True, exist_ok=True)
     series = [d.series for d in drawn]
     summary, curves, matrices = summary_rows(series), curve_rows(series), matrix_rows(series)
-    written = [write_csv(summary, out_dir / "acc_fgt.csv"),
-               plot_acc_fgt(drawn, summary, out_dir / "acc_fgt.png", options),
-               write_csv(summary, out_dir / "acc_vs_fgt.csv"),
-               plot_acc_vs_fgt(drawn, summary, out_dir / "acc_vs_fgt.png", options),
-               write_csv(curves, out_dir / "accuracy_curves.csv")]
+    written: list[Path | None] = [
+        write_csv(summary, out_dir / "acc_fgt.csv"),
+        figure("acc_fgt.png", lambda: plot_acc_fgt(drawn, summary, out_dir / "acc_fgt.png", options), failed),
+        write_csv(summary, out_dir / "acc_vs_fgt.csv"),
+        figure("acc_vs_fgt.png", lambda: plot_acc_vs_fgt(drawn, summary, out_dir / "acc_vs_fgt.png", options),
+               failed),
+        write_csv(curves, out_dir / "accuracy_curves.csv")]
     if curves:
-        written.append(plot_curves(drawn, curves, out_dir / "accuracy_curves.png", options))
+        written.append(figure("accuracy_curves.png",
+                              lambda: plot_curves(drawn, curves, out_dir / "accuracy_curves.png", options), failed))
     else:
         print(f"cfl: warning: no accuracy_curves.png in {out_dir}: no run has a readable metrics.jsonl",
               file=sys.stderr)
     written.append(write_csv(matrices, out_dir / "acc_matrices.csv"))
     if matrices:
-        written.append(plot_matrices(drawn, matrices, out_dir / "acc_matrices.png", options))
-    return written
+        written.append(figure("acc_matrices.png",
+                              lambda: plot_matrices(drawn, matrices, out_dir / "acc_matrices.png", options), failed))
+    return [path for path in written if path is not None]

@@ -8,7 +8,7 @@ A style file (YAML; every key optional)::
         label: FedAvg         # its legend text (default: display name plus the settings that differ)
         color: "#1f77b4"      # any matplotlib colour (default: its place in the palette)
     y_range: [60, 100]        # the accuracy axes (default: fitted to the data); `full`: 0-100 with a margin
-    size: [7, 4]              # width and height of each figure in inches (default: fitted to the legend)
+    size: [7, 4]              # width and height of each figure in inches, 1 to 100 (default: fitted to the legend)
     formats: [pdf, svg]       # written beside each PNG
 
 Everything is checked before any figure is drawn; a bad value is refused (exit 2) naming the key and the fix.
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from cfl.report.drawable import check_label, check_size
 from cfl.schema import ConfigError
 
 #: twelve filled markers, each distinct in shape
@@ -79,7 +80,7 @@ class FigureOptions:
         if y_range:
             out = replace(out, y_range=parse_y_range(y_range[0] if y_range == ["full"] else y_range, "--y-range"))
         if size:
-            out = replace(out, size=parse_pair(size, "--figure-size", positive=True))
+            out = replace(out, size=parse_size(size, "--figure-size"))
         return out
 
 
@@ -100,6 +101,13 @@ def parse_pair(value: Any, where: str, positive: bool = False) -> tuple[float, f
     if positive and (lo <= 0 or hi <= 0):
         raise ConfigError(f"{where} must be two positive numbers (inches), got {value!r}")
     return lo, hi
+
+
+def parse_size(value: Any, where: str) -> tuple[float, float]:
+    """A figure's width and height in inches, each within :data:`cfl.report.drawable.SIZE_INCHES`."""
+    width, height = parse_pair(value, where, positive=True)
+    check_size(width, height, where)
+    return width, height
 
 
 def parse_y_range(value: Any, where: str) -> tuple[float, float]:
@@ -134,6 +142,8 @@ def parse_group(entry: Any, where: str) -> GroupStyle:
     label, color = entry.get("label"), entry.get("color")
     if label is not None and not isinstance(label, str):
         raise ConfigError(f"{where}: the label of group '{entry['group']}' must be text, got {label!r}")
+    if label is not None:
+        check_label(label, f"{where}: the label of group '{entry['group']}'")
     if color is not None and not is_color_like(color):
         raise ConfigError(f"{where}: '{color}' (group '{entry['group']}') is not a colour matplotlib knows; use a "
                           "name ('tab:blue') or '#rrggbb' (quoted in YAML)")
@@ -165,7 +175,7 @@ def read_style(path: str | Path) -> FigureOptions:
     return FigureOptions(
         groups=groups,
         y_range=parse_y_range(spec["y_range"], f"{where}, y_range") if "y_range" in spec else None,
-        size=parse_pair(spec["size"], f"{where}, size", positive=True) if "size" in spec else None,
+        size=parse_size(spec["size"], f"{where}, size") if "size" in spec else None,
         formats=parse_formats(spec["formats"], f"{where}, formats") if "formats" in spec else ())
 
 

@@ -124,9 +124,27 @@ def read_results(path: Path) -> dict[str, Any] | None:
     bad += [k for k in NUMBER_FIELDS if not is_number(results.get(k))]
     if bad:
         return _skip(path, f"missing or invalid {', '.join(repr(k) for k in bad)}")
+    damaged = matrix_damage(results.get("acc_matrix"))
+    if damaged:
+        return _skip(path, f"'acc_matrix' {damaged}: cfl writes no such matrix, so the file was changed or damaged "
+                     "(it is left out rather than averaged in)")
     if results.get("complete") is False:
         return _skip(path, f"incomplete run ({results.get('tasks_completed')} of {results.get('num_tasks')} tasks)")
     return results
+
+
+def matrix_damage(matrix: Any) -> str:
+    """What is wrong with an accuracy matrix (a list of rows of finite numbers, or null for tasks not yet
+    evaluated), or ``""``; a missing matrix (older results) is no damage."""
+    if matrix is None:
+        return ""
+    if not isinstance(matrix, list) or not all(isinstance(row, list) for row in matrix):
+        return "is not a list of rows"
+    for i, row in enumerate(matrix):
+        for j, value in enumerate(row):
+            if value is not None and not is_number(value):
+                return f"holds {value!r} at row {i}, column {j} (after task {i}, on task {j}; 0-based)"
+    return ""
 
 
 def read_config(path: Path, results: dict[str, Any]) -> dict[str, Any] | None:

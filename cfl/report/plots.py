@@ -22,11 +22,12 @@ import numpy as np  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from cfl.report.drawable import PNG_DPI, drawn  # noqa: E402
 from cfl.report.figure_style import FigureOptions, fitted_range, looks  # noqa: E402
 from cfl.report.labels import run_title  # noqa: E402
 
 PLOT_FILES = ("acc_matrix.png", "accuracy_curve.png", "task_accuracy.png")
-DPI = 120
+DPI = PNG_DPI
 
 
 def save(fig: Figure, path: Path, formats: tuple[str, ...] = ()) -> Path:
@@ -137,13 +138,17 @@ def plot_task_curves(evaluations: list[dict[str, Any]], rounds_per_task: int, nu
 
 
 def write_plots(results: dict[str, Any], evaluations: list[dict[str, Any]], rounds_per_task: int,
-                out_dir: Path) -> list[Path]:
-    """The run's PNGs (:data:`PLOT_FILES`) in ``out_dir``; none for a run that finished no task."""
+                out_dir: Path, failed: list[str] | None = None) -> list[Path]:
+    """The run's PNGs (:data:`PLOT_FILES`) in ``out_dir`` that could be drawn (one that fails is named on stderr
+    and in ``failed``, and the others are still drawn: :func:`cfl.report.drawable.drawn`); none for a run that
+    finished no task."""
     if results["acc"] is None:
         return []
     title, n = run_title(results), results["num_tasks"]
-    return [
-        plot_matrix(results, out_dir / PLOT_FILES[0]),
-        plot_curve(evaluations, rounds_per_task, n, title, out_dir / PLOT_FILES[1]),
-        plot_task_curves(evaluations, rounds_per_task, n, title, out_dir / PLOT_FILES[2]),
+    figures = [
+        lambda: plot_matrix(results, out_dir / PLOT_FILES[0]),
+        lambda: plot_curve(evaluations, rounds_per_task, n, title, out_dir / PLOT_FILES[1]),
+        lambda: plot_task_curves(evaluations, rounds_per_task, n, title, out_dir / PLOT_FILES[2]),
     ]
+    written = [drawn(name, draw, failed) for name, draw in zip(PLOT_FILES, figures, strict=True)]
+    return [path for path in written if path is not None]

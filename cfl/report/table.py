@@ -61,6 +61,10 @@ class TableOptions:
                               f"{', '.join(COLUMN_KEYS)}")
         if self.columns is not None and not self.columns:
             raise ConfigError(f"--columns is empty; name some of {', '.join(COLUMN_KEYS)}")
+        twice = sorted({c for c in self.columns or () if self.columns.count(c) > 1})
+        if twice:
+            raise ConfigError(f"--columns names {', '.join(repr(c) for c in twice)} more than once; name each "
+                              "column once")
         if fmt != "latex":
             given = [f"--{k}" for k in ("caption", "label") if getattr(self, k) is not None]
             if given:
