@@ -51,8 +51,8 @@ class ModelConfig:
                          choices=("averaged", "local"))
     weights: Optional[str] = field(None, "pretrained backbones (vit-ti16, vit-s16, vit-b16; cfl[pretrained]): a local "
                                    "weights file (.safetensors, .pth or .npz; never downloaded) or random (an "
-                                   "untrained backbone: flagged in results.json and every table, figure and W&B name); required "
-                                   "for them, refused for other models (docs/pretrained.md)")
+                                   "untrained backbone: flagged in results.json and every table, figure and W&B name); "
+                                   "required for them, refused for other models (docs/pretrained.md)")
     weights_sha256: Optional[str] = field(None, "the weights file's SHA-256 (hex): a file that differs is refused "
                                           "(null: not checked; the hash read is recorded in results.json)")
     image_size: Optional[int] = field(None, "pretrained backbones: input size in pixels (null: the backbone's "
