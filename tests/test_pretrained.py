@@ -44,7 +44,7 @@ def refusal(tmp_path: Path, monkeypatch, **model: object) -> str:
     """The ConfigError of validating the config; no data may be loaded on the way."""
     import cfl.data.load
 
-    def no_data(*args: object, **kwargs: object) -> None:
+    def no_data(*args: object, **kwargs: object) -> None:  # noqa: ARG001
         raise AssertionError("data loaded before the config was refused")
 
     monkeypatch.setattr(cfl.data.load, "load_stream", no_data)
