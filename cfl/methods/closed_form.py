@@ -70,6 +70,9 @@ class ClosedFormHead(Method):
         onehot = torch.nn.functional.one_hot(data.y, self.classes).to(torch.float64)
         return {**self.statistics(x, onehot), "slot": torch.tensor(self.slot(data.task))}
 
+    def client_state_bytes(self, sizing: Any) -> int | None:
+        return sizing.num_clients * 8  # the task each client last sent statistics for: one int64
+
     def payload_bytes(self, event: str, payload: State) -> int | None:
         if event != "round_upload":
             return None
