@@ -49,6 +49,19 @@ class ModelConfig:
                          "them; local (FedBN), each client keeps its own across its rounds and only uploads them, "
                          "and evaluation uses their weighted mean over the last round's clients (docs/concepts.md)",
                          choices=("averaged", "local"))
+    weights: Optional[str] = field(None, "pretrained backbones (vit-ti16, vit-s16, vit-b16; cfl[pretrained]): a local "
+                                   "weights file (.safetensors, .pth or .npz; never downloaded) or random (an "
+                                   "untrained backbone: flagged in results.json and every table, figure and W&B name); "
+                                   "required for them, refused for other models (docs/pretrained.md)")
+    weights_sha256: Optional[str] = field(None, "the weights file's SHA-256 (hex): a file that differs is refused "
+                                          "(null: not checked; the hash read is recorded in results.json)")
+    image_size: Optional[int] = field(None, "pretrained backbones: input size in pixels (null: the backbone's "
+                                      "pretrained config, 224); a different size resamples a weights file's position "
+                                      "embeddings (timm's filter)", min=16)
+    train: str = field("head", "pretrained backbones: what trains; head: the backbone is frozen, its features of "
+                       "every sample are computed once (cached on disk) and the run trains a head on them (linear "
+                       "probing; fedncm, afcl); all (full fine-tuning), prompts and LoRA: not yet",
+                       choices=("head", "all"))
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from cfl.ignored_keys import tolerated
 from cfl.methods.hook_guard import HookError
 from cfl.metrics.results import build_results
 from cfl.plugins import resume_command
+from cfl.pretrained.features import backbone_results, with_backbone
 from cfl.records.run_dir import RESUME_SAFE_KEYS, is_resume_safe
 from cfl.report.files import atomic_write_bytes, atomic_write_json, check_searchable, check_writable
 from cfl.report.jsonl import MetricsWriter, keep_lines_up_to
@@ -217,7 +218,7 @@ def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quie
         started -= saved["progress"]["wall_seconds"]
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    stream = load_stream(**cfg.stream_fields(), device=device)
+    stream = with_backbone(cfg, load_stream(**cfg.stream_fields(), device=device), device)  # features, said on stderr
     if saved is not None:
         checkpoint.check_data(saved, stream, cfg)  # before config.yaml is rewritten
     method = cfg.method_label
@@ -256,6 +257,7 @@ def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quie
                          f"{stream.num_tasks}); checkpoint saved. Resume with: {resume_command(out)}",
                          128 + int(stop.signum))
     results = build_results(runner.snapshot(), time.perf_counter() - started)
+    backbone_results(results, stream)  # a random backbone flagged in results.json and every table row
     results["wandb_run_id"] = logger.run_id
     lock.check()
     atomic_write_json(out / "results.json", results)  # before any figure: a figure that fails never costs results

@@ -29,6 +29,7 @@ from cfl.models import MODELS
 from cfl.ops.aggregate import AGGREGATORS
 from cfl.ops.losses import LOSSES
 from cfl.precision_setting import parse_precision
+from cfl.pretrained.loaded import check_backbone
 from cfl.report.drawable import check_label
 from cfl.schema import ConfigError, build, refuse_nonfinite, to_dict
 
@@ -154,6 +155,7 @@ def _validate_names(cfg: Config) -> Config:
     check_model_family(cfg)
     check_model_fits(cfg)
     check_model_buffers(cfg)
+    check_backbone(cfg)  # a weights file checked and loaded (model.weights), before any data
     return cfg
 
 

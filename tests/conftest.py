@@ -56,6 +56,7 @@ METHOD_STREAMS = {"glfc": {"scenario": "class", "dim": 16},
                   # MFCL: likewise, its generator's square images
                   "mfcl": {"scenario": "class", "dim": 144, "image": (1, 12, 12),
                            "model": "resnet18-reduced-running-bn"}}
+METHOD_STREAMS.update({name: {"dim": 192, "model": "vit-ti16"} for name in ("fedncm", "afcl")})
 #: MFCL: a tiny generator
 METHOD_SETTINGS["mfcl"] = {"syn_size": 4, "generator_steps": 2, "generator_batch": 4, "nz": 8, "generator_width": 8,
                            "generator_hidden": 4}
@@ -66,6 +67,10 @@ METHOD_CONFIGS = {"target": {"stream": {"name": "split-fmnist", "num_tasks": 2, 
                              "model": {"name": "resnet18-reduced-running-bn"}},
                   # MFCL: its model is model: auto's; the running-stat ResNet does not fit split-digits' 8x8 images
                   "mfcl": {"stream": {"name": "split-fmnist", "num_tasks": 2, "scenario": "class"}}}
+#: the closed-form classifiers on a pretrained backbone's features (a random ViT-Ti/16 at 32 px; needs cfl[pretrained]):
+#: their registry-wide runs take blobs of the backbone's feature width in place of its cached features
+for _name in ("fedncm", "afcl"):
+    METHOD_CONFIGS[_name] = {"model": {"name": "vit-ti16", "weights": "random", "image_size": 32}, "lr": 0.01}
 
 
 def any_method_models() -> list[str]:
@@ -73,8 +78,10 @@ def any_method_models() -> list[str]:
     their method alone trains: tests/test_fedweit_engine.py)."""
     from cfl.cross_checks import model_family_error
     from cfl.models import MODELS
+    from cfl.pretrained.backbones import is_backbone
 
-    return [n for n in MODELS if model_family_error(n, ["fedavg"]) is None]
+    # a pretrained backbone's model is a head on its cached features (tests/test_pretrained.py)
+    return [n for n in MODELS if model_family_error(n, ["fedavg"]) is None and not is_backbone(n)]
 
 
 def method_spec(name: str) -> dict:

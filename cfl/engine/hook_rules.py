@@ -27,6 +27,8 @@ UPLOAD = "must return None or the client's upload, a dict"
 BEFORE_TASK_END = "must return None: it writes what it keeps into its server state (the argument server) in place"
 SERVER_UPDATE = "must return None or the new global parameters: {every parameter name: tensor shaped like it}"
 TRANSFORM = "must return the server step: {every parameter name: tensor shaped like it}"
+AFTER_SERVER_STEP = ("must return None or new global values of some parameters: {parameter name: tensor shaped "
+                     "like it}")
 
 
 def _got(value: Any) -> str:
@@ -164,6 +166,19 @@ def check_params(result: Any, params: Params, rule: str) -> Any:
         if not isinstance(result[key], torch.Tensor) or result[key].shape != p.shape:
             raise BrokenRule(f"{rule}; for '{key}' (shape {tuple(p.shape)}) {_got(result[key])}")
     return result
+
+
+def check_some_params(result: Any, params: Params, rule: str) -> Params:
+    """None (nothing) or ``{name: tensor}`` for some of ``params``, each shaped and typed like the parameter."""
+    if result is None:
+        return {}
+    if not isinstance(result, dict):
+        raise BrokenRule(f"{rule}; {_got(result)}")
+    for key, value in result.items():
+        p = _parameter(key, params, rule)
+        if not isinstance(value, torch.Tensor) or value.shape != p.shape or value.dtype != p.dtype:
+            raise BrokenRule(f"{rule}; for '{key}' (a {p.dtype} tensor of shape {tuple(p.shape)}) {_got(value)}")
+    return dict(result)
 
 
 # ---- parameters kept per client (cfl/engine/client_params.py) ----

@@ -73,7 +73,8 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
             if overrides(m, "penalty"):
                 loss = loss + hooks.penalty_loss(m, params, global_params, broadcasts[i], states[i])
         finite &= bool(torch.isfinite(loss))
-        grads = dict(zip(trainable, torch.autograd.grad(loss, [params[k] for k in trainable]), strict=True))
+        grads = dict(zip(trainable, torch.autograd.grad(loss, [params[k] for k in trainable]), strict=True)) \
+            if trainable else {}  # every parameter frozen (a closed-form classifier): forward passes only
         if stage is not None:  # the step hooks: after the loss gradient, before the optimiser
             batch = (xb, yb, tb, wb)
             before = {k: v.detach().clone() for k, v in params.items()}

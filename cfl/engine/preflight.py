@@ -13,7 +13,14 @@ import torch
 from torch.func import functional_call
 
 from cfl.engine import hooks
-from cfl.engine.hook_rules import check_bytes, check_client_start, check_client_upload, check_server_aggregate
+from cfl.engine.hook_rules import (
+    AFTER_SERVER_STEP,
+    check_bytes,
+    check_client_start,
+    check_client_upload,
+    check_server_aggregate,
+    check_some_params,
+)
 from cfl.engine.runner import Runner, broadcast_of
 from cfl.engine.server import transformed, updated
 from cfl.engine.step_hooks import StepStage, as_batch, gradient_function, takes_steps
@@ -60,7 +67,8 @@ def dry_run_hooks(runner: Runner) -> None:
                 transformed(m, delta, server, 0, params)
             if overrides(m, "after_server_step"):
                 with guarded(m, "after_server_step"):
-                    m.after_server_step(runner.model, params, server, 0)
+                    check_some_params(m.after_server_step(runner.model, params, server, 0), params,
+                                      AFTER_SERVER_STEP)
 
 
 def _dry_step(runner: Runner, stage: StepStage, drawn: dict, batch: tuple[torch.Tensor, ...]) -> None:

@@ -21,7 +21,14 @@ from cfl.config import Config
 from cfl.data.stream import Stream
 from cfl.engine.client_params import ClientParams
 from cfl.engine.global_model import global_model
-from cfl.engine.hook_rules import BEFORE_TASK_END, check_bytes, check_none, check_upload
+from cfl.engine.hook_rules import (
+    AFTER_SERVER_STEP,
+    BEFORE_TASK_END,
+    check_bytes,
+    check_none,
+    check_some_params,
+    check_upload,
+)
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, derive_seed, limit_epochs
 from cfl.engine.local_batched import BatchedTrainer
 from cfl.engine.local_sequential import train_sequential
@@ -226,8 +233,10 @@ class Runner:
         for m, st in zip(self.methods, self.states, strict=True):
             if overrides(m, "after_server_step"):
                 self.model.eval()
-                with guarded(m, "after_server_step"):
-                    m.after_server_step(self.model, self.params, st.server, task)
+                with guarded(m, "after_server_step"):  # may set global parameters (a closed-form classifier)
+                    new = check_some_params(m.after_server_step(self.model, self.params, st.server, task),
+                                            self.params, AFTER_SERVER_STEP)
+                self.params = {**self.params, **new}
         down = len(jobs) * (self.model_download_bytes + round_down)
         # a method's own upload (client_upload) in place of the dense bytes of the parameters it sends
         sent_dense = nbytes({k: self.params[k] for k in combined})

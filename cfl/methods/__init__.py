@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from cfl.methods.afcl import AFCL
 from cfl.methods.agem import AGEM
 from cfl.methods.base import Method
 from cfl.methods.er import ER
@@ -10,6 +11,7 @@ from cfl.methods.fedadam import FedAdam
 from cfl.methods.fedavg import FedAvg
 from cfl.methods.fedcurv import FedCurv
 from cfl.methods.fedlwf import FedLwF
+from cfl.methods.fedncm import FedNCM
 from cfl.methods.fedprox import FedProx
 from cfl.methods.fedweit import FedWeIT
 from cfl.methods.fedyogi import FedYogi
@@ -55,3 +57,5 @@ register(RGO)
 register(FedWeIT)
 register(Target)  # class-incremental, a model with BatchNorm running statistics
 register(MFCL)
+register(FedNCM)  # on a pretrained backbone's cached features (docs/pretrained.md)
+register(AFCL)

@@ -355,9 +355,12 @@ class Method:
         """Apply the update (server optimisers such as FedAdam); None: the default ``w + lr * delta``."""
         return None
 
-    def after_server_step(self, model: nn.Module, global_params: Params, server: State, task: int) -> None:
+    def after_server_step(self, model: nn.Module, global_params: Params, server: State, task: int) -> Params | None:
         """After each round's server step and ``server_end("round")``: look at the new global model (``model``, the
-        template, in eval mode) and update ``server`` in place (GLFC's proxy server scores it)."""
+        template, in eval mode) and update ``server`` in place (GLFC's proxy server scores it). May return new
+        global values of some parameters (``{name: tensor}``, each shaped like it), set from the server state
+        that ``server_end`` has just reduced: a closed-form classifier (fedncm, afcl); None: unchanged."""
+        return None
 
     def transform_update(self, delta: Params, server: State, task: int) -> Params:
         """Rewrite the server step ``w_new - w`` before it is applied (FOT's projection). It runs last: after

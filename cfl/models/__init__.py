@@ -8,9 +8,11 @@ from dataclasses import dataclass
 from torch import nn
 
 from cfl.models.alexnet import AlexNetLike
+from cfl.models.feature_head import FeatureHead
 from cfl.models.fedweit_net import FedWeITLeNet, FedWeITMLP
 from cfl.models.mlp import MLP
 from cfl.models.resnet import ReducedResNet18
+from cfl.pretrained.backbones import BACKBONES, EXTRA
 from cfl.registry import Registry
 
 
@@ -75,6 +77,19 @@ def _fedweit_lenet(shape: ModelShape) -> nn.Module:
     return FedWeITLeNet(*_image(shape), shape.classes, shape.num_tasks, shape.clients_per_round, shape.multi_head)
 
 
+def _feature_head(name: str) -> Callable[[ModelShape], nn.Module]:
+    """A pretrained backbone's model: the head on its cached features (cfl/pretrained/features.py gives the run
+    a stream of ``(D,)`` feature vectors in place of its images)."""
+    width = BACKBONES[name].features
+
+    def build(shape: ModelShape) -> nn.Module:
+        if shape.input_shape != (width,):
+            raise ValueError(f"model {name} trains a head on the frozen backbone's cached {width}-wide features, "
+                             f"not on inputs {shape.input_shape} (model.train: head; docs/pretrained.md)")
+        return FeatureHead(width, shape.classes, shape.num_tasks, shape.multi_head)
+    return build
+
+
 ModelBuilder = Callable[[ModelShape], nn.Module]
 
 MODELS: Registry[ModelBuilder] = Registry("model")
@@ -95,6 +110,12 @@ MODELS.register("fedweit-mlp", _fedweit_mlp,
                 about="FedWeIT's decomposed MLP in-256-256, one head per task (method fedweit only)")
 MODELS.register("fedweit-lenet", _fedweit_lenet,
                 about="FedWeIT's decomposed LeNet (conv 20, 50, fc 800, 500; the official code's; method fedweit only)")
+
+#: pretrained backbones from timm, frozen; a weights file from model.weights (docs/pretrained.md)
+for _name, _backbone in BACKBONES.items():
+    MODELS.register(_name, _feature_head(_name),
+                    about=f"{_backbone.about}, timm {_backbone.timm_name}, frozen: a head on its cached features; "
+                          f"needs model.weights (a local file, or random) and the extra cfl[pretrained] ({EXTRA})")
 
 
 def build_model(name: str, shape: ModelShape) -> nn.Module:

@@ -112,8 +112,9 @@ def default_group(cfg: Config, base: Config | None) -> str:
 
 
 def shown_method(cfg: Config) -> str:
-    """The config's ``label`` (a sweep variant's), else its method label."""
-    return cfg.label or cfg.method_label
+    """The config's ``label`` (a sweep variant's), else its method label; "(random backbone)" appended for an
+    untrained pretrained backbone (``model.weights: random``)."""
+    return (cfg.label or cfg.method_label) + (" (random backbone)" if cfg.model.weights == "random" else "")
 
 
 def default_name(cfg: Config, base: Config | None) -> str:

@@ -1,0 +1,149 @@
+"""The frozen backbone's features of every sample of a stream, computed once and cached on disk (issue 39, item
+3): for methods whose backbone input does not depend on what trains (linear probing, fedncm's class means,
+afcl's ridge regression), the run trains only the head, on a stream of ``(D,)`` feature vectors.
+
+The cache file is keyed by the backbone (cfl and timm names, timm's version), the weights file's SHA-256 (or the
+seed of a random backbone), the preprocessing (size, mean/std, interpolation, the stream's range map) and the
+raw stream's data fingerprint (:mod:`cfl.data.fingerprint`): a changed weights file, preprocessing or data
+gives another key, so a stale file is never read. A cache file that does not hold what the key promises
+(shapes, sizes, finite float32) is recomputed, with a warning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cfl.data.fingerprint import fingerprint
+from cfl.data.load import root_dir
+from cfl.data.stream import Stream, Task
+from cfl.pretrained.loaded import RANDOM_SUFFIX, LoadedBackbone, loaded_backbone
+from cfl.pretrained.preprocessing import prepared, unit_range
+
+FEATURE_CACHE_VERSION = 1
+#: images through the backbone at a time (inference only: the activations of one batch)
+BATCH = 256
+SPLITS = ("train", "test")
+INFO_KEY = "backbone"
+
+
+def cache_key(backbone: LoadedBackbone, stream: Stream, low: torch.Tensor, high: torch.Tensor) -> str:
+    import timm
+
+    described = {**backbone.describe(), "weights": None}  # the file's hash, not its path, names the weights
+    text = json.dumps({"version": FEATURE_CACHE_VERSION, "timm": timm.__version__, "backbone": described,
+                       "range": [low.tolist(), high.tolist()], "data": fingerprint(stream)}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def cache_path(data_root: str | None, backbone: LoadedBackbone, key: str) -> Path:
+    return root_dir(data_root) / "cache" / "features" / f"{backbone.name}-{key}.pt"
+
+
+@torch.inference_mode()
+def compute_features(backbone: LoadedBackbone, x: torch.Tensor, low: torch.Tensor, high: torch.Tensor,
+                     device: torch.device) -> torch.Tensor:
+    """``(N, D)`` float32 features of ``x`` ``(N, C, H, W)``, in batches of :data:`BATCH`, on ``device``."""
+    model = backbone.model.to(device)
+    out = [model(prepared(x[i:i + BATCH].to(device), backbone.preprocessing, low.to(device), high.to(device)))
+           .float().cpu() for i in range(0, len(x), BATCH)]
+    return torch.cat(out) if out else torch.zeros(0, backbone.model.num_features)
+
+
+def _problem(loaded: object, stream: Stream, width: int) -> str | None:
+    """Why a loaded cache file cannot be used (None: it can)."""
+    if not isinstance(loaded, list) or len(loaded) != stream.num_tasks:
+        return f"holds {type(loaded).__name__}, not one entry per task ({stream.num_tasks})"
+    for t, (entry, task) in enumerate(zip(loaded, stream.tasks, strict=True)):
+        for split in SPLITS:
+            x, n = entry.get(split) if isinstance(entry, dict) else None, len(getattr(task, f"{split}_y"))
+            if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or tuple(x.shape) != (n, width):
+                return f"task {t} {split}: expected float32 features of shape {(n, width)}"
+            if not bool(torch.isfinite(x).all()):
+                return f"task {t} {split}: non-finite features"
+    return None
+
+
+def feature_stream(cfg: Any, stream: Stream, device: torch.device, quiet: bool = False) -> Stream:
+    """``stream`` with every input replaced by the frozen backbone's features (from the cache when it holds
+    them), the backbone named in ``stream.info["backbone"]``; says on stderr where the features came from."""
+    backbone = loaded_backbone(cfg)
+
+    def say(line: str) -> None:
+        if not quiet:
+            print(line, file=sys.stderr, flush=True)
+
+    for note in backbone.weights.notes:
+        say(f"model.weights: {note}")
+    if stream.augment is not None:
+        say(f"features: stream {stream.name}'s train-time augmentation is not applied: the backbone's features of "
+            "the unaugmented inputs are computed once")
+    low, high = unit_range([t.train_x for t in stream.tasks])
+    key = cache_key(backbone, stream, low, high)
+    path = cache_path(cfg.data_root, backbone, key)
+    width = backbone.model.num_features
+    start = time.perf_counter()
+    features, source = None, "computed"
+    if path.is_file():
+        try:
+            loaded = torch.load(path, weights_only=True)
+            problem = _problem(loaded, stream, width)
+        except Exception as err:  # noqa: BLE001 - a damaged cache file is recomputed, never fatal
+            problem = f"is unreadable ({type(err).__name__}: {err})"
+        if problem is None:
+            features, source = loaded, "loaded from the cache"
+        else:
+            warnings.warn(f"feature cache {path} {problem}; computing the features again", stacklevel=2)
+    if features is None:
+        features = [{split: compute_features(backbone, getattr(t, f"{split}_x"), low, high, device)
+                     for split in SPLITS} for t in stream.tasks]
+        _write(path, features, say)
+    seconds = time.perf_counter() - start
+    samples = sum(len(f["train"]) + len(f["test"]) for f in features)
+    flag = RANDOM_SUFFIX if backbone.weights.random else ""
+    say(f"features: {backbone.name}{flag} at {backbone.preprocessing.size} px, {samples} samples of "
+        f"{stream.num_tasks} tasks -> {width} each, {source} in {seconds:.1f} s ({path})")
+    tasks = [Task(t.name, f["train"].to(t.train_x.device), t.train_y, f["test"].to(t.test_x.device), t.test_y,
+                  list(t.classes)) for t, f in zip(stream.tasks, features, strict=True)]
+    info = {k: v for k, v in stream.info.items() if k != "fingerprint"}
+    info[INFO_KEY] = {**backbone.describe(), "features": {"source": source, "seconds": seconds, "cache": str(path),
+                                                          "width": width}}
+    return Stream(stream.name, stream.scenario, tasks, stream.classes_per_head, (width,), backbone.name, info)
+
+
+def _write(path: Path, features: list[dict[str, torch.Tensor]], say: Any) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        torch.save(features, tmp)
+        tmp.replace(path)
+    except OSError as err:
+        say(f"features: could not write the feature cache {path} ({err}); computing them again on each run")
+
+
+def with_backbone(cfg: Any, stream: Stream, device: torch.device, quiet: bool = False) -> Stream:
+    """The stream a run trains on: its features for a pretrained backbone's model, else ``stream`` itself."""
+    from cfl.pretrained.backbones import is_backbone
+
+    return feature_stream(cfg, stream, device, quiet) if is_backbone(cfg.model.name) else stream
+
+
+def backbone_results(results: dict[str, Any], stream: Stream) -> None:
+    """results.json's ``backbone`` (name, weights, sha256, random, preprocessing, where the features came from)
+    and, for a random backbone, ``random_backbone: true`` and the method suffixed "(random backbone)", which
+    every table row and figure legend shows."""
+    info = stream.info.get(INFO_KEY)
+    if info is None:
+        return
+    results["backbone"] = info
+    results["random_backbone"] = bool(info["random"])
+    if info["random"] and not str(results["method"]).endswith(RANDOM_SUFFIX):
+        results["method"] = f"{results['method']}{RANDOM_SUFFIX}"

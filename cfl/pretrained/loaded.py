@@ -1,0 +1,108 @@
+"""The run's backbone built and its weights loaded once per process (the config check and the feature stream
+share it), and the config keys checked: every refusal happens when the config is validated, before any data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from cfl.pretrained.backbones import BACKBONES, build_backbone, is_backbone, require_timm
+from cfl.pretrained.preprocessing import Preprocessing, of_backbone
+from cfl.pretrained.weights import RANDOM, LoadedWeights, load_weights
+from cfl.schema import ConfigError
+
+#: appended to the method in results.json, every table row and figure legend and the W&B names of a run whose
+#: backbone is untrained: its numbers must never pass for a pretrained backbone's
+RANDOM_SUFFIX = " (random backbone)"
+
+
+@dataclass(frozen=True)
+class LoadedBackbone:
+    name: str
+    model: nn.Module
+    weights: LoadedWeights
+    preprocessing: Preprocessing
+    image_size: int | None
+    seed: int | None  # the seed of a random backbone's initialisation (None: weights from a file)
+
+    def describe(self) -> dict[str, Any]:
+        """The backbone as results.json records it."""
+        return {"name": self.name, "timm": BACKBONES[self.name].timm_name, "weights": self.weights.path or RANDOM,
+                "sha256": self.weights.sha256, "random": self.weights.random,
+                "preprocessing": self.preprocessing.as_dict(), "random_init_seed": self.seed}
+
+
+_LOADED: dict[tuple, LoadedBackbone] = {}
+
+
+def _key(cfg: Any) -> tuple:
+    model = cfg.model
+    stamp: tuple = ()
+    if model.weights not in (None, RANDOM) and Path(model.weights).expanduser().is_file():
+        st = Path(model.weights).expanduser().stat()
+        stamp = (st.st_size, st.st_mtime_ns)
+    seed = cfg.seed if model.weights == RANDOM else None
+    return (model.name, model.image_size, model.weights, model.weights_sha256, stamp, seed)
+
+
+def loaded_backbone(cfg: Any) -> LoadedBackbone:
+    """The backbone of ``cfg`` with its weights (a random one initialised from the run seed), in eval mode;
+    the last one built is kept for the next call with the same keys and file."""
+    key = _key(cfg)
+    if key in _LOADED:
+        return _LOADED[key]
+    model_cfg = cfg.model
+    require_timm()
+    seed = cfg.seed if model_cfg.weights == RANDOM else None
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0 if seed is None else seed)
+        try:
+            model = build_backbone(model_cfg.name, model_cfg.image_size)
+        except (ValueError, AssertionError, RuntimeError) as err:
+            raise ConfigError(f"model {model_cfg.name} cannot be built with model.image_size "
+                              f"{model_cfg.image_size}: {err}") from None
+    weights = load_weights(model, model_cfg.weights, model_cfg.weights_sha256, quiet=True)  # notes: in the run output
+    model.eval().requires_grad_(False)
+    loaded = LoadedBackbone(model_cfg.name, model, weights, of_backbone(model, model_cfg.image_size),
+                            model_cfg.image_size, seed)
+    _LOADED.clear()  # one backbone held at a time (a ViT-B/16 is 350 MB)
+    _LOADED[key] = loaded
+    return loaded
+
+
+def check_backbone(cfg: Any) -> None:
+    """The ``model.weights`` keys against the model: a pretrained backbone needs weights (a file, checked and
+    loaded here, or random); other models take none."""
+    model = cfg.model
+    if not is_backbone(model.name):
+        given = [k for k in ("weights", "weights_sha256", "image_size") if getattr(model, k) is not None]
+        if model.train != "head":
+            given.append("train")
+        if given:
+            keys = ", ".join(f"'model.{k}'" for k in given)
+            raise ConfigError(f"{keys} is read only by the pretrained backbones ({', '.join(BACKBONES)}); model "
+                              f"{model.name} trains from scratch: remove it")
+        return
+    from cfl.cross_checks import stream_entry
+
+    shape = tuple(stream_entry(cfg.stream.name).input_shape)
+    if len(shape) != 3 or shape[0] not in (1, 3):
+        raise ConfigError(f"model {model.name} takes images (1 or 3 channels, resized to its input size); stream "
+                          f"'{cfg.stream.name}' gives inputs of shape {shape}")
+    if model.weights is None:
+        raise ConfigError(f"model {model.name} needs 'model.weights': a local weights file (.safetensors, .pth or "
+                          f".npz; docs/pretrained.md says how to get one) or 'random' (an untrained backbone, for "
+                          f"testing the mechanics only; flagged in every output)")
+    if model.train != "head":
+        raise ConfigError(f"'model.train: {model.train}' is not implemented yet (full fine-tuning, prompts and LoRA "
+                          f"train through the backbone: issue 39, later work); use model.train: head (the frozen "
+                          f"backbone's cached features, a head trained on them)")
+    if model.weights_sha256 is not None and (len(model.weights_sha256) != 64
+                                             or any(c not in "0123456789abcdefABCDEF" for c in model.weights_sha256)):
+        raise ConfigError(f"'model.weights_sha256' must be 64 hex digits (sha256sum's output), got "
+                          f"{model.weights_sha256!r}")
+    loaded_backbone(cfg)
