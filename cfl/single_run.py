@@ -129,6 +129,7 @@ def execute(cfg: Config, out: Path | None = None, overwrite: bool = False, quiet
     check_path_length(out)  # before any look at the file system that a long name would turn into OSError 36
     check_writable(out)
     rundir.check_state_dirs(out)
+    rundir.check_marker(out)
     saved = _checked_checkpoint(out, cfg) if resume else None
     if not resume:
         rundir.refuse_outputs(out, overwrite)
