@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from cfl.config import Config, ConfigError, _set_dotted, read_yaml
+from cfl.engine.stop import StopRequest
 from cfl.ignored_keys import IgnoredKey
 from cfl.plugins import PluginSource
 from cfl.validation import from_dict
@@ -245,18 +246,26 @@ def run_local(runs: list[SweepRun], quiet: bool = True) -> tuple[list[dict[str, 
 
     A run that fails is reported by name and the next one starts; a signal (Ctrl-C, SIGTERM) stops the sweep.
     """
+    from cfl.engine.stop import RunStopped
+
     finished: list[dict[str, Any]] = []
     failed: list[str] = []
-    for i, run in pending_runs(runs):
-        _record(run_job(run.config, run.out, quiet, run.base), i, len(runs), run.name, finished, failed)
+    pending = pending_runs(runs)
+    for n, (i, run) in enumerate(pending):
+        stop = StopRequest()
+        _record(run_job(run.config, run.out, quiet, run.base, stop=stop), i, len(runs), run.name, finished, failed)
+        if stop():  # a signal in the run's last round or while it wrote its outputs: the run is complete, stop here
+            left = len(pending) - n - 1
+            raise RunStopped(f"stopped by {stop.name} after run {run.name} finished (its outputs are complete); "
+                             f"{left} run(s) not started", 128 + int(stop.signum or 0))
     return finished, failed
 
 
 def run_job(config: Config, out: Path, quiet: bool = True, base: Config | None = None,
-            plugins: tuple[PluginSource, ...] = ()) -> dict[str, Any] | str:
+            plugins: tuple[PluginSource, ...] = (), stop: StopRequest | None = None) -> dict[str, Any] | str:
     """One sweep run, resumed from its checkpoint where :func:`resumable`: its results, or why it failed (a
     plain string, so it crosses process boundaries). ``plugins``: the sweep's ``--plugin`` files, imported first
-    (in a worker process; once per process)."""
+    (in a worker process; once per process). ``stop``: the run's signal flag (:func:`cfl.single_run.execute`)."""
     from cfl.engine.stop import RunStopped
     from cfl.plugins import load_sources
     from cfl.report.wandb_sweep import RunSource
@@ -265,7 +274,8 @@ def run_job(config: Config, out: Path, quiet: bool = True, base: Config | None =
     try:
         load_sources(list(plugins))
         resume = resumable(config, out)[0]
-        return execute(config, out, overwrite=not resume, quiet=quiet, resume=resume, source=RunSource(base))
+        return execute(config, out, overwrite=not resume, quiet=quiet, resume=resume, source=RunSource(base),
+                       stop=stop)
     except RunStopped as err:
         if err.exit_code >= 128:  # stopped by a signal: the sweep stops too
             raise
