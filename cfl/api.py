@@ -30,7 +30,8 @@ def run(config: str | Path | Mapping[str, Any] | Config, *, overrides: Mapping[s
     from cfl.plugins import load_plugins
     from cfl.single_run import default_run_dir, execute
 
-    load_plugins(plugins)
+    _check_path("out", out, none=True)
+    load_plugins(_plugin_files(plugins))
     data = _mapping(config)
     for key, value in _pairs(overrides):
         _set_dotted(data, key, value)
@@ -56,7 +57,8 @@ def resume(run_dir: str | Path, *, overrides: Mapping[str, Any] | None = None, s
     from cfl.plugins import load_plugins
     from cfl.single_run import execute, resume_config
 
-    load_plugins(plugins)
+    _check_path("run_dir", run_dir)
+    load_plugins(_plugin_files(plugins))
     saved = Path(run_dir) / "config.yaml"
     if stream is not None and saved.is_file():
         trained_on = (read_yaml(saved).get("stream") or {}).get("name")
@@ -72,6 +74,29 @@ def resume(run_dir: str | Path, *, overrides: Mapping[str, Any] | None = None, s
                 raise
             raise ConfigError(f"{err}. With stream=: pass the Stream object the run started with (same tasks "
                               "and tensors)") from None
+
+
+def _check_path(argument: str, value: Any, none: bool = False) -> None:
+    """Refuse a path argument of another type (``out=5``) before any work (TypeError naming it)."""
+    if isinstance(value, (str, Path)) or (none and value is None):
+        return
+    allowed = "a str or pathlib.Path" + (" (or None)" if none else "")
+    raise TypeError(f"{argument} must be {allowed}, got {type(value).__name__} {value!r}")
+
+
+def _plugin_files(plugins: Any) -> list[str]:
+    """``plugins`` as a list of file names: a list or tuple of paths; a lone path is refused ("pass a list")."""
+    if isinstance(plugins, (str, Path)):
+        raise TypeError(f"plugins must be a list of plugin file paths, got the {type(plugins).__name__} "
+                        f"{str(plugins)!r}; pass a list: plugins=[{str(plugins)!r}]")
+    if not isinstance(plugins, (list, tuple)):
+        raise TypeError(f"plugins must be a list of plugin file paths (str or pathlib.Path), got "
+                        f"{type(plugins).__name__} {plugins!r}")
+    for item in plugins:
+        if not isinstance(item, (str, Path)):
+            raise TypeError(f"plugins must be a list of plugin file paths (str or pathlib.Path); it holds "
+                            f"{type(item).__name__} {item!r}")
+    return [str(p) for p in plugins]
 
 
 @contextlib.contextmanager

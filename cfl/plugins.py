@@ -27,6 +27,8 @@ def load_plugins(paths: list[str] | tuple[str, ...]) -> list[PluginSource]:
 
 
 def _read(file: Path) -> PluginSource:
+    if file.is_dir():
+        raise ConfigError(f"plugin file '{file}' is a directory, not a Python file; name the FILE.py in it")
     if not file.is_file():
         raise ConfigError(f"plugin file '{file}' does not exist")
     if file.suffix != ".py":

@@ -120,11 +120,13 @@ def write_plots(results: dict[str, Any], evaluations: list[dict[str, Any]], roun
 
 
 def execute(cfg: Config, out: Path | None = None, overwrite: bool = False, quiet: bool = False,
-            resume: bool = False, source: RunSource | None = None) -> dict[str, Any]:
+            resume: bool = False, source: RunSource | None = None, stop: StopRequest | None = None) -> dict[str, Any]:
     """Run ``cfg`` and write results.json, metrics.jsonl, config.yaml, plots and checkpoints into ``out``.
 
     ``resume``: continue the run in ``out`` from its checkpoint (``cfg`` from :func:`resume_config`).
     ``source``: the config file and W&B sweep parameters ``cfg`` came from (for the W&B group and config).
+    ``stop``: the run's signal flag, for a caller that must know whether a signal came while the run ended
+    (``cfl sweep`` then stops after it).
     Everything that can refuse (the directory, its lock, the data, the model) runs before an earlier run's
     outputs are replaced; a run that fails before its round-0 checkpoint leaves nothing behind.
     Raises :class:`RunStopped` after SIGINT/SIGTERM, non-finite values or a full disk, with the last
@@ -136,12 +138,13 @@ def execute(cfg: Config, out: Path | None = None, overwrite: bool = False, quiet
     check_path_length(out)  # before any look at the file system that a long name would turn into OSError 36
     check_writable(out)
     rundir.check_state_dirs(out)
+    rundir.check_marker(out)
     saved = _checked_checkpoint(out, cfg) if resume else None
     if not resume:
         rundir.refuse_outputs(out, overwrite)
     created = rundir.make(out)
     attempt = Attempt(out, resume, created)
-    stop = StopRequest()
+    stop = stop or StopRequest()
     try:
         with stop.installed(), locked(out) as lock:
             return _execute(cfg, out, device, overwrite, quiet, saved, started, stop, attempt, source, lock)

@@ -29,12 +29,14 @@ import json
 import multiprocessing
 import os
 import re
-from concurrent.futures import ProcessPoolExecutor, as_completed
+import signal
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cfl.config import Config, ConfigError, _set_dotted, read_yaml
+from cfl.engine.stop import StopRequest
 from cfl.ignored_keys import IgnoredKey
 from cfl.plugins import PluginSource
 from cfl.validation import from_dict
@@ -245,18 +247,26 @@ def run_local(runs: list[SweepRun], quiet: bool = True) -> tuple[list[dict[str, 
 
     A run that fails is reported by name and the next one starts; a signal (Ctrl-C, SIGTERM) stops the sweep.
     """
+    from cfl.engine.stop import RunStopped
+
     finished: list[dict[str, Any]] = []
     failed: list[str] = []
-    for i, run in pending_runs(runs):
-        _record(run_job(run.config, run.out, quiet, run.base), i, len(runs), run.name, finished, failed)
+    pending = pending_runs(runs)
+    for n, (i, run) in enumerate(pending):
+        stop = StopRequest()
+        _record(run_job(run.config, run.out, quiet, run.base, stop=stop), i, len(runs), run.name, finished, failed)
+        if stop():  # a signal in the run's last round or while it wrote its outputs: the run is complete, stop here
+            left = len(pending) - n - 1
+            raise RunStopped(f"stopped by {stop.name} after run {run.name} finished (its outputs are complete); "
+                             f"{left} run(s) not started", 128 + int(stop.signum or 0))
     return finished, failed
 
 
 def run_job(config: Config, out: Path, quiet: bool = True, base: Config | None = None,
-            plugins: tuple[PluginSource, ...] = ()) -> dict[str, Any] | str:
+            plugins: tuple[PluginSource, ...] = (), stop: StopRequest | None = None) -> dict[str, Any] | str:
     """One sweep run, resumed from its checkpoint where :func:`resumable`: its results, or why it failed (a
     plain string, so it crosses process boundaries). ``plugins``: the sweep's ``--plugin`` files, imported first
-    (in a worker process; once per process)."""
+    (in a worker process; once per process). ``stop``: the run's signal flag (:func:`cfl.single_run.execute`)."""
     from cfl.engine.stop import RunStopped
     from cfl.plugins import load_sources
     from cfl.report.wandb_sweep import RunSource
@@ -265,7 +275,8 @@ def run_job(config: Config, out: Path, quiet: bool = True, base: Config | None =
     try:
         load_sources(list(plugins))
         resume = resumable(config, out)[0]
-        return execute(config, out, overwrite=not resume, quiet=quiet, resume=resume, source=RunSource(base))
+        return execute(config, out, overwrite=not resume, quiet=quiet, resume=resume, source=RunSource(base),
+                       stop=stop)
     except RunStopped as err:
         if err.exit_code >= 128:  # stopped by a signal: the sweep stops too
             raise
@@ -289,20 +300,20 @@ def _report_line(i: int, total: int, name: str, results: dict[str, Any]) -> str:
             f"({results['wall_seconds']:.0f}s)")
 
 
-def _worker_threads(threads: int) -> None:
-    """Share the cores between workers for runs that ask for all of them (``threads: 0``)."""
-    import torch
-
-    torch.set_num_threads(threads)
-
-
 def run_parallel(runs: list[SweepRun], jobs: int,
                  plugins: list[PluginSource] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
     """Run every incomplete combination, ``jobs`` at a time, each in a fresh (spawned) worker process.
 
     A run that fails is reported by name and does not stop the others; returns (results, failed names).
     Runs with ``threads: 0`` get ``cpu_count // jobs`` threads each so the workers do not oversubscribe.
+    A run is handed to a worker only when one is free, so after a signal no further run starts; the workers
+    die with this process (:mod:`cfl.sweep_workers`).
     """
+    from concurrent.futures import FIRST_COMPLETED, wait
+
+    from cfl.engine.stop import RunStopped
+    from cfl.sweep_workers import SweepStop, init_worker, run_in_worker
+
     pending = pending_runs(runs)
     finished: list[dict[str, Any]] = []
     failed: list[str] = []
@@ -310,15 +321,36 @@ def run_parallel(runs: list[SweepRun], jobs: int,
         return finished, failed
     threads = max(1, (os.cpu_count() or 1) // jobs)
     context = multiprocessing.get_context("spawn")  # no forked torch thread pools
-    with ProcessPoolExecutor(min(jobs, len(pending)), mp_context=context, initializer=_worker_threads,
-                             initargs=(threads,)) as pool:
-        shipped = tuple(plugins or ())
-        futures = {pool.submit(run_job, run.config, run.out, True, run.base, shipped): (i, run) for i, run in pending}
-        for future in as_completed(futures):
-            i, run = futures[future]
-            try:
-                outcome = future.result()
-            except Exception as err:  # noqa: BLE001 - a worker that died: this run failed, the others go on
-                outcome = f"{type(err).__name__}: {err}"
-            _record(outcome, i, len(runs), run.name, finished, failed)
+    shipped = tuple(plugins or ())
+    waiting, running = list(pending), {}
+    with ProcessPoolExecutor(min(jobs, len(pending)), mp_context=context, initializer=init_worker,
+                             initargs=(threads, os.getpid())) as pool:
+        stop = SweepStop(lambda: list(getattr(pool, "_processes", None) or {}))
+        previous = stop.install()
+        try:
+            while waiting or running:
+                while waiting and len(running) < jobs and stop.signum is None:
+                    i, run = waiting.pop(0)
+                    job = pool.submit(run_in_worker, run_job, run.config, run.out, True, run.base, shipped)
+                    running[job] = (i, run)
+                if not running:
+                    break
+                done, _ = wait(running, timeout=0.5, return_when=FIRST_COMPLETED)
+                for future in done:
+                    i, run = running.pop(future)
+                    try:
+                        outcome = future.result()
+                    except RunStopped as err:
+                        if err.exit_code < 128:
+                            raise
+                        print(f"[{i}/{len(runs)}] {run.name}: {err}", flush=True)
+                        continue
+                    except Exception as err:  # noqa: BLE001 - a worker that died: this run failed, the others go on
+                        outcome = f"{type(err).__name__}: {err}"
+                    _record(outcome, i, len(runs), run.name, finished, failed)
+        finally:
+            stop.restore(previous)
+    if stop.signum is not None:
+        raise RunStopped(f"stopped by {signal.Signals(stop.signum).name}; {len(waiting)} run(s) not started",
+                         128 + stop.signum)
     return finished, failed

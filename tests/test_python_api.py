@@ -148,3 +148,19 @@ def test_the_guide_examples_run_in_order(tmp_path, monkeypatch):
     assert lines[4] == lines[5] == "{'name': 'strong-prox', 'mu': 0.5}"
     assert (tmp_path / "runs" / "api-pairs" / "results.json").is_file()
     assert not (tmp_path / "runs" / "api-typo").exists()
+
+
+@pytest.mark.parametrize(("call", "words"), [
+    (lambda _: cfl.run({"stream": {"name": "split-digits"}, **TINY}, out=5),
+     "out must be a str or pathlib.Path (or None), got int 5"),
+    (lambda _: cfl.resume(5), "run_dir must be a str or pathlib.Path, got int 5"),
+    (lambda tmp: cfl.run({"stream": {"name": "split-digits"}, **TINY}, out=tmp / "r", plugins="x.py"),
+     "plugins must be a list of plugin file paths, got the str 'x.py'; pass a list: plugins=['x.py']"),
+    (lambda tmp: cfl.resume(tmp / "r", plugins=[3]), "plugins must be a list of plugin file paths (str or "
+     "pathlib.Path); it holds int 3"),
+], ids=["out=5", "resume(5)", "plugins='x.py'", "plugins=[3]"])
+def test_arguments_of_another_type_raise_type_error_naming_them(tmp_path, call, words):
+    """Issue 37, item 13: these used to fail deep inside (Path(5)) or read 'x.py' as the files 'x', '.', ..."""
+    with pytest.raises(TypeError, match=re.escape(words)):
+        call(tmp_path)
+    assert not list(tmp_path.iterdir())

@@ -69,6 +69,8 @@ CASES = [
     ("broken YAML file", ["{broken}"], ["broken.yaml", "not valid YAML"]),
     ("YAML file not a mapping", ["{listed}"], ["listed.yaml", "mapping"]),
     ("missing plugin file", ["{cfg}", "--plugin", "{tmp}/nope.py"], ["nope.py", "does not exist"]),
+    ("plugin path is a directory", ["{cfg}", "--plugin", "{tmp}"], ["plugin file '{tmp}' is a directory",
+                                                                    "name the FILE.py in it"]),
     ("no config at all", [], ["config file", "--resume"]),
     ("cuda without a GPU", ["{cfg}", "--set", "device=cuda:7"], ["device: cuda:7"]),
     ("existing run dir", ["{cfg}", "--out", "{run}"], ["{run}", "--overwrite", "cfl run --resume {run}"]),

@@ -82,8 +82,24 @@ CASES += [
      ["--resume {tmp}/dropped: this run finished and dropped its client states (keep_client_states: false)",
       "its outputs (results.json) are complete", "--overwrite and keep_client_states: true"]),
 ]
+# ---- issue 37 item 11: a marker that is a directory is no marker (--overwrite ended in IsADirectoryError) ----
+CASES += [
+    ("marker is a directory, --overwrite", ["{cfg}", "--out", "{tmp}/marker-dir", "--overwrite"], "marker dir", 2,
+     ["{tmp}/marker-dir/.cfl-run is a directory", "nothing in it is deleted", "rmdir {tmp}/marker-dir/.cfl-run"]),
+    ("marker is a directory, with outputs", ["{cfg}", "--out", "{tmp}/marker-dir-out", "--overwrite"], "marker dir",
+     2, ["{tmp}/marker-dir-out/.cfl-run is a directory", "move {tmp}/marker-dir-out/.cfl-run away"]),
+]
+# ---- issue 37 item 13: a checkpoint changed after cfl wrote it, and one of another model ----
+CASES += [
+    ("checkpoint with edited weights", ["--resume", "{tmp}/edited"], "ckpt edited", 2,
+     ["--resume {tmp}/edited: {tmp}/edited/checkpoint.pt was changed after cfl wrote it", "SHA-256",
+      "restore the file cfl wrote"]),
+    ("checkpoint of another model", ["--resume", "{tmp}/reshaped"], "ckpt reshaped", 2,
+     ["the checkpoint's model parameter", "has shape (5, 64), this run's model has",
+      "the checkpoint is of another model"]),
+]
 FS_FAULTS = {"lock deleted", "lock replaced", "state flip", "state scale", "state header", "states read-only",
-             "unsearchable", "binary params", "states dropped"}
+             "unsearchable", "binary params", "states dropped", "marker dir", "ckpt edited", "ckpt reshaped"}
 DISK_TINY = {**TINY, "method": {"name": "ewc"}, "client_state_store": "disk"}
 
 
@@ -158,6 +174,24 @@ def apply_fs_fault(fault: str, files: dict, monkeypatch, stack) -> None:
         os.chmod(tmp / "closed", 0o600)
         stack.callback(os.chmod, tmp / "closed", 0o755)
         deny_access(monkeypatch, str(tmp / "closed"), os.X_OK)
+    elif fault.startswith("ckpt "):  # weights scaled by 1.01 behind cfl's back; a first layer of other width
+        import torch
+
+        out = tmp / ("edited" if fault == "ckpt edited" else "reshaped")
+        shutil.copytree(files["finished"], out)
+        payload = torch.load(out / "checkpoint.pt", weights_only=True)
+        name = next(iter(payload["params"]))
+        if fault == "ckpt edited":
+            payload["params"][name] = payload["params"][name] * 1.01
+            torch.save(payload, out / "checkpoint.pt")
+        else:
+            payload["params"][name] = torch.zeros(5, 64)
+            checkpoint.save(out, payload)  # a well-formed checkpoint, of another model
+    elif fault == "marker dir":  # an empty .cfl-run folder alone, and one holding a file beside config.yaml
+        (tmp / "marker-dir" / ".cfl-run").mkdir(parents=True, exist_ok=True)
+        (tmp / "marker-dir-out" / ".cfl-run").mkdir(parents=True, exist_ok=True)
+        (tmp / "marker-dir-out" / ".cfl-run" / "x").write_text("a user's file")
+        (tmp / "marker-dir-out" / "config.yaml").write_text("a user's file")
     elif fault == "binary params":
         (tmp / "params.bin").write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe binary")
         monkeypatch.setenv("WANDB_SWEEP_PARAM_PATH", str(tmp / "params.bin"))

@@ -178,3 +178,33 @@ def test_an_interrupted_sweep_resumes_the_cut_off_run_and_skips_finished_ones(tm
     (cut / "results.json").unlink()  # as if cut off again, but the sweep file now says lr 0.5
     resume, note = resumable(other, cut)
     assert not resume and note.endswith("(lr: 0.01 in the checkpoint, 0.5 now); starting it again from round 0")
+
+
+def test_sigint_in_a_runs_last_round_stops_the_sweep_with_that_run_complete(tmp_path, monkeypatch, capsys):
+    """Issue 37, item 9: a signal in the last round lets the run finish its outputs, then the sweep stops
+    (it used to go on with every remaining run)."""
+    import signal
+
+    from cfl.cli import main
+    from cfl.engine.runner import Runner
+
+    path = _write(tmp_path, {"seed": [0, 1, 2]}, set={"threads": 1})
+    real, trained = Runner.run_round, []
+
+    def run_round(self, task, rnd):
+        record = real(self, task, rnd)
+        trained.append((self.cfg.seed, record["round"]))
+        if trained[-1] == (0, 2):  # the last round of the first run
+            signal.raise_signal(signal.SIGINT)
+        return record
+
+    monkeypatch.setattr(Runner, "run_round", run_round)
+    assert main(["sweep", str(path)]) == 130
+    err = capsys.readouterr().err
+    assert "stopped by SIGINT after run seed=0 finished (its outputs are complete); 2 run(s) not started" in err
+    assert "resume the sweep with the same command" in err
+    assert trained == [(0, 1), (0, 2)] and is_complete(tmp_path / "runs" / "seed=0")
+    assert not (tmp_path / "runs" / "seed=1").exists()
+    trained.clear()
+    assert main(["sweep", str(path)]) == 0
+    assert [seed for seed, _ in trained] == [1, 1, 2, 2]

@@ -8,12 +8,15 @@ method's server and per-client state (server optimisers live there), the communi
 numpy and python for completeness), the W&B run id, the config the run was started with and the fingerprint of
 the stream's data (resuming on other data is refused, :mod:`cfl.data.fingerprint`). ``checkpoint.pt`` is replaced
 atomically (temp file, fsync, rename, fsync of the directory), so a crash while writing leaves the previous
-checkpoint valid.
+checkpoint valid. The file carries the SHA-256 of its own content (:func:`content_digest`, under ``sha256``):
+a checkpoint changed after cfl wrote it (edited weights, a flipped bit that still unpickles) is refused on
+resume, naming the file.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import os
 import random
@@ -121,8 +124,38 @@ def dropped(clients: int) -> dict[str, Any]:
     return {"store": DROPPED, "clients": clients}
 
 
+DIGEST = "sha256"  # the key of the checkpoint's own content digest
+
+
+def content_digest(payload: dict[str, Any]) -> str:
+    """SHA-256 of everything in ``payload`` but its digest: each tensor's dtype, shape and bytes and every plain
+    value, in the payload's order; equal for the payload written and the one ``torch.load`` gives back."""
+    hasher = hashlib.sha256()
+
+    def feed(obj: Any) -> None:
+        if isinstance(obj, torch.Tensor):
+            flat = obj.detach().to("cpu").contiguous().reshape(-1)
+            hasher.update(f"T{obj.dtype}{tuple(obj.shape)};".encode())
+            hasher.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
+        elif isinstance(obj, dict):
+            hasher.update(f"D{len(obj)};".encode())
+            for key, value in obj.items():
+                hasher.update(f"{key!r}:".encode())
+                feed(value)
+        elif isinstance(obj, (list, tuple)):
+            hasher.update(f"{'L' if isinstance(obj, list) else 'U'}{len(obj)};".encode())
+            for value in obj:
+                feed(value)
+        else:
+            hasher.update(f"{type(obj).__name__}:{obj!r};".encode())
+
+    feed({k: v for k, v in payload.items() if k != DIGEST})
+    return hasher.hexdigest()
+
+
 def save(run_dir: Path, payload: dict[str, Any]) -> Path:
-    """Replace ``run_dir/checkpoint.pt`` atomically and durably."""
+    """Replace ``run_dir/checkpoint.pt`` atomically and durably, with the digest of its content."""
+    payload = {**payload, DIGEST: content_digest(payload)}
     buffer = io.BytesIO()
     torch.save(payload, buffer)
     path = checkpoint_path(run_dir)
@@ -169,10 +202,27 @@ def load(run_dir: Path) -> dict[str, Any]:
         raise ConfigError(f"--resume {run_dir}: this run finished and dropped its client states "
                           f"(keep_client_states: false), which a resumed run needs; its outputs (results.json) are "
                           f"complete. To train it again, run its config with --overwrite and keep_client_states: true")
+    check_digest(payload, path, run_dir)
     if payload["wandb_run_id"] is not None:  # handed to wandb.init, which puts it in paths
         checked_id(payload["wandb_run_id"], f"--resume {run_dir}: the W&B run id in {path.name}",
                    "start the run again with --overwrite")
     return payload
+
+
+def check_digest(payload: dict[str, Any], path: Path, run_dir: Path) -> None:
+    """Refuse a checkpoint whose content no longer matches the digest cfl wrote into it; one written before
+    digests existed is resumed with a printed warning (it cannot be checked)."""
+    recorded = payload.get(DIGEST)
+    if recorded is None:
+        print(f"cfl: warning: {path} holds no checksum (written by an older cfl); it cannot be checked against "
+              f"changes made after it was written", file=sys.stderr)
+        return
+    computed = content_digest(payload)
+    if computed != recorded:
+        raise ConfigError(f"--resume {run_dir}: {path} was changed after cfl wrote it: its content no longer "
+                          f"matches the SHA-256 cfl recorded in it (recorded {str(recorded)[:16]}..., computed "
+                          f"{computed[:16]}...), so the weights or states it would resume from are not the run's; "
+                          f"restore the file cfl wrote, or start the run again with --overwrite")
 
 
 def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -235,6 +285,14 @@ def restore(run: RunSnapshot, payload: dict[str, Any]) -> RunSnapshot:
     progress come back in the returned snapshot (hand it to ``Runner.resume``)."""
     if set(payload["params"]) != set(run.params) or len(payload["states"]) != len(run.states):
         raise ConfigError("the checkpoint's model or methods do not match this config; start a new run with --out")
+    for kind, saved_tensors, built in (("parameter", payload["params"], run.params),
+                                       ("buffer", payload.get("buffers", {}), run.buffers)):
+        for name, tensor in saved_tensors.items():
+            if name in built and tuple(tensor.shape) != tuple(built[name].shape):
+                raise ConfigError(f"--resume: the checkpoint's model {kind} '{name}' has shape {tuple(tensor.shape)}, "
+                                  f"this run's model has {tuple(built[name].shape)}: the checkpoint is of another "
+                                  f"model (a plugin's model changed since the run started?); resume with the model "
+                                  f"it was trained with, or start a new run with --out")
     params = {k: v.to(run.device) for k, v in payload["params"].items()}
     buffers = {k: v.to(run.device) for k, v in payload.get("buffers", {}).items()}  # none before they were carried
     if set(buffers) != set(run.buffers):

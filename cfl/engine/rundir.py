@@ -44,6 +44,19 @@ def holds_outputs(out: Path) -> bool:
     return out.is_dir() and any(p.name not in BOOKKEEPING for p in out.iterdir())
 
 
+def check_marker(out: Path) -> None:
+    """Refuse a ``.cfl-run`` that is a directory (or another non-file: a socket, a pipe): it is no marker, and
+    cfl could not write its own over it (exit code 2, nothing deleted). A link is replaced by the marker."""
+    marker = out / MARKER
+    if marker.is_symlink() or not marker.exists() or marker.is_file():
+        return
+    kind = "a directory" if marker.is_dir() else "not a regular file"
+    fix = f"rmdir {marker}" if marker.is_dir() and not any(marker.iterdir()) else f"move {marker} away"
+    raise ConfigError(f"run directory '{out}': {marker} is {kind}, not the small file cfl writes to mark its run "
+                      f"directories, so '{out}' is not taken as a cfl run directory and nothing in it is deleted or "
+                      f"written; {fix} (or choose another --out)")
+
+
 def is_marked(out: Path) -> bool:
     """``out`` is a run directory cfl made (its marker is a regular file, not a link)."""
     return (out / MARKER).is_file() and not (out / MARKER).is_symlink()
