@@ -50,12 +50,17 @@ def model_family_error(model_name: str, method_names: list[str]) -> str | None:
     statistics (``Method.running_stats_model``) needs a model that keeps them."""
     from cfl.methods import METHODS
     from cfl.models import ModelShape
+    from cfl.pretrained.backbones import BACKBONES, is_backbone
 
     for name in method_names:
         needed = METHODS[name].running_stats_model
         if needed and not _keeps_running_stats(model_name, ModelShape(RUNNING_STATS_PROBE_INPUT, 2, 1, False)):
             return (f"method {name} matches its synthetic images to the model's BatchNorm running statistics; model "
                     f"{model_name} keeps none: set model.name: {needed} (or auto)")
+        if METHODS[name].backbone_only and not is_backbone(model_name):
+            return (f"method {name} sets a classifier on a frozen backbone's features; the run's model is "
+                    f"{model_name}: set model.name to a pretrained backbone ({', '.join(BACKBONES)}) and "
+                    f"model.weights (docs/pretrained.md)")
         own = METHODS[name].models
         if own and model_name not in own:
             return (f"method {name} trains its own networks only ({', '.join(own)}); the run's model is {model_name}: "

@@ -35,6 +35,7 @@ from cfl.models import MODELS, ModelShape, build_model
 from cfl.models.buffers import running_stats
 from cfl.models.dropout import Dropout
 from cfl.models.mlp import MLP
+from cfl.pretrained.backbones import is_backbone
 from cfl.records.client_states import MethodState
 from cfl.validation import from_dict
 from tests.conftest import METHOD_CONFIGS, METHOD_SETTINGS, METHOD_STREAMS, any_method_models, make_stream, method_spec
@@ -109,7 +110,7 @@ def test_every_model_trains_alike_in_both_engines_in_bf16_mixed(name):
 
 def test_only_batch_norm_models_are_trained_on_unpadded_groups():
     shape = ModelShape(IMAGE, 3, 2, True)
-    coupled = {name for name in MODELS if couples_samples(build_model(name, shape))}
+    coupled = {name for name in MODELS if not is_backbone(name) and couples_samples(build_model(name, shape))}
     assert coupled == {"resnet18-mini", "resnet18-reduced-running-bn"}
 
 
@@ -207,7 +208,8 @@ OPTIMIZERS = {"adam": {"optimizer": {"name": "adam"}, "weight_decay": 0.01}}
 @pytest.mark.usefixtures("float64_without_dropout")
 @pytest.mark.parametrize(("model", "method", "optimizer"),
                          [(model, method, "sgd") for model in MODELS for method in METHODS
-                          if model_family_error(model, [method]) is None]  # FedWeIT's nets with FedWeIT only
+                          if model_family_error(model, [method]) is None  # FedWeIT's nets with FedWeIT only
+                          and not is_backbone(model)]  # a backbone's head on features: tests/test_pretrained*.py
                          + [("mlp", method, opt) for opt in OPTIMIZERS for method in METHODS
                             if model_family_error("mlp", [method]) is None])
 def test_every_model_and_method_run_alike_end_to_end(model, method, optimizer):

@@ -7,14 +7,14 @@ import pytest
 from cfl.engine.runner import Runner
 from cfl.methods.base import Method
 from cfl.validation import from_dict
-from tests.conftest import method_spec, stream_for
+from tests.conftest import METHOD_CONFIGS, method_spec, stream_for
 from tests.test_comm_lines import CLIENT_END_METHODS
 
 
 @pytest.mark.parametrize("method", CLIENT_END_METHODS)
 def test_client_end_runs_for_the_declared_events_only(method):
     cfg = from_dict({"num_clients": 4, "clients_per_round": 2, "rounds_per_task": 2, "batch_size": 8, "lr": 0.1,
-                     "wandb": {"mode": "disabled"}, "method": method_spec(method)})
+                     "wandb": {"mode": "disabled"}, "method": method_spec(method), **METHOD_CONFIGS.get(method, {})})
     runner = Runner(cfg, stream_for(method, "domain", num_tasks=2))
     m = runner.methods[0]
     seen: list[str] = []

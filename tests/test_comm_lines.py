@@ -7,14 +7,14 @@ from cfl.methods import METHODS
 from cfl.methods.base import Method, takes_part_at_task_end
 from cfl.metrics.results import build_results
 from cfl.validation import from_dict
-from tests.conftest import method_spec, stream_for
+from tests.conftest import METHOD_CONFIGS, method_spec, stream_for
 
 CLIENT_END_METHODS = sorted(name for name, cls in METHODS.items() if cls.client_end is not Method.client_end)
 
 
 def _run(method: str) -> tuple[Runner, dict]:
     cfg = from_dict({"num_clients": 5, "clients_per_round": 3, "rounds_per_task": 1, "batch_size": 8, "lr": 0.1,
-                     "wandb": {"mode": "disabled"}, "method": method_spec(method)})
+                     "wandb": {"mode": "disabled"}, "method": method_spec(method), **METHOD_CONFIGS.get(method, {})})
     runner = Runner(cfg, stream_for(method, "domain", num_tasks=3))
     runner.run()
     return runner, build_results(runner.snapshot(), 0.0)

@@ -17,6 +17,7 @@ from typing import ClassVar
 
 import torch
 
+from cfl.methods.bounds import WEIGHT_MAX
 from cfl.methods.closed_form import ClosedFormHead
 from cfl.schema import field
 from cfl.tensors import State
@@ -24,7 +25,9 @@ from cfl.tensors import State
 
 @dataclass(frozen=True)
 class AFCLHyperparams:
-    gamma: float = field(1.0, "ridge regularisation gamma of (X^T X + gamma I)", gt=0)
+    gamma: float = field(1.0, "ridge regularisation gamma of (X^T X + gamma I), at most 1e6 (WEIGHT_MAX: past it the "
+                         "solution is the regulariser's, the features' statistics lost in its digits)", gt=0,
+                         max=WEIGHT_MAX)
 
 
 def with_bias(x: torch.Tensor) -> torch.Tensor:

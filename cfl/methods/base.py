@@ -179,6 +179,9 @@ class Method:
     #: them): the run's model must keep running statistics (refused when the config is validated); ``model.name:
     #: auto`` is it
     running_stats_model: ClassVar[str] = ""
+    #: the method trains a classifier on a frozen pretrained backbone's features (docs/pretrained.md): the run's
+    #: model must be a backbone (refused when the config is validated)
+    backbone_only: ClassVar[bool] = False
     #: the scenarios the method runs in (empty: every one), and why (a clause for the refusal): a run in another is
     #: refused when the config is validated (``auto``: the stream's default) and when the method is built
     scenarios: ClassVar[tuple[str, ...]] = ()

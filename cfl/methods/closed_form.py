@@ -17,7 +17,6 @@ import torch
 from torch import nn
 
 from cfl.methods.base import ClientData, Event, Method, Params, State
-from cfl.schema import ConfigError
 
 UNREAD = "a closed-form classifier takes no gradient step (its parameters are frozen: docs/pretrained.md)"
 
@@ -29,15 +28,7 @@ class ClosedFormHead(Method):
                                              "server_lr": UNREAD}
     client_events: ClassVar[tuple[Event, ...]] = ("round",)
     downloads_model_at_task_end: ClassVar[bool] = False
-
-    @classmethod
-    def check(cls, hparams: Any, cfg: Any) -> None:  # noqa: ARG003
-        from cfl.pretrained.backbones import BACKBONES, is_backbone
-
-        if not is_backbone(cfg.model.name):
-            raise ConfigError(f"method {cls.name} sets a classifier on a frozen backbone's features; the run's model "
-                              f"is {cfg.model.name}: set model.name to a pretrained backbone ({', '.join(BACKBONES)}) "
-                              f"and model.weights (docs/pretrained.md)")
+    backbone_only: ClassVar[bool] = True  # refused on any other model by cfl.cross_checks.model_family_error
 
     def __init__(self, hparams: Any, run_info: Any) -> None:
         super().__init__(hparams, run_info)
