@@ -6,10 +6,15 @@ checks the result against the hook's rule (:mod:`cfl.engine.hook_rules`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Any
+
 import torch
 from torch.func import vmap
 
 from cfl.engine.hook_rules import (
+    READ_ONLY,
     TASK_LOSS,
     check_carry_start,
     check_carry_step,
@@ -22,12 +27,54 @@ from cfl.engine.hook_rules import (
     check_step_samples,
 )
 from cfl.methods.base import Method, Quadratic, Samples, Step, accepts
-from cfl.methods.hook_guard import guarded
+from cfl.methods.hook_guard import BrokenRule, guarded, hook_error
 from cfl.ops.losses import weighted_mean
 from cfl.ops.subspace import project_out
 from cfl.tensors import Params, State
 
 PenaltyTerms = dict[str, tuple[torch.Tensor, torch.Tensor]]  # name -> (A, B) of the gradient A * w - B
+
+
+def _tensors(tree: Any, name: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor in ``tree`` (nested dicts, lists, tuples, ``Samples``) with its path from ``name``."""
+    if isinstance(tree, torch.Tensor):
+        if not tree.is_inference():  # an inference tensor keeps no version counter
+            yield name, tree
+    elif isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from _tensors(v, f"{name}[{k!r}]")
+    elif isinstance(tree, (list, tuple)):
+        fields = getattr(tree, "_fields", None)
+        for i, v in enumerate(tree):
+            yield from _tensors(v, f"{name}.{fields[i]}" if fields else f"{name}[{i}]")
+    elif isinstance(tree, Samples):
+        for k in ("x", "y", "task", "weight"):
+            yield from _tensors(getattr(tree, k, None), f"{name}.{k}")
+
+
+class unwritten:  # noqa: N801 -- used as ``with unwritten(...)``, like :class:`guarded`
+    """Refuse in-place writes by ``method.hook`` into its read-only ``arguments`` ({name: tensors}), seen by the
+    tensors' version counters (``tensor._version``, bumped by every in-place op, also one made under ``vmap`` on
+    the tensor it maps over). Used around the dry call and a round's first call only (a few attribute reads per
+    argument tensor, no device work)."""
+
+    __slots__ = ("hook", "method", "seen")
+
+    def __init__(self, method: Method, hook: str, arguments: dict[str, Any]) -> None:
+        self.method, self.hook = method, hook
+        self.seen = [(n, t, t._version) for name, tree in arguments.items() for n, t in _tensors(tree, name)]
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> bool:
+        if err is not None:
+            return False
+        written = [n for n, t, version in self.seen if t._version != version]
+        if written:
+            raise hook_error(self.method, self.hook, BrokenRule(f"{READ_ONLY}; it wrote into {written[0]}"
+                                                                + (" and more" if len(written) > 1 else "")))
+        return False
 
 
 def quadratic_loss(params: Params, quadratics: dict[str, Quadratic] | None) -> torch.Tensor:
@@ -70,6 +117,16 @@ def task_loss(method: Method, params: Params, logits: torch.Tensor, y: torch.Ten
     with guarded(method, "task_loss"):
         return check_extra_loss(method.task_loss(params, logits, y, x, task, weight, allowed, server, state),
                                 logits, TASK_LOSS)
+
+
+def differentiable(method: Method, loss: torch.Tensor) -> torch.Tensor:
+    """``loss`` (``method.task_loss``'s, outside ``vmap``, where ``requires_grad`` is seen) when it carries a
+    gradient: the step's gradient is its gradient, so a constant would train nothing."""
+    if torch.is_grad_enabled() and not loss.requires_grad:
+        with guarded(method, "task_loss"):
+            raise BrokenRule(f"{TASK_LOSS}; got a tensor without grad_fn: it is not computed from logits or params, "
+                             "so no step would train the model")
+    return loss
 
 
 def extra_loss(method: Method, params: Params, x: torch.Tensor, task: torch.Tensor, weight: torch.Tensor,

@@ -19,9 +19,11 @@ from torch import nn
 
 from cfl.config import Config
 from cfl.data.stream import Stream
+from cfl.engine.checkpoint import CheckpointError, check_plain
 from cfl.engine.client_params import ClientParams
 from cfl.engine.global_model import global_model
-from cfl.engine.hook_rules import BEFORE_TASK_END, check_bytes, check_none, check_upload
+from cfl.engine.hook_rules import BEFORE_TASK_END, PLAIN_STATE, check_bytes, check_none, check_upload
+from cfl.engine.hooks import unwritten
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, derive_seed, limit_epochs
 from cfl.engine.local_batched import BatchedTrainer
 from cfl.engine.local_sequential import train_sequential
@@ -41,7 +43,7 @@ from cfl.methods.base import (
     overrides,
     takes_part_at_task_end,
 )
-from cfl.methods.hook_guard import guarded
+from cfl.methods.hook_guard import BrokenRule, guarded
 from cfl.metrics import client_forgetting
 from cfl.metrics.evaluate import accuracy, class_counts, per_class_percent
 from cfl.metrics.matrix import empty_matrix
@@ -223,11 +225,13 @@ class Runner:
             if overrides(m, "server_end"):
                 with guarded(m, "server_end"):
                     m.server_end("round", pl, st.server, task)
+                plain_server(m, "server_end", st.server)
         for m, st in zip(self.methods, self.states, strict=True):
             if overrides(m, "after_server_step"):
                 self.model.eval()
-                with guarded(m, "after_server_step"):
+                with guarded(m, "after_server_step"), unwritten(m, "after_server_step", {"global_params": self.params}):
                     m.after_server_step(self.model, self.params, st.server, task)
+                plain_server(m, "after_server_step", st.server)
         down = len(jobs) * (self.model_download_bytes + round_down)
         # a method's own upload (client_upload) in place of the dense bytes of the parameters it sends
         sent_dense = nbytes({k: self.params[k] for k in combined})
@@ -365,6 +369,7 @@ class Runner:
             if overrides(m, "server_end"):
                 with guarded(m, "server_end"):
                     m.server_end("task_end", uploads, st.server, task)
+                plain_server(m, "server_end", st.server)
         self.progress.task_end_seconds += time.perf_counter() - start
 
     def _before_task_end(self, method: Method, server: State, task: int) -> None:
@@ -374,6 +379,7 @@ class Runner:
         start = time.perf_counter()
         with guarded(method, "before_task_end"):
             check_none(method.before_task_end(model, classes, server, task), BEFORE_TASK_END)
+        plain_server(method, "before_task_end", server)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         stats = server.setdefault("stats", {})
@@ -440,6 +446,16 @@ def built(cls: type[Method], hparams: Any, run_info: RunInfo) -> Method:
     """``cls(hparams, run_info)``; what its ``__init__`` raises names the method and its file."""
     with guarded(cls, "__init__"):
         return cls(hparams, run_info)
+
+
+def plain_server(method: Method, hook: str, server: State) -> None:
+    """Refuse a server state that ``method.hook`` left unfit for a checkpoint (a function, a module, a numpy array:
+    :func:`cfl.engine.checkpoint.check_plain`), naming the hook, before the next checkpoint would fail on it."""
+    try:
+        check_plain(server, "server")
+    except CheckpointError as err:
+        with guarded(method, hook):
+            raise BrokenRule(f"{PLAIN_STATE}; {str(err).split(';')[0]}") from None
 
 
 def broadcast_of(method: Method, event: str, server: State) -> State:
