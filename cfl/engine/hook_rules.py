@@ -197,7 +197,7 @@ def check_params(result: Any, params: Params, rule: str) -> Any:
         v = result[key]
         if not isinstance(v, torch.Tensor) or v.shape != p.shape or (
                 p.is_floating_point() and not v.is_floating_point()):
-            raise BrokenRule(f"{rule}; for '{key}' (a {p.dtype} tensor of shape {tuple(p.shape)}) {_got(v)}")
+            raise BrokenRule(f"{rule}; for '{key}' (shape {tuple(p.shape)}) {_got(v)}")
     return result
 
 
@@ -232,7 +232,7 @@ def check_client_upload(result: Any, params: Params, local: frozenset[str]) -> t
         if key in local:
             raise BrokenRule(f"{CLIENT_UPLOAD}; '{key}' is kept per client (local_params), never sent")
         if not isinstance(v, torch.Tensor) or v.shape != p.shape or not v.is_floating_point():
-            raise BrokenRule(f"{CLIENT_UPLOAD}; for '{key}' (a {p.dtype} tensor of shape {tuple(p.shape)}) {_got(v)}")
+            raise BrokenRule(f"{CLIENT_UPLOAD}; for '{key}' (a float tensor of shape {tuple(p.shape)}) {_got(v)}")
     for key, v in info.items():
         if not isinstance(v, torch.Tensor):
             raise BrokenRule(f"{CLIENT_UPLOAD}; info '{key}' {_got(v)}")
@@ -245,8 +245,8 @@ def check_server_aggregate(result: Any, sent: Params, params: Params) -> Params:
                          + (f" with keys {sorted(result)}" if isinstance(result, dict) else ""))
     for key, v in result.items():
         if not isinstance(v, torch.Tensor) or v.shape != params[key].shape or not v.is_floating_point():
-            raise BrokenRule(f"{SERVER_AGGREGATE}; for '{key}' (a {params[key].dtype} tensor of shape "
-                             f"{tuple(params[key].shape)}) {_got(v)}")
+            raise BrokenRule(f"{SERVER_AGGREGATE}; for '{key}' (a float tensor of shape {tuple(params[key].shape)}) "
+                             f"{_got(v)}")
     return result
 
 

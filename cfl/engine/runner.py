@@ -23,14 +23,14 @@ from cfl.engine.checkpoint import CheckpointError, check_plain
 from cfl.engine.client_params import ClientParams
 from cfl.engine.global_model import global_model
 from cfl.engine.hook_rules import BEFORE_TASK_END, PLAIN_STATE, check_bytes, check_none, check_upload
-from cfl.engine.hooks import unwritten
+from cfl.engine.hooks import finite_checks, unwritten
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, derive_seed, limit_epochs
 from cfl.engine.local_batched import BatchedTrainer
 from cfl.engine.local_sequential import train_sequential
 from cfl.engine.model_buffers import announcement, collect, download_bytes, hand_out
 from cfl.engine.path import choose_path, trainer_kind
 from cfl.engine.schedule import Schedule, sample_clients
-from cfl.engine.server import Server
+from cfl.engine.server import NonFiniteError, Server
 from cfl.engine.state_stores import build_stores, sizing_of
 from cfl.engine.task_start import TaskStarts
 from cfl.methods import METHODS
@@ -43,7 +43,7 @@ from cfl.methods.base import (
     overrides,
     takes_part_at_task_end,
 )
-from cfl.methods.hook_guard import BrokenRule, guarded
+from cfl.methods.hook_guard import VMAPPED_HOOKS, BrokenRule, guarded
 from cfl.metrics import client_forgetting
 from cfl.metrics.evaluate import accuracy, class_counts, per_class_percent
 from cfl.metrics.matrix import empty_matrix
@@ -201,7 +201,11 @@ class Runner:
         self.progress.train_seconds += time.perf_counter() - start
         if self.buffers:  # the hooks' forwards in training may have moved the template's statistics: the global ones
             load_global_model(self.model, {}, self.buffers)
-        keep = self.server.accept(trained, outcomes, task, rnd, broadcasts)
+        try:
+            keep = self.server.accept(trained, outcomes, task, rnd, broadcasts)
+        except NonFiniteError as err:
+            self._blame_hooks([j for j in jobs if j.cid in err.clients], task, plugins)
+            raise
         kept_jobs = [j for j, ok in zip(jobs, keep.tolist(), strict=True) if ok]
         self.client_params.keep_trained(trained, jobs, keep, self.states)
         combined, sent_sizes = self.client_params.uploads(trained, jobs, keep, self.params, self.states)
@@ -253,6 +257,20 @@ class Runner:
             self.progress.client_forgetting.append(forgetting)
             record["client_forgetting_mean"] = forgetting["mean"]
         return record
+
+    def _blame_hooks(self, jobs: list[ClientJob], task: int, plugins: Plugins) -> None:
+        """After a non-finite round: train the clients it stopped on again, one after another, with every hook's
+        result checked (:class:`cfl.engine.hooks.finite_checks`), so a hook that made NaN or inf from finite
+        arguments is named (``HookError``, exit code 3) in place of the advice to lower lr. Nothing on the way:
+        only methods that make values in local training, only after such a stop."""
+        if not jobs or not any(overrides(m, h) for m in self.methods for h in VMAPPED_HOOKS):
+            return
+        data = self.stream.tasks[task]
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), finite_checks():
+            train_sequential(self.model, self.params, jobs, data.train_x, data.train_y, task, self.hyper, plugins)
+        if self.buffers:
+            load_global_model(self.model, {}, self.buffers)
 
     def _with_client_buffers(self, trained: Params, outcomes: list[ClientOutcome]) -> Params:
         """``trained`` and, for a model with running statistics, the clients' own stacked alongside (each client's
