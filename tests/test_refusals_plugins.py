@@ -91,6 +91,54 @@ PLUGINS = {
     "task_start_changed": method("tc", "    broadcast = {'task_start': ('pool',)}\n"
                                        "    def server_end(self, event, uploads, server, task):\n"
                                        "        server['pool'] = torch.ones(1)  # a new tensor each round\n"),
+    # issue 37 items 4-8: failures that escaped as tracebacks or went unnoticed
+    "carry_counter": method("cc", "    calls = 0\n"
+                                  "    def carry_start(self, global_params, state):\n"
+                                  "        Bad.calls += 1  # module-level state: each client gets another size\n"
+                                  "        return {'path': torch.zeros(Bad.calls)}\n"),
+    "carry_grows": method("cg", "    client_events = ('round',)\n"
+                                "    def carry_start(self, global_params, state):\n"
+                                "        n = state['path'].shape[0] + 1 if 'path' in state else 1\n"
+                                "        return {'path': torch.zeros(n)}\n"
+                                "    def carry_step(self, step, moved):\n"
+                                "        return {'path': step.carry['path'] + 1}\n"
+                                "    def client_end(self, event, model, params, data, state, server, generator):\n"
+                                "        return None\n"),
+    "loss_no_grad": method("ng", "    def task_loss(self, params, logits, y, x, task, weight, allowed, server, "
+                                 "state):\n"
+                                 "        return torch.zeros(logits.shape[0])\n"),
+    "late_loss_no_grad": method("lng", TASK_END_MARK + "    def task_loss(self, params, logits, y, x, task, weight, "
+                                                       "allowed, server, state):\n"
+                                                       "        if 'seen' in state:\n"
+                                                       "            return torch.zeros(logits.shape[0])\n"
+                                                       "        return torch.nn.functional.cross_entropy(logits, y, "
+                                                       "reduction='none')\n"),
+    "server_function": method("sf", "    def after_server_step(self, model, global_params, server, task):\n"
+                                    "        server['score'] = lambda: 1\n"),
+    "late_server_function": method("lsf", "    def after_server_step(self, model, global_params, server, task):\n"
+                                          "        if task == 1:\n"
+                                          "            server['score'] = lambda: 1\n"),
+    "step_branch": method("sbr", "    def step_gradient(self, step):\n"
+                                 "        if step.grads['body.1.weight'].sum() > 0:\n"
+                                 "            return None\n"
+                                 "        return None\n"),
+    "steps_zero": method("sz", "    def local_steps_per_epoch(self, num_samples, server):\n        return 0\n"),
+    "preconditioner_shape": method("pc", "    def layer_preconditioner(self, state):\n"
+                                         "        return {'body.1.weight': torch.eye(3)}\n"),
+    "step_integer": method("sint", "    def step_gradient(self, step):\n"
+                                   "        return {k: g.long() for k, g in step.grads.items()}\n"),
+    "update_integer": method("uint", "    def transform_update(self, delta, server, task):\n"
+                                     "        return {k: d.long() for k, d in delta.items()}\n"),
+    "step_writes": method("sw", "    def step_gradient(self, step):\n"
+                                "        step.params['body.1.weight'].mul_(0.5)\n"
+                                "        return None\n"),
+    "server_writes": method("aw", "    def after_server_step(self, model, global_params, server, task):\n"
+                                  "        global_params['body.1.weight'].mul_(0.5)\n"),
+    "step_nan": method("sn", TASK_END_MARK + "    def step_gradient(self, step):\n"
+                                             "        if 'seen' not in step.state:\n"
+                                             "            return None\n"
+                                             "        return {k: g / (step.state['seen'] - 1) for k, g in "
+                                             "step.grads.items()}\n"),
 }
 BENCHMARK = "import sys\n\ndef make():\n    sys.exit(0)\n"  # a stream.benchmark callable ending the process
 NAME_RULE = "must be letters, digits, '-', '_' or '.'"
@@ -197,6 +245,56 @@ CASES = [
                                                   "method.name=tr", "--out", "{tmp}/tr"], 3,
      ["method 'tr'", "hook before_task_end", "must return None", "got dict", "at the end of task 0 (0-based)",
       "is kept"]),
+    # issue 37 items 4-8
+    ("carry_start: sizes differing between clients", ["run", "{cfg}", "--plugin", "{tmp}/carry_counter.py", "--set",
+                                                      "method.name=cc", "--out", "{tmp}/cc"], 2,
+     ["method 'cc'", "hook carry_start", "the same keys and shapes for every client",
+      "'path' has shape (2,) for one client and (3,) for another", "declare `ragged = {{'path': 0}}`"]),
+    ("mid-run: carry_start sizes differing between clients", ["run", "{cfg}", "--plugin", "{tmp}/carry_grows.py",
+                                                              "--set", "method.name=cg", "--out", "{tmp}/cg"], 3,
+     ["method 'cg'", "hook carry_start", "for one client and (2,) for another", "declare `ragged = {{'path': 0}}`",
+      "round 2 of the task", "is kept"]),
+    ("task_loss: no grad_fn", ["run", "{cfg}", "--plugin", "{tmp}/loss_no_grad.py", "--set", "method.name=ng",
+                               "--out", "{tmp}/ng"], 2,
+     ["method 'ng'", "hook task_loss", "got a tensor without grad_fn"]),
+    ("mid-run: task_loss without grad_fn", ["run", "{cfg}", "--plugin", "{tmp}/late_loss_no_grad.py", "--set",
+                                            "method.name=lng", "--out", "{tmp}/lng"], 3,
+     ["method 'lng'", "hook task_loss", "got a tensor without grad_fn", "at task 1 (0-based)", "is kept"]),
+    ("after_server_step: a function in server", ["run", "{cfg}", "--plugin", "{tmp}/server_function.py", "--set",
+                                                 "method.name=sf", "--out", "{tmp}/sf"], 2,
+     ["method 'sf'", "hook after_server_step", "only tensors, numbers, strings", "server['score'] is a function"]),
+    ("mid-run: after_server_step puts a function in server", ["run", "{cfg}", "--plugin",
+                                                              "{tmp}/late_server_function.py", "--set",
+                                                              "method.name=lsf", "--out", "{tmp}/lsf"], 3,
+     ["method 'lsf'", "hook after_server_step", "server['score'] is a function", "at task 1 (0-based)", "is kept"]),
+    ("step_gradient: a branch on a tensor under vmap", ["run", "{cfg}", "--plugin", "{tmp}/step_branch.py", "--set",
+                                                        "method.name=sbr", "--out", "{tmp}/sbr"], 2,
+     ["method 'sbr'", "hook step_gradient raised RuntimeError", "vmap",
+      "penalty, task_loss, extra_loss, layer_preconditioner, gradient_projection, step_gradient and carry_step"]),
+    ("local_steps_per_epoch: 0", ["run", "{cfg}", "--plugin", "{tmp}/steps_zero.py", "--set", "method.name=sz",
+                                  "--out", "{tmp}/sz"], 2,
+     ["method 'sz'", "hook local_steps_per_epoch", "an int >= 1", "got int 0"]),
+    ("layer_preconditioner: a matrix of the wrong size", ["run", "{cfg}", "--plugin", "{tmp}/preconditioner_shape.py",
+                                                          "--set", "method.name=pc", "--out", "{tmp}/pc"], 2,
+     ["method 'pc'", "hook layer_preconditioner", "(d = 64)", "shape (3, 3)"]),
+    ("step_gradient: integer gradients", ["run", "{cfg}", "--plugin", "{tmp}/step_integer.py", "--set",
+                                          "method.name=sint", "--out", "{tmp}/sint"], 2,
+     ["method 'sint'", "hook step_gradient", "float tensor shaped like it", "got a torch.int64 tensor"]),
+    ("transform_update: an integer update", ["run", "{cfg}", "--plugin", "{tmp}/update_integer.py", "--set",
+                                             "method.name=uint", "--out", "{tmp}/uint"], 2,
+     ["method 'uint'", "hook transform_update", "float tensor shaped like it", "got a torch.int64 tensor"]),
+    ("step_gradient: writes into step.params", ["run", "{cfg}", "--plugin", "{tmp}/step_writes.py", "--set",
+                                                "method.name=sw", "--out", "{tmp}/sw"], 2,
+     ["method 'sw'", "hook step_gradient", "must not write into its arguments in place",
+      "it wrote into step.params['body.1.weight']"]),
+    ("after_server_step: scales global_params in place", ["run", "{cfg}", "--plugin", "{tmp}/server_writes.py",
+                                                          "--set", "method.name=aw", "--out", "{tmp}/aw"], 2,
+     ["method 'aw'", "hook after_server_step", "must not write into its arguments in place",
+      "it wrote into global_params['body.1.weight']"]),
+    ("mid-run: step_gradient makes NaN", ["run", "{cfg}", "--plugin", "{tmp}/step_nan.py", "--set", "method.name=sn",
+                                          "--out", "{tmp}/sn"], 3,
+     ["method 'sn'", "hook step_gradient: made non-finite values (NaN or inf) from finite arguments",
+      "['body.1.weight']", "at task 1 (0-based), round 1 of the task", "is kept"]),
     ("mid-run: a task_start key changed during its task", ["run", "{cfg}", "--plugin", "{tmp}/task_start_changed.py",
                                                            "--set", "method.name=tc", "--out", "{tmp}/tc"], 3,
      ["method 'tc'", "pool listed under broadcast['task_start'] changed during task 0", "change these keys only at",

@@ -57,8 +57,9 @@ def rewritten(stage: StepStage, s: int, n: int, params: Params, grads: Params, d
     batch, _, stacked = data
     before = {k: v.detach().clone() for k, v in params.items()} if stage.carry_stepping else params
     rows = client_rows(carry, n)
-    new = vmap(lambda p, g, b, d, st, ca: stage.rewrite(p, g, b, d, st, ca, s),
-               randomness="different")(before, grads, batch, drawn, stacked, rows)
+    with stage.watched("step_gradient", s, before, grads, batch, drawn, stacked, rows):
+        new = vmap(lambda p, g, b, d, st, ca: stage.rewrite(p, g, b, d, st, ca, s),
+                   randomness="different")(before, grads, batch, drawn, stacked, rows)
     return new, before
 
 
@@ -67,8 +68,10 @@ def carry_on(stage: StepStage, s: int, n: int, params: Params, grads: Params, be
     """The running values of the ``n`` clients still training after the step, written into ``carry``'s rows."""
     batch, _, stacked = data
     moved = {k: params[k] - before[k] for k in params}
-    new = vmap(lambda p, g, b, d, st, ca, mv: stage.carried(p, g, b, d, st, ca, s, mv),
-               randomness="different")(before, grads, batch, drawn, stacked, client_rows(carry, n), moved)
+    rows = client_rows(carry, n)
+    with stage.watched("carry_step", s, before, grads, batch, drawn, stacked, rows, moved):
+        new = vmap(lambda p, g, b, d, st, ca, mv: stage.carried(p, g, b, d, st, ca, s, mv),
+                   randomness="different")(before, grads, batch, drawn, stacked, rows, moved)
     write_rows(carry, new, n)
 
 
@@ -80,5 +83,12 @@ def write_rows(carry: State, new: State, n: int) -> None:
             carry[k][:n] = v
 
 
-def leaf_row(v: State | torch.Tensor, c: int) -> State | torch.Tensor:
-    return {k: leaf_row(u, c) for k, u in v.items()} if isinstance(v, dict) else v[c].clone()
+def leaf_row(v: State | torch.Tensor, c: int, like: State | torch.Tensor) -> State | torch.Tensor:
+    """Client ``c``'s row of the stacked running values ``v``, each leaf cut back to the shape of ``like`` (its own
+    ``carry_start`` values: a ``ragged`` one was zero-padded to the widest client)."""
+    if isinstance(v, dict):
+        return {k: leaf_row(u, c, like[k]) for k, u in v.items()}
+    row = v[c]
+    if row.shape != like.shape:
+        row = row[tuple(slice(0, n) for n in like.shape)]
+    return row.clone()

@@ -16,19 +16,27 @@ PENALTY = "must return None or {parameter name: Quadratic(weight, anchor)}, the 
 PRECONDITIONER = ("must return {weight name: matrix (d, d)}, d the weight's size over its first dim (im2col width); "
                   "weights only (2 or more dims)")
 PROJECTION = "must return {parameter name: basis (d, k)}, d the parameter's size over its first dim (im2col width)"
-TASK_LOSS = "must return one float loss per sample of the batch, a tensor of shape (B,) with B = logits.shape[0]"
+TASK_LOSS = ("must return one float loss per sample of the batch, a tensor of shape (B,) with B = logits.shape[0], "
+             "computed from logits or params (it replaces the cross-entropy: the step's gradient is its gradient)")
 EXTRA_LOSS = "must return one float loss per sample of the batch x, a tensor of shape (B,) with B = x.shape[0]"
 REPLAY = "must return None or Samples(x, y, task): x shaped like the stream's inputs, y and task integer vectors"
 STEP_SAMPLES = "must return None or Samples(x, y, task): x shaped like the stream's inputs, y and task integer vectors"
-STEP_GRADIENT = "must return None or the step's gradient: {every parameter name: tensor shaped like it}"
+STEP_GRADIENT = "must return None or the step's gradient: {every parameter name: float tensor shaped like it}"
 CARRY_START = "must return a dict of tensors (nested dicts allowed), the same keys and shapes for every client"
+#: the part of a hook's rule that no check of one result can see (docs/plugins.md, "Rules that keep a method ...")
+READ_ONLY = "must not write into its arguments in place (return new tensors; only the arguments documented as " \
+    "updated in place may change)"
+PLAIN_STATE = ("must keep only tensors, numbers, strings and lists/dicts of them in its server state (it is "
+               "checkpointed)")
+FINITE = ("made non-finite values (NaN or inf) from finite arguments (the run stopped on them: a hook's division by "
+          "zero, log of 0 or overflow, not lr, is the cause)")
 CARRY_STEP = "must return a dict shaped like step.carry: the same keys, each tensor of the same shape and dtype"
 UPLOAD = "must return None or the client's upload, a dict"
 BEFORE_TASK_END = "must return None: it writes what it keeps into its server state (the argument server) in place"
-SERVER_UPDATE = "must return None or the new global parameters: {every parameter name: tensor shaped like it}"
-TRANSFORM = "must return the server step: {every parameter name: tensor shaped like it}"
+SERVER_UPDATE = "must return None or the new global parameters: {every parameter name: float tensor shaped like it}"
+TRANSFORM = "must return the server step: {every parameter name: float tensor shaped like it}"
 AFTER_SERVER_STEP = ("must return None or new global values of some parameters: {parameter name: tensor shaped "
-                     "like it}")
+                     "like it, of its dtype}")
 
 
 def _got(value: Any) -> str:
@@ -58,7 +66,7 @@ def check_penalty(result: Any, params: Params) -> dict[str, Quadratic]:
         p = _parameter(key, params, PENALTY)
         if not isinstance(q, Quadratic):
             raise BrokenRule(f"{PENALTY}; for '{key}' {_got(q)}")
-        if not isinstance(q.anchor, torch.Tensor) or q.anchor.shape != p.shape:
+        if not isinstance(q.anchor, torch.Tensor) or q.anchor.shape != p.shape or not q.anchor.is_floating_point():
             raise BrokenRule(f"{PENALTY}; the anchor of '{key}' (shape {tuple(p.shape)}) {_got(q.anchor)}")
         weight = q.weight
         if isinstance(weight, bool) or not isinstance(weight, (int, float, torch.Tensor)) or (
@@ -133,6 +141,31 @@ def check_carry_start(result: Any) -> dict:
     return result
 
 
+def check_carries(carries: list[dict], ragged: dict[str, int], prefix: str = "") -> None:
+    """Refuse the clients' ``carry_start`` results (one dict per client, each checked by :func:`check_carry_start`)
+    whose keys, or tensor shapes along other dims than the method's ``ragged`` declares, differ between clients:
+    the batched engine stacks them over the clients."""
+    for c in carries[1:]:
+        if set(c) != set(carries[0]):
+            raise BrokenRule(f"{CARRY_START}; one client's keys are {sorted(carries[0])}, another's {sorted(c)}")
+    for key, first in carries[0].items():
+        path, leaves = f"{prefix}{key}", [c[key] for c in carries]
+        if isinstance(first, dict) or any(isinstance(v, dict) for v in leaves):
+            if not all(isinstance(v, dict) for v in leaves):
+                raise BrokenRule(f"{CARRY_START}; '{path}' is a dict for one client, not for another")
+            check_carries(leaves, ragged, f"{path}.")
+            continue
+        dim = next((d for k, d in ragged.items() if path == k or path.startswith(f"{k}.")), None)
+        for v in leaves[1:]:
+            differ = [i for i in range(max(v.dim(), first.dim()))
+                      if v.dim() != first.dim() or (v.shape[i] != first.shape[i] and i != dim)]
+            if differ:
+                raise BrokenRule(f"{CARRY_START}; '{path}' has shape {tuple(first.shape)} for one client and "
+                                 f"{tuple(v.shape)} for another: give every client the same shape, or declare "
+                                 f"`ragged = {{{path!r}: {differ[0]}}}` (zero-padded to the widest client in the "
+                                 f"batched engine's stack; each client keeps its own size)")
+
+
 def check_carry_step(result: Any, carry: dict, where: str = "") -> dict:
     if not isinstance(result, dict) or set(result) != set(carry):
         keys = sorted(result) if isinstance(result, dict) else None
@@ -163,8 +196,10 @@ def check_params(result: Any, params: Params, rule: str) -> Any:
         missing = sorted(set(params) - set(result)) if isinstance(result, dict) else []
         raise BrokenRule(f"{rule}; {_got(result)}" + (f" without {', '.join(missing)}" if missing else ""))
     for key, p in params.items():
-        if not isinstance(result[key], torch.Tensor) or result[key].shape != p.shape:
-            raise BrokenRule(f"{rule}; for '{key}' (shape {tuple(p.shape)}) {_got(result[key])}")
+        v = result[key]
+        if not isinstance(v, torch.Tensor) or v.shape != p.shape or (
+                p.is_floating_point() and not v.is_floating_point()):
+            raise BrokenRule(f"{rule}; for '{key}' (shape {tuple(p.shape)}) {_got(v)}")
     return result
 
 
@@ -211,8 +246,8 @@ def check_client_upload(result: Any, params: Params, local: frozenset[str]) -> t
         p = _parameter(key, params, CLIENT_UPLOAD)
         if key in local:
             raise BrokenRule(f"{CLIENT_UPLOAD}; '{key}' is kept per client (local_params), never sent")
-        if not isinstance(v, torch.Tensor) or v.shape != p.shape:
-            raise BrokenRule(f"{CLIENT_UPLOAD}; for '{key}' (shape {tuple(p.shape)}) {_got(v)}")
+        if not isinstance(v, torch.Tensor) or v.shape != p.shape or not v.is_floating_point():
+            raise BrokenRule(f"{CLIENT_UPLOAD}; for '{key}' (a float tensor of shape {tuple(p.shape)}) {_got(v)}")
     for key, v in info.items():
         if not isinstance(v, torch.Tensor):
             raise BrokenRule(f"{CLIENT_UPLOAD}; info '{key}' {_got(v)}")
@@ -224,8 +259,9 @@ def check_server_aggregate(result: Any, sent: Params, params: Params) -> Params:
         raise BrokenRule(f"{SERVER_AGGREGATE} ({', '.join(sent)}); {_got(result)}"
                          + (f" with keys {sorted(result)}" if isinstance(result, dict) else ""))
     for key, v in result.items():
-        if not isinstance(v, torch.Tensor) or v.shape != params[key].shape:
-            raise BrokenRule(f"{SERVER_AGGREGATE}; for '{key}' (shape {tuple(params[key].shape)}) {_got(v)}")
+        if not isinstance(v, torch.Tensor) or v.shape != params[key].shape or not v.is_floating_point():
+            raise BrokenRule(f"{SERVER_AGGREGATE}; for '{key}' (a float tensor of shape {tuple(params[key].shape)}) "
+                             f"{_got(v)}")
     return result
 
 
@@ -240,5 +276,5 @@ STEPS_PER_EPOCH = "local_steps_per_epoch must return None or an int >= 1 (the lo
 
 def check_steps(result: Any) -> int | None:
     if result is not None and (isinstance(result, bool) or not isinstance(result, int) or result < 1):
-        raise BrokenRule(f"{STEPS_PER_EPOCH}; {_got(result)}")
+        raise BrokenRule(f"{STEPS_PER_EPOCH}; {_got(result)}" + (f" {result!r}" if isinstance(result, int) else ""))
     return result

@@ -6,10 +6,16 @@ checks the result against the hook's rule (:mod:`cfl.engine.hook_rules`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Any
+
 import torch
 from torch.func import vmap
 
 from cfl.engine.hook_rules import (
+    FINITE,
+    READ_ONLY,
     TASK_LOSS,
     check_carry_start,
     check_carry_step,
@@ -22,12 +28,84 @@ from cfl.engine.hook_rules import (
     check_step_samples,
 )
 from cfl.methods.base import Method, Quadratic, Samples, Step, accepts
-from cfl.methods.hook_guard import guarded
+from cfl.methods.hook_guard import BrokenRule, guarded, hook_error
 from cfl.ops.losses import weighted_mean
 from cfl.ops.subspace import project_out
 from cfl.tensors import Params, State
 
 PenaltyTerms = dict[str, tuple[torch.Tensor, torch.Tensor]]  # name -> (A, B) of the gradient A * w - B
+
+
+def _tensors(tree: Any, name: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor in ``tree`` (nested dicts, lists, tuples, ``Samples``) with its path from ``name``."""
+    if isinstance(tree, torch.Tensor):
+        if not tree.is_inference():  # an inference tensor keeps no version counter
+            yield name, tree
+    elif isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from _tensors(v, f"{name}[{k!r}]")
+    elif isinstance(tree, (list, tuple)):
+        fields = getattr(tree, "_fields", None)
+        for i, v in enumerate(tree):
+            yield from _tensors(v, f"{name}.{fields[i]}" if fields else f"{name}[{i}]")
+    elif isinstance(tree, Samples):
+        for k in ("x", "y", "task", "weight"):
+            yield from _tensors(getattr(tree, k, None), f"{name}.{k}")
+
+
+class unwritten:  # noqa: N801 -- used as ``with unwritten(...)``, like :class:`guarded`
+    """Refuse in-place writes by ``method.hook`` into its read-only ``arguments`` ({name: tensors}), seen by the
+    tensors' version counters (``tensor._version``, bumped by every in-place op, also one made under ``vmap`` on
+    the tensor it maps over). Used around the dry call and a round's first call only (a few attribute reads per
+    argument tensor, no device work)."""
+
+    __slots__ = ("hook", "method", "seen")
+
+    def __init__(self, method: Method, hook: str, arguments: dict[str, Any]) -> None:
+        self.method, self.hook = method, hook
+        first = {id(t): (n, t) for name, tree in reversed(arguments.items()) for n, t in _tensors(tree, name)}
+        self.seen = [(n, t, t._version) for n, t in reversed(first.values())]  # each tensor once, by its first name
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> bool:
+        if err is not None:
+            return False
+        written = [n for n, t, version in self.seen if t._version != version]
+        if written:
+            raise hook_error(self.method, self.hook, BrokenRule(f"{READ_ONLY}; it wrote into {written[0]}"
+                                                                + (" and more" if len(written) > 1 else "")))
+        return False
+
+
+class finite_checks:  # noqa: N801 -- used as ``with finite_checks():``
+    """While active, the hooks below refuse a result holding NaN or inf made from finite arguments (naming the hook).
+    Off during training (each check would synchronise the device); the round engine turns it on to re-run the
+    clients a non-finite round stopped on, so the message names the hook that made the values, not lr."""
+
+    on = False
+
+    def __enter__(self) -> None:
+        finite_checks.on = True
+
+    def __exit__(self, *exc: object) -> None:
+        finite_checks.on = False
+
+
+def _nonfinite(tree: Any, name: str) -> str | None:
+    """The path of the first float tensor of ``tree`` holding NaN or inf, or None."""
+    return next((n for n, t in _tensors(tree, name) if t.is_floating_point() and not bool(torch.isfinite(t).all())),
+                None)
+
+
+def made_finite(result: Any, arguments: dict[str, Any]) -> None:
+    """Under :class:`finite_checks`: refuse a hook's ``result`` holding NaN or inf where its ``arguments`` hold none."""
+    if not finite_checks.on:
+        return
+    bad = _nonfinite(result, "the result")
+    if bad is not None and all(_nonfinite(v, k) is None for k, v in arguments.items()):
+        raise BrokenRule(f"{FINITE}; in {bad}")
 
 
 def quadratic_loss(params: Params, quadratics: dict[str, Quadratic] | None) -> torch.Tensor:
@@ -41,7 +119,10 @@ def quadratic_loss(params: Params, quadratics: dict[str, Quadratic] | None) -> t
 def penalty_loss(method: Method, params: Params, global_params: Params, server: State, state: State) -> torch.Tensor:
     """One client's penalty, derived from its declared quadratics."""
     with guarded(method, "penalty"):
-        return quadratic_loss(params, check_penalty(method.penalty(global_params, server, state), params))
+        quadratics = check_penalty(method.penalty(global_params, server, state), params)
+        made_finite({k: (q.weight, q.anchor) for k, q in quadratics.items()}, {"global_params": global_params,
+                                                                              "state": state})
+        return quadratic_loss(params, quadratics)
 
 
 def _terms(method: Method, global_params: Params, server: State, state: State) -> PenaltyTerms:
@@ -68,8 +149,20 @@ def task_loss(method: Method, params: Params, logits: torch.Tensor, y: torch.Ten
               state: State) -> torch.Tensor:
     """One client's per-sample task loss ``(B,)`` from ``method.task_loss`` (not yet averaged)."""
     with guarded(method, "task_loss"):
-        return check_extra_loss(method.task_loss(params, logits, y, x, task, weight, allowed, server, state),
+        loss = check_extra_loss(method.task_loss(params, logits, y, x, task, weight, allowed, server, state),
                                 logits, TASK_LOSS)
+        made_finite(loss, {"params": params, "logits": logits, "x": x, "state": state})
+        return loss
+
+
+def differentiable(method: Method, loss: torch.Tensor) -> torch.Tensor:
+    """``loss`` (``method.task_loss``'s, outside ``vmap``, where ``requires_grad`` is seen) when it carries a
+    gradient: the step's gradient is its gradient, so a constant would train nothing."""
+    if torch.is_grad_enabled() and not loss.requires_grad:
+        with guarded(method, "task_loss"):
+            raise BrokenRule(f"{TASK_LOSS}; got a tensor without grad_fn: it is not computed from logits or params, "
+                             "so no step would train the model")
+    return loss
 
 
 def extra_loss(method: Method, params: Params, x: torch.Tensor, task: torch.Tensor, weight: torch.Tensor,
@@ -78,7 +171,9 @@ def extra_loss(method: Method, params: Params, x: torch.Tensor, task: torch.Tens
     method's ``step_samples`` draw) reach an override that names the argument."""
     more = {"samples": samples} if accepts(method, "extra_loss", "samples") else {}
     with guarded(method, "extra_loss"):
-        return weighted_mean(check_extra_loss(method.extra_loss(params, x, task, server, state, **more), x), weight)
+        loss = check_extra_loss(method.extra_loss(params, x, task, server, state, **more), x)
+        made_finite(loss, {"params": params, "x": x, "state": state})
+        return weighted_mean(loss, weight)
 
 
 def project(grads: Params, bases: dict[str, torch.Tensor]) -> Params:
@@ -89,7 +184,9 @@ def project(grads: Params, bases: dict[str, torch.Tensor]) -> Params:
 def projected(method: Method, grads: Params, state: State) -> Params:
     """One client's gradients projected off ``method.gradient_projection``."""
     with guarded(method, "gradient_projection"):
-        return project(grads, check_projection(method.gradient_projection(state), grads))
+        bases = check_projection(method.gradient_projection(state), grads)
+        made_finite(bases, {"state": state})
+        return project(grads, bases)
 
 
 def state_free_bases(method: Method, grads: Params) -> dict[str, torch.Tensor]:
@@ -121,6 +218,7 @@ def step_gradient(method: Method, step: Step) -> Params:
     """One client's step gradient after ``method.step_gradient`` (``step.grads`` where it returns None)."""
     with guarded(method, "step_gradient"):
         result = check_step_gradient(method.step_gradient(step), step.grads)
+        made_finite(result, {"step.params": step.params, "step.grads": step.grads, "step.state": step.state})
     return step.grads if result is None else {k: result[k] for k in step.grads}
 
 
@@ -131,13 +229,17 @@ def carry_start(method: Method, global_params: Params, state: State) -> State:
 
 def carry_step(method: Method, step: Step, moved: Params) -> State:
     with guarded(method, "carry_step"):
-        return check_carry_step(method.carry_step(step, moved), step.carry)
+        carry = check_carry_step(method.carry_step(step, moved), step.carry)
+        made_finite(carry, {"step.carry": step.carry, "step.grads": step.grads, "moved": moved})
+        return carry
 
 
 def preconditioners(method: Method, params: Params, state: State) -> dict[str, torch.Tensor]:
     """One client's ``method.layer_preconditioner`` matrices, checked against the parameters (one client's)."""
     with guarded(method, "layer_preconditioner"):
-        return check_preconditioner(method.layer_preconditioner(state), params)
+        matrices = check_preconditioner(method.layer_preconditioner(state), params)
+        made_finite(matrices, {"state": state})
+        return matrices
 
 
 def stacked_preconditioners(method: Method, params: Params, stacked: State) -> dict[str, torch.Tensor]:

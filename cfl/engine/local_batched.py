@@ -39,11 +39,12 @@ from cfl.engine.stacked_net import StackedNet
 from cfl.engine.stacking import Batch, client_rows, couples_samples, pad_samples, sample_counts, stack_states
 from cfl.engine.step_hooks import STEP_HOOKS, StepStage, task_loss_of
 from cfl.methods.base import Method, Samples, overrides
+from cfl.methods.hook_guard import VMAPPED_HOOKS
 from cfl.ops.losses import masked_cross_entropy, weighted_mean
 from cfl.tensors import Params, State
 
-#: hooks that read the stacked client states under ``vmap``
-_VMAPPED = ("penalty", "task_loss", "extra_loss", "gradient_projection", "layer_preconditioner", *STEP_HOOKS)
+#: hooks that read the stacked client states (under ``vmap``, and the step hooks outside it)
+_VMAPPED = tuple(dict.fromkeys((*VMAPPED_HOOKS, *STEP_HOOKS)))
 
 
 def _padded_schedule(jobs: list[ClientJob], hp: Hyper,
@@ -264,7 +265,8 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
     if stage is not None and stacked is not None:
         raise ValueError("the stacked path takes no step hooks (cfl.engine.path.choose_path routes them to vmap)")
     raw_states = [plugins.client_states(i, cids) for i in range(len(plugins.methods))]
-    carry = stack_states([stage.start([st[c] for st in raw_states]) for c in range(C)], {}) if stage else {}
+    starts = [stage.start([st[c] for st in raw_states]) for c in range(C)] if stage else []
+    carry = stage.stacked(starts) if stage else {}
     update = (SGDStep if hp.optimizer == "sgd" else OptimStep)(hp, params, plugins, stage is not None)
     kept = None  # optimizer.state: kept: the clients' stacked optimiser state and step counts so far
     if hp.optimizer_state == "kept" and not local_optim.plain_sgd(hp):
@@ -350,7 +352,7 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
                    {k: g.clone() for k, g in grads.items()} if carrying else grads, None, step_states, plugins)
             if carrying:
                 carry_on(stage, s, n, params, grads, before, drawn, carry, step_data)
-    carries = [{i: {k: leaf_row(v, c) for k, v in ci.items()} for i, ci in carry.items()} for c in range(C)]
+    carries = [{i: leaf_row(ci, c, starts[c][i]) for i, ci in carry.items()} for c in range(C)]
     mean_loss = (loss_sum / steps_left.clamp(min=1)).tolist()
     slots = None if kept is None else (stacked.slots if stacked is not None else update.kept_slots())
     outcomes = [ClientOutcome(job.cid, len(job.indices), mean_loss[c], bool(finite[c]), carries[c] if carry else {},
@@ -450,9 +452,9 @@ def _grouped_losses(groups: list[Group], data: StepBatch, extras: list[Batch | N
             cross_entropy = weighted_mean(masked_cross_entropy(forward(p, xb, tb, idx), yb, None if allowed is None
                                                                else pick(allowed)), wb)
         else:  # the method's own per-sample loss in place of the cross-entropy
-            cross_entropy = weighted_mean(_own_losses(plugins, own, p, forward(p, xb, tb, idx), (xb, yb, tb, wb),
-                                                      None if allowed is None else pick(allowed),
-                                                      client_rows_of(states[own], pick)), wb)
+            own_losses = _own_losses(plugins, own, p, forward(p, xb, tb, idx), (xb, yb, tb, wb),
+                                     None if allowed is None else pick(allowed), client_rows_of(states[own], pick))
+            cross_entropy = weighted_mean(hooks.differentiable(plugins.methods[own], own_losses), wb)
         loss = cross_entropy
         for i, m in enumerate(plugins.methods):
             if overrides(m, "extra_loss"):

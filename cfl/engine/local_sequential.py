@@ -61,8 +61,9 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
             {i: as_batch(d, x.device) for i, d in stage.draw(states, generator, x).items() if d is not None}
         with autocast(hp.precision, x.device):  # bf16-mixed: products in bfloat16, the loss on float32 logits
             logits = to_float(functional_call(model, tensors, (xb, tb)))
-        per_sample = masked_cross_entropy(logits, yb, job.allowed) if own_loss is None else hooks.task_loss(
-            methods[own_loss], params, logits, yb, xb, tb, wb, job.allowed, broadcasts[own_loss], states[own_loss])
+        per_sample = masked_cross_entropy(logits, yb, job.allowed) if own_loss is None else hooks.differentiable(
+            methods[own_loss], hooks.task_loss(methods[own_loss], params, logits, yb, xb, tb, wb, job.allowed,
+                                               broadcasts[own_loss], states[own_loss]))
         keep = wb > 0
         loss = (per_sample[keep] * wb[keep]).sum() / wb[keep].sum()
         losses.append(float(loss.detach()))
@@ -78,7 +79,7 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
         if stage is not None:  # the step hooks: after the loss gradient, before the optimiser
             batch = (xb, yb, tb, wb)
             before = {k: v.detach().clone() for k, v in params.items()}
-            with torch.no_grad():
+            with torch.no_grad(), stage.watched("step_gradient", s, before, grads, batch, drawn, states, carry):
                 grads = stage.rewrite(before, grads, batch, drawn, states, carry, s)
         with torch.no_grad():
             for found in matrices:
@@ -92,7 +93,8 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
                 local_optim.apply_(hp, params[k], grads[k], slots[k], t0 + s + 1)
             if stage is not None and stage.carry_stepping:
                 moved = {k: params[k].detach() - before[k] for k in params}
-                carry = stage.carried(before, taken, batch, drawn, states, carry, s, moved)
+                with stage.watched("carry_step", s, before, taken, batch, drawn, states, carry, moved):
+                    carry = stage.carried(before, taken, batch, drawn, states, carry, s, moved)
     mean_loss = sum(losses) / max(len(losses), 1)
     outcome = ClientOutcome(job.cid, len(job.indices), mean_loss, finite, carry,
                             {} if kept is None else local_optim.stored_state(slots, t0 + len(losses)), buffers)

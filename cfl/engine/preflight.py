@@ -1,13 +1,17 @@
 """A dry call of every method's per-step and server hooks before the run writes anything: a hook that raises
 or returns the wrong shapes, keys or types on a fresh client is refused (exit code 2) instead of stopping the
 run at its first round. Each hook is called once, as the engine calls it, on the first two training samples,
-an empty client state and copies of the server state; torch's generators are restored afterwards, so the run
-draws what it would have drawn. ``client_end`` and ``server_end`` are not called here (they need a trained
-round): their failures stop the run with exit code 3 and its checkpoint kept."""
+an empty client state and copies of the server state, its read-only arguments watched for in-place writes
+(:class:`cfl.engine.hooks.unwritten`); then a dry round trains two fresh clients one local step each through the
+run's own trainer, so the batched engine runs the hooks it maps over clients (``VMAPPED_HOOKS``) under
+``torch.func.vmap`` over both, where ``.item()`` or a Python branch on a tensor fails. torch's generators are
+restored afterwards, so the run draws what it would have drawn. ``client_end`` and ``server_end`` are not called
+here (they need a trained round): their failures stop the run with exit code 3 and its checkpoint kept."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import torch
 from torch.func import functional_call
@@ -21,11 +25,18 @@ from cfl.engine.hook_rules import (
     check_server_aggregate,
     check_some_params,
 )
-from cfl.engine.runner import Runner, broadcast_of
+from cfl.engine.hooks import unwritten
+from cfl.engine.jobs import ClientJob, Plugins, limit_epochs
+from cfl.engine.local_batched import train_batched
+from cfl.engine.local_sequential import train_sequential
+from cfl.engine.path import trainer_kind
+from cfl.engine.runner import Runner, broadcast_of, plain_server
 from cfl.engine.server import transformed, updated
 from cfl.engine.step_hooks import StepStage, as_batch, gradient_function, takes_steps
 from cfl.methods.base import Method, Samples, overrides
 from cfl.methods.hook_guard import guarded
+from cfl.models.buffers import load_global_model
+from cfl.records.client_states import ClientStates, MethodState
 from cfl.tensors import Params, State
 
 
@@ -42,33 +53,47 @@ def dry_run_hooks(runner: Runner) -> None:
             server = copy.deepcopy(st.server)
             broadcast = {**broadcast_of(m, "round", server), **broadcast_of(m, "task_start", server)}
             params, state = _dry_start(runner, m, broadcast)
+            read = {"global_params": params, "server": broadcast, "state": state}
             if overrides(m, "penalty"):
-                hooks.penalty_loss(m, params, params, broadcast, state)
+                with unwritten(m, "penalty", read):
+                    hooks.penalty_loss(m, params, params, broadcast, state)
             if overrides(m, "task_loss"):
                 logits = functional_call(runner.model, params, (x, task))
-                hooks.task_loss(m, params, logits, y, x, task, weight, None, broadcast, state)
+                with unwritten(m, "task_loss", {**read, "logits": logits, "x": x, "y": y}):
+                    hooks.task_loss(m, params, logits, y, x, task, weight, None, broadcast, state)
+            if overrides(m, "layer_preconditioner"):
+                with unwritten(m, "layer_preconditioner", read):
+                    hooks.preconditioners(m, params, state)
             stage = StepStage([m], [broadcast], params, runner.hyper.lr,
                               gradient_function(runner.model, runner.hyper.precision, runner.device))
             drawn = {i: as_batch(d, runner.device) for i, d in stage.draw([state], torch.Generator().manual_seed(0),
                                                                           x).items() if d is not None}
             if overrides(m, "extra_loss"):
-                hooks.extra_loss(m, params, x, task, weight, broadcast, state, Samples(*drawn[0]) if drawn else None)
+                with unwritten(m, "extra_loss", {**read, "x": x}):
+                    hooks.extra_loss(m, params, x, task, weight, broadcast, state,
+                                     Samples(*drawn[0]) if drawn else None)
             if overrides(m, "gradient_projection"):
-                hooks.projected(m, {k: torch.zeros_like(v) for k, v in params.items()}, state)
+                with unwritten(m, "gradient_projection", read):
+                    hooks.projected(m, {k: torch.zeros_like(v) for k, v in params.items()}, state)
             if overrides(m, "replay"):
-                hooks.replayed(m, state, torch.Generator().manual_seed(0), x, broadcast)
+                with unwritten(m, "replay", read):
+                    hooks.replayed(m, state, torch.Generator().manual_seed(0), x, broadcast)
             if takes_steps(m):
                 _dry_step(runner, stage, drawn, (x, y, task, weight))
             _dry_upload(runner, m, params, state)
             params = runner.params
             delta = {k: torch.zeros_like(v) for k, v in params.items()}
-            updated(m, params, delta, server, runner.cfg.server_lr)
+            with unwritten(m, "server_update", {"global_params": params, "delta": delta}):
+                updated(m, params, delta, server, runner.cfg.server_lr)
             if overrides(m, "transform_update"):
-                transformed(m, delta, server, 0, params)
+                with unwritten(m, "transform_update", {"delta": delta}):
+                    transformed(m, delta, server, 0, params)
             if overrides(m, "after_server_step"):
-                with guarded(m, "after_server_step"):
+                with guarded(m, "after_server_step"), unwritten(m, "after_server_step", {"global_params": params}):
                     check_some_params(m.after_server_step(runner.model, params, server, 0), params,
                                       AFTER_SERVER_STEP)
+                plain_server(m, "after_server_step", server)
+    _dry_round(runner)
 
 
 def _dry_step(runner: Runner, stage: StepStage, drawn: dict, batch: tuple[torch.Tensor, ...]) -> None:
@@ -77,8 +102,40 @@ def _dry_step(runner: Runner, stage: StepStage, drawn: dict, batch: tuple[torch.
     params = runner.params
     zeros = {k: torch.zeros_like(v) for k, v in params.items()}
     carry = stage.start([{}])
-    grads = stage.rewrite(params, zeros, batch, drawn, [{}], carry, 0)
-    stage.carried(params, grads, batch, drawn, [{}], carry, 0, zeros)
+    with stage.watched("step_gradient", 0, params, zeros, batch, drawn, [{}], carry):
+        grads = stage.rewrite(params, zeros, batch, drawn, [{}], carry, 0)
+    with stage.watched("carry_step", 0, params, grads, batch, drawn, [{}], carry, zeros):
+        stage.carried(params, grads, batch, drawn, [{}], carry, 0, zeros)
+
+
+def _dry_round(runner: Runner) -> None:
+    """Two fresh clients of the first round (their ``local_steps_per_epoch`` asked for their real sample counts)
+    train one local step each on two of their samples through the run's own trainer, every method at once, from
+    empty client states and copies of the server states; nothing it trains is kept."""
+    jobs = runner.schedule.round_jobs(0, 0)[:2]
+    if len(jobs) == 1:  # one client a round: a second, fresh one beside it
+        jobs.append(ClientJob(jobs[0].cid + 1, jobs[0].indices.flip(0), jobs[0].allowed, jobs[0].seed + 1))
+    states = [MethodState(server=copy.deepcopy(st.server)) for st in runner.states]
+    broadcasts = [{**broadcast_of(m, "round", st.server), **broadcast_of(m, "task_start", st.server)}
+                  for m, st in zip(runner.methods, states, strict=True)]
+    limit_epochs(jobs, runner.methods, broadcasts)
+    for job in jobs:
+        job.indices, job.steps_per_epoch = job.indices[:2], 1
+        job.buffers = {k: v.clone() for k, v in runner.buffers.items()}
+    plugins = Plugins(runner.methods, states, broadcasts, ClientStates() if runner.optimizer_states is not None
+                      else None, frozen=runner.client_params.frozen)
+    if runner.client_params.active:
+        plugins.starts = runner.client_params.starts(jobs, runner.params, states, broadcasts, 0)
+    hyper = dataclasses.replace(runner.hyper, local_epochs=1, client_block=0)
+    data = runner.stream.tasks[0]
+    trainer = train_sequential if trainer_kind(runner.cfg.client_execution, hyper.path) == "sequential" else \
+        train_batched
+    devices, mode = [runner.device] if runner.device.type == "cuda" else [], runner.model.training
+    with torch.random.fork_rng(devices=devices), torch.enable_grad():
+        trainer(runner.model, runner.params, jobs, data.train_x, data.train_y, 0, hyper, plugins)
+    runner.model.train(mode)
+    if runner.buffers:  # the training forwards may have moved the template's statistics
+        load_global_model(runner.model, {}, runner.buffers)
 
 
 def _dry_start(runner: Runner, method: Method, broadcast: State) -> tuple[Params, State]:

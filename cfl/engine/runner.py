@@ -19,23 +19,26 @@ from torch import nn
 
 from cfl.config import Config
 from cfl.data.stream import Stream
+from cfl.engine.checkpoint import CheckpointError, check_plain
 from cfl.engine.client_params import ClientParams
 from cfl.engine.global_model import global_model
 from cfl.engine.hook_rules import (
     AFTER_SERVER_STEP,
     BEFORE_TASK_END,
+    PLAIN_STATE,
     check_bytes,
     check_none,
     check_some_params,
     check_upload,
 )
+from cfl.engine.hooks import finite_checks, unwritten
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, derive_seed, limit_epochs
 from cfl.engine.local_batched import BatchedTrainer
 from cfl.engine.local_sequential import train_sequential
 from cfl.engine.model_buffers import announcement, collect, download_bytes, hand_out
 from cfl.engine.path import choose_path, trainer_kind
 from cfl.engine.schedule import Schedule, sample_clients
-from cfl.engine.server import Server
+from cfl.engine.server import NonFiniteError, Server
 from cfl.engine.state_stores import build_stores, sizing_of
 from cfl.engine.task_start import TaskStarts
 from cfl.methods import METHODS
@@ -48,7 +51,7 @@ from cfl.methods.base import (
     overrides,
     takes_part_at_task_end,
 )
-from cfl.methods.hook_guard import guarded
+from cfl.methods.hook_guard import VMAPPED_HOOKS, BrokenRule, guarded
 from cfl.metrics import client_forgetting
 from cfl.metrics.evaluate import accuracy, class_counts, per_class_percent
 from cfl.metrics.matrix import empty_matrix
@@ -206,7 +209,11 @@ class Runner:
         self.progress.train_seconds += time.perf_counter() - start
         if self.buffers:  # the hooks' forwards in training may have moved the template's statistics: the global ones
             load_global_model(self.model, {}, self.buffers)
-        keep = self.server.accept(trained, outcomes, task, rnd, broadcasts)
+        try:
+            keep = self.server.accept(trained, outcomes, task, rnd, broadcasts)
+        except NonFiniteError as err:
+            self._blame_hooks([j for j in jobs if j.cid in err.clients], task, plugins)
+            raise
         kept_jobs = [j for j, ok in zip(jobs, keep.tolist(), strict=True) if ok]
         self.client_params.keep_trained(trained, jobs, keep, self.states)
         combined, sent_sizes = self.client_params.uploads(trained, jobs, keep, self.params, self.states)
@@ -230,12 +237,15 @@ class Runner:
             if overrides(m, "server_end"):
                 with guarded(m, "server_end"):
                     m.server_end("round", pl, st.server, task)
+                plain_server(m, "server_end", st.server)
         for m, st in zip(self.methods, self.states, strict=True):
             if overrides(m, "after_server_step"):
                 self.model.eval()
-                with guarded(m, "after_server_step"):  # may set global parameters (a closed-form classifier)
+                # may set global parameters (a closed-form classifier), never write into them in place
+                with guarded(m, "after_server_step"), unwritten(m, "after_server_step", {"global_params": self.params}):
                     new = check_some_params(m.after_server_step(self.model, self.params, st.server, task),
                                             self.params, AFTER_SERVER_STEP)
+                plain_server(m, "after_server_step", st.server)
                 self.params = {**self.params, **new}
         down = len(jobs) * (self.model_download_bytes + round_down)
         # a method's own upload (client_upload) in place of the dense bytes of the parameters it sends
@@ -258,6 +268,20 @@ class Runner:
             self.progress.client_forgetting.append(forgetting)
             record["client_forgetting_mean"] = forgetting["mean"]
         return record
+
+    def _blame_hooks(self, jobs: list[ClientJob], task: int, plugins: Plugins) -> None:
+        """After a non-finite round: train the clients it stopped on again, one after another, with every hook's
+        result checked (:class:`cfl.engine.hooks.finite_checks`), so a hook that made NaN or inf from finite
+        arguments is named (``HookError``, exit code 3) in place of the advice to lower lr. Nothing on the way:
+        only methods that make values in local training, only after such a stop."""
+        if not jobs or not any(overrides(m, h) for m in self.methods for h in VMAPPED_HOOKS):
+            return
+        data = self.stream.tasks[task]
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), finite_checks():
+            train_sequential(self.model, self.params, jobs, data.train_x, data.train_y, task, self.hyper, plugins)
+        if self.buffers:
+            load_global_model(self.model, {}, self.buffers)
 
     def _with_client_buffers(self, trained: Params, outcomes: list[ClientOutcome]) -> Params:
         """``trained`` and, for a model with running statistics, the clients' own stacked alongside (each client's
@@ -374,6 +398,7 @@ class Runner:
             if overrides(m, "server_end"):
                 with guarded(m, "server_end"):
                     m.server_end("task_end", uploads, st.server, task)
+                plain_server(m, "server_end", st.server)
         self.progress.task_end_seconds += time.perf_counter() - start
 
     def _before_task_end(self, method: Method, server: State, task: int) -> None:
@@ -383,6 +408,7 @@ class Runner:
         start = time.perf_counter()
         with guarded(method, "before_task_end"):
             check_none(method.before_task_end(model, classes, server, task), BEFORE_TASK_END)
+        plain_server(method, "before_task_end", server)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         stats = server.setdefault("stats", {})
@@ -449,6 +475,16 @@ def built(cls: type[Method], hparams: Any, run_info: RunInfo) -> Method:
     """``cls(hparams, run_info)``; what its ``__init__`` raises names the method and its file."""
     with guarded(cls, "__init__"):
         return cls(hparams, run_info)
+
+
+def plain_server(method: Method, hook: str, server: State) -> None:
+    """Refuse a server state that ``method.hook`` left unfit for a checkpoint (a function, a module, a numpy array:
+    :func:`cfl.engine.checkpoint.check_plain`), naming the hook, before the next checkpoint would fail on it."""
+    try:
+        check_plain(server, "server")
+    except CheckpointError as err:
+        with guarded(method, hook):
+            raise BrokenRule(f"{PLAIN_STATE}; {str(err).split(';')[0]}") from None
 
 
 def broadcast_of(method: Method, event: str, server: State) -> State:

@@ -15,6 +15,7 @@ import torch
 
 from cfl.config import Config
 from cfl.engine.hook_rules import SERVER_UPDATE, TRANSFORM, check_params
+from cfl.engine.hooks import finite_checks, made_finite
 from cfl.engine.jobs import ClientOutcome
 from cfl.engine.penalty_stiffness import stiffness_hint
 from cfl.methods.base import Method, Params, overrides
@@ -26,6 +27,8 @@ from cfl.tensors import State
 
 class NonFiniteError(RuntimeError):
     """A client produced a NaN/inf loss or update, or the server step a NaN/inf global model."""
+
+    clients: list[int] = []  # noqa: RUF012 -- the clients a non-finite round stopped on (set where raised)
 
 
 def client_deltas(trained: Params, global_params: Params, keep: torch.Tensor) -> Params:
@@ -64,8 +67,10 @@ class Server:
             warnings.warn(f"non-finite loss or update at {where}: update dropped", stacklevel=2)
             return finite
         hint = stiffness_hint(self.cfg, self.methods, self.states, broadcasts, self.params, bad)
-        raise NonFiniteError(f"non-finite loss or update at {where}; lower lr (now {self.cfg.lr}) or check "
+        err = NonFiniteError(f"non-finite loss or update at {where}; lower lr (now {self.cfg.lr}) or check "
                              f"the method's parameters" + (f". {hint}" if hint else ""))
+        err.clients = bad
+        raise err
 
     def step(self, trained: Params, keep: torch.Tensor, weights: torch.Tensor, task: int, rnd: int,
              local: frozenset[str] = frozenset(), combined: Params | None = None) -> None:
@@ -80,7 +85,12 @@ class Server:
         new = self.apply(delta, mask, task)
         for k in local:
             new[k] = self.params[k]
-        self.params = self.check_step(new, task, rnd)
+        try:
+            self.params = self.check_step(new, task, rnd)
+        except NonFiniteError:  # a server hook that made the NaN is named (the step again, with its results checked)
+            with finite_checks():
+                self.apply(delta, mask, task)
+            raise
 
     def apply(self, delta: Params, mask: Params | None, task: int) -> Params:
         """The new global parameters: the first method's ``server_update`` (else ``server_lr * delta``), times
@@ -116,10 +126,14 @@ def updated(method: Method, params: Params, delta: Params, server: State, lr: fl
         return None
     with guarded(method, "server_update"):
         new = method.server_update(params, delta, server, lr)
-        return None if new is None else check_params(new, params, SERVER_UPDATE)
+        new = None if new is None else check_params(new, params, SERVER_UPDATE)
+        made_finite(new, {"global_params": params, "delta": delta})
+        return new
 
 
 def transformed(method: Method, step: Params, server: State, task: int, params: Params) -> Params:
     """``method.transform_update`` of the server ``step`` (the step of each of ``params``)."""
     with guarded(method, "transform_update"):
-        return check_params(method.transform_update(step, server, task), params, TRANSFORM)
+        new = check_params(method.transform_update(step, server, task), params, TRANSFORM)
+        made_finite(new, {"delta": step})
+        return new

@@ -13,6 +13,7 @@ state (kept clients only) before ``client_end("round")``.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
@@ -20,8 +21,11 @@ from torch import nn
 from torch.func import functional_call
 
 from cfl.engine import hooks
+from cfl.engine.hook_rules import check_carries
 from cfl.engine.precision import autocast, to_float
+from cfl.engine.stacking import stack_states
 from cfl.methods.base import Method, Samples, Step, overrides
+from cfl.methods.hook_guard import guarded
 from cfl.ops.losses import masked_cross_entropy, weighted_mean
 from cfl.tensors import Params, State
 
@@ -96,10 +100,41 @@ class StepStage:
         """One client's running values at the round's start (``states``: its state per method)."""
         return {i: hooks.carry_start(self.methods[i], self.global_params, states[i]) for i in self.carrying}
 
+    def stacked(self, starts: list[dict[int, State]]) -> dict[int, State]:
+        """The clients' running values (``starts``: one :meth:`start` per client) stacked over them per method, a
+        leaf the method declares ``ragged`` zero-padded to the widest client; keys or shapes that differ otherwise
+        are refused, naming the method and ``carry_start``."""
+        out = {}
+        for i in self.carrying:
+            method = self.methods[i]
+            with guarded(method, "carry_start"):
+                check_carries([s[i] for s in starts], method.ragged)
+            out[i] = stack_states([s[i] for s in starts], method.ragged)
+        return out
+
     def draw(self, states: list[State], generator: torch.Generator, like: torch.Tensor) -> dict[int, Samples | None]:
         """One client's ``step_samples`` per sampling method."""
         return {i: hooks.step_samples(self.methods[i], states[i], generator, like, self.broadcasts[i])
                 for i in self.sampling}
+
+    def watched(self, hook: str, index: int, params: Params, grads: Params, batch: SampleBatch,
+                samples: dict[int, SampleBatch], states: list[State], carry: dict[int, State],
+                moved: Params | None = None) -> contextlib.AbstractContextManager:
+        """At a round's first step (``index`` 0), a context refusing in-place writes of the methods' ``hook``
+        (``step_gradient`` or ``carry_step``) into the step's arguments (:class:`cfl.engine.hooks.unwritten`); outside
+        ``vmap`` (version counters are read on the tensors it maps over). Later steps: nothing."""
+        which = self.rewriting if hook == "step_gradient" else self.carry_stepping
+        if index != 0 or not which:
+            return contextlib.nullcontext()
+        x, y, task, weight = batch
+        stack = contextlib.ExitStack()
+        for i in which:
+            stack.enter_context(hooks.unwritten(self.methods[i], hook, {
+                "step.params": params, "step.grads": grads, "step.x": x, "step.y": y, "step.task": task,
+                "step.weight": weight, "step.samples": samples.get(i), "step.global_params": self.global_params,
+                "step.server": self.broadcasts[i], "step.state": states[i], "step.carry": carry.get(i),
+                **({} if moved is None else {"moved": moved})}))
+        return stack
 
     # ---- one client's step (the batched trainer vmaps these) ----
     def _step(self, i: int, params: Params, grads: Params, batch: SampleBatch, samples: dict[int, SampleBatch],

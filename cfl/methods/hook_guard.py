@@ -17,9 +17,13 @@ from typing import Any
 from cfl.failures import USER_FAILURES, one_line, show_traceback
 from cfl.schema import ConfigError
 
-VMAP_HINT = ("; the batched engine runs penalty, extra_loss and gradient_projection under torch.func.vmap: write "
-             "them as pure tensor functions of one client (no .item(), no Python branching on tensor values, no "
-             "in-place writes to their inputs; docs/plugins.md)")
+#: the hooks the batched engine runs under ``torch.func.vmap`` over clients (docs/plugins.md, "Rules that keep a
+#: method fast and correct"): the one list the engine, the dry call and the messages read
+VMAPPED_HOOKS = ("penalty", "task_loss", "extra_loss", "layer_preconditioner", "gradient_projection", "step_gradient",
+                 "carry_step")
+VMAP_HINT = (f"; the batched engine runs {', '.join(VMAPPED_HOOKS[:-1])} and {VMAPPED_HOOKS[-1]} under "
+             "torch.func.vmap: write them as pure tensor functions of one client (no .item(), no Python branching on "
+             "tensor values, no in-place writes to their inputs; docs/plugins.md)")
 
 
 class BrokenRule(ValueError):
