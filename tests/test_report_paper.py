@@ -61,7 +61,8 @@ def test_the_table_marks_rows_that_differ_from_fedavg_and_the_csv_holds_the_p_va
     four_seeds(tmp_path)
     table = report([tmp_path], options=TableOptions(columns=("method", "acc", "fgt")))
     lines = table.splitlines()
-    assert lines[-1].startswith("† differs from the fedavg row") and "paired t-test (scipy.stats.ttest_rel)" in lines[-1]
+    assert lines[-1].startswith("† differs from the fedavg row")
+    assert "paired t-test (scipy.stats.ttest_rel)" in lines[-1]
     found = rows("\n".join(lines[:-2]))
     assert [(r["method"], r["ACC (%)"]) for r in found] == [
         ("fedavg", "73.00 ± 2.58"), ("ewc", "74.75 ± 3.30 †"), ("fedprox", "73.00 ± 2.58")]
@@ -155,7 +156,7 @@ def metrics_run(path: Path, method: str, seed: int, partition: str, curve: dict[
     (path / "results.json").write_text(json.dumps({**results, "partition": partition}))
 
 
-def test_last_k_averages_each_runs_last_evaluations_in_tables_and_curves(tmp_path, saved_figures):
+def test_last_k_averages_each_runs_last_evaluations_in_tables_and_curves(tmp_path):
     metrics_run(tmp_path / "runs" / "a0", "fedavg", 0, "iid", {1: 50.0, 2: 60.0, 3: 90.0})
     metrics_run(tmp_path / "runs" / "a1", "fedavg", 1, "iid", {1: 40.0, 2: 70.0, 3: 80.0})
     table = report([tmp_path / "runs"], options=TableOptions(columns=("method", "acc"), last_k=2))

@@ -8,9 +8,12 @@ SVG on request) with a CSV of the same name holding its numbers (:mod:`cfl.repor
   min-max band over seeds, task boundaries dotted;
 - ``acc_matrices``: the final accuracy matrices (mean over seeds) side by side.
 
-Each group has its own colour, marker and line style (:func:`cfl.report.figure_style.looks`); legends are
-display names plus the settings that differ between groups (:mod:`cfl.report.labels`); accuracy axes are fitted
-to the data. :class:`cfl.report.figure_style.FigureOptions` chooses groups, their order, legend texts and
+Groups that differ in stream (with its scenario) or partition are drawn in a panel per setting (``--facet``);
+each method (legend text: display name plus the settings that tell it apart, :mod:`cfl.report.labels`) keeps one
+colour, marker and line style in every panel and figure (:func:`cfl.report.figure_style.looks`, given in the
+table's row order, which the legend follows); accuracy axes are fitted to the data. No figure has a title unless
+asked (``--title``): what it shows is written beside it as ``NAME.txt``.
+:class:`cfl.report.figure_style.FigureOptions` chooses groups, their order, legend texts and
 colours, the y range, the size and the extra formats.
 """
 
