@@ -129,12 +129,14 @@ def _sweep_resume_hint(args: argparse.Namespace) -> str:
 def _cmd_report(args: argparse.Namespace) -> int:
     from cfl.report.table import TableOptions, report
 
-    options = TableOptions(_names(args.columns), _names(args.order), args.caption, args.label)
+    options = TableOptions(_names(args.columns), _names(args.order), args.caption, args.label, args.reference,
+                           args.test, args.last_k, args.layout, args.width)
     options.check(args.format)  # refuse bad options before any work
-    styled = args.plot_style or args.plot_format or args.y_range or args.figure_size
+    styled = (args.plot_style or args.plot_format or args.y_range or args.figure_size or args.facet
+              or args.title is not None)
     if styled and not args.plots:
-        raise ConfigError("--plot-style, --plot-format, --y-range and --figure-size shape the figures of --plots DIR; "
-                          "add --plots DIR")
+        raise ConfigError("--plot-style, --plot-format, --y-range, --figure-size, --facet and --title shape the "
+                          "figures of --plots DIR; add --plots DIR")
     if args.plots:  # refuse a bad directory or figure option before any work
         from cfl.report.compare_plots import check_out_dir, write_figures
         from cfl.report.figure_style import FigureOptions, read_style
@@ -142,6 +144,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         check_out_dir(Path(args.plots))
         figures = read_style(args.plot_style) if args.plot_style else FigureOptions()
         figures = figures.with_cli(args.plot_format, args.y_range, args.figure_size)
+        figures = figures.with_report(options.order, args.facet, args.title, args.last_k)
     print(report(args.runs, args.format, options))
     failed: list[str] = []
     if args.plots:
@@ -233,6 +236,27 @@ def build_parser() -> argparse.ArgumentParser:
                           "partition (default: fedavg first when present)")
     rep.add_argument("--caption", metavar="TEXT", help="--format latex: a table float with this caption (LaTeX)")
     rep.add_argument("--label", metavar="KEY", help="--format latex: a table float with this \\label")
+    rep.add_argument("--reference", metavar="LABEL",
+                     help="the row each row is tested against, paired by seed, in each stream and partition (a method "
+                          "or a whole row label; default: fedavg where a block has one FedAvg row); cells that differ "
+                          "at p < 0.05 get a dagger, the CSV the p-values (cfl/report/significance.py)")
+    rep.add_argument("--test", choices=("t", "wilcoxon"), default="t",
+                     help="the paired test: t (scipy.stats.ttest_rel, 2 seeds or more; default) or wilcoxon "
+                          "(scipy.stats.wilcoxon, 6 seeds or more)")
+    rep.add_argument("--last-k", type=int, metavar="K",
+                     help="ACC as the mean of each run's last K evaluations (metrics.jsonl mean_acc), in the table "
+                          "and, as a trailing mean over K evaluations, in the accuracy curves (cfl/report/last_k.py)")
+    rep.add_argument("--layout", choices=("rows", "methods-x-settings"), default="rows",
+                     help="--format latex: one row per group (default) or one row per method with a \\multicolumn "
+                          "group of columns per setting (stream and partition)")
+    rep.add_argument("--width", metavar="LENGTH",
+                     help="--format latex: scale the tabular to this LaTeX length, e.g. '\\linewidth' "
+                          "(\\resizebox; needs \\usepackage{graphicx})")
+    rep.add_argument("--facet", choices=("auto", "none", "stream", "partition"),
+                     help="figures: a panel per setting; auto (default): per stream (with its scenario) and partition "
+                          "where the groups differ in them; none: one panel, every group its own look")
+    rep.add_argument("--title", nargs="?", const="", metavar="TEXT",
+                     help="figures: a title (TEXT, or without it the caption of the sidecar NAME.txt); default: none")
     rep.add_argument("--plots", metavar="DIR", help="also write comparison figures (PNG) and their data (CSV) to "
                      "DIR: ACC and FGT per group, ACC against FGT, accuracy over rounds, final accuracy matrices")
     rep.add_argument("--plot-style", metavar="FILE.yaml", help="figure options: which groups in which order, their "

@@ -382,6 +382,12 @@ OWN_FILE_CASES = [
      ["report", "r", "--plots", "figs", "--plot-format", "eps"], ["unknown figure format(s) ['eps']", "pdf, svg"]),
     ("report: figure options without --plots", {"r/results.json": RUN}, {}, ["report", "r", "--y-range", "full"],
      ["shape the figures of --plots DIR", "add --plots DIR"]),
+    ("report: --facet without --plots", {"r/results.json": RUN}, {}, ["report", "r", "--facet", "none"],
+     ["--facet and --title shape the figures of --plots DIR", "add --plots DIR"]),
+    ("report: a reference no row has", {"r/results.json": RUN}, {}, ["report", "r", "--reference", "nosuch"],
+     ["--reference 'nosuch' matches no row", "name a method"]),
+    ("report: --layout without --format latex", {"r/results.json": RUN}, {},
+     ["report", "r", "--layout", "methods-x-settings"], ["--layout is read only with --format latex"]),
     ("report: no such style file", {"r/results.json": RUN}, {},
      ["report", "r", "--plots", "figs", "--plot-style", "nope.yaml"], ["--plot-style nope.yaml: no such file"]),
     # ---- issue 30 item 3: a grid of methods x a method parameter points to the variant entry ----

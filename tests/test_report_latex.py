@@ -53,9 +53,12 @@ def test_latex_is_a_well_formed_tabular_with_special_characters_escaped(tmp_path
     write_results(tmp_path / "b", 0, 70.0, 1.0, method="my_method", partition="dirichlet", bwt=-1.0,
                   config={"method": {"name": "my_method", "note": "x_{1}^2 ~ $y$"}})
     text = report([tmp_path], "latex")
-    assert_latex_structure(text, columns=9, rows=2)
+    # the paper's default columns: method (display label), ACC, FGT, upload; no stream, partition (the same in
+    # all rows), runs, seeds or wall
+    header, _ = assert_latex_structure(text, columns=4, rows=2)
+    assert header == ["method", r"ACC (\%) $\uparrow$", r"FGT (\%) $\downarrow$", r"upload (GiB) $\downarrow$"]
     body = [line for line in text.splitlines() if line.endswith(r"\\")]  # one run each, all tied: no bold
-    assert r"my\_method method.note=50\% \& \#1 & " in body[1] and " & 70.00 & " in body[1]  # no $\pm$
+    assert r"my\_method note=50\% \& \#1 & " in body[1] and " & 70.00 & " in body[1]  # no $\pm$
     assert r"note=x\_\{1\}\textasciicircum{}2 \textasciitilde{} \$y\$ & " in body[2]
     unescaped = re.sub(r"\\[%&#_${}]|\$\\(pm|uparrow|downarrow)\$|\\text\w+\{\}|\\\w+rule", "", text)
     assert not re.search(r"[%&#_$^~]", unescaped.replace(" & ", "")), text
@@ -80,9 +83,9 @@ def test_booktabs_table_with_caption_label_and_the_best_in_bold_by_direction(tmp
                          r"\label{tab:digits}"] and lines[-1] == r"\end{table}"
     header, body = assert_latex_structure(text, columns=3, rows=3)
     assert header == ["method", r"ACC (\%) $\uparrow$", r"FGT (\%) $\downarrow$"]
-    assert body == [["fedavg", "70.00", "5.00"],  # FedAvg first by default
-                    ["ewc", r"\textbf{80.00 $\pm$ 0.00}", r"\textbf{2.00 $\pm$ 0.00}"],  # ACC: a tie at 80.00
-                    ["fedprox", r"\textbf{80.00}", "3.00"]]
+    assert body == [["FedAvg", "70.00", "5.00"],  # FedAvg first by default; display labels
+                    ["EWC+FL", r"\textbf{80.00 $\pm$ 0.00}", r"\textbf{2.00 $\pm$ 0.00}"],  # ACC: a tie at 80.00
+                    ["FedProx", r"\textbf{80.00}", "3.00"]]
 
 
 def test_a_bare_tabular_without_caption_or_label_and_the_order_given(tmp_path):
@@ -90,7 +93,7 @@ def test_a_bare_tabular_without_caption_or_label_and_the_order_given(tmp_path):
     text = report([tmp_path], "latex", TableOptions(columns=("method", "fgt"), order=("fedprox", "ewc")))
     assert text.splitlines()[0] == r"\begin{tabular}{lr}" and r"\begin{table}" not in text
     _, body = assert_latex_structure(text, columns=2, rows=3)
-    assert [r[0] for r in body] == ["fedprox", "ewc", "fedavg"]
+    assert [r[0] for r in body] == ["FedProx", "EWC+FL", "FedAvg"]
     assert [r["method"] for r in rows(report([tmp_path], options=TableOptions(order=("ewc",))))] == [
         "ewc", "fedavg", "fedprox"]  # the rest as sorted (FedAvg first only by default)
 
@@ -103,9 +106,9 @@ def test_bold_compares_rows_of_one_stream_and_partition_and_full_cells_only(tmp_
     write_results(tmp_path / "b3", 1, 50.0, 2.0, stream="b", config={"lr": 0.2}, rounds_to_target={"0": {"50": None}})
     text = report([tmp_path], "latex", TableOptions(columns=("stream", "method", "acc", "targets")))
     _, body = assert_latex_structure(text, columns=4, rows=3)
-    assert body == [["a", "fedavg", "99.00", "no target set"],
-                    ["b", "fedavg lr=0.1", r"\textbf{60.00}", "3.0"],
-                    ["b", "fedavg lr=0.2", r"50.00 $\pm$ 0.00", "2.0 (1 of 2 runs)"]]
+    assert body == [["a", "FedAvg", "99.00", "no target set"],
+                    ["b", "FedAvg lr=0.1", r"\textbf{60.00}", "3.0"],
+                    ["b", "FedAvg lr=0.2", r"50.00 $\pm$ 0.00", "2.0 (1 of 2 runs)"]]
 
 
 def test_the_command_line_options_reach_the_table(tmp_path, capsys):
@@ -115,7 +118,7 @@ def test_the_command_line_options_reach_the_table(tmp_path, capsys):
     assert main(argv) == 0
     out = capsys.readouterr().out
     _, body = assert_latex_structure(out.strip(), columns=2, rows=3)
-    assert [r[0] for r in body] == ["ewc", "fedavg", "fedprox"]
+    assert [r[0] for r in body] == ["EWC+FL", "FedAvg", "FedProx"]
     assert r"\caption{ACC over seeds ($\pm$ one std).}" in out and r"\label{tab:acc}" in out
 
 

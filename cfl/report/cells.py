@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from cfl.report.groups import Group
+from cfl.report.groups import Group, Run
 
 #: which way a metric is better: ACC up, FGT down, ...; None: no best (text, counts)
 Better = Literal["higher", "lower"] | None
@@ -42,3 +42,6 @@ class Column:
     cell: Callable[[Group], Cell]
     numeric: bool = False  # cells are Stat (or None, or a text such as "never reached")
     better: Better = None
+    #: a result of learning (ACC, FGT, BWT, AIA, FWT): one run's value (None where it has none); only these columns
+    #: are bolded and tested against the reference row, never costs (upload, wall time, rounds to a target)
+    value: Callable[[Run], float | None] | None = None

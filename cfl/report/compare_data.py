@@ -23,18 +23,29 @@ Row = dict[str, Any]
 
 @dataclass(frozen=True)
 class Series:
-    """A group as a figure shows it: ``name`` as the table names it, ``legend`` its legend text."""
+    """A group as a figure shows it: ``name`` as the table names it, ``legend`` its legend text within its panel
+    (the same for a method in every panel: its colour and marker follow it), ``facet`` its panel's title ("": one
+    panel)."""
 
     name: str
     legend: str
     group: Group
+    facet: str = ""
 
 
-def _prefixes(groups: list[Group]) -> list[list[str]]:
-    """Per group, its stream and partition where those are not the same in all groups."""
+def faceted(groups: list[Group], facet: str = "none") -> tuple[bool, bool]:
+    """Whether panels split by stream and by partition: ``auto`` by each that differs among the groups,
+    ``stream`` or ``partition`` by that one (where it differs), ``none`` by neither."""
+    streams, partitions = len({g.stream for g in groups}) > 1, len({g.partition for g in groups}) > 1
+    return (streams and facet in ("auto", "stream"), partitions and facet in ("auto", "partition"))
+
+
+def _prefixes(groups: list[Group], by: tuple[bool, bool] = (False, False)) -> list[list[str]]:
+    """Per group, its stream and partition where those are not the same in all groups (nor panels of their own)."""
     streams = {g.stream for g in groups}
     partitions = {g.partition for g in groups}
-    return [[g.stream] * (len(streams) > 1) + [g.partition] * (len(partitions) > 1) for g in groups]
+    return [[g.stream] * (len(streams) > 1 and not by[0]) + [g.partition] * (len(partitions) > 1 and not by[1])
+            for g in groups]
 
 
 def group_names(groups: list[Group]) -> list[str]:
@@ -42,16 +53,20 @@ def group_names(groups: list[Group]) -> list[str]:
     return [" ".join([*prefix, g.label]) for prefix, g in zip(_prefixes(groups), groups, strict=True)]
 
 
-def legend_names(groups: list[Group]) -> list[str]:
-    """As :func:`group_names` with display names and short keys (``FedProx mu=1``)."""
+def legend_names(groups: list[Group], by: tuple[bool, bool] = (False, False)) -> list[str]:
+    """As :func:`group_names` with display names and short keys (``FedProx mu=1``), less the settings that have
+    panels of their own (``by``: stream, partition)."""
     short = short_keys(sorted({k for g in groups for k in g.differs}))
     return [" ".join([*prefix, row_label(g.method, g.differs, g.name, display=True, shortened=short)])
-            for prefix, g in zip(_prefixes(groups), groups, strict=True)]
+            for prefix, g in zip(_prefixes(groups, by), groups, strict=True)]
 
 
-def all_series(groups: list[Group]) -> list[Series]:
-    return [Series(n, legend, g) for n, legend, g in zip(group_names(groups), legend_names(groups), groups,
-                                                          strict=True)]
+def all_series(groups: list[Group], facet: str = "none") -> list[Series]:
+    """The groups as series, in the given order, with panels by ``facet`` (:func:`faceted`)."""
+    by = faceted(groups, facet)
+    panels = [" · ".join([g.stream] * by[0] + [g.partition] * by[1]) for g in groups]
+    return [Series(n, legend, g, panel) for n, legend, g, panel in zip(group_names(groups), legend_names(groups, by),
+                                                                        groups, panels, strict=True)]
 
 
 def summary_rows(series: list[Series]) -> list[Row]:
@@ -79,13 +94,17 @@ def read_mean_accuracy(run: Run) -> dict[int, float] | None:
     return {int(e["round"]): float(e["mean_acc"]) for e in lines if line_kind(e) == EVALUATION}
 
 
-def curve_rows(series: list[Series]) -> list[Row]:
-    """Per group and evaluated round: mean, min and max over seeds of the mean accuracy over seen tasks (%).
+def curve_rows(series: list[Series], last_k: int | None = None) -> list[Row]:
+    """Per group and evaluated round: mean, min and max over seeds of the mean accuracy over seen tasks (%), each
+    run's curve first averaged over its last ``last_k`` evaluations at each round (:mod:`cfl.report.last_k`).
 
     Only rounds evaluated in every run of the group that has a readable ``metrics.jsonl`` count."""
+    from cfl.report.last_k import trailing_means
+
     rows = []
     for name, g in ((s.name, s.group) for s in series):
-        curves = [c for c in map(read_mean_accuracy, g.runs) if c is not None]
+        curves = [c if last_k is None else trailing_means(c, last_k)
+                  for c in map(read_mean_accuracy, g.runs) if c is not None]
         if not curves:
             continue
         for rnd in sorted(set.intersection(*(set(c) for c in curves))):

@@ -30,6 +30,8 @@ LINESTYLES = ("-", "--", "-.", ":")
 #: what a figure may also be saved as (PNG is always written)
 FORMATS = ("pdf", "svg")
 STYLE_KEYS = ("groups", "y_range", "size", "formats")
+#: ``--facet``: a panel per setting that differs (auto), per stream (with its scenario), per partition, or one panel
+FACETS = ("auto", "none", "stream", "partition")
 GROUP_KEYS = ("group", "label", "color")
 #: ``y_range: full``: 0-100 with a margin, so a curve at 100 % is not drawn on the frame
 FULL_RANGE = (-2.0, 102.0)
@@ -64,12 +66,28 @@ class GroupStyle:
 
 @dataclass(frozen=True)
 class FigureOptions:
-    """What ``cfl report --plots`` was asked for (module docstring); the defaults fit everything to the data."""
+    """What ``cfl report --plots`` was asked for (module docstring); the defaults fit everything to the data.
+    ``order``: the table's ``--order`` (legend order = row order); ``facet``: :data:`FACETS`; ``title``: None (no
+    title: the caption goes to the sidecar ``NAME.txt``), ``""`` (the caption as title) or a text;
+    ``last_k``: :mod:`cfl.report.last_k`."""
 
     groups: tuple[GroupStyle, ...] | None = None
     y_range: tuple[float, float] | None = None
     size: tuple[float, float] | None = None
     formats: tuple[str, ...] = field(default=())
+    order: tuple[str, ...] | None = None
+    facet: str = "auto"
+    title: str | None = None
+    last_k: int | None = None
+
+    def with_report(self, order: tuple[str, ...] | None = None, facet: str | None = None, title: str | None = None,
+                    last_k: int | None = None) -> FigureOptions:
+        """These options with the report command's row order, facets, title and last-k."""
+        if facet is not None and facet not in FACETS:
+            raise ConfigError(f"--facet must be one of {', '.join(FACETS)}, got {facet!r}")
+        if title is not None:
+            check_label(title, "--title")
+        return replace(self, order=order, facet=facet or self.facet, title=title, last_k=last_k)
 
     def with_cli(self, formats: list[str] | None = None, y_range: list[str] | None = None,
                  size: list[str] | None = None) -> FigureOptions:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import io
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from cfl.report.cells import Better, Cell, Column, Stat
 from cfl.report.groups import Group, Run, group_runs, is_number, load_runs, mean_std
 from cfl.report.latex_table import latex
 from cfl.report.row_order import order_rows
+from cfl.report.significance import DAGGER, Significance, significance
 
 FORMATS = ("md", "csv", "latex")
 #: a rounds-to-target cell of a group none of whose runs set that target (others in the table did)
@@ -39,17 +41,26 @@ DEFAULT_COLUMNS = ("stream", "partition", "method", "runs", "seeds", "acc", "fgt
                    "wall")
 #: in the default only when a run of the table has the value (older results have neither; FWT not class-incremental)
 SHOWN_WHEN_MEASURED = ("aia", "fwt")
+#: ``--format latex``'s default, a paper's columns: stream and partition only where the rows differ in them
+LATEX_COLUMNS = ("stream", "partition", "method", "acc", "fgt", "aia", "fwt", "targets", "upload")
 
 
 @dataclass(frozen=True)
 class TableOptions:
     """``columns``: keys of :data:`COLUMN_KEYS` (None: the default); ``order``: names to put first (None: FedAvg
-    first when present); ``caption`` and ``label``: LaTeX only."""
+    first when present); ``caption``, ``label``, ``layout`` and ``width``: LaTeX only
+    (:mod:`cfl.report.latex_table`); ``reference`` and ``test``: :mod:`cfl.report.significance`; ``last_k``:
+    :mod:`cfl.report.last_k`."""
 
     columns: tuple[str, ...] | None = None
     order: tuple[str, ...] | None = None
     caption: str | None = None
     label: str | None = None
+    reference: str | None = None
+    test: str = "t"
+    last_k: int | None = None
+    layout: str = "rows"
+    width: str | None = None
 
     def check(self, fmt: str) -> None:
         """Refuse what would be ignored or is unknown, before any run is read."""
@@ -65,8 +76,18 @@ class TableOptions:
         if twice:
             raise ConfigError(f"--columns names {', '.join(repr(c) for c in twice)} more than once; name each "
                               "column once")
+        from cfl.report.last_k import check_k
+        from cfl.report.latex_table import LAYOUTS
+        from cfl.report.significance import TESTS
+
+        check_k(self.last_k)
+        if self.test not in TESTS:
+            raise ConfigError(f"--test must be one of {', '.join(TESTS)}, got {self.test!r}")
+        if self.layout not in LAYOUTS:
+            raise ConfigError(f"--layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
         if fmt != "latex":
-            given = [f"--{k}" for k in ("caption", "label") if getattr(self, k) is not None]
+            given = [f"--{k}" for k in ("caption", "label", "width") if getattr(self, k) is not None]
+            given += ["--layout"] * (self.layout != "rows")
             if given:
                 verb = "are" if len(given) > 1 else "is"
                 raise ConfigError(f"{' and '.join(given)} {verb} read only with --format latex (this is --format "
@@ -78,8 +99,20 @@ def stat(group: Group, values: list[float], digits: int) -> Stat | None:
     return None if ms is None else Stat(ms[0], ms[1], len(values), len(group.runs), digits)
 
 
-def result_column(title: str, key: str, better: Better, scale: float = 1.0, digits: int = 2) -> Column:
-    return Column(title, lambda g: stat(g, [v / scale for v in g.values(key)], digits), numeric=True, better=better)
+def result_column(title: str, key: str, better: Better, scale: float = 1.0, digits: int = 2,
+                  result: bool = True) -> Column:
+    """A column of ``results[key] / scale``; ``result``: a result of learning (bold, tested), not a cost."""
+    def value(run: Run) -> float | None:
+        v = run.results.get(key)
+        return float(v) / scale if is_number(v) else None
+    return values_column(title, value, better, digits, result)
+
+
+def values_column(title: str, value: Callable[[Run], float | None], better: Better, digits: int = 2,
+                  result: bool = True) -> Column:
+    def cell(g: Group) -> Cell:
+        return stat(g, [v for v in map(value, g.runs) if v is not None], digits)
+    return Column(title, cell, numeric=True, better=better, value=value if result else None)
 
 
 def rounds_to(run: Run, target: str) -> float | None:
@@ -123,7 +156,16 @@ def classes(runs: list[Run]) -> list[str]:
     return sorted(found, key=lambda c: (len(c), c))  # numbers as numbers: 2 before 10
 
 
-def column_set(runs: list[Run]) -> dict[str, list[Column]]:
+def acc_column(last_k: int | None) -> Column:
+    """ACC, or with ``last_k`` the mean of each run's last k evaluations (:mod:`cfl.report.last_k`)."""
+    if last_k is None:
+        return result_column("ACC (%)", "acc", "higher")
+    from cfl.report.last_k import last_k_mean
+
+    return values_column(f"ACC last {last_k} (%)", lambda run: last_k_mean(run, last_k), "higher")
+
+
+def column_set(runs: list[Run], last_k: int | None = None) -> dict[str, list[Column]]:
     """The columns of each key of :data:`COLUMN_KEYS`."""
     return {
         "stream": [Column("stream", lambda g: g.stream)],
@@ -131,52 +173,71 @@ def column_set(runs: list[Run]) -> dict[str, list[Column]]:
         "method": [Column("method", lambda g: g.label)],
         "runs": [Column("runs", lambda g: str(len(g.runs)))],
         "seeds": [Column("seeds", lambda g: ",".join(map(str, g.seeds)))],
-        "acc": [result_column("ACC (%)", "acc", "higher")],
+        "acc": [acc_column(last_k)],
         "fgt": [result_column("FGT (%)", "fgt", "lower")],
         "bwt": [result_column("BWT (%)", "bwt", "higher")],
         "aia": [result_column("AIA (%)", "aia", "higher")],
         "fwt": [result_column("FWT (%)", "fwt", "higher")],
         "targets": [target_column(t) for t in targets(runs)],
         "class_acc": [class_column(c) for c in classes(runs)],
-        "upload": [result_column("upload (GiB)", "upload_bytes", "lower", GIB, 3)],
-        "wall": [result_column("wall (s)", "wall_seconds", "lower", 1.0, 1)],
+        "upload": [result_column("upload (GiB)", "upload_bytes", "lower", GIB, 3, result=False)],
+        "wall": [result_column("wall (s)", "wall_seconds", "lower", 1.0, 1, result=False)],
     }
 
 
-def columns(runs: list[Run], keys: tuple[str, ...] | None = None) -> list[Column]:
-    """The columns of ``keys`` (None: :data:`DEFAULT_COLUMNS`, AIA and FWT only when a run has them)."""
+def columns(runs: list[Run], keys: tuple[str, ...] | None = None, last_k: int | None = None,
+            latex_groups: list[Group] | None = None) -> list[Column]:
+    """The columns of ``keys`` (None: :data:`DEFAULT_COLUMNS`, or given ``latex_groups`` :data:`LATEX_COLUMNS`
+    with stream and partition only where those groups differ in them; AIA and FWT only when a run has them)."""
     if keys is None:
-        keys = tuple(k for k in DEFAULT_COLUMNS
+        default = DEFAULT_COLUMNS if latex_groups is None else tuple(
+            k for k in LATEX_COLUMNS if k not in ("stream", "partition")
+            or len({getattr(g, k) for g in latex_groups}) > 1)
+        keys = tuple(k for k in default
                      if k not in SHOWN_WHEN_MEASURED or any(is_number(r.results.get(k)) for r in runs))
-    found = column_set(runs)
+    found = column_set(runs, last_k)
     return [c for k in keys for c in found[k]]
 
 
 # ---- formats ----
-def markdown(cols: list[Column], groups: list[Group]) -> str:
-    def text(cell: Cell) -> str:
-        return "–" if cell is None else cell.replace("|", "\\|") if isinstance(cell, str) else cell.text()
+def markdown(cols: list[Column], groups: list[Group], sig: Significance | None = None) -> str:
+    def text(cell: Cell, mark: bool) -> str:
+        if cell is None:
+            return "–"
+        return cell.replace("|", "\\|") if isinstance(cell, str) else cell.text() + f" {DAGGER}" * mark
     lines = ["| " + " | ".join(c.title for c in cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(text(c.cell(g)) for c in cols) + " |" for g in groups]
+    lines += ["| " + " | ".join(text(c.cell(g), sig is not None and sig.marked(i, k)) for k, c in enumerate(cols))
+              + " |" for i, g in enumerate(groups)]
+    if sig is not None and sig.ran:
+        lines += ["", sig.note()]
     return "\n".join(lines)
 
 
-def csv_text(cols: list[Column], groups: list[Group]) -> str:
-    """Text cells as they are; a statistic as ``mean``, ``std`` and ``n`` (runs it is over) columns."""
+def csv_text(cols: list[Column], groups: list[Group], sig: Significance | None = None) -> str:
+    """Text cells as they are; a statistic as ``mean``, ``std`` and ``n`` (runs it is over) columns; where rows
+    were tested against a reference, each result column's p-value (``... p``) and a last column naming the test."""
+    tested = sig is not None and sig.ran
     rows = [[c.cell(g) for c in cols] for g in groups]
     header: list[str] = []
     for c in cols:
         header += [f"{c.title} mean", f"{c.title} std", f"{c.title} n"] if c.numeric else [c.title]
+        header += [f"{c.title} p"] * (tested and c.value is not None)
+    header += ["significance"] * tested
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(header)
-    for row in rows:
+    for i, row in enumerate(rows):
         line: list[Any] = []
-        for cell, c in zip(row, cols, strict=True):
+        for k, (cell, c) in enumerate(zip(row, cols, strict=True)):
             if not c.numeric:
                 line.append(cell)
             else:
                 line += [cell.mean, cell.std if cell.n > 1 else "", cell.n] if isinstance(cell, Stat) else ["", "", 0]
+            if tested and c.value is not None:
+                found = sig.results.get((i, k)) if sig is not None else None
+                line.append("" if found is None or found.p is None else found.p)
+        if sig is not None and tested:
+            line.append(sig.describe(i, groups))
         writer.writerow(line)
     return out.getvalue().rstrip("\n")
 
@@ -187,11 +248,12 @@ RENDER = {"md": markdown, "csv": csv_text, "latex": latex}
 def report_table(runs: list[Run], fmt: str = "md", options: TableOptions | None = None) -> str:
     options = options or TableOptions()
     options.check(fmt)
-    cols = columns(runs, options.columns)
     groups = order_rows(group_runs(runs), None if options.order is None else list(options.order))
+    cols = columns(runs, options.columns, options.last_k, groups if fmt == "latex" else None)
+    sig = significance(cols, groups, options.reference, options.test)
     if fmt == "latex":
-        return latex(cols, groups, options.caption, options.label)
-    return RENDER[fmt](cols, groups)
+        return latex(cols, groups, options.caption, options.label, sig, options.layout, options.width)
+    return RENDER[fmt](cols, groups, sig)
 
 
 def report(paths: list[str | Path], fmt: str = "md", options: TableOptions | None = None) -> str:
