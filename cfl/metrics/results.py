@@ -17,6 +17,7 @@ from cfl.metrics.matrix import (
 from cfl.records.client_states import MethodState
 from cfl.records.comm import CommLedger, task_end_model_line, task_start_line
 from cfl.records.snapshot import RunSnapshot
+from cfl.report.labels import display_label, method_info
 
 
 def targets_per_task(evaluations: list[dict[str, Any]], targets: list[float],
@@ -83,7 +84,10 @@ def build_results(run: RunSnapshot, wall_seconds: float) -> dict[str, Any]:
         "engine_path": run.engine_path,
         "method_stats": {m.name: method_stats(run.comm, m, st) for m, st in zip(run.methods, run.states, strict=True)},
         "config": cfg.to_dict(),
+        # what a report needs to label the run without the plugin files that registered its methods
+        "method_info": method_info([m.name for m in run.methods]),
     }
+    results["display_label"] = display_label(cfg.method_label, results["config"], results["method_info"])
     if stream.scenario == "class":
         results["class_acc"] = prog.class_acc
     if cfg.target_accuracies:

@@ -45,8 +45,12 @@ def group_names(groups: list[Group]) -> list[str]:
 def legend_names(groups: list[Group]) -> list[str]:
     """As :func:`group_names` with display names and short keys (``FedProx mu=1``)."""
     short = short_keys(sorted({k for g in groups for k in g.differs}))
-    return [" ".join([*prefix, row_label(g.method, g.differs, g.name, display=True, shortened=short)])
-            for prefix, g in zip(_prefixes(groups), groups, strict=True)]
+    return [" ".join([*prefix, legend(g, short)]) for prefix, g in zip(_prefixes(groups), groups, strict=True)]
+
+
+def legend(group: Group, short: dict[str, str]) -> str:
+    """A group's display label: its method's display name (or config ``label``) and short ``key=value``s."""
+    return row_label(group.method, group.differs, group.name, display=True, shortened=short, recorded=group.recorded)
 
 
 def all_series(groups: list[Group]) -> list[Series]:
