@@ -83,6 +83,8 @@ class Group:
     runs: list[Run] = field(default_factory=list)
     name: str | None = None  # the runs' config ``label`` (a sweep variant's), shown instead of the method label
     recorded: MethodInfo | None = None  # the runs' ``method_info``: display names and defaults of their methods
+    #: the seeds where its accuracy matrices equal FedAvg's under the same settings (cfl.report.same_as_fedavg)
+    same_as_fedavg: list[int] = field(default_factory=list)
 
     @property
     def label(self) -> str:

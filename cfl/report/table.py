@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import io
 import statistics
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from cfl.report.cells import Better, Cell, Column, Stat
 from cfl.report.groups import Group, Run, group_runs, is_number, load_runs, mean_std
 from cfl.report.latex_table import latex
 from cfl.report.row_order import order_rows
+from cfl.report.same_as_fedavg import MARK, footnote, mark_same_as_fedavg
 
 FORMATS = ("md", "csv", "latex")
 #: a rounds-to-target cell of a group none of whose runs set that target (others in the table did)
@@ -124,7 +126,7 @@ def column_set(runs: list[Run]) -> dict[str, list[Column]]:
     return {
         "stream": [Column("stream", lambda g: g.stream)],
         "partition": [Column("partition", lambda g: g.partition)],
-        "method": [Column("method", lambda g: g.label)],
+        "method": [Column("method", lambda g: f"{g.label} {MARK}" if g.same_as_fedavg else g.label)],
         "runs": [Column("runs", lambda g: str(len(g.runs)))],
         "seeds": [Column("seeds", lambda g: ",".join(map(str, g.seeds)))],
         "acc": [result_column("ACC (%)", "acc", "higher")],
@@ -185,9 +187,16 @@ def report_table(runs: list[Run], fmt: str = "md", options: TableOptions | None 
     options.check(fmt)
     cols = columns(runs, options.columns)
     groups = order_rows(group_runs(runs), None if options.order is None else list(options.order))
+    mark_same_as_fedavg(groups)
+    note = footnote(groups)
     if fmt == "latex":
-        return latex(cols, groups, options.caption, options.label)
-    return RENDER[fmt](cols, groups)
+        table = latex(cols, groups, options.caption, options.label)
+        return f"{table}\n% {note}" if note else table  # a LaTeX comment: the file still compiles
+    if fmt == "csv":  # CSV stays one table: the note goes to stderr
+        if note:
+            print(f"cfl: note: {note}", file=sys.stderr)
+        return csv_text(cols, groups)
+    return f"{markdown(cols, groups)}\n\n{note}" if note else markdown(cols, groups)
 
 
 def report(paths: list[str | Path], fmt: str = "md", options: TableOptions | None = None) -> str:
