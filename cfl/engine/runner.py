@@ -19,6 +19,7 @@ from torch import nn
 
 from cfl.config import Config
 from cfl.data.stream import Stream
+from cfl.engine import penalty_share
 from cfl.engine.client_params import ClientParams
 from cfl.engine.global_model import global_model
 from cfl.engine.hook_rules import BEFORE_TASK_END, check_bytes, check_none, check_upload
@@ -200,6 +201,8 @@ class Runner:
         if self.buffers:  # the hooks' forwards in training may have moved the template's statistics: the global ones
             load_global_model(self.model, {}, self.buffers)
         keep = self.server.accept(trained, outcomes, task, rnd, broadcasts)
+        penalty_share.record_round(self.methods, self.states, broadcasts, self.params, trained, outcomes,
+                                   keep.tolist(), task)
         kept_jobs = [j for j, ok in zip(jobs, keep.tolist(), strict=True) if ok]
         self.client_params.keep_trained(trained, jobs, keep, self.states)
         combined, sent_sizes = self.client_params.uploads(trained, jobs, keep, self.params, self.states)
