@@ -31,6 +31,7 @@ from cfl.plugins import resume_command
 from cfl.records.run_dir import RESUME_SAFE_KEYS, is_resume_safe
 from cfl.report.files import atomic_write_bytes, atomic_write_json, check_searchable, check_writable
 from cfl.report.jsonl import MetricsWriter, keep_lines_up_to
+from cfl.report.labels import display_label
 from cfl.report.progress import ProgressBars
 from cfl.report.wandb_log import WandbLogger
 from cfl.report.wandb_sweep import RunSource
@@ -252,6 +253,7 @@ def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quie
                          f"Resume with: {resume_command(out)}",
                          128 + int(stop.signum))
     results = build_results(runner.snapshot(), time.perf_counter() - started)
+    results["display_label"] = display_label(cfg.method_label, results["config"], results["method_info"])
     results["wandb_run_id"] = logger.run_id
     plots = write_plots(results, runner.progress.evaluations, cfg.rounds_per_task, out)
     results["wall_seconds"] = time.perf_counter() - started

@@ -57,6 +57,7 @@ def fedavg_beside(runs):
     results = json.loads((runs / "derpp" / "results.json").read_text())
     results.update(method="fedavg", method_info={"fedavg": {"display": "FedAvg", "defaults": {}}})
     results["config"]["method"] = {"name": "fedavg"}
+    results["acc_matrix"][0][0] -= 1.0  # the stand-in trains as FedAvg: not FedAvg's matrix (cfl.report.same_as_fedavg)
     (runs / "fedavg").mkdir()
     (runs / "fedavg" / "results.json").write_text(json.dumps(results))
 

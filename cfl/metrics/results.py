@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from cfl.methods.base import Method, takes_part_at_task_end
+from cfl.methods.display import method_info
 from cfl.metrics import client_forgetting
 from cfl.metrics.matrix import (
     average_accuracy,
@@ -17,7 +18,6 @@ from cfl.metrics.matrix import (
 from cfl.records.client_states import MethodState
 from cfl.records.comm import CommLedger, task_end_model_line, task_start_line
 from cfl.records.snapshot import RunSnapshot
-from cfl.report.labels import display_label, method_info
 
 
 def targets_per_task(evaluations: list[dict[str, Any]], targets: list[float],
@@ -87,7 +87,6 @@ def build_results(run: RunSnapshot, wall_seconds: float) -> dict[str, Any]:
         # what a report needs to label the run without the plugin files that registered its methods
         "method_info": method_info([m.name for m in run.methods]),
     }
-    results["display_label"] = display_label(cfg.method_label, results["config"], results["method_info"])
     if stream.scenario == "class":
         results["class_acc"] = prog.class_acc
     if cfg.target_accuracies:

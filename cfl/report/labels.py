@@ -15,8 +15,9 @@ Tables name keys as ``--set`` would (``method.mu=1.0``); legends use display nam
 of a method's ``about`` before its colon) and the last part of each key (``mu=1``) unless two keys share it.
 
 A run records, in ``results.json``'s ``method_info``, each of its methods' display name and parameter defaults
-(:func:`method_info`), so a report labels a plugin's runs without the plugin file; the recorded values come
-first, the registry of this process serves ``results.json`` files written before cfl recorded them.
+(:func:`cfl.methods.display.method_info`), so a report labels a plugin's runs without the plugin file; the
+recorded values come first, the registry of this process serves ``results.json`` files written before cfl
+recorded them.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import json
 import re
 from typing import Any
 
+from cfl.methods.display import MethodInfo, registered_defaults, registered_display
+
 #: partition parameters always named (each partitioner's own skew parameter); others only away from default
 PARTITION_MAIN = ("alpha", "beta", "shards_per_client")
 
@@ -33,33 +36,6 @@ PARTITION_MAIN = ("alpha", "beta", "shards_per_client")
 def show(value: Any) -> str:
     """A value as a table label shows it: text as it is, anything else as JSON (``1.0``, ``[0.9, 0.999]``)."""
     return value if isinstance(value, str) else json.dumps(value)
-
-
-#: per method name: ``{"display": "FedProx", "defaults": {"mu": 0.01}}`` (``results.json``'s ``method_info``)
-MethodInfo = dict[str, dict[str, Any]]
-
-
-def method_info(names: list[str]) -> MethodInfo:
-    """What a run records of its methods (method and plugins) so that reports need no plugin file: each one's
-    display name and parameter defaults, from this process's registry."""
-    return {name: {"display": _registered_display(name), "defaults": _registered_defaults(name)} for name in names}
-
-
-def _registered_defaults(name: str) -> dict[str, Any]:
-    from cfl.methods import METHODS
-
-    cls = METHODS.get(name)
-    if cls is None:
-        return {}
-    return {f.name: f.default for f in dataclasses.fields(cls.Hyperparams) if f.default is not dataclasses.MISSING}
-
-
-def _registered_display(name: str) -> str:
-    from cfl.methods import METHODS
-
-    cls = METHODS.get(name)
-    about = getattr(cls, "about", "") if cls is not None else ""
-    return about.split(":")[0].strip() if ":" in about else name
 
 
 def _recorded(name: str, recorded: MethodInfo | None) -> dict[str, Any] | None:
@@ -73,7 +49,7 @@ def method_defaults(name: str, recorded: MethodInfo | None = None) -> dict[str, 
     entry = _recorded(name, recorded)
     if entry is not None and isinstance(entry.get("defaults"), dict):
         return dict(entry["defaults"])
-    return _registered_defaults(name)
+    return registered_defaults(name)
 
 
 def with_defaults(spec: dict[str, Any], recorded: MethodInfo | None = None) -> dict[str, Any]:
@@ -108,7 +84,7 @@ def display_name(method_label: str, recorded: MethodInfo | None = None) -> str:
         entry = _recorded(name, recorded)
         if entry is not None and isinstance(entry.get("display"), str):
             return entry["display"]
-        return _registered_display(name)
+        return registered_display(name)
     return " + ".join(one(part) for part in method_label.split("+"))
 
 
