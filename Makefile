@@ -1,4 +1,5 @@
-# Two commands for a new user: `make demo` (install + quickstart) and `make test` (install + tests).
+# Two commands for a new user: `make demo` (install + quickstart) and `make test` (install + tests, the CI command);
+# `make check` is the quick subset (ruff + the tests not marked slow: tests/conftest.py, SLOW).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -7,14 +8,15 @@ DEMO_METHODS ?= fedavg fedprox ewc er gpm fot
 # off FedAvg's, so the demo shows it at mu = 1.0. Override with e.g. `make demo DEMO_SET_fedprox=`.
 DEMO_SET_fedprox ?= --set method.mu=1.0
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test check lint clean
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml cfl/install_check.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ".[dev,ray,pretrained]"
+	$(BIN)/python -m cfl.install_check  # torch and torchvision import together, or the fix is printed
 	touch $@
 
 demo: install
@@ -26,6 +28,10 @@ demo: install
 test: install
 	$(BIN)/ruff check cfl tests benchmarks
 	$(BIN)/python -m pytest
+
+check: install
+	$(BIN)/ruff check cfl tests benchmarks
+	$(BIN)/python -m pytest -m "not slow"
 
 lint: install
 	$(BIN)/ruff check cfl tests benchmarks

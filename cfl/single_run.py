@@ -32,9 +32,11 @@ from cfl.pretrained.features import backbone_results, with_backbone
 from cfl.records.run_dir import RESUME_SAFE_KEYS, is_resume_safe
 from cfl.report.files import atomic_write_bytes, atomic_write_json, check_searchable, check_writable
 from cfl.report.jsonl import MetricsWriter, keep_lines_up_to
+from cfl.report.labels import display_label
 from cfl.report.progress import ProgressBars
 from cfl.report.wandb_log import WandbLogger
 from cfl.report.wandb_sweep import RunSource
+from cfl.task_numbering import task_name
 from cfl.validation import from_dict
 
 # also any other stop mid-run with the last checkpoint kept: a lost lock, a damaged client state, a method's
@@ -256,11 +258,13 @@ def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quie
         runner.client_stores.close()
     prog = runner.progress
     if stop() and prog.task < stream.num_tasks:
-        raise RunStopped(f"stopped by {stop.name} after round {prog.global_round} (task {prog.task + 1}/"
-                         f"{stream.num_tasks}); checkpoint saved. Resume with: {resume_command(out)}",
+        where = task_name(prog.task, stream.num_tasks)
+        raise RunStopped(f"stopped by {stop.name} after round {prog.global_round} ({where}); checkpoint saved. "
+                         f"Resume with: {resume_command(out)}",
                          128 + int(stop.signum))
     results = build_results(runner.snapshot(), time.perf_counter() - started)
-    backbone_results(results, stream)  # a random backbone flagged in results.json and every table row
+    results["display_label"] = display_label(cfg.method_label, results["config"], results["method_info"])
+    backbone_results(results, stream)  # a random backbone flagged in results.json and every table row and legend
     results["wandb_run_id"] = logger.run_id
     lock.check()
     atomic_write_json(out / "results.json", results)  # before any figure: a figure that fails never costs results
@@ -277,8 +281,8 @@ def position(runner: Runner) -> str:
     """Where the run is: in which round of which task, or at a task's end (0-based task, as in messages)."""
     prog = runner.progress
     if prog.round_in_task < runner.cfg.rounds_per_task:
-        return f"task {prog.task} (0-based), round {prog.round_in_task + 1} of the task"
-    return f"the end of task {prog.task} (0-based)"
+        return f"{task_name(prog.task)}, round {prog.round_in_task + 1} of the task"
+    return f"the end of {task_name(prog.task)}"
 
 
 def keep_metrics_lines(path: Path, rounds: int, evaluations: list[dict[str, Any]]) -> None:

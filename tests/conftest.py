@@ -136,3 +136,23 @@ def _probe_cache_in_a_temporary_directory(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CFL_PROBE_CACHE", str(tmp_path_factory.mktemp("probe") / "bf16_probe.json"))
         yield
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark ``slow`` the tests :data:`tests.slow_tests.SLOW` names (``make check`` deselects them); an entry that
+    matches no test of a file that was collected is refused, so the list cannot go stale silently."""
+    from tests.slow_tests import SLOW
+
+    slow = pytest.mark.slow
+    used: set[str] = set()
+    for item in items:
+        entry = next((e for e in SLOW if item.nodeid.startswith(e)), None)
+        if entry is not None:
+            item.add_marker(slow)
+            used.add(entry)
+    collected = {item.nodeid.split("::")[0] for item in items}
+    whole_files = not (config.option.keyword or config.option.deselect or any("::" in a for a in config.args))
+    stale = [e for e in SLOW if whole_files and e not in used and e.split("::")[0] in collected]
+    if stale:
+        raise pytest.UsageError(f"tests/slow_tests.py names tests that do not exist: {', '.join(stale)}; rename or "
+                                "remove the entries")

@@ -19,6 +19,7 @@ from torch import nn
 
 from cfl.config import Config
 from cfl.data.stream import Stream
+from cfl.engine import penalty_share
 from cfl.engine.checkpoint import CheckpointError, check_plain
 from cfl.engine.client_params import ClientParams
 from cfl.engine.global_model import global_model
@@ -214,6 +215,8 @@ class Runner:
         except NonFiniteError as err:
             self._blame_hooks([j for j in jobs if j.cid in err.clients], task, plugins)
             raise
+        penalty_share.record_round(self.methods, self.states, broadcasts, self.params, trained, outcomes,
+                                   keep.tolist(), task)
         kept_jobs = [j for j, ok in zip(jobs, keep.tolist(), strict=True) if ok]
         self.client_params.keep_trained(trained, jobs, keep, self.states)
         combined, sent_sizes = self.client_params.uploads(trained, jobs, keep, self.params, self.states)

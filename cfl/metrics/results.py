@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from cfl.methods.base import Method, takes_part_at_task_end
+from cfl.methods.display import method_info
 from cfl.metrics import client_forgetting
 from cfl.metrics.matrix import (
     average_accuracy,
@@ -83,6 +84,8 @@ def build_results(run: RunSnapshot, wall_seconds: float) -> dict[str, Any]:
         "engine_path": run.engine_path,
         "method_stats": {m.name: method_stats(run.comm, m, st) for m, st in zip(run.methods, run.states, strict=True)},
         "config": cfg.to_dict(),
+        # what a report needs to label the run without the plugin files that registered its methods
+        "method_info": method_info([m.name for m in run.methods]),
     }
     if stream.scenario == "class":
         results["class_acc"] = prog.class_acc

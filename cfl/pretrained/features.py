@@ -147,3 +147,5 @@ def backbone_results(results: dict[str, Any], stream: Stream) -> None:
     results["random_backbone"] = bool(info["random"])
     if info["random"] and not str(results["method"]).endswith(RANDOM_SUFFIX):
         results["method"] = f"{results['method']}{RANDOM_SUFFIX}"
+    if info["random"] and "display_label" in results and not str(results["display_label"]).endswith(RANDOM_SUFFIX):
+        results["display_label"] = f"{results['display_label']}{RANDOM_SUFFIX}"  # the legends' name

@@ -57,8 +57,12 @@ def legend_names(groups: list[Group], by: tuple[bool, bool] = (False, False)) ->
     """As :func:`group_names` with display names and short keys (``FedProx mu=1``), less the settings that have
     panels of their own (``by``: stream, partition)."""
     short = short_keys(sorted({k for g in groups for k in g.differs}))
-    return [" ".join([*prefix, row_label(g.method, g.differs, g.name, display=True, shortened=short)])
-            for prefix, g in zip(_prefixes(groups, by), groups, strict=True)]
+    return [" ".join([*prefix, legend(g, short)]) for prefix, g in zip(_prefixes(groups, by), groups, strict=True)]
+
+
+def legend(group: Group, short: dict[str, str]) -> str:
+    """A group's display label: its method's display name (or config ``label``) and short ``key=value``s."""
+    return row_label(group.method, group.differs, group.name, display=True, shortened=short, recorded=group.recorded)
 
 
 def all_series(groups: list[Group], facet: str = "none") -> list[Series]:

@@ -33,7 +33,15 @@ import yaml
 from cfl.config import ConfigError, parse_yaml
 from cfl.records.run_dir import is_resume_safe
 from cfl.report.duplicates import one_per_seed
-from cfl.report.labels import changed_method_keys, partition_label, row_label, show, stream_label, with_defaults
+from cfl.report.labels import (
+    MethodInfo,
+    changed_method_keys,
+    partition_label,
+    row_label,
+    show,
+    stream_label,
+    with_defaults,
+)
 
 TEXT_FIELDS = ("stream", "partition", "method")
 NUMBER_FIELDS = ("acc", "fgt")
@@ -57,6 +65,12 @@ class Run:
     def dir(self) -> Path:
         return self.path.parent
 
+    @property
+    def method_info(self) -> MethodInfo | None:
+        """Its methods' display names and defaults as the run recorded them (None in older results)."""
+        info = self.results.get("method_info")
+        return info if isinstance(info, dict) else None
+
 
 @dataclass
 class Group:
@@ -68,6 +82,9 @@ class Group:
     differs: dict[str, Any]  # the keys that tell this group from the others, with this group's values
     runs: list[Run] = field(default_factory=list)
     name: str | None = None  # the runs' config ``label`` (a sweep variant's), shown instead of the method label
+    recorded: MethodInfo | None = None  # the runs' ``method_info``: display names and defaults of their methods
+    #: the seeds where its accuracy matrices equal FedAvg's under the same settings (cfl.report.same_as_fedavg)
+    same_as_fedavg: list[int] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -208,9 +225,10 @@ def compared_keys(run: Run) -> dict[str, Any]:
     defaults filled in, ``stream.scenario`` the scenario the run resolved it to (``results.json``)."""
     config = dict(run.config)
     if isinstance(config.get("method"), dict):
-        config["method"] = with_defaults(config["method"])
+        config["method"] = with_defaults(config["method"], run.method_info)
     if isinstance(config.get("plugins"), list):
-        config["plugins"] = [with_defaults(p) if isinstance(p, dict) else p for p in config["plugins"]]
+        config["plugins"] = [with_defaults(p, run.method_info) if isinstance(p, dict) else p
+                             for p in config["plugins"]]
     keys = result_keys(config)
     if isinstance(run.results.get("scenario"), str):
         keys["stream.scenario"] = run.results["scenario"]
@@ -246,9 +264,9 @@ def group_runs(runs: list[Run]) -> list[Group]:
     groups = []
     for frozen, same in members.items():
         first, keys, where = same[0], json.loads(frozen)["keys"], _bucket(same[0])
-        named = set(differing_keys(buckets[where])) | set(changed_method_keys(first.config))
+        named = set(differing_keys(buckets[where])) | set(changed_method_keys(first.config, first.method_info))
         groups.append(Group(where[0], where[1], first.results["method"],
-                            {k: keys[k] for k in sorted(named) if k in keys}, same, where[2]))
+                            {k: keys[k] for k in sorted(named) if k in keys}, same, where[2], first.method_info))
         groups[-1].runs = one_per_seed(same, f"{where[0]} {where[1]} {groups[-1].label}")
     return sorted(groups, key=lambda g: (g.stream, g.partition, g.name or "", g.method,
                                          [_order(v) for v in g.differs.items()]))

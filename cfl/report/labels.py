@@ -13,6 +13,11 @@ One set of rules for all three:
 
 Tables name keys as ``--set`` would (``method.mu=1.0``); legends use display names (``FedProx``, the part
 of a method's ``about`` before its colon) and the last part of each key (``mu=1``) unless two keys share it.
+
+A run records, in ``results.json``'s ``method_info``, each of its methods' display name and parameter defaults
+(:func:`cfl.methods.display.method_info`), so a report labels a plugin's runs without the plugin file; the
+recorded values come first, the registry of this process serves ``results.json`` files written before cfl
+recorded them.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import dataclasses
 import json
 import re
 from typing import Any
+
+from cfl.methods.display import MethodInfo, registered_defaults, registered_display
 
 #: partition parameters always named (each partitioner's own skew parameter); others only away from default
 PARTITION_MAIN = ("alpha", "beta", "shards_per_client")
@@ -31,25 +38,29 @@ def show(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def method_defaults(name: str) -> dict[str, Any]:
-    """The parameters of a registered method with their defaults ({} for a method this process lacks)."""
-    from cfl.methods import METHODS
-
-    cls = METHODS.get(name)
-    if cls is None:
-        return {}
-    return {f.name: f.default for f in dataclasses.fields(cls.Hyperparams) if f.default is not dataclasses.MISSING}
+def _recorded(name: str, recorded: MethodInfo | None) -> dict[str, Any] | None:
+    entry = (recorded or {}).get(name)
+    return entry if isinstance(entry, dict) else None
 
 
-def with_defaults(spec: dict[str, Any]) -> dict[str, Any]:
+def method_defaults(name: str, recorded: MethodInfo | None = None) -> dict[str, Any]:
+    """The parameters of a method with their defaults: those ``recorded`` by the run (``method_info``), else
+    those of the method registered in this process ({} for neither)."""
+    entry = _recorded(name, recorded)
+    if entry is not None and isinstance(entry.get("defaults"), dict):
+        return dict(entry["defaults"])
+    return registered_defaults(name)
+
+
+def with_defaults(spec: dict[str, Any], recorded: MethodInfo | None = None) -> dict[str, Any]:
     """A method spec (``{name: fedprox}``) with every parameter the method has, defaults filled in."""
-    return {"name": spec.get("name"), **method_defaults(str(spec.get("name", ""))),
+    return {"name": spec.get("name"), **method_defaults(str(spec.get("name", "")), recorded),
             **{k: v for k, v in spec.items() if k != "name"}}
 
 
-def changed_params(spec: dict[str, Any]) -> dict[str, Any]:
+def changed_params(spec: dict[str, Any], recorded: MethodInfo | None = None) -> dict[str, Any]:
     """The parameters of a method spec away from the method's defaults (all of them for an unknown method)."""
-    defaults = method_defaults(str(spec.get("name", "")))
+    defaults = method_defaults(str(spec.get("name", "")), recorded)
     return {k: v for k, v in spec.items() if k != "name" and (k not in defaults or defaults[k] != v)}
 
 
@@ -60,20 +71,20 @@ def method_specs(config: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return [("method", method), *((f"plugins.{i}", p) for i, p in enumerate(plugins))]
 
 
-def changed_method_keys(config: dict[str, Any]) -> dict[str, Any]:
+def changed_method_keys(config: dict[str, Any], recorded: MethodInfo | None = None) -> dict[str, Any]:
     """Dotted keys of method and plugin parameters set away from their defaults: ``{"method.mu": 1.0}``."""
-    return {f"{prefix}.{k}": v for prefix, spec in method_specs(config) for k, v in changed_params(spec).items()}
+    return {f"{prefix}.{k}": v for prefix, spec in method_specs(config)
+            for k, v in changed_params(spec, recorded).items()}
 
 
-def display_name(method_label: str) -> str:
-    """``ewc+fedprox`` -> ``EWC+FL + FedProx``: each registered method's display name (its ``about`` up to
-    the colon), other parts (aggregator, loss, unknown methods) as they are."""
-    from cfl.methods import METHODS
-
+def display_name(method_label: str, recorded: MethodInfo | None = None) -> str:
+    """``ewc+fedprox`` -> ``EWC+FL + FedProx``: each method's display name (its ``about`` up to the colon, as
+    ``recorded`` by the run or registered here), other parts (aggregator, loss, unknown methods) as they are."""
     def one(name: str) -> str:
-        cls = METHODS.get(name)
-        about = getattr(cls, "about", "") if cls is not None else ""
-        return about.split(":")[0].strip() if ":" in about else name
+        entry = _recorded(name, recorded)
+        if entry is not None and isinstance(entry.get("display"), str):
+            return entry["display"]
+        return registered_display(name)
     return " + ".join(one(part) for part in method_label.split("+"))
 
 
@@ -122,11 +133,12 @@ def short_keys(keys: list[str]) -> dict[str, str]:
 
 
 def row_label(method: str, differs: dict[str, Any], name: str | None = None, display: bool = False,
-              shortened: dict[str, str] | None = None) -> str:
+              shortened: dict[str, str] | None = None, recorded: MethodInfo | None = None) -> str:
     """A group's label: ``name`` (a config's ``label``) or the method label, then ``key=value`` for each of
     ``differs`` (but those ``name`` spells already, e.g. ``mu=1`` in ``FedProx mu=1``). ``display``: display
-    names and short keys (``shortened`` maps each key to its short form)."""
-    head = name if name is not None else display_name(method) if display else method
+    names (``recorded`` by the runs, else registered) and short keys (``shortened`` maps each key to its
+    short form)."""
+    head = name if name is not None else display_name(method, recorded) if display else method
     differs = {k: v for k, v in differs.items() if name is None or not spelled_in(name, k, v)}
     if not display:
         return " ".join([head, *(setting(k, v) for k, v in differs.items())])
@@ -142,10 +154,17 @@ def spelled_in(name: str, key: str, value: Any) -> bool:
                          setting(tail, value, short=True)})
 
 
+def display_label(method: str, config: dict[str, Any], recorded: MethodInfo | None = None) -> str:
+    """A run's method as a legend shows it alone: ``FedProx mu=1`` (display name and the parameters away from
+    their defaults), or the config's ``label`` with those it does not spell."""
+    name = config.get("label")
+    return row_label(method, changed_method_keys(config, recorded), name if isinstance(name, str) else None,
+                     display=True, recorded=recorded)
+
+
 def run_title(results: dict[str, Any]) -> str:
     """One line naming a run: ``stream (scenario) · method (params) · partition params · seed N``."""
     config = results.get("config") or {}
-    name = config.get("label")
-    changed = changed_method_keys(config)
-    method = row_label(str(results["method"]), changed, name if isinstance(name, str) else None, display=True)
+    recorded = results.get("method_info") if isinstance(results.get("method_info"), dict) else None
+    method = display_label(str(results["method"]), config, recorded)
     return (f"{stream_label(results)} · {method} · {partition_label(results, config)} · seed {results['seed']}")

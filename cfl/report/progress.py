@@ -10,6 +10,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from cfl.task_numbering import task_name
+
 
 class ProgressBars:
     def __init__(self, num_tasks: int, rounds_per_task: int, method: str, enabled: bool = True) -> None:
@@ -19,7 +21,7 @@ class ProgressBars:
 
     def _bar(self, task: int) -> tqdm:
         if self.bar is None:
-            self.bar = tqdm(total=self.rounds, desc=f"{self.method} task {task + 1}/{self.num_tasks}",
+            self.bar = tqdm(total=self.rounds, desc=f"{self.method} {task_name(task, self.num_tasks)}",
                             unit="round", leave=True, disable=None if self.enabled else True, dynamic_ncols=True)
         return self.bar
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import io
 import statistics
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ from cfl.report.cells import Better, Cell, Column, Stat
 from cfl.report.groups import Group, Run, group_runs, is_number, load_runs, mean_std
 from cfl.report.latex_table import latex
 from cfl.report.row_order import order_rows
+from cfl.report.same_as_fedavg import MARK, footnote, mark_same_as_fedavg
 from cfl.report.significance import DAGGER, Significance, significance
 
 FORMATS = ("md", "csv", "latex")
@@ -170,7 +172,7 @@ def column_set(runs: list[Run], last_k: int | None = None) -> dict[str, list[Col
     return {
         "stream": [Column("stream", lambda g: g.stream)],
         "partition": [Column("partition", lambda g: g.partition)],
-        "method": [Column("method", lambda g: g.label)],
+        "method": [Column("method", lambda g: f"{g.label} {MARK}" if g.same_as_fedavg else g.label)],
         "runs": [Column("runs", lambda g: str(len(g.runs)))],
         "seeds": [Column("seeds", lambda g: ",".join(map(str, g.seeds)))],
         "acc": [acc_column(last_k)],
@@ -249,11 +251,19 @@ def report_table(runs: list[Run], fmt: str = "md", options: TableOptions | None 
     options = options or TableOptions()
     options.check(fmt)
     groups = order_rows(group_runs(runs), None if options.order is None else list(options.order))
+    mark_same_as_fedavg(groups)
+    note = footnote(groups)
     cols = columns(runs, options.columns, options.last_k, groups if fmt == "latex" else None)
     sig = significance(cols, groups, options.reference, options.test)
     if fmt == "latex":
-        return latex(cols, groups, options.caption, options.label, sig, options.layout, options.width)
-    return RENDER[fmt](cols, groups, sig)
+        table = latex(cols, groups, options.caption, options.label, sig, options.layout, options.width)
+        return f"{table}\n% {note}" if note else table  # a LaTeX comment: the file still compiles
+    if fmt == "csv":  # CSV stays one table: the note goes to stderr
+        if note:
+            print(f"cfl: note: {note}", file=sys.stderr)
+        return csv_text(cols, groups, sig)
+    text = markdown(cols, groups, sig)
+    return f"{text}\n\n{note}" if note else text
 
 
 def report(paths: list[str | Path], fmt: str = "md", options: TableOptions | None = None) -> str:
