@@ -8,7 +8,7 @@ surrogate key loss) or lora, ``--clients`` clients of ``--samples`` each, all sa
 epoch, SGD. ``cfl`` is a real Runner round (cfl/engine/local_batched.py); ``loop`` copies the template model (backbone
 included) per client, loads the global trainable values, trains its batches with the same losses and returns the
 trainable values. Peak memory: each kind's round in a fresh child process, the growth of the peak resident set
-over the round (``ru_maxrss``). Prints a JSON line.
+over the round (Linux's ``VmHWM``, reset before it). Prints a JSON line.
 
     python benchmarks/perf_pretrained.py [--rounds 3] [--clients 8] [--batch 16] [--size 32] [--train prompts]
 """
@@ -19,7 +19,6 @@ import argparse
 import copy
 import json
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -84,6 +83,11 @@ def loop_round(runner: Runner, args: argparse.Namespace) -> None:
     runner.params = {k: torch.stack([p[k] for p in collected]).mean(0) for k in names}
 
 
+def _status_kib(key: str) -> int:
+    line = next(v for v in Path("/proc/self/status").read_text().splitlines() if v.startswith(key + ":"))
+    return int(line.split()[1])
+
+
 def peak_growth(kind: str, argv: list[str]) -> int:
     """Bytes the peak resident set grows by over one round of ``kind``, in a fresh process."""
     out = subprocess.run([sys.executable, __file__, *argv, "--memory", kind], capture_output=True, text=True,
@@ -106,9 +110,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     runner = setup(args)
     if args.memory is not None:  # child: one round's growth of the peak resident set (KiB on Linux)
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # the model and data, before any round
+        Path("/proc/self/clear_refs").write_text("5")  # Linux: the peak resident set (VmHWM) reset to the current
+        before = _status_kib("VmRSS")
         cfl_round(runner, 0) if args.memory == "cfl" else loop_round(runner, args)
-        print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
+        print((_status_kib("VmHWM") - before) * 1024)
         return
     cfl_round(runner, 0)  # warm-up of both
     loop_round(runner, args)
