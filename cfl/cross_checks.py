@@ -58,7 +58,7 @@ def model_family_error(model_name: str, method_names: list[str]) -> str | None:
             return (f"method {name} matches its synthetic images to the model's BatchNorm running statistics; model "
                     f"{model_name} keeps none: set model.name: {needed} (or auto)")
         if METHODS[name].backbone_only and not is_backbone(model_name):
-            return (f"method {name} sets a classifier on a frozen backbone's features; the run's model is "
+            return (f"method {name} runs on a frozen pretrained backbone; the run's model is "
                     f"{model_name}: set model.name to a pretrained backbone ({', '.join(BACKBONES)}) and "
                     f"model.weights (docs/pretrained.md)")
         own = METHODS[name].models

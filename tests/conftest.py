@@ -71,6 +71,12 @@ METHOD_CONFIGS = {"target": {"stream": {"name": "split-fmnist", "num_tasks": 2, 
 #: their registry-wide runs take blobs of the backbone's feature width in place of its cached features
 for _name in ("fedncm", "afcl"):
     METHOD_CONFIGS[_name] = {"model": {"name": "vit-ti16", "weights": "random", "image_size": 32}, "lr": 0.01}
+#: the adapters trained through a random ViT-Ti/16 at 16 px (one patch): images of 3 x 8 x 8, resized in the model
+METHOD_CONFIGS["l2p"] = {"model": {"name": "vit-ti16", "weights": "random", "image_size": 16, "train": "prompts",
+                                   "prompt_pool": 4, "prompt_length": 2, "prompt_top_k": 2}, "lr": 0.01}
+METHOD_CONFIGS["lora"] = {"model": {"name": "vit-ti16", "weights": "random", "image_size": 16, "train": "lora"},
+                          "lr": 0.01}
+METHOD_STREAMS.update({name: {"dim": 192, "image": (3, 8, 8), "model": "vit-ti16"} for name in ("l2p", "lora")})
 
 
 def any_method_models() -> list[str]:

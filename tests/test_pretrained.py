@@ -84,7 +84,7 @@ def test_wrong_hash_file_key_and_shape_are_refused_before_data(weights, tmp_path
     save_file({**state, "norm.weight": torch.zeros(7)}, str(shaped))
     assert "key 'norm.weight' has shape (7,)" in refusal(tmp_path, monkeypatch, weights=str(shaped))
     assert "needs 'model.weights'" in refusal(tmp_path, monkeypatch)
-    assert "not implemented yet" in refusal(tmp_path, monkeypatch, weights="random", train="all")
+    assert "use method l2p" in refusal(tmp_path, monkeypatch, weights="random", train="prompts")
 
 
 def test_weights_keys_are_refused_for_a_model_trained_from_scratch(tmp_path):
@@ -93,7 +93,7 @@ def test_weights_keys_are_refused_for_a_model_trained_from_scratch(tmp_path):
 
 
 def test_closed_form_methods_need_a_backbone(tmp_path):
-    with pytest.raises(ConfigError, match="sets a classifier on a frozen backbone's features"):
+    with pytest.raises(ConfigError, match="runs on a frozen pretrained backbone"):
         from_dict({**config(tmp_path), "model": {"name": "digits-mlp"}, "method": {"name": "afcl"}})
 
 

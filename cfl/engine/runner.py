@@ -56,7 +56,7 @@ from cfl.methods.hook_guard import VMAPPED_HOOKS, BrokenRule, guarded
 from cfl.metrics import client_forgetting
 from cfl.metrics.evaluate import accuracy, class_counts, per_class_percent
 from cfl.metrics.matrix import empty_matrix
-from cfl.models import ModelShape, build_model
+from cfl.models import ModelShape, run_model
 from cfl.models.buffers import load_global_model, running_stats
 from cfl.models.layers import protected_layers
 from cfl.records.client_states import ClientStates, MethodState
@@ -89,8 +89,7 @@ class Runner:
         torch.manual_seed(cfg.seed)
         shape = ModelShape(stream.input_shape, stream.classes_per_head, stream.num_tasks, stream.scenario == "task",
                            cfg.clients_per_round)
-        self.model: nn.Module = build_model(cfg.model.name if cfg.model.name != "auto" else stream.default_model,
-                                            shape).to(self.device)
+        self.model: nn.Module = run_model(cfg, stream, shape).to(self.device)
         self.run_info = RunInfo(stream.num_tasks, stream.scenario, cfg.num_clients, cfg.clients_per_round,
                                 cfg.seed, self.model, protected_layers(self.model), stream.name,
                                 cfg.batch_size, tuple(stream.input_shape))

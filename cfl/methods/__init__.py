@@ -20,6 +20,8 @@ from cfl.methods.fot import FOT
 from cfl.methods.gem import GEM
 from cfl.methods.glfc import GLFC
 from cfl.methods.gpm import GPM
+from cfl.methods.l2p import L2P
+from cfl.methods.lora import LoRA
 from cfl.methods.mas import MAS
 from cfl.methods.mfcl import MFCL
 from cfl.methods.rgo import RGO
@@ -59,3 +61,5 @@ register(Target)  # class-incremental, a model with BatchNorm running statistics
 register(MFCL)
 register(FedNCM)  # on a pretrained backbone's cached features (docs/pretrained.md)
 register(AFCL)
+register(L2P)  # model.train: prompts on a pretrained backbone
+register(LoRA)  # model.train: lora on a pretrained backbone

@@ -182,6 +182,9 @@ class Method:
     #: the method trains a classifier on a frozen pretrained backbone's features (docs/pretrained.md): the run's
     #: model must be a backbone (refused when the config is validated)
     backbone_only: ClassVar[bool] = False
+    #: the ``model.train`` a backbone method needs (``head``: cached features; ``prompts``, ``lora``: its adapter;
+    #: "": any), refused otherwise when the config is validated (cfl/pretrained/loaded.py)
+    model_train: ClassVar[str] = ""
     #: the scenarios the method runs in (empty: every one), and why (a clause for the refusal): a run in another is
     #: refused when the config is validated (``auto``: the stream's default) and when the method is built
     scenarios: ClassVar[tuple[str, ...]] = ()

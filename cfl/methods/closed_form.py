@@ -29,6 +29,7 @@ class ClosedFormHead(Method):
     client_events: ClassVar[tuple[Event, ...]] = ("round",)
     downloads_model_at_task_end: ClassVar[bool] = False
     backbone_only: ClassVar[bool] = True  # refused on any other model by cfl.cross_checks.model_family_error
+    model_train: ClassVar[str] = "head"  # on the cached features
 
     def __init__(self, hparams: Any, run_info: Any) -> None:
         super().__init__(hparams, run_info)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from torch import nn
 
@@ -121,3 +122,14 @@ for _name, _backbone in BACKBONES.items():
 def build_model(name: str, shape: ModelShape) -> nn.Module:
     """The model ``name`` built for ``shape`` (an unknown name: :class:`cfl.registry.UnknownName`)."""
     return MODELS[name](shape)
+
+
+def run_model(cfg: Any, stream: Any, shape: ModelShape) -> nn.Module:
+    """The run's model: the registry's (``model.name``, or ``auto``: the stream's), or for a pretrained backbone
+    trained through it (``model.train`` prompts, lora or all) the adapted backbone (cfl/pretrained/adapted.py)."""
+    name = cfg.model.name if cfg.model.name != "auto" else stream.default_model
+    if name in BACKBONES and cfg.model.train != "head":
+        from cfl.pretrained.adapted import adapted_model
+
+        return adapted_model(cfg, shape.classes, shape.num_tasks, shape.multi_head)
+    return build_model(name, shape)

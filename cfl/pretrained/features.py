@@ -130,10 +130,17 @@ def _write(path: Path, features: list[dict[str, torch.Tensor]], say: Any) -> Non
 
 
 def with_backbone(cfg: Any, stream: Stream, device: torch.device, quiet: bool = False) -> Stream:
-    """The stream a run trains on: its features for a pretrained backbone's model, else ``stream`` itself."""
+    """The stream a run trains on: for a pretrained backbone's model its features (``model.train: head``) or its
+    images normalised for the backbone (``prompts``, ``lora``, ``all``), else ``stream`` itself."""
     from cfl.pretrained.backbones import is_backbone
 
-    return feature_stream(cfg, stream, device, quiet) if is_backbone(cfg.model.name) else stream
+    if not is_backbone(cfg.model.name):
+        return stream
+    if cfg.model.train != "head":  # trains through the backbone: its images, normalised for it
+        from cfl.pretrained.image_stream import image_stream
+
+        return image_stream(cfg, stream, quiet)
+    return feature_stream(cfg, stream, device, quiet)
 
 
 def backbone_results(results: dict[str, Any], stream: Stream) -> None:

@@ -74,6 +74,44 @@ def loaded_backbone(cfg: Any) -> LoadedBackbone:
     return loaded
 
 
+#: the model keys each ``model.train`` reads (the others are refused away from their defaults)
+ADAPTER_KEYS = {"prompts": ("prompt_pool", "prompt_length", "prompt_top_k"), "lora": ("lora_rank", "lora_alpha")}
+
+
+def _default(key: str) -> Any:
+    from cfl.config import ModelConfig
+
+    return ModelConfig.__dataclass_fields__[key].default
+
+
+def check_adapter_keys(model: Any) -> None:
+    """The adapter keys of another ``model.train`` than the run's are refused when set; top_k within the pool."""
+    unread = [k for train, keys in ADAPTER_KEYS.items() if train != model.train for k in keys
+              if getattr(model, k) != _default(k)]
+    if unread:
+        raise ConfigError(f"{', '.join(f'model.{k}' for k in unread)} is read only under another model.train "
+                          f"(model.train is {model.train}): remove it, or set model.train")
+    if model.train == "prompts" and model.prompt_top_k > model.prompt_pool:
+        raise ConfigError(f"model.prompt_top_k {model.prompt_top_k} selects more prompts than the pool holds "
+                          f"(model.prompt_pool {model.prompt_pool}); lower prompt_top_k or raise prompt_pool")
+
+
+def check_method_train(cfg: Any) -> None:
+    """Each method's ``model_train`` against ``model.train``; the prompt pool's keys train only through L2P's
+    surrogate loss, so ``model.train: prompts`` needs a method that declares it."""
+    from cfl.methods import METHODS
+
+    names = [cfg.method["name"], *[p["name"] for p in cfg.plugins]]
+    train = cfg.model.train
+    for name in names:
+        needed = METHODS[name].model_train if name in METHODS else ""
+        if needed and needed != train:
+            raise ConfigError(f"method {name} needs model.train: {needed}; the config has model.train: {train}")
+    if train == "prompts" and not any(name in METHODS and METHODS[name].model_train == "prompts" for name in names):
+        raise ConfigError("model.train: prompts trains a prompt pool whose keys learn only from a prompt method's "
+                          "key-query loss; use method l2p (or set model.train: lora, all or head)")
+
+
 def check_backbone(cfg: Any) -> None:
     """The ``model.weights`` keys against the model: a pretrained backbone needs weights (a file, checked and
     loaded here, or random); other models take none."""
@@ -82,6 +120,7 @@ def check_backbone(cfg: Any) -> None:
         given = [k for k in ("weights", "weights_sha256", "image_size") if getattr(model, k) is not None]
         if model.train != "head":
             given.append("train")
+        given += [k for keys in ADAPTER_KEYS.values() for k in keys if getattr(model, k) != _default(k)]
         if given:
             keys = ", ".join(f"'model.{k}'" for k in given)
             raise ConfigError(f"{keys} is read only by the pretrained backbones ({', '.join(BACKBONES)}); model "
@@ -97,10 +136,8 @@ def check_backbone(cfg: Any) -> None:
         raise ConfigError(f"model {model.name} needs 'model.weights': a local weights file (.safetensors, .pth or "
                           f".npz; docs/pretrained.md says how to get one) or 'random' (an untrained backbone, for "
                           f"testing the mechanics only; flagged in every output)")
-    if model.train != "head":
-        raise ConfigError(f"'model.train: {model.train}' is not implemented yet (full fine-tuning, prompts and LoRA "
-                          f"train through the backbone: issue 39, later work); use model.train: head (the frozen "
-                          f"backbone's cached features, a head trained on them)")
+    check_adapter_keys(model)
+    check_method_train(cfg)
     if model.weights_sha256 is not None and (len(model.weights_sha256) != 64
                                              or any(c not in "0123456789abcdefABCDEF" for c in model.weights_sha256)):
         raise ConfigError(f"'model.weights_sha256' must be 64 hex digits (sha256sum's output), got "

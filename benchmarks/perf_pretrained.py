@@ -1,0 +1,141 @@
+"""cfl's round on a frozen pretrained ViT (all sampled clients through one backbone pass per step) against a
+per-client loop that gives each client its own copy of the whole model in turn and trains it with a torch
+optimiser (fed-mammoth's way: a client's model moved to the device, trained, moved back), same backbone, batch,
+clients and steps, in the same process, the two alternating (docs/pretrained.md).
+
+Setup: a random ViT-Ti/16 (``--model``) at ``--size`` px, ``--train`` prompts (L2P: pool 10, length 5, top 5, the
+surrogate key loss) or lora, ``--clients`` clients of ``--samples`` each, all sampled, batch ``--batch``, one local
+epoch, SGD. ``cfl`` is a real Runner round (cfl/engine/local_batched.py); ``loop`` copies the template model (backbone
+included) per client, loads the global trainable values, trains its batches with the same losses and returns the
+trainable values. Peak memory: each kind's round in a fresh child process, the growth of the peak resident set
+over the round (Linux's ``VmHWM``, reset before it). Prints a JSON line.
+
+    python benchmarks/perf_pretrained.py [--rounds 3] [--clients 8] [--batch 16] [--size 32] [--train prompts]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cfl.data.stream import Stream, Task  # noqa: E402
+from cfl.engine.runner import Runner  # noqa: E402
+from cfl.ops.losses import masked_cross_entropy  # noqa: E402
+from cfl.pretrained.features import with_backbone  # noqa: E402
+from cfl.pretrained.prompt_pool import key_distance  # noqa: E402
+from cfl.validation import from_dict  # noqa: E402
+
+METHOD = {"prompts": "l2p", "lora": "lora"}
+
+
+def setup(args: argparse.Namespace, execution: str = "batched") -> Runner:
+    cfg = from_dict({"stream": {"name": "split-digits", "num_tasks": 1}, "seed": 0,
+                     "model": {"name": args.model, "weights": "random", "image_size": args.size, "train": args.train},
+                     "method": {"name": METHOD[args.train]}, "num_clients": args.clients,
+                     "clients_per_round": args.clients, "rounds_per_task": 1000, "batch_size": args.batch,
+                     "lr": 0.01, "client_execution": execution, "wandb": {"mode": "disabled"}})
+    g = torch.Generator().manual_seed(0)
+    n = args.clients * args.samples
+    x, y = torch.randn(n, 3, 8, 8, generator=g), torch.arange(n) % 10
+    stream = Stream("synthetic", "class", [Task("t0", x, y, x[:16], y[:16], list(range(10)))], 10, (3, 8, 8),
+                    args.model)
+    return Runner(cfg, with_backbone(cfg, stream, torch.device("cpu"), quiet=True))
+
+
+def cfl_round(runner: Runner, r: int) -> None:
+    runner.run_round(0, r)
+
+
+def loop_round(runner: Runner, args: argparse.Namespace) -> None:
+    """Per client: a copy of the whole model (the move), the global trainable values loaded, its batches trained
+    with torch.optim.SGD (cross-entropy, plus L2P's key loss), the trainable values collected; FedAvg."""
+    x, y = runner.stream.tasks[0].train_x, runner.stream.tasks[0].train_y
+    names = list(runner.params)
+    collected = []
+    for c in range(args.clients):
+        model = copy.deepcopy(runner.model)  # the client's model, backbone included, as fed-mammoth moves it
+        own = dict(model.named_parameters())
+        with torch.no_grad():
+            for k in names:
+                own[k].copy_(runner.params[k])
+        opt = torch.optim.SGD([own[k] for k in names], lr=0.01)
+        idx = torch.arange(c * args.samples, (c + 1) * args.samples)
+        model.train()
+        for s in range(0, args.samples, args.batch):
+            xb, yb = x[idx[s:s + args.batch]], y[idx[s:s + args.batch]]
+            loss = masked_cross_entropy(model(xb, torch.zeros_like(yb)), yb, None).mean()
+            if args.train == "prompts":
+                loss = loss + 0.1 * key_distance(model.query(xb), own["prompt.keys"], model.prompt.top_k).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        collected.append({k: own[k].detach().clone() for k in names})
+    runner.params = {k: torch.stack([p[k] for p in collected]).mean(0) for k in names}
+
+
+def _status_kib(key: str) -> int:
+    line = next(v for v in Path("/proc/self/status").read_text().splitlines() if v.startswith(key + ":"))
+    return int(line.split()[1])
+
+
+def peak_growth(kind: str, argv: list[str]) -> int:
+    """Bytes the peak resident set grows by over one round of ``kind``, in a fresh process."""
+    out = subprocess.run([sys.executable, __file__, *argv, "--memory", kind], capture_output=True, text=True,
+                         check=True)
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="vit-ti16")
+    p.add_argument("--size", type=int, default=32)
+    p.add_argument("--train", default="prompts", choices=("prompts", "lora"))
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--samples", type=int, default=64)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--memory", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    runner = setup(args)
+    if args.memory is not None:  # child: one round's growth of the peak resident set (KiB on Linux)
+        Path("/proc/self/clear_refs").write_text("5")  # Linux: the peak resident set (VmHWM) reset to the current
+        before = _status_kib("VmRSS")
+        cfl_round(runner, 0) if args.memory == "cfl" else loop_round(runner, args)
+        print((_status_kib("VmHWM") - before) * 1024)
+        return
+    cfl_round(runner, 0)  # warm-up of both
+    loop_round(runner, args)
+    times: dict[str, list[float]] = {"cfl": [], "loop": []}
+    for r in range(args.rounds):
+        for kind in ("cfl", "loop") if r % 2 == 0 else ("loop", "cfl"):
+            start = time.perf_counter()
+            cfl_round(runner, r + 1) if kind == "cfl" else loop_round(runner, args)
+            times[kind].append(time.perf_counter() - start)
+    best = {k: min(v) for k, v in times.items()}
+    argv = sys.argv[1:]
+    memory = {k: peak_growth(k, argv) for k in ("cfl", "loop")}
+    tokens = (args.size // 16) ** 2 + 1 + (25 if args.train == "prompts" else 0)
+    print(json.dumps({"model": args.model, "size": args.size, "train": args.train, "clients": args.clients,
+                      "samples": args.samples, "batch": args.batch, "threads": args.threads, "tokens": tokens,
+                      "path": runner.engine_path.path, "cfl_sec_per_round": best["cfl"],
+                      "loop_sec_per_round": best["loop"], "speedup": best["loop"] / best["cfl"],
+                      "times": times, "cfl_round_peak_growth_bytes": memory["cfl"],
+                      "loop_round_peak_growth_bytes": memory["loop"],
+                      "trainable_bytes_per_client": runner.model_bytes, "torch": torch.__version__,
+                      "machine": f"{platform.processor() or platform.machine()}, {platform.system()}"}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""L2P (Wang et al., CVPR 2022, "Learning to Prompt for Continual Learning"), federated by FedAvg over the prompts,
+their keys and the head (the FedAvg+L2P baseline of the federated prompt papers, e.g. Fed-CPrompt, Bagwe et al.
+2023; Powder, Piao et al. ICML 2024). The model (``model.train: prompts``, cfl/pretrained/adapted.py and
+prompt_pool.py) selects for each input the ``prompt_top_k`` prompts whose keys are most cosine-similar to the frozen
+backbone's [CLS] feature of the input (the query), prepends them after [CLS] and classifies the average of their
+outputs. This file is one client's loss beyond the cross-entropy: L2P's surrogate loss pulling the selected keys
+towards the query, ``lam * sum_k (1 - cos(query, key_k))`` (the paper's Eq. 5; the official code's
+``pull_constraint_coeff``, 0.1 in github.com/JH-LEE-KR/l2p-pytorch, which subtracts ``lam * sum_k cos``: the same
+gradient).
+
+cfl's reading: selection is per input at training and evaluation (the port's ``batchwise_prompt``, a majority vote
+over a test batch, is not used: a sample's prediction never depends on its batch); no prompt-frequency penalty
+(the paper's optional diversity term); the prompts are prepended after the position embeddings, without positions
+of their own; classes of other tasks are masked in the cross-entropy as cfl does for every method. The query
+needs a forward of the frozen backbone without prompts, and this loss computes it again (one more inference pass
+per step: the selection of the forward is not passed to the loss)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from cfl.methods.base import Method, Params, State
+from cfl.methods.bounds import WEIGHT_MAX
+from cfl.pretrained.prompt_pool import key_distance
+from cfl.schema import field
+
+
+@dataclass(frozen=True)
+class L2PHyperparams:
+    lam: float = field(0.1, "weight of the surrogate key-query loss (the official code's pull_constraint_coeff)",
+                       min=0, max=WEIGHT_MAX)
+
+
+class L2P(Method):
+    name = "l2p"
+    about = ("L2P: a prompt pool with key-query selection on a frozen pretrained ViT (Wang et al. 2022), FedAvg of "
+             "prompts, keys and head; model.train: prompts")
+    Hyperparams = L2PHyperparams
+    backbone_only: ClassVar[bool] = True
+    model_train: ClassVar[str] = "prompts"
+
+    def extra_loss(self, params: Params, x: torch.Tensor, task: torch.Tensor, server: State,
+                   state: State) -> torch.Tensor:
+        model = self.run_info.model
+        return self.hparams.lam * key_distance(model.query(x), params["prompt.keys"], model.prompt.top_k)

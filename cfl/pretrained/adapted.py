@@ -1,0 +1,123 @@
+"""A pretrained ViT that trains through its frozen backbone (``model.train: prompts | lora | all``; issue 39,
+item 2): the backbone's weights are **buffers** of the model, not parameters, so the engine never stacks, copies,
+uploads or checkpoints them per client. Only the trainable subset is a parameter: the prompt pool and its keys
+(``prompts``), the LoRA factors of every block's attention ``qkv`` projection (``lora``), or everything (``all``:
+full fine-tuning), and always the head.
+
+In the batched trainer each client's forward is ``functional_call(model, its_params, ...)`` under ``vmap``: the
+frozen buffers are not in the per-client parameters, so ``vmap`` sees them as one unbatched input (``in_dims=None``)
+and every linear layer of the backbone is one product over all sampled clients' samples at once: one backbone
+pass per step for every client, where a per-client loop runs one pass per client. Attention runs timm's
+non-fused path (explicit softmax of ``q k^T``): torch has no ``vmap`` rule for the fused CPU kernel, which would
+fall back to a loop over clients.
+
+Inputs: the stream's images mapped to the backbone's normalisation at their own size (``image_stream``); the
+model resizes them to its input size (resizing commutes with the per-channel affine normalisation).
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from typing import Any
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+
+from cfl.models.heads import make_head
+from cfl.pretrained.lora import LoRALinear
+from cfl.pretrained.preprocessing import MODES
+from cfl.pretrained.prompt_pool import PromptPool
+from cfl.tensors import nbytes
+
+TRAIN_MODES = ("prompts", "lora", "all")
+
+
+def freeze_into_buffers(module: nn.Module) -> int:
+    """Every parameter of ``module`` re-registered as a non-persistent buffer of its owner; the number of values."""
+    count = 0
+    for owner in module.modules():
+        for name, p in list(owner.named_parameters(recurse=False)):
+            delattr(owner, name)
+            owner.register_buffer(name, p.detach(), persistent=False)
+            count += p.numel()
+    return count
+
+
+class AdaptedViT(nn.Module):
+    """``model(x, task)``: the timm ViT ``vit`` (copied) frozen except for its adapter, and a head."""
+
+    def __init__(self, vit: nn.Module, train: str, classes: int, num_tasks: int, multi_head: bool, size: int,
+                 interpolation: str, prompt: tuple[int, int, int] = (10, 5, 5), lora: tuple[int, float] = (4, 4.0)):
+        super().__init__()
+        if train not in TRAIN_MODES:
+            raise ValueError(f"model.train {train!r} is not one of {TRAIN_MODES}")
+        self.train_mode, self.size, self.mode = train, size, MODES[interpolation]
+        self.vit = copy.deepcopy(vit)
+        for block in self.vit.blocks:
+            block.attn.fused_attn = False  # vmap batches the explicit attention; the fused CPU kernel it loops
+        self.frozen_values = 0 if train == "all" else freeze_into_buffers(self.vit)
+        self.vit.requires_grad_(train == "all")
+        width = self.vit.num_features
+        self.prompt = PromptPool(*prompt, width) if train == "prompts" else None
+        if train == "lora":
+            for block in self.vit.blocks:
+                block.attn.qkv = LoRALinear(block.attn.qkv, *lora)
+        self.head = make_head(width, classes, num_tasks, multi_head)
+
+    def resized(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] == self.size and x.shape[-2] == self.size:
+            return x
+        return F.interpolate(x, size=(self.size, self.size), mode=self.mode,
+                             **({} if self.mode == "nearest" else {"align_corners": False}))
+
+    def query(self, x: torch.Tensor) -> torch.Tensor:
+        """L2P's query: the frozen backbone's [CLS] feature of ``x`` (no gradient)."""
+        with torch.no_grad():
+            return self.vit(self.resized(x))
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.resized(x)
+        if self.prompt is None:
+            return self.vit(x)  # the [CLS] token after the final norm (timm's pooled pre-logits)
+        v = self.vit
+        prompts = self.prompt(self.query(x))
+        tokens = v.norm_pre(v.patch_drop(v._pos_embed(v.patch_embed(x))))  # [CLS] and patches, with positions
+        tokens = torch.cat([tokens[:, :1], prompts, tokens[:, 1:]], 1)  # the selected prompts after [CLS]
+        tokens = v.norm(v.blocks(tokens))
+        return tokens[:, 1:1 + prompts.shape[1]].mean(1)  # L2P's head input: the prompt tokens' outputs, averaged
+
+    def forward(self, x: torch.Tensor, task: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x), task)
+
+    def summary(self) -> str:
+        """The line a run prints: which parameters train and what one client sends per round."""
+        params = dict(self.named_parameters())
+        groups: dict[str, int] = {}
+        for k, v in params.items():
+            group = "head" if k.startswith("head.") else "prompts and keys" if k.startswith("prompt.") else \
+                "LoRA factors" if ".lora_" in k else "backbone"
+            groups[group] = groups.get(group, 0) + v.numel()
+        trained = ", ".join(f"{g} {n:,}" for g, n in groups.items())
+        frozen = (f"the frozen backbone's {self.frozen_values:,} values are shared by all clients (one backbone "
+                  "pass per step for every sampled client), never stacked, uploaded or checkpointed per client"
+                  if self.frozen_values else "nothing is frozen (full fine-tuning: every client holds the whole "
+                  "backbone)")
+        return (f"model.train: {self.train_mode}: {len(params)} tensors train ({trained} values); each client "
+                f"sends {nbytes(params):,} bytes per round; {frozen}")
+
+
+def adapted_model(cfg: Any, classes: int, num_tasks: int, multi_head: bool, quiet: bool = False) -> AdaptedViT:
+    """The run's model for ``model.train`` other than ``head``: the loaded backbone (cfl/pretrained/loaded.py),
+    adapted; says on stderr which parameters train and the bytes a client sends."""
+    from cfl.pretrained.loaded import loaded_backbone
+
+    backbone = loaded_backbone(cfg)
+    m = cfg.model
+    model = AdaptedViT(backbone.model, m.train, classes, num_tasks, multi_head, backbone.preprocessing.size,
+                       backbone.preprocessing.interpolation, (m.prompt_pool, m.prompt_length, m.prompt_top_k),
+                       (m.lora_rank, m.lora_alpha))
+    if not quiet:
+        print(model.summary(), file=sys.stderr, flush=True)
+    return model
