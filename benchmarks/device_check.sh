@@ -55,7 +55,7 @@ EOF
 cat "$OUT/device.json"
 
 step "2/4 device parity tests"
-CFL_TEST_DEVICE=$DEVICE timeout $(( $(left) * 2 / 5 )) "$PY" -m pytest -q -p no:cacheprovider \
+CFL_TEST_DEVICE=$DEVICE timeout $(( $(left) * 2 / 5 )) "$PY" -m pytest -o addopts= -q -p no:cacheprovider \
   tests/test_device_parity.py > "$OUT/parity.log" 2>&1
 PARITY=$?
 tail -n 5 "$OUT/parity.log"

@@ -16,7 +16,7 @@ def extras(text: str) -> list[set[str]]:
 
 def test_readme_and_makefile_install_the_same_extras() -> None:
     make, readme = extras((ROOT / "Makefile").read_text()), extras((ROOT / "README.md").read_text())
-    assert make == [{"dev", "ray"}]
+    assert make == [{"dev", "ray", "pretrained"}]
     assert readme and all(found == make[0] for found in readme)
 
 

@@ -15,6 +15,8 @@ FILES = sorted(p for d in ("configs", "benchmarks") for p in (ROOT / d).rglob("*
 
 def _kind(path: Path) -> str:
     spec = read_yaml(path)
+    if "tables" in spec:
+        return "tables"
     if "grid" in spec:
         return "sweep"
     return "wandb" if "parameters" in spec else "config"
@@ -33,4 +35,11 @@ def test_shipped_file_is_valid(path, tmp_path):
         assert runs and all(r.config.method for r in runs)
     elif kind == "config":
         assert load_config(path, []).seed is not None
+    elif kind == "tables":  # the campaign's tables: every table's runs plan (their sweeps validated above)
+        import sys
+
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from campaign_plan import load_tables, planned_runs
+
+        assert planned_runs(load_tables(path), tmp_path / "work")
     # W&B sweep files: tests/test_wandb_sweep.py
