@@ -24,6 +24,10 @@ SLOW = (
     # the larger models in every method (2-9 s each; the small models keep every method in the check)
     "tests/test_batched_equals_sequential.py::test_every_model_and_method_run_alike_end_to_end[alexnet-",
     "tests/test_batched_equals_sequential.py::test_every_model_and_method_run_alike_end_to_end[resnet18-mini-",
+    # the evidence tooling: a campaign of real runs cut off and resumed, the device check's dry mode (50 s each)
+    "tests/test_campaign.py::test_a_campaign_cut_off_packed_and_resumed_elsewhere_equals_an_uninterrupted_one",
+    "tests/test_device_check.py",
+    "tests/test_sweep_signals.py",
     # single slow cases
     "tests/test_checkpoint.py::test_every_method_resumes_bit_for_bit[mfcl]",
     "tests/test_engine.py::test_same_seed_same_matrix_bit_for_bit_and_other_seed_differs[bf16-mixed]",
