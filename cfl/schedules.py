@@ -289,8 +289,8 @@ def check_plan(plan: Plan, clients_per_round: int) -> list[str]:
     empty = [t for t in range(plan.num_tasks) if not (grid == t).any()]
     if empty:
         raise ConfigError(f"schedule '{plan.name}' gives task(s) {empty} (0-based) to no client: every task's data "
-                          "must be trained on; raise schedule.tasks_per_client or num_clients, or lower "
-                          "schedule.overlap")
+                          "must be trained on; raise schedule.tasks_per_client or num_clients, lower "
+                          "schedule.overlap, or raise schedule.leave_round")
     present = (grid >= 0).sum(0)
     idle = np.flatnonzero(present == 0)
     if len(idle):
