@@ -127,3 +127,16 @@ def test_a_scheduled_run_trains_each_client_on_its_own_task():
     results = build_results(runner.snapshot(), 0.0)
     assert results["complete"] and results["schedule"]["name"] == "staggered"
     assert results["acc"] == results["schedule"]["acc"] and results["aia"] is None
+
+
+def test_a_run_from_before_schedules_resumes_and_groups_as_a_synchronous_one():
+    from types import SimpleNamespace
+
+    from cfl.engine.checkpoint import config_changes
+    from cfl.report.groups import compared_keys
+
+    cfg = tiny_config()
+    old = {k: v for k, v in cfg.to_dict().items() if k != "schedule"}
+    assert config_changes(old, cfg) == ""
+    assert compared_keys(SimpleNamespace(config=old, results={})) == compared_keys(
+        SimpleNamespace(config=cfg.to_dict(), results={}))
