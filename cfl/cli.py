@@ -51,6 +51,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
     from cfl.ops.aggregate import AGGREGATORS
     from cfl.ops.losses import LOSSES
     from cfl.plugins import load_plugins
+    from cfl.schedules import SCHEDULES
 
     load_plugins(args.plugin)
 
@@ -60,7 +61,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
     sections = [("streams", streams)] + [
         (title, {k: registry.about(k) for k in registry})
         for title, registry in (("models", MODELS), ("partitioners", PARTITIONERS), ("methods", METHODS),
-                                ("aggregators", AGGREGATORS), ("losses", LOSSES))]
+                                ("aggregators", AGGREGATORS), ("losses", LOSSES), ("schedules", SCHEDULES))]
     for title, rows in sections:
         print(f"{title}:")
         width = max(len(k) for k in rows)

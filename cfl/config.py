@@ -108,6 +108,32 @@ class OptimizerConfig:
 
 
 @dataclass(frozen=True)
+class ScheduleConfig:
+    name: str = field("synchronous", "which task each client trains on at each round (see `cfl list`): synchronous "
+                      "(every client switches to the stream's next task at once), staggered, per_client_order or "
+                      "random; docs/concepts.md, Schedules")
+    order: str = field("auto", "each client's order of tasks: stream, permuted (a seeded permutation per client), "
+                       "subset (tasks_per_client consecutive tasks of a seeded permutation, overlap shared with the "
+                       "previous client); auto: permuted for per_client_order, else stream",
+                       choices=("auto", "stream", "permuted", "subset"))
+    tasks_per_client: Optional[int] = field(None, "order: subset: tasks each client trains on (null: all)", min=1)
+    overlap: int = field(0, "order: subset: tasks a client shares with the previous client", min=0)
+    every: int = field(0, "rounds a client spends on each task (0: rounds_per_task); random: the mean", min=0)
+    group: int = field(1, "staggered: clients that switch together", min=1)
+    offset: int = field(1, "staggered: rounds between one group's switch and the next group's", min=0)
+    spread: Optional[int] = field(None, "random: each client's rounds on a task are drawn from every - spread .. "
+                                  "every + spread (null: every // 2)", min=0)
+    seed: Optional[int] = field(None, "seed of the schedule's draws (orders, random durations; null: the run "
+                                "seed); below 2**32", min=0, max=SEED_MAX)
+    join_per_task: int = field(0, "synchronous: clients joining at each task after the first (GLFC's protocol; the "
+                               "top-level clients_join_per_task is the same key)", min=0)
+    late_clients: int = field(0, "the last N clients join at join_round (each then starts its order)", min=0)
+    join_round: int = field(0, "global round (0-based) at which the late clients join", min=0)
+    leave_clients: int = field(0, "the first N clients leave the federation at leave_round", min=0)
+    leave_round: int = field(0, "global round (0-based) from which the leaving clients take no part", min=0)
+
+
+@dataclass(frozen=True)
 class WandbConfig:
     mode: str = field("offline", "offline (default, sync later), online or disabled",
                       choices=("offline", "online", "disabled"))
@@ -139,7 +165,8 @@ class Config:
                                        "clients_join_per_task x (num_tasks - 1), and rounds, task ends and the "
                                        "partition use only the clients that have joined (0: all from the start; "
                                        "docs/methods/glfc.md)", min=0)
-    rounds_per_task: int = field(20, "communication rounds per task", min=1)
+    rounds_per_task: int = field(20, "communication rounds per task (a schedule's default time per task)", min=1)
+    schedule: ScheduleConfig = field(ScheduleConfig(), "")
     local_epochs: int = field(1, "local epochs per round", min=1)
     batch_size: int = field(32, "local mini-batch size, at most 2**20 (the batched engine sizes its step masks "
                             "by it)", min=1, max=BATCH_SIZE_MAX)

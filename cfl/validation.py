@@ -31,6 +31,7 @@ from cfl.ops.losses import LOSSES
 from cfl.precision_setting import parse_precision
 from cfl.pretrained.loaded import check_backbone
 from cfl.report.drawable import check_label
+from cfl.schedules import build_plan, check_methods_schedule, check_plan, check_schedule_keys
 from cfl.schema import ConfigError, build, refuse_nonfinite, to_dict
 
 __all__ = ["from_dict", "load_config", "resolve_saved_model", "validate_names"]
@@ -105,6 +106,23 @@ def check_joining(cfg: Config, num_tasks: int) -> None:
                           f"num_clients to at least {needed} or lower clients_join_per_task")
 
 
+def check_schedule(cfg: Config, num_tasks: int) -> None:
+    """The ``schedule`` section: its keys, its grid (no task and no round without a client) and what runs under a
+    schedule other than the synchronous one (cfl/schedules.py)."""
+    check_schedule_keys(cfg)
+    plan = build_plan(cfg, num_tasks)
+    check_plan(plan, cfg.clients_per_round)
+    if plan.synchronous:
+        return
+    if cfg.client_forgetting_clients:
+        raise ConfigError(f"'client_forgetting_clients' measures F_k on one task's clients; under 'schedule.name: "
+                          f"{plan.name}' a round's clients train on different tasks: set it to 0, or use "
+                          "schedule.name: synchronous")
+    if cfg.target_accuracies:
+        raise ConfigError(f"'target_accuracies' counts rounds from a task's start, which differs between clients "
+                          f"under 'schedule.name: {plan.name}': remove it, or use schedule.name: synchronous")
+
+
 def _validate_names(cfg: Config) -> Config:
     if cfg.stream.name not in STREAMS:
         raise STREAMS.unknown(cfg.stream.name, "stream.name",
@@ -121,6 +139,7 @@ def _validate_names(cfg: Config) -> Config:
         raise ConfigError(f"'clients_per_round' ({cfg.clients_per_round}) exceeds 'num_clients' "
                           f"({cfg.num_clients}); lower clients_per_round or raise num_clients")
     check_joining(cfg, cfg.stream.num_tasks or entry.full_tasks)
+    check_schedule(cfg, cfg.stream.num_tasks or entry.full_tasks)
     if cfg.client_forgetting_clients > cfg.clients_per_round:
         raise ConfigError(f"'client_forgetting_clients' ({cfg.client_forgetting_clients}) exceeds "
                           f"'clients_per_round' ({cfg.clients_per_round}): it measures that many of each round's "
@@ -144,6 +163,7 @@ def _validate_names(cfg: Config) -> Config:
     if len(set(names)) != len(names):
         raise ConfigError(f"a method appears twice in method + plugins: {names}")
     check_methods(cfg, [method, *plugins])
+    check_methods_schedule(cfg.schedule.name, [METHODS[n] for n in names])
     check_ignored_keys(cfg, [method, *plugins])
     check_threads(cfg.threads)
     check_optimizer(cfg, [method, *plugins])

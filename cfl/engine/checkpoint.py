@@ -27,14 +27,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from cfl.config import Config
+from cfl.config import Config, ScheduleConfig
 from cfl.data.fingerprint import differences, fingerprint
 from cfl.data.stream import Stream
 from cfl.records.run_dir import CHECKPOINT, is_resume_safe
 from cfl.records.snapshot import Progress, RunSnapshot
 from cfl.report.files import atomic_write_bytes
 from cfl.report.wandb_ids import checked_id
-from cfl.schema import ConfigError
+from cfl.schema import ConfigError, to_dict
 from cfl.validation import resolve_saved_model
 
 FORMAT = 2  # 2: method states as nested dicts (one-client method interface)
@@ -238,6 +238,7 @@ def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def config_changes(saved: dict[str, Any], cfg: Config) -> str:
     """``key: old in the checkpoint, new now`` for each key that would change results ('' when none)."""
+    saved = {"schedule": to_dict(ScheduleConfig()), **saved}  # a checkpoint from before schedules: synchronous
     old, new = _flat(resolve_saved_model(saved)), _flat(cfg.to_dict())
     changed = sorted(k for k in old.keys() | new.keys() if not is_resume_safe(k) and old.get(k) != new.get(k))
     return "; ".join(f"{k}: {old.get(k)!r} in the checkpoint, {new.get(k)!r} now" for k in changed)

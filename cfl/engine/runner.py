@@ -39,6 +39,7 @@ from cfl.engine.local_sequential import train_sequential
 from cfl.engine.model_buffers import announcement, collect, download_bytes, hand_out
 from cfl.engine.path import choose_path, trainer_kind
 from cfl.engine.schedule import Schedule, sample_clients
+from cfl.engine.scheduled import ScheduledRounds, refuse_unfit, run_scheduled
 from cfl.engine.server import NonFiniteError, Server
 from cfl.engine.state_stores import build_stores, sizing_of
 from cfl.engine.task_start import TaskStarts
@@ -62,6 +63,7 @@ from cfl.models.layers import protected_layers
 from cfl.records.client_states import ClientStates, MethodState
 from cfl.records.comm import CommLedger, task_end_model_line, task_start_line
 from cfl.records.snapshot import Progress, RunSnapshot
+from cfl.schedules import build_plan
 from cfl.schema import ConfigError
 from cfl.tensors import Params, State, nbytes
 
@@ -107,12 +109,16 @@ class Runner:
         self.comm = CommLedger()
         self.progress = Progress(acc_matrix=empty_matrix(stream.num_tasks))
         self.schedule = Schedule(cfg, stream, self.device)  # checks the clients' shares before any round
+        self.plan = build_plan(cfg, stream.num_tasks)  # the client x round grid (cfl/schedules.py)
+        self.scheduled = None if self.plan.synchronous else ScheduledRounds(cfg, stream, self.plan, self.device)
         self.task_starts = TaskStarts(self.methods, self.schedule.sampled)
         for m in self.methods:  # a task end's own draw among the clients of the first task (clients_join_per_task)
             if m.task_end_clients and m.task_end_clients > self.schedule.joined(0):
                 raise ConfigError(f"method {m.name} draws {m.task_end_clients} clients at each task end, but the first "
                                   f"task has {self.schedule.joined(0)} (clients_join_per_task: "
                                   f"{cfg.clients_join_per_task}); raise num_clients or lower clients_join_per_task")
+        if self.scheduled is not None:
+            refuse_unfit(self)
         self.hyper = Hyper(cfg.lr, cfg.momentum, cfg.weight_decay, cfg.local_epochs, cfg.batch_size,
                            augment=stream.augment, client_block=cfg.client_block, precision=cfg.precision,
                            optimizer=cfg.optimizer.name, betas=tuple(cfg.optimizer.betas), eps=cfg.optimizer.eps,
@@ -188,9 +194,12 @@ class Runner:
         self.params, self.progress, self.buffers = run.params, run.progress, run.buffers
 
     # ---- one round ----
-    def run_round(self, task: int, rnd: int) -> dict[str, Any]:
-        data = self.stream.tasks[task]
-        jobs = self.schedule.round_jobs(task, rnd)
+    def run_round(self, task: int, rnd: int, groups: list[tuple[int, list[ClientJob]]] | None = None) -> dict[str, Any]:
+        """One round of ``task`` (the server's; under a schedule, the newest any client holds): ``groups``, each task's
+        sampled clients (None: the synchronous schedule's clients of ``(task, rnd)``)."""
+        groups = groups or [(task, self.schedule.round_jobs(task, rnd))]
+        jobs = [j for _, group in groups for j in group]
+        task_of = {j.cid: t for t, group in groups for j in group}
         hand_out(jobs, self.buffers, self.buffer_states, self.initial_buffers)
         each_round = [broadcast_of(m, "round", st.server) for m, st in zip(self.methods, self.states, strict=True)]
         round_down = sum(payload_size(m, "round", b) for m, b in zip(self.methods, each_round, strict=True))
@@ -201,18 +210,19 @@ class Runner:
         limit_epochs(jobs, self.methods, broadcasts)
         plugins = Plugins(self.methods, self.states, broadcasts, self.optimizer_states)
         if self.client_params.active:  # each client from its own parameters (local_params, client_start)
-            plugins.starts = self.client_params.starts(jobs, self.params, self.states, broadcasts, task)
+            plugins.starts = {c: p for t, group in groups for c, p in
+                              self.client_params.starts(group, self.params, self.states, broadcasts, t).items()}
         plugins.frozen = self.client_params.frozen
         start = time.perf_counter()
-        trained, outcomes = self.trainer(self.model, self.params, jobs, data.train_x, data.train_y, task,
-                                         self.hyper, plugins)
+        trained, outcomes = self._train(groups, plugins)
         self.progress.train_seconds += time.perf_counter() - start
         if self.buffers:  # the hooks' forwards in training may have moved the template's statistics: the global ones
             load_global_model(self.model, {}, self.buffers)
         try:
             keep = self.server.accept(trained, outcomes, task, rnd, broadcasts)
         except NonFiniteError as err:
-            self._blame_hooks([j for j in jobs if j.cid in err.clients], task, plugins)
+            for t, group in groups:
+                self._blame_hooks([j for j in group if j.cid in err.clients], t, plugins)
             raise
         penalty_share.record_round(self.methods, self.states, broadcasts, self.params, trained, outcomes,
                                    keep.tolist(), task)
@@ -224,7 +234,7 @@ class Runner:
             for o, ok in zip(outcomes, keep.tolist(), strict=True):
                 if ok:
                     self.optimizer_states.put(o.cid, o.optimizer_state)
-        payloads = self._round_uploads(trained, kept_jobs, keep, data, broadcasts)
+        payloads = self._round_uploads(trained, kept_jobs, keep, task_of, broadcasts)
         weights = torch.tensor([float(len(j.indices)) for j in kept_jobs], device=self.device)
         forgetting = client_forgetting.measure(self.model, self.global_tensors, self.stream, task,
                                                self.progress.global_round + 1, self.cfg.client_forgetting_clients,
@@ -271,6 +281,15 @@ class Runner:
             record["client_forgetting_mean"] = forgetting["mean"]
         return record
 
+    def _train(self, groups: list[tuple[int, list[ClientJob]]], plugins: Plugins) -> tuple[Params, list[ClientOutcome]]:
+        """Each task's clients trained on its data; the stacked models and outcomes in the order of ``groups``."""
+        parts = [self.trainer(self.model, self.params, group, self.stream.tasks[t].train_x,
+                              self.stream.tasks[t].train_y, t, self.hyper, plugins) for t, group in groups if group]
+        if len(parts) == 1:
+            return parts[0]
+        return ({k: torch.cat([p[k] for p, _ in parts]) for k in parts[0][0]},
+                [o for _, outcomes in parts for o in outcomes])
+
     def _blame_hooks(self, jobs: list[ClientJob], task: int, plugins: Plugins) -> None:
         """After a non-finite round: train the clients it stopped on again, one after another, with every hook's
         result checked (:class:`cfl.engine.hooks.finite_checks`), so a hook that made NaN or inf from finite
@@ -306,9 +325,10 @@ class Runner:
                 state.update(carry)
                 clients.put(outcome.cid, state)
 
-    def _round_uploads(self, trained: Params, jobs: list[ClientJob], keep: torch.Tensor, data: Any,
+    def _round_uploads(self, trained: Params, jobs: list[ClientJob], keep: torch.Tensor, task_of: dict[int, int],
                        broadcasts: list[State]) -> list[dict[int, Any]]:
-        """Each method's ``client_end("round")`` on the kept clients, at their trained models: the uploads."""
+        """Each method's ``client_end("round")`` on the kept clients, at their trained models, each on its task's
+        data (``task_of``: client -> task): the uploads."""
         out: list[dict[int, Any]] = []
         rows = keep.nonzero().flatten().tolist()
         for i, m in enumerate(self.methods):
@@ -316,7 +336,8 @@ class Runner:
             if acts_after_rounds(m):
                 for job, row in zip(jobs, rows, strict=True):
                     client_params = {k: v[row] for k, v in trained.items()}
-                    cdata = ClientData(data.train_x, data.train_y, self.progress.task, rows=job.indices)
+                    data = self.stream.tasks[task_of[job.cid]]
+                    cdata = ClientData(data.train_x, data.train_y, task_of[job.cid], rows=job.indices)
                     gen = torch.Generator().manual_seed(derive_seed(job.seed, 0xE0D + i))
                     self._client_end(i, "round", client_params, cdata, job.cid, broadcasts[i], gen, uploads)
             out.append(uploads)
@@ -436,6 +457,8 @@ class Runner:
     # ---- the loop ----
     def run(self) -> Progress:
         """Train from the current progress to the end (or until ``should_stop``)."""
+        if self.scheduled is not None:  # clients on their own tasks (cfl/engine/scheduled.py)
+            return run_scheduled(self)
         cfg, prog = self.cfg, self.progress
         started = time.perf_counter() - prog.wall_seconds
         if self.measures_forward_transfer and prog.global_round == 0 and not prog.acc_init:  # GEM's b_i

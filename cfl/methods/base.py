@@ -189,6 +189,10 @@ class Method:
     #: refused when the config is validated (``auto``: the stream's default) and when the method is built
     scenarios: ClassVar[tuple[str, ...]] = ()
     scenarios_why: ClassVar[str] = ""
+    #: the schedules (``schedule.name``, cfl/schedules.py) the method runs under (empty: every one), and why (a
+    #: clause for the refusal): a run under another is refused when the config is validated
+    schedules: ClassVar[tuple[str, ...]] = ()
+    schedules_why: ClassVar[str] = ""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

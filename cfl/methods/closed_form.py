@@ -28,6 +28,9 @@ class ClosedFormHead(Method):
                                              "server_lr": UNREAD}
     client_events: ClassVar[tuple[Event, ...]] = ("round",)
     downloads_model_at_task_end: ClassVar[bool] = False
+    schedules: ClassVar[tuple[str, ...]] = ("synchronous",)
+    schedules_why: ClassVar[str] = ("after each round it solves the head of the server's one current task from the "
+                                     "statistics uploaded so far")
     backbone_only: ClassVar[bool] = True  # refused on any other model by cfl.cross_checks.model_family_error
     model_train: ClassVar[str] = "head"  # on the cached features
 

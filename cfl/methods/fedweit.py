@@ -66,6 +66,9 @@ class FedWeIT(Method):
     models: ClassVar[tuple[str, ...]] = ("fedweit-mlp", "fedweit-lenet")
     scenarios: ClassVar[tuple[str, ...]] = ("task",)
     scenarios_why: ClassVar[str] = "one head per task"
+    schedules = ("synchronous",)
+    schedules_why = ("its knowledge base is sent at task starts and collected from the last round's "
+                     "clients at a global task end")
     client_events: ClassVar[tuple[Event, ...]] = ("task_end",)
     #: the task-end participants send their own A; the final global model is of no use to them
     downloads_model_at_task_end: ClassVar[bool] = False

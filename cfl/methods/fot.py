@@ -62,6 +62,9 @@ class FOTHyperparams:
 class FOT(Method):
     name = "fot"
     about = "FOT: projected aggregation off the global input subspace of old tasks (GPSE at task ends)"
+    schedules = ("synchronous",)
+    schedules_why = ("GPSE merges the sampled clients' subspaces of one global task at its end, and "
+                     "projects every later server step")
     Hyperparams = FOTHyperparams
     broadcast = {"task_end": ("basis",)}
     client_events = ("task_end",)

@@ -73,6 +73,9 @@ class GLFCHyperparams:
 class GLFC(Method):
     name = "glfc"
     about = "GLFC: gradient-compensation and relation-distillation losses, herding memory, proxy server"
+    schedules = ("synchronous",)
+    schedules_why = ("its proxy server, old model and task-start memories follow one global task that "
+                     "every client enters at once")
     Hyperparams = GLFCHyperparams
     #: ``old_classes`` (class-incremental): the old model's classes, those of the tasks finished when it was made
     broadcast = {"round": ("old_model", "old_classes", "round_in_task")}

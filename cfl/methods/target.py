@@ -96,6 +96,9 @@ class Target(Method):
     running_stats_model = RUNNING_BN_MODEL
     scenarios = ("class",)
     scenarios_why = "its synthetic images distil the old classes of one head"
+    schedules = ("synchronous",)
+    schedules_why = ("the server synthesises its pool at the task end every client crosses at once, and "
+                     "sends it at task starts")
 
     def __init__(self, hparams: TargetHyperparams, run_info: Any) -> None:
         super().__init__(hparams, run_info)

@@ -52,6 +52,20 @@ def method_stats(comm: CommLedger, method: Method, state: MethodState) -> dict[s
     return stats
 
 
+def scheduled_results(cfg: Any, num_tasks: int, evaluations: list[dict[str, Any]], complete: bool) -> dict[str, Any]:
+    """ACC, FGT and BWT under a schedule (from the evaluations, global and per client) in place of the matrix's;
+    AIA and FWT (which need every client on one task) are not measured. An unfinished run has none."""
+    from cfl.metrics.schedule import scheduled_metrics
+    from cfl.schedules import build_plan
+
+    plan = build_plan(cfg, num_tasks)
+    if not complete or not evaluations:
+        return {"acc": None, "fgt": None, "bwt": None, "aia": None, "fwt": None, "schedule": {"name": plan.name}}
+    metrics = scheduled_metrics(evaluations, plan)
+    return {"acc": metrics["acc"], "fgt": metrics["fgt"], "bwt": metrics["bwt"], "aia": None, "fwt": None,
+            "schedule": metrics}
+
+
 def build_results(run: RunSnapshot, wall_seconds: float) -> dict[str, Any]:
     cfg, stream, prog = run.cfg, run.stream, run.progress
     done = prog.task  # tasks completed
@@ -87,6 +101,8 @@ def build_results(run: RunSnapshot, wall_seconds: float) -> dict[str, Any]:
         # what a report needs to label the run without the plugin files that registered its methods
         "method_info": method_info([m.name for m in run.methods]),
     }
+    if not cfg.schedule.name == "synchronous":  # clients on their own tasks: cfl/metrics/schedule.py
+        results.update(scheduled_results(cfg, stream.num_tasks, prog.evaluations, done == stream.num_tasks))
     if stream.scenario == "class":
         results["class_acc"] = prog.class_acc
     if cfg.target_accuracies:

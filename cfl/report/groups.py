@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from cfl.config import ConfigError, parse_yaml
+from cfl.config import ConfigError, ScheduleConfig, parse_yaml
 from cfl.records.run_dir import is_resume_safe
 from cfl.report.duplicates import one_per_seed
 from cfl.report.labels import (
@@ -42,6 +42,7 @@ from cfl.report.labels import (
     stream_label,
     with_defaults,
 )
+from cfl.schema import to_dict
 
 TEXT_FIELDS = ("stream", "partition", "method")
 NUMBER_FIELDS = ("acc", "fgt")
@@ -224,6 +225,8 @@ def compared_keys(run: Run) -> dict[str, Any]:
     """:func:`result_keys` of the run's config as runs are compared: method and plugin parameters with their
     defaults filled in, ``stream.scenario`` the scenario the run resolved it to (``results.json``)."""
     config = dict(run.config)
+    if "schedule" not in config:  # a run from before schedules: the synchronous one, as a run at its default
+        config["schedule"] = to_dict(ScheduleConfig())
     if isinstance(config.get("method"), dict):
         config["method"] = with_defaults(config["method"], run.method_info)
     if isinstance(config.get("plugins"), list):

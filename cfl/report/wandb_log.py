@@ -156,6 +156,9 @@ class WandbLogger:
                 self.run.log({"acc_matrix": table, **{f"plot/{p.stem}": wandb.Image(str(p)) for p in plots}})
                 for key in SUMMARY_KEYS:
                     self.run.summary[key] = results[key]
+                for key, value in results.get("schedule", {}).items():  # under a schedule (docs/concepts.md)
+                    if isinstance(value, int | float) and not isinstance(value, bool):
+                        self.run.summary[f"schedule/{key}"] = value
                 for cls, acc in results.get("class_acc", {}).items():  # class-incremental runs
                     self.run.summary[f"class_acc/{cls}"] = acc
                 if self.settings.log_artifacts:
