@@ -25,8 +25,9 @@ def test_a_row_with_fedavgs_matrices_under_the_same_settings_is_marked_with_a_fo
     out = capsys.readouterr().out
     labels = [r["method"] for r in rows(out.split("\n\n")[0])]
     assert labels == ["fedavg lr=0.05", "ewc lr=0.05 [=FedAvg]", "ewc lr=0.1", "fedprox lr=0.05 method.mu=1.0"]
-    assert out.split("\n\n")[1].startswith("[=FedAvg]: the accuracy matrices equal FedAvg's digit for digit under "
-                                           "the same settings (the same config but the method; seed(s) 0, 1)")
+    notes = out.strip().split("\n\n")[1:]  # under the table: the significance note, then this one
+    assert notes[-1].startswith("[=FedAvg]: the accuracy matrices equal FedAvg's digit for digit under "
+                                "the same settings (the same config but the method; seed(s) 0, 1)")
 
 
 def test_csv_stays_one_table_and_latex_compiles_with_the_note_as_a_comment(tmp_path, capsys):

@@ -130,13 +130,13 @@ def test_a_scheduled_run_trains_each_client_on_its_own_task():
 
 
 def test_a_run_from_before_schedules_resumes_and_groups_as_a_synchronous_one():
-    from types import SimpleNamespace
+    from pathlib import Path
 
     from cfl.engine.checkpoint import config_changes
-    from cfl.report.groups import compared_keys
+    from cfl.report.groups import Run, compared_keys
 
     cfg = tiny_config()
     old = {k: v for k, v in cfg.to_dict().items() if k != "schedule"}
     assert config_changes(old, cfg) == ""
-    assert compared_keys(SimpleNamespace(config=old, results={})) == compared_keys(
-        SimpleNamespace(config=cfg.to_dict(), results={}))
+    assert compared_keys(Run(Path("old/results.json"), {}, old)) == compared_keys(
+        Run(Path("new/results.json"), {}, cfg.to_dict()))
