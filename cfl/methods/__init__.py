@@ -5,11 +5,13 @@ from __future__ import annotations
 from cfl.methods.afcl import AFCL
 from cfl.methods.agem import AGEM
 from cfl.methods.base import Method
+from cfl.methods.derpp import DERpp
 from cfl.methods.er import ER
 from cfl.methods.ewc import EWC
 from cfl.methods.fedadam import FedAdam
 from cfl.methods.fedavg import FedAvg
 from cfl.methods.fedcurv import FedCurv
+from cfl.methods.feddyn import FedDyn
 from cfl.methods.fedlwf import FedLwF
 from cfl.methods.fedncm import FedNCM
 from cfl.methods.fedprox import FedProx
@@ -23,6 +25,7 @@ from cfl.methods.gpm import GPM
 from cfl.methods.mas import MAS
 from cfl.methods.mfcl import MFCL
 from cfl.methods.rgo import RGO
+from cfl.methods.scaffold import Scaffold
 from cfl.methods.si import SI
 from cfl.methods.target import Target
 from cfl.registry import Registry
@@ -59,3 +62,6 @@ register(Target)  # class-incremental, a model with BatchNorm running statistics
 register(MFCL)
 register(FedNCM)  # on a pretrained backbone's cached features (docs/pretrained.md)
 register(AFCL)
+register(Scaffold)  # option II control variates; on the stacked path (a Linear penalty)
+register(FedDyn)
+register(DERpp)  # reservoir per step in the step hooks' carry: the vmap path
