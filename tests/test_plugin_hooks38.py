@@ -11,8 +11,8 @@ from cfl.engine.runner import Runner
 from cfl.engine.stacking import pad_samples
 from cfl.engine.state_stores import sizing_of
 from cfl.methods import METHODS
-from cfl.plugin import Linear, LocalTraining, Method, Quadratic, Samples, register
 from cfl.ops.counter_random import StepRandom
+from cfl.plugin import Linear, Method, Quadratic, Samples, register
 from cfl.validation import from_dict
 from tests.conftest import make_stream
 
