@@ -12,6 +12,7 @@ from cfl.engine.jobs import Plugins
 from cfl.engine.stacking import Batch, client_rows, pad_samples, sample_counts
 from cfl.engine.step_hooks import StepStage
 from cfl.methods.base import Method, accepts, overrides
+from cfl.methods.hook_guard import BrokenRule, guarded
 from cfl.tensors import Params, State
 
 
@@ -41,7 +42,11 @@ def drawn_samples(stage: StepStage, n: int, raw: list[list[State]], generators: 
     counts, drawn = {}, {}
     for i in stage.sampling:
         counts[i] = sample_counts([d[i] for d in draws])
-        padded = pad_samples([d[i] for d in draws])
+        try:
+            padded = pad_samples([d[i] for d in draws])
+        except ValueError as err:  # extras named differently by two clients: the method's rule, named
+            with guarded(stage.methods[i], "step_samples"):
+                raise BrokenRule(str(err)) from None
         if padded is not None:
             drawn[i] = (padded.x, padded.y, padded.task, padded.weight, padded.extra)
     return counts, drawn
