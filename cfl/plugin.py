@@ -18,6 +18,8 @@ from cfl.methods.base import (
     EVENTS,
     ClientData,
     Event,
+    Linear,
+    LocalTraining,
     Method,
     NoHyperparams,
     Quadratic,
@@ -38,8 +40,8 @@ from cfl.tensors import Params, State, nbytes
 
 __all__ = [
     # the method interface (cfl/methods/base.py)
-    "Method", "NoHyperparams", "Quadratic", "Samples", "ClientData", "RunInfo", "StateSizing", "Step", "Event",
-    "EVENTS",
+    "Method", "NoHyperparams", "Quadratic", "Linear", "Samples", "ClientData", "RunInfo", "StateSizing", "Step",
+    "LocalTraining", "Event", "EVENTS",
     # types and helpers of hooks
     "Params", "State", "nbytes", "field", "ConfigError",
     "diagonal_fisher", "output_norm_importance", "layer_grams",

@@ -39,6 +39,7 @@ def test_derived_loss_gradient_equals_the_fused_terms(name):
         loss = penalty_loss(method, w, runner.params, server, one)
         grads = dict(zip(w, torch.autograd.grad(loss, list(w.values()), allow_unused=True), strict=True))
         for k, (a, b) in terms.items():
-            row = 0 if a.shape[0] == 1 and b.shape[0] == 1 else c
-            fused = (a[min(row, a.shape[0] - 1)] * w[k].detach() - b[min(row, b.shape[0] - 1)])
+            row = 0 if (a is None or a.shape[0] == 1) and b.shape[0] == 1 else c
+            quadratic = 0.0 if a is None else a[min(row, a.shape[0] - 1)] * w[k].detach()  # None: a Linear term
+            fused = quadratic - b[min(row, b.shape[0] - 1)]
             assert torch.allclose(fused, grads[k], atol=1e-5, rtol=1e-4), (name, c, k)

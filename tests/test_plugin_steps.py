@@ -82,3 +82,26 @@ def test_my_agem_projects_only_a_conflicting_step():
     assert torch.equal(method.step_gradient(step_with(torch.tensor([-2.0, 3.0])))["w"], torch.tensor([0.0, 3.0]))
     # g . g_ref = 2 > 0: unchanged
     assert torch.equal(method.step_gradient(step_with(torch.tensor([2.0, 3.0])))["w"], torch.tensor([2.0, 3.0]))
+
+
+DERPP = ROOT / "docs" / "examples" / "derpp_steps.py"
+
+
+def test_guide_shows_the_derpp_example_verbatim():
+    assert DERPP.read_text() in (ROOT / "docs" / "plugins.md").read_text()
+
+
+def test_my_derpp_from_the_guide_gives_the_built_in_derpp_numbers(capsys):
+    _load(DERPP)
+    stream = make_stream("task", num_tasks=2)
+    mine = _run(_cfg({"name": "my-derpp", "size": 20}), stream)
+    assert "engine: vmap path (reason: method my-derpp overrides" in capsys.readouterr().err
+    built_in = _run(_cfg({"name": "derpp", "mem_per_client": 20}), stream)
+    assert mine.progress.acc_matrix == built_in.progress.acc_matrix
+    for k in mine.params:
+        assert torch.allclose(mine.params[k], built_in.params[k], atol=1e-6), k
+    plain = _run(_cfg({"name": "fedavg"}), stream)
+    assert not torch.allclose(mine.params["head.weight"], plain.params["head.weight"])  # the memory acts
+    sequential = _run(_cfg({"name": "my-derpp", "size": 20}, client_execution="sequential"), stream)
+    for k in mine.params:
+        assert torch.allclose(mine.params[k], sequential.params[k], atol=1e-5, rtol=1e-4), k

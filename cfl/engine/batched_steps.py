@@ -12,6 +12,7 @@ from cfl.engine.jobs import Plugins
 from cfl.engine.stacking import Batch, client_rows, pad_samples, sample_counts
 from cfl.engine.step_hooks import StepStage
 from cfl.methods.base import Method, accepts, overrides
+from cfl.methods.hook_guard import BrokenRule, guarded
 from cfl.tensors import Params, State
 
 
@@ -29,17 +30,25 @@ StepData = tuple[tuple[torch.Tensor, ...], list[list[State]], list[State]]  # ba
 
 
 def drawn_samples(stage: StepStage, n: int, raw: list[list[State]], generators: list[torch.Generator],
-                  x: torch.Tensor) -> tuple[dict[int, list[int]], dict[int, tuple[torch.Tensor, ...]]]:
-    """The step's ``step_samples`` draws of the ``n`` clients still training (``raw``: their states per method):
-    per sampling method, each client's count, and the draws padded to the client with the most as (x, y, task,
-    weight) (left out where no client drew any)."""
-    draws = [stage.draw([st[c] for st in raw], generators[c], x) for c in range(n)]
+                  x: torch.Tensor, carry: State, starts: list[dict[int, State]]
+                  ) -> tuple[dict[int, list[int]], dict[int, tuple[torch.Tensor, ...]]]:
+    """The step's ``step_samples`` draws of the ``n`` clients still training (``raw``: their states per method;
+    ``carry``: the stacked running values, ``starts`` each client's own ``carry_start``, for the overrides that read
+    ``carry``): per sampling method, each client's count, and the draws padded to the client with the most as (x,
+    y, task, weight, extra) (left out where no client drew any)."""
+    reading = stage.reads_carry()
+    draws = [stage.draw([st[c] for st in raw], generators[c], x,
+                        {i: leaf_row(carry[i], c, starts[c][i], copy=False) for i in reading}) for c in range(n)]
     counts, drawn = {}, {}
     for i in stage.sampling:
         counts[i] = sample_counts([d[i] for d in draws])
-        padded = pad_samples([d[i] for d in draws])
+        try:
+            padded = pad_samples([d[i] for d in draws])
+        except ValueError as err:  # extras named differently by two clients: the method's rule, named
+            with guarded(stage.methods[i], "step_samples"):
+                raise BrokenRule(str(err)) from None
         if padded is not None:
-            drawn[i] = (padded.x, padded.y, padded.task, padded.weight)
+            drawn[i] = (padded.x, padded.y, padded.task, padded.weight, padded.extra)
     return counts, drawn
 
 
@@ -51,27 +60,28 @@ def loss_samples(methods: list[Method], counts: dict[int, list[int]],
 
 
 def rewritten(stage: StepStage, s: int, n: int, params: Params, grads: Params, drawn: dict, carry: State,
-              data: StepData) -> tuple[Params, Params]:
+              data: StepData, keys: torch.Tensor) -> tuple[Params, Params]:
     """The step hooks' gradients for the ``n`` clients still training (under ``vmap``) and the parameters before
-    the step (for ``carry_step``); ``drawn``: the step's samples (:func:`drawn_samples`)."""
+    the step (for ``carry_step``); ``drawn``: the step's samples (:func:`drawn_samples`); ``keys``: the clients'
+    :func:`cfl.engine.step_hooks.step_key` ``(C,)``."""
     batch, _, stacked = data
     before = {k: v.detach().clone() for k, v in params.items()} if stage.carry_stepping else params
     rows = client_rows(carry, n)
     with stage.watched("step_gradient", s, before, grads, batch, drawn, stacked, rows):
-        new = vmap(lambda p, g, b, d, st, ca: stage.rewrite(p, g, b, d, st, ca, s),
-                   randomness="different")(before, grads, batch, drawn, stacked, rows)
+        new = vmap(lambda p, g, b, d, st, ca, ky: stage.rewrite(p, g, b, d, st, ca, s, ky),
+                   randomness="different")(before, grads, batch, drawn, stacked, rows, keys[:n])
     return new, before
 
 
 def carry_on(stage: StepStage, s: int, n: int, params: Params, grads: Params, before: Params, drawn: dict,
-              carry: State, data: StepData) -> None:
+              carry: State, data: StepData, keys: torch.Tensor) -> None:
     """The running values of the ``n`` clients still training after the step, written into ``carry``'s rows."""
     batch, _, stacked = data
     moved = {k: params[k] - before[k] for k in params}
     rows = client_rows(carry, n)
     with stage.watched("carry_step", s, before, grads, batch, drawn, stacked, rows, moved):
-        new = vmap(lambda p, g, b, d, st, ca, mv: stage.carried(p, g, b, d, st, ca, s, mv),
-                   randomness="different")(before, grads, batch, drawn, stacked, rows, moved)
+        new = vmap(lambda p, g, b, d, st, ca, mv, ky: stage.carried(p, g, b, d, st, ca, s, mv, ky),
+                   randomness="different")(before, grads, batch, drawn, stacked, rows, moved, keys[:n])
     write_rows(carry, new, n)
 
 
@@ -83,12 +93,12 @@ def write_rows(carry: State, new: State, n: int) -> None:
             carry[k][:n] = v
 
 
-def leaf_row(v: State | torch.Tensor, c: int, like: State | torch.Tensor) -> State | torch.Tensor:
+def leaf_row(v: State | torch.Tensor, c: int, like: State | torch.Tensor, copy: bool = True) -> State | torch.Tensor:
     """Client ``c``'s row of the stacked running values ``v``, each leaf cut back to the shape of ``like`` (its own
-    ``carry_start`` values: a ``ragged`` one was zero-padded to the widest client)."""
+    ``carry_start`` values: a ``ragged`` one was zero-padded to the widest client); ``copy`` False: views."""
     if isinstance(v, dict):
-        return {k: leaf_row(u, c, like[k]) for k, u in v.items()}
+        return {k: leaf_row(u, c, like[k], copy) for k, u in v.items()}
     row = v[c]
     if row.shape != like.shape:
         row = row[tuple(slice(0, n) for n in like.shape)]
-    return row.clone()
+    return row.clone() if copy else row

@@ -8,11 +8,12 @@ from typing import Any
 
 import torch
 
-from cfl.methods.base import Quadratic, Samples
+from cfl.methods.base import Linear, Quadratic, Samples
 from cfl.methods.hook_guard import BrokenRule
 from cfl.tensors import Params
 
-PENALTY = "must return None or {parameter name: Quadratic(weight, anchor)}, the anchor shaped like the parameter"
+PENALTY = ("must return None or {parameter name: Quadratic(weight, anchor) (optionally linear=) or Linear(coef)}, "
+           "the anchor, linear and coef floating point and shaped like the parameter")
 PRECONDITIONER = ("must return {weight name: matrix (d, d)}, d the weight's size over its first dim (im2col width); "
                   "weights only (2 or more dims)")
 PROJECTION = "must return {parameter name: basis (d, k)}, d the parameter's size over its first dim (im2col width)"
@@ -64,8 +65,13 @@ def check_penalty(result: Any, params: Params) -> dict[str, Quadratic]:
         raise BrokenRule(f"{PENALTY}; {_got(result)}")
     for key, q in result.items():
         p = _parameter(key, params, PENALTY)
+        if isinstance(q, Linear):
+            _check_coefficient(q.coef, p, f"the coef of '{key}'")
+            continue
         if not isinstance(q, Quadratic):
             raise BrokenRule(f"{PENALTY}; for '{key}' {_got(q)}")
+        if q.linear is not None:
+            _check_coefficient(q.linear, p, f"the linear coefficient of '{key}'")
         if not isinstance(q.anchor, torch.Tensor) or q.anchor.shape != p.shape or not q.anchor.is_floating_point():
             raise BrokenRule(f"{PENALTY}; the anchor of '{key}' (shape {tuple(p.shape)}) {_got(q.anchor)}")
         weight = q.weight
@@ -74,6 +80,11 @@ def check_penalty(result: Any, params: Params) -> dict[str, Quadratic]:
             raise BrokenRule(f"{PENALTY}; the weight of '{key}' must be a number or a tensor that broadcasts to "
                              f"{tuple(p.shape)}, {_got(weight)}")
     return result
+
+
+def _check_coefficient(coef: Any, p: torch.Tensor, what: str) -> None:
+    if not isinstance(coef, torch.Tensor) or coef.shape != p.shape or not coef.is_floating_point():
+        raise BrokenRule(f"{PENALTY}; {what} (shape {tuple(p.shape)}) {_got(coef)}")
 
 
 def check_extra_loss(result: Any, x: torch.Tensor, rule: str = EXTRA_LOSS) -> torch.Tensor:
@@ -116,14 +127,32 @@ def check_replay(result: Any, like: torch.Tensor) -> Samples | None:
     for label, v in (("y", y), ("task", task)):
         if not isinstance(v, torch.Tensor) or v.shape != (x.shape[0],) or v.is_floating_point():
             raise BrokenRule(f"{REPLAY}; {label} must be an integer vector of {x.shape[0]} (as x), {_got(v)}")
+    if result.extra:
+        raise BrokenRule(f"{REPLAY}; replay samples join the step's batch, which carries no extras: got extra "
+                         f"{sorted(result.extra)} (draw them with step_samples, whose extras reach the step hooks and "
+                         "extra_loss)")
     return result
 
 
 def check_step_samples(result: Any, like: torch.Tensor) -> Samples | None:
+    if isinstance(result, Samples) and result.extra:
+        extra = result.extra
+        result = Samples(result.x, result.y, result.task, result.weight)
+    else:
+        extra = {}
     try:
-        return check_replay(result, like)
+        result = check_replay(result, like)
     except BrokenRule as broken:
         raise BrokenRule(str(broken).replace(REPLAY, STEP_SAMPLES)) from None
+    if not isinstance(extra, dict):
+        raise BrokenRule(f"{STEP_SAMPLES}; extra must be a dict of per-sample tensors, {_got(extra)}")
+    for name, v in extra.items():
+        if not isinstance(name, str) or not isinstance(v, torch.Tensor) or v.dim() == 0 or v.shape[0] != len(result.y):
+            raise BrokenRule(f"{STEP_SAMPLES}; extra[{name!r}] must be a tensor of {len(result.y)} rows (one per "
+                             f"sample), {_got(v)}")
+    if extra:
+        result.extra = extra
+    return result
 
 
 def check_step_gradient(result: Any, grads: Params) -> Params | None:

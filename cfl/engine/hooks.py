@@ -27,13 +27,14 @@ from cfl.engine.hook_rules import (
     check_step_gradient,
     check_step_samples,
 )
-from cfl.methods.base import Method, Quadratic, Samples, Step, accepts
+from cfl.methods.base import Linear, Method, Quadratic, Samples, Step, accepts
 from cfl.methods.hook_guard import BrokenRule, guarded, hook_error
 from cfl.ops.losses import weighted_mean
 from cfl.ops.subspace import project_out
 from cfl.tensors import Params, State
 
-PenaltyTerms = dict[str, tuple[torch.Tensor, torch.Tensor]]  # name -> (A, B) of the gradient A * w - B
+#: name -> (A, B) of the gradient A * w - B; A is None for a linear term alone (gradient -B)
+PenaltyTerms = dict[str, tuple[torch.Tensor | None, torch.Tensor]]
 
 
 def _tensors(tree: Any, name: str) -> Iterator[tuple[str, torch.Tensor]]:
@@ -49,7 +50,7 @@ def _tensors(tree: Any, name: str) -> Iterator[tuple[str, torch.Tensor]]:
         for i, v in enumerate(tree):
             yield from _tensors(v, f"{name}.{fields[i]}" if fields else f"{name}[{i}]")
     elif isinstance(tree, Samples):
-        for k in ("x", "y", "task", "weight"):
+        for k in ("x", "y", "task", "weight", "extra"):
             yield from _tensors(getattr(tree, k, None), f"{name}.{k}")
 
 
@@ -108,20 +109,32 @@ def made_finite(result: Any, arguments: dict[str, Any]) -> None:
         raise BrokenRule(f"{FINITE}; in {bad}")
 
 
-def quadratic_loss(params: Params, quadratics: dict[str, Quadratic] | None) -> torch.Tensor:
-    """``sum_k weight_k / 2 * (w_k - anchor_k)^2`` (0 without quadratics)."""
+def quadratic_loss(params: Params, quadratics: dict[str, Quadratic | Linear] | None) -> torch.Tensor:
+    """``sum_k weight_k / 2 * (w_k - anchor_k)^2 + <linear_k, w_k>`` (0 without terms)."""
     total = torch.zeros((), device=next(iter(params.values())).device)
+    linear = torch.zeros((), device=total.device)
     for k, q in (quadratics or {}).items():
+        if isinstance(q, Linear):
+            linear = linear + (q.coef * params[k]).sum()
+            continue
         total = total + (q.weight * (params[k] - q.anchor) ** 2).sum()
-    return 0.5 * total
+        if q.linear is not None:
+            linear = linear + (q.linear * params[k]).sum()
+    return 0.5 * total + linear
+
+
+def _numbers(q: Quadratic | Linear) -> dict[str, torch.Tensor | float]:
+    """A term's tensors and numbers, for the finite check."""
+    if isinstance(q, Linear):
+        return {"coef": q.coef}
+    return {"weight": q.weight, "anchor": q.anchor, **({} if q.linear is None else {"linear": q.linear})}
 
 
 def penalty_loss(method: Method, params: Params, global_params: Params, server: State, state: State) -> torch.Tensor:
     """One client's penalty, derived from its declared quadratics."""
     with guarded(method, "penalty"):
         quadratics = check_penalty(method.penalty(global_params, server, state), params)
-        made_finite({k: (q.weight, q.anchor) for k, q in quadratics.items()}, {"global_params": global_params,
-                                                                              "state": state})
+        made_finite({k: _numbers(q) for k, q in quadratics.items()}, {"global_params": global_params, "state": state})
         return quadratic_loss(params, quadratics)
 
 
@@ -129,19 +142,34 @@ def _terms(method: Method, global_params: Params, server: State, state: State) -
     out = {}
     with guarded(method, "penalty"):
         for k, q in check_penalty(method.penalty(global_params, server, state), global_params).items():
+            if isinstance(q, Linear):  # gradient coef: A none, B = -coef
+                out[k] = (None, -q.coef)
+                continue
             like = global_params[k]
             weight = q.weight if isinstance(q.weight, torch.Tensor) else torch.tensor(q.weight, dtype=like.dtype,
                                                                                        device=like.device)
-            out[k] = (weight, q.anchor * q.weight)
+            b = q.anchor * q.weight
+            out[k] = (weight, b if q.linear is None else b - q.linear)
     return out
 
 
 def penalty_terms(method: Method, global_params: Params, server: State, stacked: State) -> PenaltyTerms:
     """``(A, B)`` per parameter for the clients of the ``stacked`` state, with a leading client dim (1 when
-    no client has state: the same terms for all)."""
+    no client has state: the same terms for all); A None for a linear term alone."""
     if stacked:
-        return vmap(lambda st: _terms(method, global_params, server, st))(stacked)
-    return {k: (a.unsqueeze(0), b.unsqueeze(0)) for k, (a, b) in _terms(method, global_params, server, {}).items()}
+        terms = vmap(lambda st: _split(_terms(method, global_params, server, st)))(stacked)
+        return _joined(*terms)
+    return {k: (None if a is None else a.unsqueeze(0), b.unsqueeze(0))
+            for k, (a, b) in _terms(method, global_params, server, {}).items()}
+
+
+def _split(terms: PenaltyTerms) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The A's and the B's apart (``vmap`` returns tensors only, no None)."""
+    return {k: a for k, (a, _) in terms.items() if a is not None}, {k: b for k, (_, b) in terms.items()}
+
+
+def _joined(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> PenaltyTerms:
+    return {k: (a.get(k), v) for k, v in b.items()}
 
 
 def task_loss(method: Method, params: Params, logits: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
@@ -206,10 +234,12 @@ def replayed(method: Method, state: State, generator: torch.Generator, like: tor
 
 
 def step_samples(method: Method, state: State, generator: torch.Generator, like: torch.Tensor,
-                 server: State) -> Samples | None:
-    """One client's ``step_samples`` draw for a step; ``server`` (the method's broadcast) reaches an override that
-    names the argument."""
+                 server: State, carry: State | None = None) -> Samples | None:
+    """One client's ``step_samples`` draw for a step; ``server`` (the method's broadcast) and ``carry`` (the client's
+    running values before the step) reach an override that names the argument."""
     more = {"server": server} if accepts(method, "step_samples", "server") else {}
+    if accepts(method, "step_samples", "carry"):
+        more["carry"] = carry if carry is not None else {}
     with guarded(method, "step_samples"):
         return check_step_samples(method.step_samples(state, generator, **more), like)
 

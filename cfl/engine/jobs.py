@@ -130,3 +130,5 @@ class ClientOutcome:
     optimizer_state: State = field(default_factory=dict)
     #: the client's BatchNorm running statistics after the round (``{}`` for a model without any)
     buffers: Params = field(default_factory=dict)
+    #: the local steps the client took in the round (``client_end``'s ``training.steps``)
+    steps: int = 0

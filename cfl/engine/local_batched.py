@@ -37,7 +37,7 @@ from cfl.engine.path import choose_path
 from cfl.engine.precision import autocast, to_float, warn_if_slow
 from cfl.engine.stacked_net import StackedNet
 from cfl.engine.stacking import Batch, client_rows, couples_samples, pad_samples, sample_counts, stack_states
-from cfl.engine.step_hooks import STEP_HOOKS, StepStage, task_loss_of
+from cfl.engine.step_hooks import STEP_HOOKS, StepStage, step_key, task_loss_of
 from cfl.methods.base import Method, Samples, overrides
 from cfl.methods.hook_guard import VMAPPED_HOOKS
 from cfl.ops.losses import masked_cross_entropy, weighted_mean
@@ -267,6 +267,7 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
     raw_states = [plugins.client_states(i, cids) for i in range(len(plugins.methods))]
     starts = [stage.start([st[c] for st in raw_states]) for c in range(C)] if stage else []
     carry = stage.stacked(starts) if stage else {}
+    keys = torch.stack([step_key(job, device) for job in jobs]) if stage else None
     update = (SGDStep if hp.optimizer == "sgd" else OptimStep)(hp, params, plugins, stage is not None)
     kept = None  # optimizer.state: kept: the clients' stacked optimiser state and step counts so far
     if hp.optimizer_state == "kept" and not local_optim.plain_sgd(hp):
@@ -307,9 +308,10 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
         extras = [pad_samples(d) for d in draws]
         step_raw = [st[:n] for st in raw_states]
         # the step hooks' draws, after replay's and before the loss (``extra_loss`` may take them)
-        counts, drawn = drawn_samples(stage, n, step_raw, generators, x) if stage is not None else ({}, {})
+        counts, drawn = drawn_samples(stage, n, step_raw, generators, x, carry, starts) if stage is not None \
+            else ({}, {})
         # the clients' prefix of the penalty steps (a client dim of 1, shared by all, stays 1)
-        step_penalty = penalty if n == C else {k: (m[:n], None if b is None else b[:n])
+        step_penalty = penalty if n == C else {k: (None if m is None else m[:n], None if b is None else b[:n])
                                                for k, (m, b) in penalty.items()}
         step_allowed = None if allowed is None else allowed[:n]
         step_matrices = {k: v if v.shape[0] == 1 or n == C else v[:n] for k, v in matrices.items()}
@@ -344,20 +346,20 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
             grads = dict(zip(params, grads, strict=True))
             if stage is not None:  # the step hooks: after the loss gradient, before the optimiser
                 step_data = _with_replay((xb, yb, tb, wb), extras), step_raw, step_states
-                grads, before = rewritten(stage, s, n, params, grads, drawn, carry, step_data)
+                grads, before = rewritten(stage, s, n, params, grads, drawn, carry, step_data, keys)
             grads = {k: hooks.precondition(g, step_matrices[k]) if k in step_matrices else g for k, g in grads.items()}
             # SGD's decay adds into the gradients in place: carry_step must see the gradient before it
             carrying = stage is not None and bool(stage.carry_stepping)
             update(s if kept is None else kept[1][:n] + s, params,
                    {k: g.clone() for k, g in grads.items()} if carrying else grads, None, step_states, plugins)
             if carrying:
-                carry_on(stage, s, n, params, grads, before, drawn, carry, step_data)
+                carry_on(stage, s, n, params, grads, before, drawn, carry, step_data, keys)
     carries = [{i: leaf_row(ci, c, starts[c][i]) for i, ci in carry.items()} for c in range(C)]
     mean_loss = (loss_sum / steps_left.clamp(min=1)).tolist()
     slots = None if kept is None else (stacked.slots if stacked is not None else update.kept_slots())
     outcomes = [ClientOutcome(job.cid, len(job.indices), mean_loss[c], bool(finite[c]), carries[c] if carry else {},
                               {} if kept is None else local_optim.stored_state(slots, kept[1][c] + client_steps[c], c),
-                              {k: v[c] for k, v in client_buffers.items()})
+                              {k: v[c] for k, v in client_buffers.items()}, client_steps[c])
                 for c, job in enumerate(jobs)]
     return {k: v.detach().contiguous() for k, v in full_params.items()}, outcomes
 
@@ -441,7 +443,8 @@ def _grouped_losses(groups: list[Group], data: StepBatch, extras: list[Batch | N
             return v if idx is None else v.index_select(0, idx)
 
         def cut(e: Batch | None, w: int) -> Batch | None:
-            return None if e is None or w == 0 else Batch(*(pick(v)[:, :w] for v in (e.x, e.y, e.task, e.weight)))
+            return None if e is None or w == 0 else Batch(*(pick(v)[:, :w] for v in (e.x, e.y, e.task, e.weight)),
+                                                          {k: pick(v)[:, :w] for k, v in e.extra.items()})
 
         replays = [cut(e, w) for e, w in zip(extras, widths[:len(extras)], strict=True)]
         drawn = {i: cut(e, w) for (i, e), w in zip(samples.items(), widths[len(extras):], strict=True)}
@@ -476,7 +479,7 @@ def _extra_losses(method: Method, server: State, args: tuple, samples: Batch | N
     if samples is None:
         return vmap(lambda *a: hooks.extra_loss(method, *a[:4], server, a[4]), randomness="different")(*args)
     return vmap(lambda *a: hooks.extra_loss(method, *a[:4], server, a[4], Samples(*a[5:])),
-                randomness="different")(*args, samples.x, samples.y, samples.task, samples.weight)
+                randomness="different")(*args, samples.x, samples.y, samples.task, samples.weight, samples.extra)
 
 
 def _own_losses(plugins: Plugins, i: int, params: Params, logits: torch.Tensor, data: StepBatch,

@@ -13,7 +13,7 @@ from torch.func import functional_call
 from cfl.engine import hooks, local_optim
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, client_schedule, replay_generator
 from cfl.engine.precision import autocast, to_float, warn_if_slow
-from cfl.engine.step_hooks import StepStage, as_batch, task_loss_of
+from cfl.engine.step_hooks import StepStage, as_batch, step_key, task_loss_of
 from cfl.methods.base import Samples, overrides
 from cfl.ops.losses import masked_cross_entropy
 from cfl.tensors import Params
@@ -39,6 +39,7 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
     generator = replay_generator(job)
     stage = StepStage.of(methods, broadcasts, global_params, hp.lr, model, hp.precision, x.device)
     carry = stage.start(states) if stage is not None else {}
+    key = step_key(job, x.device)
     own_loss = task_loss_of(methods)
     # layer preconditioners (RGO): once per round, from the client's state
     matrices = [hooks.preconditioners(m, global_params, states[i]) for i, m in enumerate(methods)
@@ -58,7 +59,7 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
                 tb, wb = torch.cat([tb, extra.task]), torch.cat([wb, torch.ones(len(extra.y), device=x.device)])
         # the step hooks' draws, after replay's and before the loss (``extra_loss`` may take them)
         drawn = {} if stage is None else \
-            {i: as_batch(d, x.device) for i, d in stage.draw(states, generator, x).items() if d is not None}
+            {i: as_batch(d, x.device) for i, d in stage.draw(states, generator, x, carry).items() if d is not None}
         with autocast(hp.precision, x.device):  # bf16-mixed: products in bfloat16, the loss on float32 logits
             logits = to_float(functional_call(model, tensors, (xb, tb)))
         per_sample = masked_cross_entropy(logits, yb, job.allowed) if own_loss is None else hooks.differentiable(
@@ -80,7 +81,7 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
             batch = (xb, yb, tb, wb)
             before = {k: v.detach().clone() for k, v in params.items()}
             with torch.no_grad(), stage.watched("step_gradient", s, before, grads, batch, drawn, states, carry):
-                grads = stage.rewrite(before, grads, batch, drawn, states, carry, s)
+                grads = stage.rewrite(before, grads, batch, drawn, states, carry, s, key)
         with torch.no_grad():
             for found in matrices:
                 grads = {k: hooks.precondition(g, found[k]) if k in found else g for k, g in grads.items()}
@@ -94,10 +95,11 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
             if stage is not None and stage.carry_stepping:
                 moved = {k: params[k].detach() - before[k] for k in params}
                 with stage.watched("carry_step", s, before, taken, batch, drawn, states, carry, moved):
-                    carry = stage.carried(before, taken, batch, drawn, states, carry, s, moved)
+                    carry = stage.carried(before, taken, batch, drawn, states, carry, s, moved, key)
     mean_loss = sum(losses) / max(len(losses), 1)
     outcome = ClientOutcome(job.cid, len(job.indices), mean_loss, finite, carry,
-                            {} if kept is None else local_optim.stored_state(slots, t0 + len(losses)), buffers)
+                            {} if kept is None else local_optim.stored_state(slots, t0 + len(losses)), buffers,
+                            len(losses))
     return {k: v.detach() for k, v in params.items()}, outcome
 
 

@@ -50,6 +50,8 @@ def _heaviest(method: Method, state: MethodState, broadcast: State, params: Para
         except Exception:  # noqa: BLE001 - a diagnosis of a stopped run: the run's own error is what is raised
             return worst
         for name, q in quadratics.items():
+            if not hasattr(q, "weight"):  # a Linear term: no stiffness
+                continue
             weight = float(torch.as_tensor(q.weight).abs().max())
             if worst is None or weight > worst[0]:
                 worst = (weight, name, cid)

@@ -66,8 +66,9 @@ def dry_run_hooks(runner: Runner) -> None:
                     hooks.preconditioners(m, params, state)
             stage = StepStage([m], [broadcast], params, runner.hyper.lr,
                               gradient_function(runner.model, runner.hyper.precision, runner.device))
+            carry = stage.start([state]) if stage.reads_carry() else {}
             drawn = {i: as_batch(d, runner.device) for i, d in stage.draw([state], torch.Generator().manual_seed(0),
-                                                                          x).items() if d is not None}
+                                                                          x, carry).items() if d is not None}
             if overrides(m, "extra_loss"):
                 with unwritten(m, "extra_loss", {**read, "x": x}):
                     hooks.extra_loss(m, params, x, task, weight, broadcast, state,
@@ -102,10 +103,11 @@ def _dry_step(runner: Runner, stage: StepStage, drawn: dict, batch: tuple[torch.
     params = runner.params
     zeros = {k: torch.zeros_like(v) for k, v in params.items()}
     carry = stage.start([{}])
+    key = torch.zeros((), dtype=torch.long, device=runner.device)
     with stage.watched("step_gradient", 0, params, zeros, batch, drawn, [{}], carry):
-        grads = stage.rewrite(params, zeros, batch, drawn, [{}], carry, 0)
+        grads = stage.rewrite(params, zeros, batch, drawn, [{}], carry, 0, key)
     with stage.watched("carry_step", 0, params, grads, batch, drawn, [{}], carry, zeros):
-        stage.carried(params, grads, batch, drawn, [{}], carry, 0, zeros)
+        stage.carried(params, grads, batch, drawn, [{}], carry, 0, zeros, key)
 
 
 def _dry_round(runner: Runner) -> None:

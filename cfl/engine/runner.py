@@ -47,8 +47,10 @@ from cfl.methods import METHODS
 from cfl.methods.base import (
     ClientData,
     Event,
+    LocalTraining,
     Method,
     RunInfo,
+    accepts,
     acts_after_rounds,
     overrides,
     takes_part_at_task_end,
@@ -94,7 +96,7 @@ class Runner:
         self.model: nn.Module = run_model(cfg, stream, shape).to(self.device)
         self.run_info = RunInfo(stream.num_tasks, stream.scenario, cfg.num_clients, cfg.clients_per_round,
                                 cfg.seed, self.model, protected_layers(self.model), stream.name,
-                                cfg.batch_size, tuple(stream.input_shape))
+                                cfg.batch_size, tuple(stream.input_shape), stream.classes_per_head)
         specs = [cfg.method, *cfg.plugins]
         self.methods: list[Method] = [built(METHODS[s["name"]], self._hparams_of(s), self.run_info) for s in specs]
         sizing = sizing_of(cfg, stream, self.model, self.run_info.protected)
@@ -103,6 +105,11 @@ class Runner:
         self.server = Server(cfg, {k: v.detach().clone() for k, v in self.model.named_parameters()}, self.methods,
                              [MethodState(clients=s) for s in self.client_stores.stores],
                              running_stats(self.model))
+        for m, st in zip(self.methods, self.states, strict=True):  # server state before round 1 (SCAFFOLD's c)
+            if overrides(m, "server_start"):
+                with guarded(m, "server_start"):
+                    m.server_start(st.server, {k: v.clone() for k, v in self.params.items()})
+                plain_server(m, "server_start", st.server)
         # model.buffers: local (FedBN): each client's own BatchNorm running statistics between its rounds
         self.buffer_states = ClientStates() if cfg.model.buffers == "local" and self.buffers else None
         self.initial_buffers = {k: v.clone() for k, v in self.buffers.items()}  # a local client's first start
@@ -234,7 +241,8 @@ class Runner:
             for o, ok in zip(outcomes, keep.tolist(), strict=True):
                 if ok:
                     self.optimizer_states.put(o.cid, o.optimizer_state)
-        payloads = self._round_uploads(trained, kept_jobs, keep, task_of, broadcasts)
+        payloads = self._round_uploads(trained, kept_jobs, keep, task_of, broadcasts,
+                                       {o.cid: o.steps for o in outcomes})
         weights = torch.tensor([float(len(j.indices)) for j in kept_jobs], device=self.device)
         forgetting = client_forgetting.measure(self.model, self.global_tensors, self.stream, task,
                                                self.progress.global_round + 1, self.cfg.client_forgetting_clients,
@@ -326,9 +334,9 @@ class Runner:
                 clients.put(outcome.cid, state)
 
     def _round_uploads(self, trained: Params, jobs: list[ClientJob], keep: torch.Tensor, task_of: dict[int, int],
-                       broadcasts: list[State]) -> list[dict[int, Any]]:
+                       broadcasts: list[State], steps: dict[int, int]) -> list[dict[int, Any]]:
         """Each method's ``client_end("round")`` on the kept clients, at their trained models, each on its task's
-        data (``task_of``: client -> task): the uploads."""
+        data (``task_of``: client -> task; ``steps``: each client's local steps, for ``training``): the uploads."""
         out: list[dict[int, Any]] = []
         rows = keep.nonzero().flatten().tolist()
         for i, m in enumerate(self.methods):
@@ -339,20 +347,22 @@ class Runner:
                     data = self.stream.tasks[task_of[job.cid]]
                     cdata = ClientData(data.train_x, data.train_y, task_of[job.cid], rows=job.indices)
                     gen = torch.Generator().manual_seed(derive_seed(job.seed, 0xE0D + i))
-                    self._client_end(i, "round", client_params, cdata, job.cid, broadcasts[i], gen, uploads)
+                    training = LocalTraining(self.params, steps[job.cid], self.hyper.lr)
+                    self._client_end(i, "round", client_params, cdata, job.cid, broadcasts[i], gen, uploads, training)
             out.append(uploads)
         return out
 
     def _client_end(self, i: int, event: Event, params: Params, data: ClientData, cid: int, server: State,
-                    generator: torch.Generator, uploads: dict[int, Any]) -> None:
+                    generator: torch.Generator, uploads: dict[int, Any], training: LocalTraining | None = None) -> None:
         """Method ``i``'s ``client_end`` on client ``cid``: its state written back, its upload kept. The template
         model is in eval mode (dropout off) for both events, whichever trainer or evaluation ran last."""
         clients = self.states[i].clients
         state = clients.get(cid)
         self.model.eval()
+        more = {"training": training} if accepts(self.methods[i], "client_end", "training") else {}
         with guarded(self.methods[i], "client_end"):
             result = check_upload(self.methods[i].client_end(event, self.model, params, data, state, server,
-                                                             generator))
+                                                             generator, **more))
         clients.put(cid, state)
         if result is not None:
             uploads[cid] = result

@@ -115,17 +115,20 @@ class FusedLinearSGD(torch.autograd.Function):
         return grad_x, None, None, None, None, None, None, None, None, None, None, None, None
 
 
-PenaltyStep = tuple[torch.Tensor, torch.Tensor | None]  # (M, N) of :func:`penalty_pre_step`
+PenaltyStep = tuple[torch.Tensor | None, torch.Tensor | None]  # (M, N) of :func:`penalty_pre_step`
 
 
 def penalty_pre_step(p: torch.Tensor, step: PenaltyStep | None) -> None:
     """``p <- M * p + N`` in place, so that the SGD step ``decay * p - lr * g`` that follows lands on
     ``decay * p - lr * (g + A * p - B)``: a quadratic penalty's gradient ``A * p - B`` taken at the step's
-    starting weights, in one pass (``M = 1 - lr/decay * A``, ``N = lr/decay * B``; :meth:`StackedNet.penalty_steps`)."""
+    starting weights, in one pass (``M = 1 - lr/decay * A``, ``N = lr/decay * B``; :meth:`StackedNet.penalty_steps`).
+    A linear term alone (no A: ``M`` None) adds ``N``."""
     if step is None:
         return
     m, n = step
-    if n is None:
+    if m is None:
+        p.add_(n)
+    elif n is None:
         p.mul_(m)
     else:
         torch.addcmul(n, p, m, out=p)
@@ -257,7 +260,11 @@ class StackedNet:
         for k, (a, b) in total.items():
             dims = params[k].dim()
             if self.stateful:  # the optimiser adds the penalty's gradient A * w - B itself (:meth:`step`)
-                steps[k] = (a.reshape(_client_first(a, dims)), None if b is None else b.reshape(_client_first(b, dims)))
+                steps[k] = (None if a is None else a.reshape(_client_first(a, dims)),
+                            None if b is None else b.reshape(_client_first(b, dims)))
+                continue
+            if a is None:  # linear terms only (SCAFFOLD's correction): p + lr/decay * B
+                steps[k] = (None, torch.mul(b, coeff).reshape(_client_first(b, dims)))
                 continue
             m = torch.mul(a, -coeff).add_(1.0)
             n = None if b is None else torch.mul(b, coeff)
@@ -349,7 +356,7 @@ class StackedNet:
         :attr:`t`; :mod:`cfl.engine.local_optim`."""
         if penalty is not None:
             a, b = penalty
-            g = torch.addcmul(g, a, p)
+            g = g.clone() if a is None else torch.addcmul(g, a, p)
             if b is not None:
                 g.sub_(b)
         t = self.t if isinstance(self.t, int) else self.t[: p.shape[0]]

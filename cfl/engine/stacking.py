@@ -9,7 +9,7 @@ with weight 0.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -21,12 +21,14 @@ from cfl.tensors import State
 
 @dataclass
 class Batch:
-    """Samples stacked over clients ``(C, B, ...)``: ``weight`` is 0 for padding samples."""
+    """Samples stacked over clients ``(C, B, ...)``: ``weight`` is 0 for padding samples; ``extra`` the named
+    per-sample tensors of ``step_samples`` draws ``(C, B, ...)``, zero for padding."""
 
     x: torch.Tensor
     y: torch.Tensor
     task: torch.Tensor
     weight: torch.Tensor
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def _ragged_dim(path: str, ragged: dict[str, int]) -> int | None:
@@ -88,11 +90,17 @@ def pad_samples(samples: list[Samples | None]) -> Batch | None:
     y = like.y.new_zeros((C, width))
     task = like.task.new_zeros((C, width))
     weight = torch.zeros(C, width, device=like.x.device)
+    extra = {name: v.new_zeros((C, width, *v.shape[1:])) for name, v in like.extra.items()}
     for c, s in enumerate(samples):
         k = 0 if s is None else len(s.y)
         if k:
             x[c, :k], y[c, :k], task[c, :k], weight[c, :k] = s.x, s.y, s.task, 1.0
-    return Batch(x, y, task, weight)
+            if set(s.extra) != set(extra):
+                raise ValueError(f"one client's samples carry the extras {sorted(like.extra)}, another's "
+                                 f"{sorted(s.extra)}: every client's draw must name the same ones")
+            for name, v in s.extra.items():
+                extra[name][c, :k] = v
+    return Batch(x, y, task, weight, extra)
 
 
 def sample_counts(samples: list[Samples | None]) -> list[int]:

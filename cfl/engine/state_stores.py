@@ -44,7 +44,7 @@ def sizing_of(cfg: Config, stream: Stream, model: nn.Module, protected: dict[str
         sample_bytes=math.prod(first.shape[1:]) * first.element_size(),
         samples_per_client=sum(len(t.train_y) for t in stream.tasks) / len(stream.tasks) / cfg.num_clients,
         num_clients=cfg.num_clients, num_tasks=stream.num_tasks, rounds=stream.num_tasks * cfg.rounds_per_task,
-        clients_per_round=cfg.clients_per_round, protected=widths)
+        clients_per_round=cfg.clients_per_round, protected=widths, num_classes=stream.classes_per_head)
 
 
 @dataclass

@@ -8,7 +8,10 @@ the gradient as the previous one left it); the optimiser takes the result (weigh
 moments). After the optimiser's update, each method's ``carry_step`` gets the step (``grads``:
 the gradient the optimiser took) and ``moved``, the update. A round starts each client's running values from
 ``carry_start``; they come back with the client's outcome, and the round engine writes them into the client's
-state (kept clients only) before ``client_end("round")``.
+state (kept clients only) before ``client_end("round")``. ``step_samples`` overrides that name ``carry`` get the
+client's running values before the step (a memory filled during the round). Every hook call gets ``step.random``,
+the client's own counter-based random numbers (:class:`cfl.ops.counter_random.StepRandom`), keyed by the client's
+round seed (:func:`step_key`), the method, the hook and the step: usable under ``vmap``, the same on both trainers.
 """
 
 from __future__ import annotations
@@ -22,10 +25,12 @@ from torch.func import functional_call
 
 from cfl.engine import hooks
 from cfl.engine.hook_rules import check_carries
+from cfl.engine.jobs import ClientJob, derive_seed
 from cfl.engine.precision import autocast, to_float
 from cfl.engine.stacking import stack_states
-from cfl.methods.base import Method, Samples, Step, overrides
+from cfl.methods.base import Method, Samples, Step, accepts, overrides
 from cfl.methods.hook_guard import guarded
+from cfl.ops.counter_random import StepRandom, key_of
 from cfl.ops.losses import masked_cross_entropy, weighted_mean
 from cfl.tensors import Params, State
 
@@ -33,6 +38,15 @@ from cfl.tensors import Params, State
 STEP_HOOKS = ("step_samples", "step_gradient", "carry_start", "carry_step")
 
 SampleBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # x, y, task, weight
+#: a ``step_samples`` draw: x, y, task, weight and the named per-sample extras
+DrawBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]
+_HOOK_IDS = {"step_gradient": 0, "carry_step": 1}
+
+
+def step_key(job: ClientJob, device: torch.device) -> torch.Tensor:
+    """The client's key of :class:`StepRandom` for the round (0-dim int64): from its round seed (run seed, task,
+    round, client), so a resumed run draws the same numbers."""
+    return torch.tensor(key_of(derive_seed(job.seed, 0x57E9)), dtype=torch.long, device=device)
 
 
 def task_loss_of(methods: list[Method]) -> int | None:
@@ -112,10 +126,17 @@ class StepStage:
             out[i] = stack_states([s[i] for s in starts], method.ragged)
         return out
 
-    def draw(self, states: list[State], generator: torch.Generator, like: torch.Tensor) -> dict[int, Samples | None]:
-        """One client's ``step_samples`` per sampling method."""
-        return {i: hooks.step_samples(self.methods[i], states[i], generator, like, self.broadcasts[i])
+    def draw(self, states: list[State], generator: torch.Generator, like: torch.Tensor,
+             carry: dict[int, State] | None = None) -> dict[int, Samples | None]:
+        """One client's ``step_samples`` per sampling method (``carry``: its running values per method, for the
+        overrides that name ``carry``)."""
+        carry = carry or {}
+        return {i: hooks.step_samples(self.methods[i], states[i], generator, like, self.broadcasts[i], carry.get(i))
                 for i in self.sampling}
+
+    def reads_carry(self) -> list[int]:
+        """The sampling methods whose ``step_samples`` takes ``carry`` and that keep one."""
+        return [i for i in self.sampling if i in self.carrying and accepts(self.methods[i], "step_samples", "carry")]
 
     def watched(self, hook: str, index: int, params: Params, grads: Params, batch: SampleBatch,
                 samples: dict[int, SampleBatch], states: list[State], carry: dict[int, State],
@@ -137,34 +158,36 @@ class StepStage:
         return stack
 
     # ---- one client's step (the batched trainer vmaps these) ----
-    def _step(self, i: int, params: Params, grads: Params, batch: SampleBatch, samples: dict[int, SampleBatch],
-              states: list[State], carry: dict[int, State], index: int) -> Step:
+    def _step(self, i: int, params: Params, grads: Params, batch: SampleBatch, samples: dict[int, DrawBatch],
+              states: list[State], carry: dict[int, State], index: int, key: torch.Tensor, hook: str) -> Step:
         x, y, task, weight = batch
         drawn = samples.get(i)
+        random = StepRandom(key, (index << 8) | (i << 1) | _HOOK_IDS[hook])
         return Step(params, grads, x, y, task, weight, None if drawn is None else Samples(*drawn),
                     self.global_params, self.broadcasts[i], states[i], carry.get(i, {}), self.lr, index,
-                    self.gradient_at(params))
+                    self.gradient_at(params), random)
 
-    def rewrite(self, params: Params, grads: Params, batch: SampleBatch, samples: dict[int, SampleBatch],
-                states: list[State], carry: dict[int, State], index: int) -> Params:
-        """The step's gradient after every method's ``step_gradient``."""
+    def rewrite(self, params: Params, grads: Params, batch: SampleBatch, samples: dict[int, DrawBatch],
+                states: list[State], carry: dict[int, State], index: int, key: torch.Tensor) -> Params:
+        """The step's gradient after every method's ``step_gradient`` (``key``: the client's :func:`step_key`)."""
         for i in self.rewriting:
-            grads = hooks.step_gradient(self.methods[i],
-                                        self._step(i, params, grads, batch, samples, states, carry, index))
+            grads = hooks.step_gradient(self.methods[i], self._step(i, params, grads, batch, samples, states, carry,
+                                                                    index, key, "step_gradient"))
         return grads
 
-    def carried(self, params: Params, grads: Params, batch: SampleBatch, samples: dict[int, SampleBatch],
-                states: list[State], carry: dict[int, State], index: int, moved: Params) -> dict[int, State]:
+    def carried(self, params: Params, grads: Params, batch: SampleBatch, samples: dict[int, DrawBatch],
+                states: list[State], carry: dict[int, State], index: int, moved: Params,
+                key: torch.Tensor) -> dict[int, State]:
         """The running values after the step (``params``: before it; ``grads``: the gradient it took)."""
         out = dict(carry)
         for i in self.carry_stepping:
-            out[i] = hooks.carry_step(self.methods[i],
-                                      self._step(i, params, grads, batch, samples, states, carry, index), moved)
+            out[i] = hooks.carry_step(self.methods[i], self._step(i, params, grads, batch, samples, states, carry,
+                                                                  index, key, "carry_step"), moved)
         return out
 
 
-def as_batch(samples: Samples | None, device: torch.device) -> SampleBatch | None:
-    """One client's drawn samples as (x, y, task, weight), every sample real."""
+def as_batch(samples: Samples | None, device: torch.device) -> DrawBatch | None:
+    """One client's drawn samples as (x, y, task, weight, extra), every sample real."""
     if samples is None:
         return None
-    return samples.x, samples.y, samples.task, torch.ones(samples.y.shape, device=device)
+    return samples.x, samples.y, samples.task, torch.ones(samples.y.shape, device=device), dict(samples.extra)

@@ -5,11 +5,13 @@ from __future__ import annotations
 from cfl.methods.afcl import AFCL
 from cfl.methods.agem import AGEM
 from cfl.methods.base import Method
+from cfl.methods.derpp import DERpp
 from cfl.methods.er import ER
 from cfl.methods.ewc import EWC
 from cfl.methods.fedadam import FedAdam
 from cfl.methods.fedavg import FedAvg
 from cfl.methods.fedcurv import FedCurv
+from cfl.methods.feddyn import FedDyn
 from cfl.methods.fedlwf import FedLwF
 from cfl.methods.fedncm import FedNCM
 from cfl.methods.fedprox import FedProx
@@ -25,6 +27,7 @@ from cfl.methods.lora import LoRA
 from cfl.methods.mas import MAS
 from cfl.methods.mfcl import MFCL
 from cfl.methods.rgo import RGO
+from cfl.methods.scaffold import Scaffold
 from cfl.methods.si import SI
 from cfl.methods.target import Target
 from cfl.registry import Registry
@@ -63,3 +66,6 @@ register(FedNCM)  # on a pretrained backbone's cached features (docs/pretrained.
 register(AFCL)
 register(L2P)  # model.train: prompts on a pretrained backbone
 register(LoRA)  # model.train: lora on a pretrained backbone
+register(Scaffold)  # option II control variates; on the stacked path (a Linear penalty)
+register(FedDyn)
+register(DERpp)  # reservoir per step in the step hooks' carry: the vmap path

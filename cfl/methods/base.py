@@ -1,4 +1,4 @@
-"""The method plugin interface: seventeen optional hooks, written for ONE client, seven more for parameters kept
+"""The method plugin interface: eighteen optional hooks, written for ONE client, seven more for parameters kept
 per client (FedWeIT: ``local_params`` ... ``payload_bytes``), and a few declarations.
 
 A method is a small class with a ``Hyperparams`` dataclass and whichever hooks it overrides (the engine
@@ -55,17 +55,31 @@ class Quadratic:
 
     weight: torch.Tensor | float
     anchor: torch.Tensor
+    #: an optional linear coefficient ``c`` (shaped like the parameter): the penalty adds ``<c, w>``, its gradient
+    #: ``c`` (FedDyn's ``-<grad L_k(w_k^{t-1}), w>``); the stacked path fuses it into each layer's step
+    linear: torch.Tensor | None = None
+
+
+@dataclass
+class Linear:
+    """The penalty ``<coef, w>`` on one parameter (gradient ``coef``, a tensor shaped like it): SCAFFOLD's
+    correction ``<c - c_i, w>``. The stacked path fuses it into each layer's step, as a :class:`Quadratic`."""
+
+    coef: torch.Tensor
 
 
 @dataclass
 class Samples:
     """Samples of one client for one step (``replay``, ``step_samples``): inputs, labels, task ids; ``weight``
-    (what the engine hands to step hooks) is 1 for a real sample and 0 for padding (None: all real)."""
+    (what the engine hands to step hooks) is 1 for a real sample and 0 for padding (None: all real); ``extra``
+    named per-sample tensors ``(n, ...)`` carried with them (DER++'s stored logits), padded with zeros like ``x``
+    (``step_samples`` only: replay samples join a batch that has none)."""
 
     x: torch.Tensor
     y: torch.Tensor
     task: torch.Tensor
     weight: torch.Tensor | None = None
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -93,6 +107,19 @@ class Step:
     lr: float
     index: int  # the client's step number in the round, from 0
     gradient: Callable[..., Params]
+    #: the client's own random numbers for this hook call (:class:`cfl.ops.counter_random.StepRandom`: ``uniform``,
+    #: ``integers``), usable under ``vmap``; deterministic from the run seed, the client, the round, the step
+    random: Any = None
+
+
+@dataclass
+class LocalTraining:
+    """What ``client_end("round")`` gets beside the trained parameters (``training``): the round's global model the
+    client started from, the local steps it took and the learning rate."""
+
+    global_params: Params
+    steps: int
+    lr: float
 
 
 @dataclass
@@ -109,6 +136,7 @@ class RunInfo:
     stream_name: str = ""
     batch_size: int = 0  # the local mini-batch size of the run
     input_shape: tuple[int, ...] = ()  # one input's shape, e.g. (1, 28, 28) (a server-side generator's images)
+    num_classes: int = 0  # the logits' width: classes per head (class-incremental: all the stream's classes)
 
 
 @dataclass(frozen=True)
@@ -123,6 +151,7 @@ class StateSizing:
     rounds: int  # rounds of the whole run
     clients_per_round: int
     protected: dict[str, tuple[str, int]]  # protected layer -> ("linear" | "conv", input width d of its im2col view)
+    num_classes: int = 0  # the logits' width: classes per head (class-incremental: all the stream's classes)
 
 
 class ClientData:
@@ -258,8 +287,8 @@ class Method:
         return None
 
     # ---- client side, one client ----
-    def penalty(self, global_params: Params, server: State, state: State) -> dict[str, Quadratic] | None:
-        """Quadratic penalties added to every local step's loss, per parameter name (others carry none)."""
+    def penalty(self, global_params: Params, server: State, state: State) -> dict[str, Quadratic | Linear] | None:
+        """Quadratic and linear penalties added to every local step's loss, per parameter name (others carry none)."""
         return None
 
     def task_loss(self, params: Params, logits: torch.Tensor, y: torch.Tensor, x: torch.Tensor, task: torch.Tensor,
@@ -302,11 +331,13 @@ class Method:
         return None
 
     # ---- step hooks, one client (see :class:`Step`) ----
-    def step_samples(self, state: State, generator: torch.Generator, server: State | None = None) -> Samples | None:
+    def step_samples(self, state: State, generator: torch.Generator, server: State | None = None,
+                     carry: State | None = None) -> Samples | None:
         """Samples drawn for this step's hooks and not trained on (A-GEM's reference batch, a synthetic batch from a
         broadcast generator or pool), as ``step.samples`` and ``extra_loss``'s ``samples``; ``generator`` is the
         client's own (the one ``replay`` draws from), drawn after ``replay``'s draw and before the step's loss;
-        ``server``: the method's broadcast of the round, passed only to an override that names the argument."""
+        ``server``: the method's broadcast of the round; ``carry``: the client's running values before this step
+        (a memory filled during the round, DER++); each passed only to an override that names the argument."""
         return None
 
     def step_gradient(self, step: Step) -> Params | None:
@@ -326,9 +357,12 @@ class Method:
         return step.carry
 
     def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
-                   server: State, generator: torch.Generator) -> State | None:
+                   server: State, generator: torch.Generator,
+                   training: LocalTraining | None = None) -> State | None:
         """After a round's local training (``params``: the client's trained model) or at a task end (the final
         global model): update ``state`` in place and return what the client uploads (counted), or None.
+        ``training`` (passed only to an override that names it): at a round's end, the round's global model, the
+        client's local steps and the learning rate (:class:`LocalTraining`); None at a task end.
 
         ``params`` of a round are views of the round's stacked client models, whose memory the server
         reuses afterwards: keep computed tensors or ``.clone()``, never the views themselves."""
@@ -350,6 +384,11 @@ class Method:
         return None
 
     # ---- server side ----
+    def server_start(self, server: State, global_params: Params) -> None:
+        """Once, before the first round (not again on resume: the server state is checkpointed): create the server
+        state the first broadcast sends (SCAFFOLD's ``c``), in place; ``global_params`` is the initial model. A
+        broadcast key missing from the server state is not sent (the hooks see no such key)."""
+
     def before_task_end(self, model: nn.Module, classes: torch.Tensor, server: State, task: int) -> None:
         """At the end of every task but the last, before the task-end broadcast is sent and before
         ``client_end("task_end")``: ``model`` is the task's final global model (a copy of the template holding the

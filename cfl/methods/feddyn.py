@@ -1,0 +1,56 @@
+"""FedDyn (Acar et al., "Federated Learning Based on Dynamic Regularization", ICLR 2021, arXiv 2111.04263).
+
+Client ``k`` minimises ``L_k(w) - <h_k, w> + alpha/2 ||w - w^{t-1}||^2``, with ``h_k`` (its last gradient, 0 at
+first) as the linear coefficient of a :class:`Quadratic` (fused on the stacked path). After training to ``w_k``:
+``h_k <- h_k - alpha (w_k - w^{t-1})``. The server keeps ``h <- h - alpha/N sum_k (w_k - w^{t-1})`` over the
+round's clients and sets ``w^t = mean_k w_k - h / alpha``. cfl's reading: ``mean_k`` is the run's aggregator
+(weighted by samples under ``aggregator: mean``, the paper's plain mean for equal clients), and ``h``'s sum is
+``|P_t|`` times that mean.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from cfl.methods.base import ClientData, Event, LocalTraining, Method, Quadratic, StateSizing
+from cfl.methods.bounds import WEIGHT_MAX
+from cfl.schema import field
+from cfl.tensors import Params, State
+
+
+@dataclass(frozen=True)
+class FedDynHyperparams:
+    alpha: float = field(0.01, "weight alpha of the dynamic regulariser (the paper: 0.1, 0.01, 0.001)", gt=0.0,
+                         max=WEIGHT_MAX)
+
+
+class FedDyn(Method):
+    name = "feddyn"
+    about = "FedDyn: a dynamic linear + quadratic regulariser per client, the server corrects by h/alpha"
+    Hyperparams = FedDynHyperparams
+    client_events = ("round",)
+    unread_keys = {"server_lr": "FedDyn's server sets w = mean(w_k) - h/alpha itself"}
+
+    def server_start(self, server: State, global_params: Params) -> None:
+        server["h"] = {k: torch.zeros_like(v) for k, v in global_params.items()}
+
+    def penalty(self, global_params: Params, server: State, state: State) -> dict[str, Quadratic]:
+        h = state.get("h", {})
+        return {k: Quadratic(self.hparams.alpha, w, -h[k] if k in h else None) for k, w in global_params.items()}
+
+    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
+                   server: State, generator: torch.Generator, training: LocalTraining | None = None) -> None:
+        h, alpha = state.get("h", {}), self.hparams.alpha
+        state["h"] = {k: (h[k] if k in h else 0.0) - alpha * (v - training.global_params[k]) for k, v in params.items()}
+
+    def server_update(self, global_params: Params, delta: Params, server: State, server_lr: float) -> Params:
+        alpha, share = self.hparams.alpha, self.run_info.clients_per_round / self.run_info.num_clients
+        server["h"] = {k: h - alpha * share * delta[k] for k, h in server["h"].items()}
+        return {k: w + delta[k] - server["h"][k] / alpha for k, w in global_params.items()}
+
+    def client_state_bytes(self, sizing: StateSizing) -> int:
+        """Each client that has trained keeps ``h_k``, a model's worth."""
+        return min(sizing.num_clients, sizing.rounds * sizing.clients_per_round) * sizing.model_bytes

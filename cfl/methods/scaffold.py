@@ -1,0 +1,50 @@
+"""SCAFFOLD (Karimireddy et al., "SCAFFOLD: Stochastic Controlled Averaging for Federated Learning", ICML 2020,
+arXiv 1910.06378), option II control variates.
+
+Each local step corrects the gradient by ``c - c_i`` (server and client control variates): the linear penalty
+``<c - c_i, w>``, which the stacked path fuses into its step. After ``K`` local steps at learning rate ``lr`` from
+the round's global model ``x`` to ``y_i``, the client sets ``c_i+ = c_i - c + (x - y_i) / (K lr)`` (option II)
+and sends ``dc_i = c_i+ - c_i`` beside its model; the server averages the models (``server_lr``: the paper's
+global step size) and sets ``c <- c + (1/N) sum_i dc_i`` over the round's clients (``N``: all clients).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from cfl.methods.base import ClientData, Event, Linear, LocalTraining, Method, StateSizing
+from cfl.tensors import Params, State
+
+
+class Scaffold(Method):
+    name = "scaffold"
+    about = "SCAFFOLD: local steps corrected by the control variates c - c_i (option II)"
+    broadcast = {"round": ("c",)}  # the server's control variate travels with every round's model
+    client_events = ("round",)
+
+    def server_start(self, server: State, global_params: Params) -> None:
+        server["c"] = {k: torch.zeros_like(v) for k, v in global_params.items()}
+
+    def penalty(self, global_params: Params, server: State, state: State) -> dict[str, Linear]:
+        own = state.get("c", {})
+        return {k: Linear(c - own[k] if k in own else c) for k, c in server["c"].items()}
+
+    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
+                   server: State, generator: torch.Generator, training: LocalTraining | None = None) -> State:
+        scale = 1.0 / (max(training.steps, 1) * training.lr)
+        own = state.get("c", {})
+        new = {k: own.get(k, torch.zeros_like(c)) - c + (training.global_params[k] - params[k]) * scale
+               for k, c in server["c"].items()}
+        delta = {k: v - own[k] if k in own else v.clone() for k, v in new.items()}
+        state["c"] = new
+        return {"dc": delta}
+
+    def server_end(self, event: Event, uploads: dict[int, State], server: State, task: int) -> None:
+        n = self.run_info.num_clients
+        for upload in uploads.values():
+            server["c"] = {k: c + upload["dc"][k] / n for k, c in server["c"].items()}
+
+    def client_state_bytes(self, sizing: StateSizing) -> int:
+        """Each client that has trained keeps ``c_i``, a model's worth."""
+        return min(sizing.num_clients, sizing.rounds * sizing.clients_per_round) * sizing.model_bytes
