@@ -107,4 +107,7 @@ def test_sigint_starts_no_further_run_and_keeps_the_running_ones(sweep):
     assert runs == ["seed=0", "seed=1"], (runs, out, err)
     for name in runs:
         assert (tmp_path / "runs" / name / "checkpoint.pt").is_file() and "Resume with" in out + err
+    deadline = time.monotonic() + 15  # the resource tracker ends once the last holder of its pipe has (asynchronously)
+    while time.monotonic() < deadline and any(_alive(pid) for pid in children):
+        time.sleep(0.1)
     assert not [pid for pid in children if _alive(pid)]
