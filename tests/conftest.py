@@ -44,12 +44,14 @@ def tiny_config(**overrides: object):
 #: streams there, its own form (its task- and domain-incremental adaptation: tests/test_glfc_by_task.py and
 #: test_glfc_runs_alike_in_both_engines_on_task_and_domain_streams), of square images (its LeNet encodes them: 16
 #: inputs are a 4x4 image), here with a small memory and a short proxy server
-METHOD_SETTINGS = {"glfc": {"memory_size": 6, "perturb_steps": 1, "reconstruction_steps": 1, "reconstructions_kept": 1,
+METHOD_SETTINGS = {"fedicarl": {"memory_size": 6},
+                   "glfc": {"memory_size": 6, "perturb_steps": 1, "reconstruction_steps": 1, "reconstructions_kept": 1,
                             "reconstruction_iterations": 2},
                    "target": {"syn_rounds": 2, "warmup": 1, "g_steps": 2, "synthesis_batch": 4, "nz": 8, "ngf": 4,
                               "nums": 8, "synthetic_batch": 3, "kd_steps": 1, "student_batch": 4}}
 METHOD_STREAMS = {"glfc": {"scenario": "class", "dim": 16},
                   "fedweit": {"scenario": "task"},  # FedWeIT: task-incremental only (one head per task)
+                  "fedicarl": {"scenario": "class"},  # FediCaRL: class-incremental only (iCaRL)
                   # TARGET: class-incremental, images for its generator, a model with BatchNorm running statistics
                   "target": {"scenario": "class", "dim": 256, "image": (1, 16, 16), "n_train": 24, "n_test": 6,
                              "model": "resnet18-reduced-running-bn"},
@@ -66,7 +68,9 @@ METHOD_SETTINGS["mfcl"] = {"syn_size": 4, "generator_steps": 2, "generator_batch
 METHOD_CONFIGS = {"target": {"stream": {"name": "split-fmnist", "num_tasks": 2, "scenario": "class"},
                              "model": {"name": "resnet18-reduced-running-bn"}},
                   # MFCL: its model is model: auto's; the running-stat ResNet does not fit split-digits' 8x8 images
-                  "mfcl": {"stream": {"name": "split-fmnist", "num_tasks": 2, "scenario": "class"}}}
+                  "mfcl": {"stream": {"name": "split-fmnist", "num_tasks": 2, "scenario": "class"}},
+                  # FediCaRL: class-incremental only
+                  "fedicarl": {"stream": {"name": "split-digits", "num_tasks": 2, "scenario": "class"}}}
 #: the closed-form classifiers on a pretrained backbone's features (a random ViT-Ti/16 at 32 px; needs cfl[pretrained]):
 #: their registry-wide runs take blobs of the backbone's feature width in place of its cached features
 for _name in ("fedncm", "afcl"):

@@ -96,7 +96,8 @@ class Runner:
         self.model: nn.Module = run_model(cfg, stream, shape).to(self.device)
         self.run_info = RunInfo(stream.num_tasks, stream.scenario, cfg.num_clients, cfg.clients_per_round,
                                 cfg.seed, self.model, protected_layers(self.model), stream.name,
-                                cfg.batch_size, tuple(stream.input_shape), stream.classes_per_head)
+                                cfg.batch_size, tuple(stream.input_shape), stream.classes_per_head,
+                                tuple(tuple(int(c) for c in t.classes) for t in stream.tasks))
         specs = [cfg.method, *cfg.plugins]
         self.methods: list[Method] = [built(METHODS[s["name"]], self._hparams_of(s), self.run_info) for s in specs]
         sizing = sizing_of(cfg, stream, self.model, self.run_info.protected)

@@ -12,6 +12,7 @@ from cfl.methods.fedadam import FedAdam
 from cfl.methods.fedavg import FedAvg
 from cfl.methods.fedcurv import FedCurv
 from cfl.methods.feddyn import FedDyn
+from cfl.methods.fedicarl import FediCaRL
 from cfl.methods.fedlwf import FedLwF
 from cfl.methods.fedncm import FedNCM
 from cfl.methods.fedprox import FedProx
@@ -69,3 +70,4 @@ register(LoRA)  # model.train: lora on a pretrained backbone
 register(Scaffold)  # option II control variates; on the stacked path (a Linear penalty)
 register(FedDyn)
 register(DERpp)  # reservoir per step in the step hooks' carry: the vmap path
+register(FediCaRL)  # class-incremental: herding exemplars, iCaRL's sigmoid/BCE distillation (task_loss)

@@ -137,6 +137,9 @@ class RunInfo:
     batch_size: int = 0  # the local mini-batch size of the run
     input_shape: tuple[int, ...] = ()  # one input's shape, e.g. (1, 28, 28) (a server-side generator's images)
     num_classes: int = 0  # the logits' width: classes per head (class-incremental: all the stream's classes)
+    #: each task's global class ids, in task order (the stream's ``Task.classes``; class-incremental: the head's
+    #: columns): the classes a task end adds to a client's old classes (FediCaRL's distillation)
+    task_classes: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from cfl.models.lenet import GradientLeNet, uniform_init_
 from cfl.ops.distill import evaluating, frozen
 from cfl.ops.features import head_features
 from cfl.ops.glfc_losses import FORMS, glfc_loss, glfc_loss_by_task
-from cfl.ops.glfc_memory import refill
+from cfl.ops.glfc_memory import herd_into
 from cfl.ops.glfc_proxy import BestModel, accuracy, finish_task, keep_best, monitor_set, prototype_gradients
 from cfl.schema import ConfigError, field
 from cfl.tensors import Params, State
@@ -165,24 +165,9 @@ class GLFC(Method):
         if len(data.y) == 0:
             return
         features, _ = head_features(model, params, data.x, data.task)
-        valid = state["valid"] if "valid" in state else None
-        mem_x, mem_y, mem_t = (data.x[:0], data.y[:0], data.y[:0]) if valid is None else \
-            (state["x"][valid], state["y"][valid], state["task"][valid])
-        mem_ids, data_ids = self.global_ids(mem_y, mem_t), self.global_ids(data.y, data.task)
-        old = {int(c): torch.nonzero(mem_ids == c).flatten() for c in torch.unique(mem_ids).tolist()}
-        new = {int(c): torch.nonzero(data_ids == c).flatten() for c in torch.unique(data_ids).tolist()
-               if int(c) not in old}
-        sets = refill(old, {c: features[rows] for c, rows in new.items()}, self.hparams.memory_size,
-                      self.hparams.herding_repeats)
-        kept = [new[c][sets[c]] for c in new]
-        x = torch.cat([mem_x[sets[c]] for c in old] + [data.x[r] for r in kept])
-        y = torch.cat([mem_y[sets[c]] for c in old] + [data.y[r] for r in kept])
-        t = torch.cat([mem_t[sets[c]] for c in old] + [torch.full_like(r, data.task) for r in kept])
-        size, device = self.hparams.memory_size, data.x.device
-        state["x"] = torch.zeros(size, *data.x.shape[1:], dtype=data.x.dtype, device=device)
-        state["y"], state["task"] = (torch.zeros(size, dtype=torch.long, device=device) for _ in range(2))
-        state["valid"] = torch.zeros(size, dtype=torch.bool, device=device)
-        state["x"][: len(y)], state["y"][: len(y)], state["task"][: len(y)], state["valid"][: len(y)] = x, y, t, True
+        herd_into(state, data.x, data.y, data.task, features, self.hparams.memory_size, self.global_ids,
+                  self.hparams.herding_repeats)
+        data_ids = self.global_ids(data.y, data.task)
         learned = state.get("learned", torch.zeros(self.ids, dtype=torch.bool, device=data.x.device)).clone()
         learned[torch.unique(data_ids)] = True
         state["learned"] = learned

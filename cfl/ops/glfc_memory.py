@@ -1,5 +1,5 @@
-"""GLFC's exemplar memory on a client: iCaRL herding (Rebuffi et al., CVPR 2017, Algorithm 4) with a per-client
-budget, as the official GLFC code keeps it (``conditionWang/FCIL``, ``src/GLFC.py``).
+"""GLFC's and FediCaRL's exemplar memory on a client: iCaRL herding (Rebuffi et al., CVPR 2017, Algorithm 4) with a
+per-client budget, as the official GLFC code keeps it (``conditionWang/FCIL``, ``src/GLFC.py``).
 
 The budget ``memory_size`` is shared equally by the classes the client has learned: ``memory_size // learned``
 exemplars per class; when classes are added the older sets keep their first exemplars (herding orders them by
@@ -9,8 +9,12 @@ model.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
+
+from cfl.tensors import State
 
 
 def herding(features: torch.Tensor, m: int, repeats: bool = False) -> torch.Tensor:
@@ -61,3 +65,28 @@ def refill(sets: dict[int, torch.Tensor], new_features: dict[int, torch.Tensor],
     out = {c: rows[:m] for c, rows in sets.items()}
     out.update({c: herding(f, m, repeats) for c, f in new_features.items()})
     return out
+
+
+def herd_into(state: State, x: torch.Tensor, y: torch.Tensor, task: int, features: torch.Tensor, memory_size: int,
+              ids: Callable[[torch.Tensor, torch.Tensor | int], torch.Tensor] | None = None,
+              repeats: bool = False) -> None:
+    """``state``'s memory (fixed slots ``x``, ``y``, ``task``, ``valid``, filled ones first) after a client learned
+    the samples ``x``, ``y`` of ``task`` (``features`` theirs, ``(n, d)``): :func:`refill` on the classes as ``ids``
+    names them (GLFC's global ids; None: the label); the old classes first, in the memory's order."""
+    valid = state["valid"] if "valid" in state else None
+    mem_x, mem_y, mem_t = (x[:0], y[:0], y[:0]) if valid is None else \
+        (state["x"][valid], state["y"][valid], state["task"][valid])
+    mem_ids, data_ids = (mem_y, y) if ids is None else (ids(mem_y, mem_t), ids(y, task))
+    old = {int(c): torch.nonzero(mem_ids == c).flatten() for c in torch.unique(mem_ids).tolist()}
+    new = {int(c): torch.nonzero(data_ids == c).flatten() for c in torch.unique(data_ids).tolist()
+           if int(c) not in old}
+    sets = refill(old, {c: features[rows] for c, rows in new.items()}, memory_size, repeats)
+    kept = [new[c][sets[c]] for c in new]
+    kx = torch.cat([mem_x[sets[c]] for c in old] + [x[r] for r in kept])
+    ky = torch.cat([mem_y[sets[c]] for c in old] + [y[r] for r in kept])
+    kt = torch.cat([mem_t[sets[c]] for c in old] + [torch.full_like(r, task) for r in kept])
+    state["x"] = torch.zeros(memory_size, *x.shape[1:], dtype=x.dtype, device=x.device)
+    state["y"], state["task"] = (torch.zeros(memory_size, dtype=torch.long, device=x.device) for _ in range(2))
+    state["valid"] = torch.zeros(memory_size, dtype=torch.bool, device=x.device)
+    n = len(ky)
+    state["x"][:n], state["y"][:n], state["task"][:n], state["valid"][:n] = kx, ky, kt, True
