@@ -52,3 +52,19 @@ def test_codap_model_trains_components_keys_attention_and_head_only():
                                                               "prompt.keys", "prompt.prompts"]
     assert model(torch.randn(3, 3, 8, 8), torch.zeros(3, dtype=torch.long)).shape == (3, 4)
     assert "prompts, keys and attention" in model.summary()
+
+
+def test_components_without_codap_and_codap_without_components_are_refused():
+    from types import SimpleNamespace
+
+    from cfl.pretrained.loaded import check_method_train
+    from cfl.schema import ConfigError
+
+    def cfg(train, method):
+        return SimpleNamespace(model=SimpleNamespace(train=train), method={"name": method}, plugins=[])
+
+    with pytest.raises(ConfigError, match="model.train: components trains CODA-P's prompt components; use method codap"):
+        check_method_train(cfg("components", "fedavg"))
+    with pytest.raises(ConfigError, match="method codap needs model.train: components"):
+        check_method_train(cfg("prompts", "codap"))
+    check_method_train(cfg("components", "codap"))
