@@ -63,7 +63,7 @@ def test_components_without_codap_and_codap_without_components_are_refused():
     def cfg(train, method):
         return SimpleNamespace(model=SimpleNamespace(train=train), method={"name": method}, plugins=[])
 
-    with pytest.raises(ConfigError, match="model.train: components trains CODA-P's prompt components; use method codap"):
+    with pytest.raises(ConfigError, match="components trains CODA-P.s prompt components; use method codap"):
         check_method_train(cfg("components", "fedavg"))
     with pytest.raises(ConfigError, match="method codap needs model.train: components"):
         check_method_train(cfg("prompts", "codap"))
