@@ -60,13 +60,16 @@ class ModelConfig:
                                       "embeddings (timm's filter)", min=16)
     train: str = field("head", "pretrained backbones: what trains; head: the backbone is frozen, its features of "
                        "every sample are computed once (cached on disk) and the run trains a head on them (linear "
-                       "probing; fedncm, afcl); prompts (an L2P prompt pool and its keys, method l2p), lora (LoRA "
+                       "probing; fedncm, afcl); prompts (an L2P prompt pool and its keys, method l2p), components "
+                       "(CODA-P's prompt components, keys and attention vectors, method codap), lora (LoRA "
                        "factors of every attention qkv projection, method lora) or all (full fine-tuning): the "
                        "images go through the backbone each step, frozen and shared by all clients, and only what "
                        "trains is kept per client and sent (docs/pretrained.md)",
-                       choices=("head", "prompts", "lora", "all"))
-    prompt_pool: int = field(10, "model.train: prompts: prompts in the pool (L2P's M)", min=1, max=4096)
-    prompt_length: int = field(5, "model.train: prompts: tokens per prompt (L2P's L_p)", min=1, max=1024)
+                       choices=("head", "prompts", "components", "lora", "all"))
+    prompt_pool: int = field(10, "model.train: prompts | components: prompts in the pool (L2P's M; CODA-P's "
+                             "components)", min=1, max=4096)
+    prompt_length: int = field(5, "model.train: prompts | components: tokens per prompt (L2P's L_p; CODA-P's "
+                               "prompt length)", min=1, max=1024)
     prompt_top_k: int = field(5, "model.train: prompts: prompts each input selects (L2P's N; at most prompt_pool)",
                               min=1, max=4096)
     lora_rank: int = field(4, "model.train: lora: rank r of the factors", min=1, max=4096)

@@ -108,3 +108,49 @@ def write_mini_imagenet(root: Path, classes: int = 10, per_class: int = 6) -> li
         with open(folder / f"mini-imagenet-cache-{split}.pkl", "wb") as fh:
             pickle.dump({"image_data": images, "class_dict": class_dict}, fh)
     return wnids
+
+
+def write_image(path: Path, value: int, size: tuple[int, int] = (12, 8)) -> None:
+    """A plain image of grey level ``value`` (JPEG or PNG by the suffix)."""
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.full((size[1], size[0], 3), value, dtype=np.uint8)).save(path)
+
+
+def write_imagenet_r(root: Path, classes: int = 20, per_class: int = 5) -> list[str]:
+    wnids = [f"n{9000000 - 7 * c:08d}" for c in range(classes)]  # file order is not label order
+    for wnid in wnids:
+        for i in range(per_class):
+            level = 6 * (sorted(wnids).index(wnid) + 1)  # a grey level per class, up to 42 classes
+            write_image(root / "imagenet-r" / wnid / f"art_{i}.jpg", level)
+    return wnids
+
+
+def write_cub(root: Path, classes: int = 20, per_class: int = 4) -> None:
+    folder = root / "CUB_200_2011"
+    images, labels, split = [], [], []
+    for c in range(classes):
+        for i in range(per_class):
+            image_id = c * per_class + i + 1
+            rel = f"{c + 1:03d}.Bird_{c}/Bird_{c}_{i}.jpg"
+            write_image(folder / "images" / rel, (6 * c + 5) % 256)
+            images.append(f"{image_id} {rel}")
+            labels.append(f"{image_id} {c + 1}")
+            split.append(f"{image_id} {int(i % 2 == 0)}")
+    for name, lines in (("images.txt", images), ("image_class_labels.txt", labels), ("train_test_split.txt", split)):
+        (folder / name).write_text("\n".join(lines) + "\n")
+
+
+def write_domainnet(root: Path, domains: int = 2, per_split: int = 3) -> None:
+    folder = root / "domainnet"
+    from cfl.data.domainnet import DOMAINS
+
+    for d, domain in enumerate(DOMAINS[:domains]):
+        for split in ("train", "test"):
+            lines = []
+            for i in range(per_split):
+                rel = f"{domain}/class_{i}/{domain}_{split}_{i}.png"
+                write_image(folder / rel, 40 * d + i)
+                lines.append(f"{rel} {i * 100}")
+            (folder / f"{domain}_{split}.txt").write_text("\n".join(lines) + "\n")

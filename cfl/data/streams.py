@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from cfl.data import benchmarks
 from cfl.data.derive import permuted_tasks, split_tasks
 from cfl.data.digits import load_digits_tensors
+from cfl.data.image_file_streams import cub200, domainnet, imagenet_r
 from cfl.data.mnist_like import FASHION_MNIST, idx_folder, load_idx
 from cfl.data.request import StreamRequest
 from cfl.data.stream import Stream
@@ -93,3 +94,11 @@ STREAMS.register("five-datasets",
 STREAMS.register("mini-imagenet", StreamEntry(benchmarks.mini_imagenet, 20, ("task",), (3, 84, 84), 5, "resnet18-mini",
                                              reads=frozenset()),
                  about="Mini-ImageNet 84x84, 20 tasks of 5 classes, train-time crop+flip")
+STREAMS.register("imagenet-r", StreamEntry(imagenet_r, 10, ("class", "task"), (3, 224, 224), 20, "vit-b16",
+                                          reads=frozenset()),
+                 about="ImageNet-R at 224 px, 10 tasks of 20 classes, a fixed 80/20 split (for pretrained ViTs)")
+STREAMS.register("domainnet", StreamEntry(domainnet, 6, ("domain",), (3, 224, 224), 345, "vit-b16", reads=frozenset()),
+                 about="DomainNet at 224 px, one task per domain (6), 345 classes, the official split lists")
+STREAMS.register("cub-200", StreamEntry(cub200, 10, ("class", "task"), (3, 224, 224), 20, "vit-b16",
+                                       reads=frozenset()),
+                 about="CUB-200-2011 at 224 px, 10 tasks of 20 classes, the official split (for pretrained ViTs)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from cfl.methods.afcl import AFCL
 from cfl.methods.agem import AGEM
 from cfl.methods.base import Method
+from cfl.methods.codap import CodaP
 from cfl.methods.derpp import DERpp
 from cfl.methods.er import ER
 from cfl.methods.ewc import EWC
@@ -66,6 +67,7 @@ register(MFCL)
 register(FedNCM)  # on a pretrained backbone's cached features (docs/pretrained.md)
 register(AFCL)
 register(L2P)  # model.train: prompts on a pretrained backbone
+register(CodaP)  # model.train: components on a pretrained backbone
 register(LoRA)  # model.train: lora on a pretrained backbone
 register(Scaffold)  # option II control variates; on the stacked path (a Linear penalty)
 register(FedDyn)

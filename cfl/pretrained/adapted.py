@@ -26,12 +26,13 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from cfl.models.heads import make_head
+from cfl.pretrained.coda_prompt import ComponentPrompt
 from cfl.pretrained.lora import LoRALinear
 from cfl.pretrained.preprocessing import MODES
 from cfl.pretrained.prompt_pool import PromptPool
 from cfl.tensors import nbytes
 
-TRAIN_MODES = ("prompts", "lora", "all")
+TRAIN_MODES = ("prompts", "components", "lora", "all")
 
 
 def freeze_into_buffers(module: nn.Module) -> int:
@@ -60,7 +61,8 @@ class AdaptedViT(nn.Module):
         self.frozen_values = 0 if train == "all" else freeze_into_buffers(self.vit)
         self.vit.requires_grad_(train == "all")
         width = self.vit.num_features
-        self.prompt = PromptPool(*prompt, width) if train == "prompts" else None
+        self.prompt = PromptPool(*prompt, width) if train == "prompts" else \
+            ComponentPrompt(prompt[0], prompt[1], width) if train == "components" else None
         if train == "lora":
             for block in self.vit.blocks:
                 block.attn.qkv = LoRALinear(block.attn.qkv, *lora)
@@ -86,6 +88,8 @@ class AdaptedViT(nn.Module):
         tokens = v.norm_pre(v.patch_drop(v._pos_embed(v.patch_embed(x))))  # [CLS] and patches, with positions
         tokens = torch.cat([tokens[:, :1], prompts, tokens[:, 1:]], 1)  # the selected prompts after [CLS]
         tokens = v.norm(v.blocks(tokens))
+        if self.train_mode == "components":
+            return tokens[:, 0]  # CODA-P's head input: the [CLS] token's output
         return tokens[:, 1:1 + prompts.shape[1]].mean(1)  # L2P's head input: the prompt tokens' outputs, averaged
 
     def forward(self, x: torch.Tensor, task: torch.Tensor) -> torch.Tensor:
@@ -96,7 +100,8 @@ class AdaptedViT(nn.Module):
         params = dict(self.named_parameters())
         groups: dict[str, int] = {}
         for k, v in params.items():
-            group = "head" if k.startswith("head.") else "prompts and keys" if k.startswith("prompt.") else \
+            prompt = "prompts, keys and attention" if self.train_mode == "components" else "prompts and keys"
+            group = "head" if k.startswith("head.") else prompt if k.startswith("prompt.") else \
                 "LoRA factors" if ".lora_" in k else "backbone"
             groups[group] = groups.get(group, 0) + v.numel()
         trained = ", ".join(f"{g} {n:,}" for g, n in groups.items())

@@ -75,7 +75,8 @@ def loaded_backbone(cfg: Any) -> LoadedBackbone:
 
 
 #: the model keys each ``model.train`` reads (the others are refused away from their defaults)
-ADAPTER_KEYS = {"prompts": ("prompt_pool", "prompt_length", "prompt_top_k"), "lora": ("lora_rank", "lora_alpha")}
+ADAPTER_KEYS = {"prompts": ("prompt_pool", "prompt_length", "prompt_top_k"),
+                "components": ("prompt_pool", "prompt_length"), "lora": ("lora_rank", "lora_alpha")}
 
 
 def _default(key: str) -> Any:
@@ -86,8 +87,9 @@ def _default(key: str) -> Any:
 
 def check_adapter_keys(model: Any) -> None:
     """The adapter keys of another ``model.train`` than the run's are refused when set; top_k within the pool."""
-    unread = [k for train, keys in ADAPTER_KEYS.items() if train != model.train for k in keys
-              if getattr(model, k) != _default(k)]
+    read = ADAPTER_KEYS.get(model.train, ())
+    unread = sorted({k for keys in ADAPTER_KEYS.values() for k in keys if k not in read
+                     and getattr(model, k) != _default(k)})
     if unread:
         raise ConfigError(f"{', '.join(f'model.{k}' for k in unread)} is read only under another model.train "
                           f"(model.train is {model.train}): remove it, or set model.train")
@@ -110,6 +112,9 @@ def check_method_train(cfg: Any) -> None:
     if train == "prompts" and not any(name in METHODS and METHODS[name].model_train == "prompts" for name in names):
         raise ConfigError("model.train: prompts trains a prompt pool whose keys learn only from a prompt method's "
                           "key-query loss; use method l2p (or set model.train: lora, all or head)")
+    if train == "components" and not any(name in METHODS and METHODS[name].model_train == train for name in names):
+        raise ConfigError("model.train: components trains CODA-P's prompt components; use method codap (or set "
+                          "model.train: prompts, lora, all or head)")
 
 
 def check_backbone(cfg: Any) -> None:
