@@ -25,14 +25,13 @@ import torch
 from cfl.data.fingerprint import fingerprint
 from cfl.data.load import root_dir
 from cfl.data.stream import Stream, Task
-from cfl.pretrained.loaded import RANDOM_SUFFIX, LoadedBackbone, loaded_backbone
+from cfl.pretrained.loaded import INFO_KEY, RANDOM_SUFFIX, LoadedBackbone, loaded_backbone
 from cfl.pretrained.preprocessing import prepared, unit_range
 
 FEATURE_CACHE_VERSION = 1
 #: images through the backbone at a time (inference only: the activations of one batch)
 BATCH = 256
 SPLITS = ("train", "test")
-INFO_KEY = "backbone"
 
 
 def cache_key(backbone: LoadedBackbone, stream: Stream, low: torch.Tensor, high: torch.Tensor) -> str:

@@ -13,8 +13,7 @@ from typing import Any
 import torch
 
 from cfl.data.stream import Stream, Task
-from cfl.pretrained.features import INFO_KEY
-from cfl.pretrained.loaded import LoadedBackbone, loaded_backbone
+from cfl.pretrained.loaded import INFO_KEY, LoadedBackbone, loaded_backbone
 from cfl.pretrained.preprocessing import Preprocessing, unit_range
 
 

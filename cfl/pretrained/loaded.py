@@ -17,6 +17,8 @@ from cfl.schema import ConfigError
 
 #: appended to the method in results.json, every table row and figure legend and the W&B names of a run whose
 #: backbone is untrained: its numbers must never pass for a pretrained backbone's
+#: the stream.info key (and results.json field) of the backbone a run uses
+INFO_KEY = "backbone"
 RANDOM_SUFFIX = " (random backbone)"
 
 
@@ -131,9 +133,9 @@ def check_backbone(cfg: Any) -> None:
             raise ConfigError(f"{keys} is read only by the pretrained backbones ({', '.join(BACKBONES)}); model "
                               f"{model.name} trains from scratch: remove it")
         return
-    from cfl.cross_checks import stream_entry
+    from cfl.data.streams import STREAMS
 
-    shape = tuple(stream_entry(cfg.stream.name).input_shape)
+    shape = tuple(STREAMS[cfg.stream.name].input_shape)
     if len(shape) != 3 or shape[0] not in (1, 3):
         raise ConfigError(f"model {model.name} takes images (1 or 3 channels, resized to its input size); stream "
                           f"'{cfg.stream.name}' gives inputs of shape {shape}")

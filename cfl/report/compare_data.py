@@ -7,16 +7,14 @@ Spreads over seeds: ``*_std`` is the sample standard deviation (divisor n - 1, 0
 
 from __future__ import annotations
 
-import json
 import statistics
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cfl.report.groups import Group, Run, mean_std
-from cfl.report.jsonl import EVALUATION, line_kind
+from cfl.report.groups import Group, mean_std
 from cfl.report.labels import row_label, short_keys
+from cfl.report.last_k import read_mean_accuracy, trailing_means
 
 Row = dict[str, Any]
 
@@ -85,25 +83,11 @@ def summary_rows(series: list[Series]) -> list[Row]:
     return rows
 
 
-def read_mean_accuracy(run: Run) -> dict[int, float] | None:
-    """``mean_acc`` by global round from the run's ``metrics.jsonl`` (the last evaluation of a round counts),
-    or None with a warning when the file is missing or unreadable."""
-    path = run.dir / "metrics.jsonl"
-    try:
-        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        print(f"cfl: warning: {path} left out of the accuracy curves ({type(err).__name__}: {err})",
-              file=sys.stderr)
-        return None
-    return {int(e["round"]): float(e["mean_acc"]) for e in lines if line_kind(e) == EVALUATION}
-
-
 def curve_rows(series: list[Series], last_k: int | None = None) -> list[Row]:
     """Per group and evaluated round: mean, min and max over seeds of the mean accuracy over seen tasks (%), each
     run's curve first averaged over its last ``last_k`` evaluations at each round (:mod:`cfl.report.last_k`).
 
     Only rounds evaluated in every run of the group that has a readable ``metrics.jsonl`` count."""
-    from cfl.report.last_k import trailing_means
 
     rows = []
     for name, g in ((s.name, s.group) for s in series):

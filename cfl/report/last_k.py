@@ -13,11 +13,26 @@ tasks seen so far, %; the last evaluation of a round counts):
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 
 from cfl.config import ConfigError
 from cfl.report.groups import Run
+from cfl.report.jsonl import EVALUATION, line_kind
+
+
+def read_mean_accuracy(run: Run) -> dict[int, float] | None:
+    """``mean_acc`` by global round from the run's ``metrics.jsonl`` (the last evaluation of a round counts),
+    or None with a warning when the file is missing or unreadable."""
+    path = run.dir / "metrics.jsonl"
+    try:
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        print(f"cfl: warning: {path} left out of the accuracy curves ({type(err).__name__}: {err})",
+              file=sys.stderr)
+        return None
+    return {int(e["round"]): float(e["mean_acc"]) for e in lines if line_kind(e) == EVALUATION}
 
 
 def check_k(k: int | None) -> None:
@@ -33,8 +48,6 @@ def trailing_means(curve: dict[int, float], k: int) -> dict[int, float]:
 
 def last_k_mean(run: Run, k: int) -> float | None:
     """The mean of the run's last ``k`` evaluations' ``mean_acc``, or None (with a warning) with fewer of them."""
-    from cfl.report.compare_data import read_mean_accuracy
-
     curve = read_mean_accuracy(run)
     if curve is None:
         return None
