@@ -11,7 +11,7 @@ from cfl.metrics.results import build_results
 from cfl.metrics.schedule import scheduled_metrics
 from cfl.schedules import SCHEDULES, ScheduleInput, build_plan, per_client_order, staggered
 from cfl.schema import ConfigError
-from tests.conftest import make_stream, tiny_config
+from tests.conftest import make_stream, method_spec, tiny_config
 
 
 def test_staggered_groups_switch_offset_rounds_apart():
@@ -66,8 +66,13 @@ def test_a_schedule_that_cannot_run_is_refused_with_the_fix(schedule, words):
 
 
 def test_a_method_refuses_the_schedules_it_cannot_run_under():
-    with pytest.raises(ConfigError, match="method glfc runs under schedule synchronous only: its proxy server"):
-        tiny_config(method={"name": "glfc"}, schedule={"name": "staggered"})
+    with pytest.raises(ConfigError, match="method fedweit runs under schedule synchronous or staggered or random "
+                                          "only: its per-task parameters"):
+        tiny_config(method=method_spec("fedweit"), weight_decay=0.0, schedule={"name": "per_client_order"})
+    with pytest.raises(ConfigError, match="method fedweit under schedule staggered with 'schedule.order: permuted'"
+                                          ".*set schedule.order: stream"):
+        tiny_config(method=method_spec("fedweit"), weight_decay=0.0, schedule={"name": "staggered",
+                                                                               "order": "permuted"})
 
 
 def test_the_old_joining_key_is_refused_beside_another_schedule():

@@ -137,6 +137,7 @@ class RunInfo:
     batch_size: int = 0  # the local mini-batch size of the run
     input_shape: tuple[int, ...] = ()  # one input's shape, e.g. (1, 28, 28) (a server-side generator's images)
     num_classes: int = 0  # the logits' width: classes per head (class-incremental: all the stream's classes)
+    schedule: str = "synchronous"  # the run's schedule.name (cfl/schedules.py)
 
 
 @dataclass(frozen=True)
@@ -222,6 +223,11 @@ class Method:
     #: clause for the refusal): a run under another is refused when the config is validated
     schedules: ClassVar[tuple[str, ...]] = ()
     schedules_why: ClassVar[str] = ""
+    #: under a schedule other than the synchronous one, when ``server_end("task_end", uploads, task)`` runs: "switch"
+    #: after each round at which clients leave ``task``, with their uploads; "last_holder": once, when the task's
+    #: last holder has left it (after ``before_task_end``), with every upload held since the clients' own task ends
+    #: (cfl/engine/scheduled.py)
+    server_task_end: ClassVar[str] = "switch"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -229,6 +235,9 @@ class Method:
         if unknown:
             raise TypeError(f"{cls.__name__}.client_events lists {unknown}; the events are {list(EVENTS)}")
         check_broadcast(cls)
+        if cls.server_task_end not in ("switch", "last_holder"):
+            raise TypeError(f"{cls.__name__}.server_task_end is {cls.server_task_end!r}; it is 'switch' or "
+                            "'last_holder'")
 
     def __init__(self, hparams: Any, run_info: RunInfo) -> None:
         if self.scenarios:  # declared: checked here too (a method built directly, a stream whose scenario was auto)

@@ -66,9 +66,9 @@ class FedWeIT(Method):
     models: ClassVar[tuple[str, ...]] = ("fedweit-mlp", "fedweit-lenet")
     scenarios: ClassVar[tuple[str, ...]] = ("task",)
     scenarios_why: ClassVar[str] = "one head per task"
-    schedules = ("synchronous",)
-    schedules_why = ("its knowledge base is sent at task starts and collected from the last round's "
-                     "clients at a global task end")
+    schedules = ("synchronous", "staggered", "random")
+    schedules_why = ("its per-task parameters and drift anchors take a client's past tasks as those before its "
+                     "current one in the stream's order, so every client must follow the stream's order")
     client_events: ClassVar[tuple[Event, ...]] = ("task_end",)
     #: the task-end participants send their own A; the final global model is of no use to them
     downloads_model_at_task_end: ClassVar[bool] = False
@@ -90,6 +90,11 @@ class FedWeIT(Method):
 
     @classmethod
     def check(cls, hparams: Any, cfg: Any) -> None:
+        schedule = getattr(cfg, "schedule", None)
+        order = getattr(schedule, "order", "auto")
+        if schedule is not None and schedule.name != "synchronous" and order not in ("auto", "stream"):
+            raise ConfigError(f"method fedweit under schedule {schedule.name} with 'schedule.order: {order}': "
+                              f"{cls.schedules_why}; set schedule.order: stream")
         if cfg.weight_decay != 0:
             raise ConfigError(f"method fedweit decays its own parts (fedweit.wd, {hparams.wd}); set weight_decay: 0 "
                               f"(it is {cfg.weight_decay})")
@@ -189,10 +194,17 @@ class FedWeIT(Method):
 
     def server_end(self, event: Event, uploads: dict[int, State], server: State, task: int) -> None:
         """Task end: the knowledge base of the next task, the entries in client-id order, ``kb_size`` slots
-        (zero-padded; the code's order is its threads' finishing order)."""
+        (zero-padded; the code's order is its threads' finishing order). Under a schedule other than the
+        synchronous one, after each round at which drawn clients leave a task: their entries first, then the
+        newest of the previous knowledge base (``kb_entries`` of them are real), ``kb_size`` in all."""
         if event != "task_end" or not uploads:
             return
-        entries = [uploads[c]["adaptive"] for c in sorted(uploads)][: self.kb_size]
+        entries = [uploads[c]["adaptive"] for c in sorted(uploads)]
+        if self.run_info.schedule != "synchronous":  # clients end tasks at their own rounds: the newest entries
+            kb, kept = server.get("kb", {}), int(server.get("kb_entries", 0))
+            entries += [{p: kb[p][k] for p in self.layers} for k in range(kept)]
+            server["kb_entries"] = min(len(entries), self.kb_size)
+        entries = entries[: self.kb_size]
         kb = {}
         for p in self.layers:
             stacked = torch.stack([e[p] for e in entries])
