@@ -11,7 +11,7 @@ from cfl.metrics.results import build_results
 from cfl.metrics.schedule import scheduled_metrics
 from cfl.schedules import SCHEDULES, ScheduleInput, build_plan, per_client_order, staggered
 from cfl.schema import ConfigError
-from tests.conftest import make_stream, method_spec, tiny_config
+from tests.conftest import make_stream, tiny_config
 
 
 def test_staggered_groups_switch_offset_rounds_apart():
@@ -66,13 +66,17 @@ def test_a_schedule_that_cannot_run_is_refused_with_the_fix(schedule, words):
 
 
 def test_a_method_refuses_the_schedules_it_cannot_run_under():
-    with pytest.raises(ConfigError, match="method fedweit runs under schedule synchronous or staggered or random "
-                                          "only: its per-task parameters"):
-        tiny_config(method=method_spec("fedweit"), weight_decay=0.0, schedule={"name": "per_client_order"})
-    with pytest.raises(ConfigError, match="method fedweit under schedule staggered with 'schedule.order: permuted'"
-                                          ".*set schedule.order: stream"):
-        tiny_config(method=method_spec("fedweit"), weight_decay=0.0, schedule={"name": "staggered",
-                                                                               "order": "permuted"})
+    from cfl.methods import METHODS
+    from cfl.methods.base import Method
+
+    class OneTask(Method):
+        name = "one-task"
+        schedules = ("synchronous",)
+        schedules_why = "it solves the head of the server's one current task"
+
+    with METHODS.temporarily("one-task", OneTask), pytest.raises(
+            ConfigError, match="method one-task runs under schedule synchronous only: it solves the head"):
+        tiny_config(method={"name": "one-task"}, schedule={"name": "staggered"})
 
 
 def test_the_old_joining_key_is_refused_beside_another_schedule():

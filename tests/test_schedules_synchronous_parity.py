@@ -1,11 +1,13 @@
 """The synchronous schedule gives, for each method that per-client task boundaries changed (and the methods of
 the reference rows), the results of the code before them: a tiny run's last accuracy row, its communication and a
 checksum of its final parameters, measured on commit d4b1c84 (before per-client task-start broadcasts, held
-task-end uploads and task-end draws among a task's finishers)."""
+task-end uploads and task-end draws among a task's finishers), on one CPU thread: TARGET's and MFCL's
+generators move with the thread count's summation order."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from cfl.engine.runner import Runner
 from tests.conftest import METHOD_STREAMS, method_spec, stream_for, tiny_config
@@ -29,8 +31,13 @@ def test_a_synchronous_run_gives_the_results_from_before_per_client_task_ends(na
     scenario = METHOD_STREAMS.get(name, {}).get("scenario", "task")
     extra = {"weight_decay": 0.0} if name == "fedweit" else {}
     cfg = tiny_config(method=method_spec(name), num_clients=4, clients_per_round=3, eval_every=1, **extra)
-    runner = Runner(cfg, stream_for(name, scenario, num_tasks=2))
-    runner.run()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        runner = Runner(cfg, stream_for(name, scenario, num_tasks=2))
+        runner.run()
+    finally:
+        torch.set_num_threads(threads)
     row, up, down, total = BEFORE[name]
     assert runner.progress.acc_matrix[-1] == pytest.approx(row, abs=1e-9)
     assert (runner.comm.upload_bytes, runner.comm.download_bytes) == (up, down)

@@ -177,7 +177,8 @@ def client_task_ends(runner: Runner, switched: list[tuple[int, int]]) -> None:
                 runner.comm.down(len(cids) * payload_size(m, "task_end", broadcast))
                 runner.comm.up(sum(payload_size(m, "task_end_upload", u) for u in uploads.values()))
             if m.server_task_end == "last_holder":
-                st.server.setdefault(HELD, {}).setdefault(task, {}).update(uploads)
+                if uploads:  # a task some client holds to the run's end never uses them
+                    st.server.setdefault(HELD, {}).setdefault(task, {}).update(uploads)
             elif overrides(m, "server_end"):
                 with guarded(m, "server_end"):
                     m.server_end("task_end", uploads, st.server, task)

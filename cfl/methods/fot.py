@@ -108,7 +108,7 @@ class FOT(Method):
     # ---- FedProject ----
     def transform_update(self, delta: Params, server: State, task: int) -> Params:
         basis = server.get("basis") or {}
-        if task == 0 or not basis:
+        if not basis:  # none before the first GPSE (under a schedule a round whose highest task is 0 may have one)
             return delta
         return {k: project_out(v, basis[k]) if k in basis else v for k, v in delta.items()}
 
