@@ -6,9 +6,15 @@ global model. Task boundaries are per client and per task:
 
 * a client's task end is its own event: after the round at which it switches, its ``client_end("task_end")``
   runs on its rows of the task it leaves, with the then-current global model (and the method's ``"task_end"``
-  broadcast); the uploads of the clients switching at that round go to ``server_end("task_end", uploads, task)``;
+  broadcast); a method that draws its own task-end clients (``task_end_clients``) draws them among the task's
+  finishers (:func:`task_end_draws`). The uploads go to ``server_end("task_end", uploads, task)`` after that
+  round (``Method.server_task_end: switch``), or are held in the method's server state (:data:`HELD`) until the
+  server's task end (``last_holder``);
 * the server's task end of a task comes when its last holder has switched away from it (none for a task some
-  client still holds at the run's end): ``before_task_end`` on the global model of that moment.
+  client still holds at the run's end): ``before_task_end`` on the global model of that moment (its classes
+  those of every task all of whose holders have left it), then a ``last_holder`` method's ``server_end``;
+* ``"task_start"`` keys go to a client at its own task starts and again after a task end changed them
+  (:class:`cfl.engine.task_start.ScheduledTaskStarts`).
 
 The server-side hooks of a round (``server_end("round")``, ``after_server_step``, ``transform_update``) get as
 ``task`` the highest task id that a client sampled in the round trains on. An evaluation follows every round at
