@@ -111,6 +111,14 @@ class Plan:
         starts = [s for s in self.timelines[client].starts if s <= rnd]
         return rnd - starts[-1]
 
+    def task_start(self, client: int, rnd: int) -> int:
+        """The global round at which ``client``'s task at round ``rnd`` began."""
+        return rnd - self.rounds_in_task(client, rnd)
+
+    def finishers(self, task: int) -> list[int]:
+        """The clients that finish ``task`` (switch away from it to their next one), in id order."""
+        return sorted(c for pairs in self.switches().values() for c, t in pairs if t == task)
+
     def seen(self, client: int, rnd: int) -> list[int]:
         """The tasks ``client`` has started by round ``rnd`` (its current one last)."""
         line = self.timelines[client]

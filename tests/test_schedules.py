@@ -66,8 +66,17 @@ def test_a_schedule_that_cannot_run_is_refused_with_the_fix(schedule, words):
 
 
 def test_a_method_refuses_the_schedules_it_cannot_run_under():
-    with pytest.raises(ConfigError, match="method glfc runs under schedule synchronous only: its proxy server"):
-        tiny_config(method={"name": "glfc"}, schedule={"name": "staggered"})
+    from cfl.methods import METHODS
+    from cfl.methods.base import Method
+
+    class OneTask(Method):
+        name = "one-task"
+        schedules = ("synchronous",)
+        schedules_why = "it solves the head of the server's one current task"
+
+    with METHODS.temporarily("one-task", OneTask), pytest.raises(
+            ConfigError, match="method one-task runs under schedule synchronous only: it solves the head"):
+        tiny_config(method={"name": "one-task"}, schedule={"name": "staggered"})
 
 
 def test_the_old_joining_key_is_refused_beside_another_schedule():

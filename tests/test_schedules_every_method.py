@@ -28,7 +28,8 @@ def test_every_method_runs_or_refuses_each_schedule(name, schedule, tmp_path):
         cfg, stream = _config(name, SCHEDULES_RUN[schedule])
     except ConfigError as err:  # refused at validation, with the method's reason
         assert METHODS[name].schedules and schedule not in METHODS[name].schedules
-        assert f"method {name} runs under schedule synchronous only: {METHODS[name].schedules_why}" in str(err)
+        allowed = " or ".join(METHODS[name].schedules)
+        assert f"method {name} runs under schedule {allowed} only: {METHODS[name].schedules_why}" in str(err)
         return
     assert not METHODS[name].schedules or schedule in METHODS[name].schedules
     whole = run_to_end(cfg, stream)

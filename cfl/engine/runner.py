@@ -39,10 +39,10 @@ from cfl.engine.local_sequential import train_sequential
 from cfl.engine.model_buffers import announcement, collect, download_bytes, hand_out
 from cfl.engine.path import choose_path, trainer_kind
 from cfl.engine.schedule import Schedule, sample_clients
-from cfl.engine.scheduled import ScheduledRounds, refuse_unfit, run_scheduled
+from cfl.engine.scheduled import ScheduledRounds, run_scheduled, task_end_draws
 from cfl.engine.server import NonFiniteError, Server
 from cfl.engine.state_stores import build_stores, sizing_of
-from cfl.engine.task_start import TaskStarts
+from cfl.engine.task_start import ScheduledTaskStarts, TaskStarts
 from cfl.methods import METHODS
 from cfl.methods.base import (
     ClientData,
@@ -97,7 +97,8 @@ class Runner:
         self.run_info = RunInfo(stream.num_tasks, stream.scenario, cfg.num_clients, cfg.clients_per_round,
                                 cfg.seed, self.model, protected_layers(self.model), stream.name,
                                 cfg.batch_size, tuple(stream.input_shape), stream.classes_per_head,
-                                tuple(tuple(int(c) for c in t.classes) for t in stream.tasks))
+                                task_classes=tuple(tuple(int(c) for c in t.classes) for t in stream.tasks),
+                                schedule=cfg.schedule.name)
         specs = [cfg.method, *cfg.plugins]
         self.methods: list[Method] = [built(METHODS[s["name"]], self._hparams_of(s), self.run_info) for s in specs]
         sizing = sizing_of(cfg, stream, self.model, self.run_info.protected)
@@ -119,14 +120,17 @@ class Runner:
         self.schedule = Schedule(cfg, stream, self.device)  # checks the clients' shares before any round
         self.plan = build_plan(cfg, stream.num_tasks)  # the client x round grid (cfl/schedules.py)
         self.scheduled = None if self.plan.synchronous else ScheduledRounds(cfg, stream, self.plan, self.device)
-        self.task_starts = TaskStarts(self.methods, self.schedule.sampled)
+        self.task_starts: TaskStarts | ScheduledTaskStarts = TaskStarts(self.methods, self.schedule.sampled)
+        if self.scheduled is not None:  # each client's own task starts, and a resend after a task end changed them
+            self.task_starts = ScheduledTaskStarts(self.methods, self.scheduled.sampled, self.plan.task_start,
+                                                   lambda: self.progress.task_start_changes)
         for m in self.methods:  # a task end's own draw among the clients of the first task (clients_join_per_task)
             if m.task_end_clients and m.task_end_clients > self.schedule.joined(0):
                 raise ConfigError(f"method {m.name} draws {m.task_end_clients} clients at each task end, but the first "
                                   f"task has {self.schedule.joined(0)} (clients_join_per_task: "
                                   f"{cfg.clients_join_per_task}); raise num_clients or lower clients_join_per_task")
-        if self.scheduled is not None:
-            refuse_unfit(self)
+        #: under a schedule: (method, task) -> the clients a method's own task-end draw takes among the task's finishers
+        self.task_end_draws = task_end_draws(self) if self.scheduled is not None else {}
         self.hyper = Hyper(cfg.lr, cfg.momentum, cfg.weight_decay, cfg.local_epochs, cfg.batch_size,
                            augment=stream.augment, client_block=cfg.client_block, precision=cfg.precision,
                            optimizer=cfg.optimizer.name, betas=tuple(cfg.optimizer.betas), eps=cfg.optimizer.eps,
@@ -211,7 +215,7 @@ class Runner:
         hand_out(jobs, self.buffers, self.buffer_states, self.initial_buffers)
         each_round = [broadcast_of(m, "round", st.server) for m, st in zip(self.methods, self.states, strict=True)]
         round_down = sum(payload_size(m, "round", b) for m, b in zip(self.methods, each_round, strict=True))
-        # "task_start" keys: sent to the clients new in the task, kept by them for the task's rounds
+        # "task_start" keys: sent to the clients new in the task (per method), kept by them for the task's rounds
         newcomers = self.task_starts.newcomers(task, rnd, [j.cid for j in jobs])
         task_start = [self.task_starts.payload(i, st.server) for i, st in enumerate(self.states)]
         broadcasts = [{**r, **t} for r, t in zip(each_round, task_start, strict=True)]
@@ -275,10 +279,10 @@ class Runner:
         up += sum(payload_size(m, "round_upload", u) for m, pl in zip(self.methods, payloads, strict=True)
                   for u in pl.values())
         self.comm.down(down)
-        for m, payload in zip(self.methods, task_start, strict=True):
+        for m, payload, new in zip(self.methods, task_start, newcomers, strict=True):
             if m.broadcast.get("task_start"):
-                self.comm.down(len(newcomers) * payload_size(m, "task_start", payload), line=task_start_line(m.name))
-                down += len(newcomers) * payload_size(m, "task_start", payload)
+                self.comm.down(len(new) * payload_size(m, "task_start", payload), line=task_start_line(m.name))
+                down += len(new) * payload_size(m, "task_start", payload)
         self.comm.up(up)
         losses = [o.mean_loss for o in outcomes if o.finite]
         record = {"task": task, "round": self.progress.global_round + 1, "clients": len(kept_jobs),
@@ -435,10 +439,11 @@ class Runner:
                 plain_server(m, "server_end", st.server)
         self.progress.task_end_seconds += time.perf_counter() - start
 
-    def _before_task_end(self, method: Method, server: State, task: int) -> None:
-        """``method.before_task_end`` on a copy of the final global model; its wall time into ``server["stats"]``."""
+    def _before_task_end(self, method: Method, server: State, task: int, classes: torch.Tensor | None = None) -> None:
+        """``method.before_task_end`` on a copy of the final global model (``classes``: the finished tasks' classes,
+        None: those of tasks 0..task); its wall time into ``server["stats"]``."""
         model = global_model(self.model, self.params, self.buffers)
-        classes = self.stream.seen_classes(task).to(self.device)
+        classes = (self.stream.seen_classes(task) if classes is None else classes).to(self.device)
         start = time.perf_counter()
         with guarded(method, "before_task_end"):
             check_none(method.before_task_end(model, classes, server, task), BEFORE_TASK_END)

@@ -6,9 +6,15 @@ global model. Task boundaries are per client and per task:
 
 * a client's task end is its own event: after the round at which it switches, its ``client_end("task_end")``
   runs on its rows of the task it leaves, with the then-current global model (and the method's ``"task_end"``
-  broadcast); the uploads of the clients switching at that round go to ``server_end("task_end", uploads, task)``;
+  broadcast); a method that draws its own task-end clients (``task_end_clients``) draws them among the task's
+  finishers (:func:`task_end_draws`). The uploads go to ``server_end("task_end", uploads, task)`` after that
+  round (``Method.server_task_end: switch``), or are held in the method's server state (:data:`HELD`) until the
+  server's task end (``last_holder``);
 * the server's task end of a task comes when its last holder has switched away from it (none for a task some
-  client still holds at the run's end): ``before_task_end`` on the global model of that moment.
+  client still holds at the run's end): ``before_task_end`` on the global model of that moment (its classes
+  those of every task all of whose holders have left it), then a ``last_holder`` method's ``server_end``;
+* ``"task_start"`` keys go to a client at its own task starts and again after a task end changed them
+  (:class:`cfl.engine.task_start.ScheduledTaskStarts`).
 
 The server-side hooks of a round (``server_end("round")``, ``after_server_step``, ``transform_update``) get as
 ``task`` the highest task id that a client sampled in the round trains on. An evaluation follows every round at
@@ -29,6 +35,7 @@ from cfl.config import Config
 from cfl.data.partition import partition
 from cfl.data.stream import Stream
 from cfl.engine.jobs import ClientJob, derive_seed
+from cfl.engine.schedule import sample_clients
 from cfl.methods.base import ClientData, overrides, takes_part_at_task_end
 from cfl.methods.hook_guard import guarded
 from cfl.metrics.evaluate import accuracy
@@ -43,6 +50,9 @@ if TYPE_CHECKING:
 
 #: the derived seed stream of a scheduled round's client sample (the synchronous one keys (task, round))
 _SAMPLE_SALT = 0x5C11E
+#: the server-state key under which the engine holds a ``server_task_end: last_holder`` method's task-end uploads
+#: (task -> client -> upload) from the clients' own task ends until the task's server-side end (checkpointed)
+HELD = "held_task_end_uploads"
 
 
 class ScheduledRounds:
@@ -110,18 +120,26 @@ class ScheduledRounds:
         return sorted({int(t) for t in np.unique(self.grid[:, : rnd + 1]) if t >= 0})
 
 
-def refuse_unfit(runner: Runner) -> None:
-    """What the engine cannot do under a schedule, refused before any round: a method's own draw of task-end
-    clients (``task_end_clients``) and a ``"task_start"`` broadcast (a global task start)."""
-    name = runner.plan.name
-    for m in runner.methods:
-        if m.task_end_clients is not None:
-            raise ConfigError(f"method {m.name} draws {m.task_end_clients} clients at each task end; under schedule "
-                              f"'{name}' every client ends its tasks on its own: use schedule.name: synchronous")
-        if m.broadcast.get("task_start"):
-            raise ConfigError(f"method {m.name} sends {list(m.broadcast['task_start'])} at task starts; under "
-                              f"schedule '{name}' the clients start tasks at their own rounds: use schedule.name: "
-                              "synchronous")
+def task_end_draws(runner: Runner) -> dict[tuple[int, int], set[int]]:
+    """(method index, task) -> the clients a method that draws its own task-end clients (``task_end_clients``)
+    takes among those that finish the task (known from the plan: a pure function of the seed); fewer finishers
+    than its draw: all of them, said on stderr."""
+    plan, out = runner.plan, {}
+    for i, m in enumerate(runner.methods):
+        if m.task_end_clients is None or not takes_part_at_task_end(m):
+            continue
+        for task in range(plan.num_tasks):
+            finishers = plan.finishers(task)
+            if not finishers:
+                continue
+            k = min(m.task_end_clients, len(finishers))
+            if k < m.task_end_clients:
+                print(f"cfl: method {m.name} draws {m.task_end_clients} task-end clients, but under schedule "
+                      f"'{plan.name}' only {len(finishers)} finish task {task}: all of them take part",
+                      file=sys.stderr)
+            picks = sample_clients(runner.cfg.seed, task, 2**32 + i, len(finishers), k)
+            out[(i, task)] = {finishers[j] for j in picks}
+    return out
 
 
 def evaluate(runner: Runner, rnd: int, switched: list[tuple[int, int]], final: bool) -> dict[str, Any]:
@@ -142,15 +160,18 @@ def evaluate(runner: Runner, rnd: int, switched: list[tuple[int, int]], final: b
 
 def client_task_ends(runner: Runner, switched: list[tuple[int, int]]) -> None:
     """Each method's ``client_end("task_end")`` on the clients switching after this round (each on its rows of the
-    task it leaves, at the current global model), then its ``server_end("task_end")`` per task left."""
+    task it leaves, at the current global model; a method's own draw: its drawn clients only), then, per task
+    left, its ``server_end("task_end")`` with their uploads, or (``server_task_end: last_holder``) the uploads held
+    in its server state until the task's last holder has left it (:func:`server_task_ends`)."""
+    from cfl.engine.runner import broadcast_of, payload_size, plain_server
+
     rows = runner.scheduled.rows
     for i, (m, st) in enumerate(zip(runner.methods, runner.states, strict=True)):
-        from cfl.engine.runner import broadcast_of, payload_size, plain_server
-
         for task in sorted({t for _, t in switched}):
             uploads: dict[int, Any] = {}
-            cids = [c for c, t in switched if t == task]
-            if takes_part_at_task_end(m):
+            drawn = runner.task_end_draws.get((i, task))
+            cids = [c for c, t in switched if t == task and (drawn is None or c in drawn)]
+            if takes_part_at_task_end(m) and cids:
                 broadcast = broadcast_of(m, "task_end", st.server)
                 data = runner.stream.tasks[task]
                 for c in cids:
@@ -161,18 +182,36 @@ def client_task_ends(runner: Runner, switched: list[tuple[int, int]]) -> None:
                     runner.comm.down(len(cids) * runner.model_download_bytes, line=task_end_model_line(m.name))
                 runner.comm.down(len(cids) * payload_size(m, "task_end", broadcast))
                 runner.comm.up(sum(payload_size(m, "task_end_upload", u) for u in uploads.values()))
-            if overrides(m, "server_end"):
+            if m.server_task_end == "last_holder":
+                if uploads:  # a task some client holds to the run's end never uses them
+                    st.server.setdefault(HELD, {}).setdefault(task, {}).update(uploads)
+            elif overrides(m, "server_end"):
                 with guarded(m, "server_end"):
                     m.server_end("task_end", uploads, st.server, task)
                 plain_server(m, "server_end", st.server)
 
 
-def server_task_ends(runner: Runner, tasks: list[int]) -> None:
-    """``before_task_end`` of every method on the global model, for each task whose last holder has just left it."""
+def server_task_ends(runner: Runner, tasks: list[int], rnd: int) -> None:
+    """For each task whose last holder has just left it (after global round ``rnd``): every method's
+    ``before_task_end`` on the global model (``classes``: those of every task all of whose holders have left it
+    by now), then a ``last_holder`` method's ``server_end("task_end")`` with the uploads held for the task."""
+    from cfl.engine.runner import plain_server
+
+    left = [t for t, r in runner.plan.last_left().items() if r <= rnd]
+    classes = torch.tensor(sorted({c for t in left for c in runner.stream.tasks[t].classes}), dtype=torch.long)
     for task in tasks:
         for m, st in zip(runner.methods, runner.states, strict=True):
             if overrides(m, "before_task_end"):
-                runner._before_task_end(m, st.server, task)
+                runner._before_task_end(m, st.server, task, classes)
+            if m.server_task_end == "last_holder":
+                held = st.server.get(HELD, {})
+                uploads = held.pop(task, {})
+                if not held:
+                    st.server.pop(HELD, None)
+                if overrides(m, "server_end"):
+                    with guarded(m, "server_end"):
+                        m.server_end("task_end", uploads, st.server, task)
+                    plain_server(m, "server_end", st.server)
 
 
 def run_scheduled(runner: Runner) -> Progress:
@@ -194,8 +233,10 @@ def run_scheduled(runner: Runner) -> Progress:
         switched = switches.get(rnd, [])
         if switched:
             start = time.perf_counter()
+            runner.task_starts.before_task_ends([st.server for st in runner.states])
             client_task_ends(runner, switched)
-            server_task_ends(runner, server_ends.get(rnd, []))
+            server_task_ends(runner, server_ends.get(rnd, []), rnd)
+            runner.task_starts.after_task_ends(rnd, [st.server for st in runner.states])
             prog.task_end_seconds += time.perf_counter() - start
             prog.task = sum(len(tasks) for r, tasks in server_ends.items() if r <= rnd)  # tasks all left
         if switched or last or (cfg.eval_every and prog.global_round % cfg.eval_every == 0):

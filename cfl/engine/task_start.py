@@ -50,8 +50,12 @@ class TaskStarts:
         self._seen: set[int] = set()
         self._prints: dict[int, list[tuple[str, Any, Any]]] = {}
 
-    def newcomers(self, task: int, rnd: int, cids: list[int]) -> list[int]:
-        """The clients of ``cids`` (round ``rnd`` of ``task``) not sampled in an earlier round of the task."""
+    def newcomers(self, task: int, rnd: int, cids: list[int]) -> list[list[int]]:
+        """Per method, the clients of ``cids`` (round ``rnd`` of ``task``) not sampled in an earlier round of the
+        task (the same for every method)."""
+        return [self._newcomers(task, rnd, cids)] * len(self.methods)
+
+    def _newcomers(self, task: int, rnd: int, cids: list[int]) -> list[int]:
         if not self.active:
             return []
         if (task, rnd) != (self._task, self._next_round):  # a new task, or a resumed run: from the schedule
@@ -79,4 +83,86 @@ class TaskStarts:
                     f"broadcast['task_start'] changed during task {self._task} (0-based), after the task's first "
                     "round sent them: the clients keep what they downloaded first; change these keys only at a "
                     "task end (before_task_end, server_end('task_end')), or list them under 'round'")
+        return payload
+
+
+class ScheduledTaskStarts:
+    """Under a schedule other than the synchronous one (cfl/schedules.py), per method: a sampled client gets the
+    ``"task_start"`` keys at its first sampled round of each of its own tasks, and again at its next sampled round
+    after the server changed them (at a task end: a client's switch or a task's last holder leaving, the only
+    moments they may change), so that its hooks always read what it was sent; each sending is counted. The
+    rounds at which each method's keys changed are kept in ``changes`` (the run's progress, checkpointed), so a
+    resumed run counts exactly as an uninterrupted one."""
+
+    def __init__(self, methods: list[Method], sampled: Callable[[int], list[int]], starts: Callable[[int, int], int],
+                 changes: Callable[[], dict[str, list[int]]]) -> None:
+        """``sampled(round)``: the clients of a round; ``starts(client, round)``: the round its task at ``round``
+        began; ``changes()``: method index (str) -> the first rounds after each change of its keys (in the run's
+        progress)."""
+        self.methods, self.sampled, self.starts, self._changes = methods, sampled, starts, changes
+        self.active = any(m.broadcast.get("task_start") for m in methods)
+        self._next_round = -1
+        self._sent: list[dict[int, int]] = [{} for _ in methods]  # per method: client -> round it was last sent
+        self._prints: dict[int, list[tuple[str, Any, Any]]] = {}
+
+    def _replay(self, rnd: int) -> None:
+        """The rounds each client was last sent the keys, from the schedule's sampling (a new or resumed run)."""
+        self._sent = [{} for _ in self.methods]
+        for r in range(rnd):
+            self._send(r, self.sampled(r))
+
+    def _send(self, rnd: int, cids: list[int]) -> list[list[int]]:
+        out = []
+        for i, sent in enumerate(self._sent):
+            if not self.methods[i].broadcast.get("task_start"):
+                out.append([])
+                continue
+            changed = max((r for r in self._changes().get(str(i), []) if r <= rnd), default=0)
+            new = [c for c in cids if sent.get(c, -1) < max(self.starts(c, rnd), changed)]
+            sent.update({c: rnd for c in new})
+            out.append(new)
+        return out
+
+    def newcomers(self, task: int, rnd: int, cids: list[int]) -> list[list[int]]:
+        """Per method, the clients of ``cids`` (global round ``rnd``) that get its keys in this round."""
+        if not self.active:
+            return [[] for _ in self.methods]
+        if rnd != self._next_round:
+            self._replay(rnd)
+        self._next_round = rnd + 1
+        return self._send(rnd, cids)
+
+    def before_task_ends(self, servers: list[State]) -> None:
+        """The keys as they are before a round's task ends (refused if the round changed them)."""
+        for i, server in enumerate(servers):
+            self.payload(i, server)
+
+    def after_task_ends(self, rnd: int, servers: list[State]) -> None:
+        """Record the methods whose keys the task ends after round ``rnd`` (0-based) changed: they are sent again."""
+        for i, server in enumerate(servers):
+            now = _fingerprint(self._keys(i, server), "")
+            if i in self._prints and _changed(self._prints[i], now):
+                self._changes().setdefault(str(i), []).append(rnd + 1)
+            self._prints[i] = now
+
+    def _keys(self, i: int, server: State) -> State:
+        return {k: server[k] for k in self.methods[i].broadcast.get("task_start", ()) if k in server}
+
+    def payload(self, i: int, server: State) -> State:
+        """Method ``i``'s ``"task_start"`` keys, refused if a round (not a task end) changed them."""
+        method = self.methods[i]
+        payload = self._keys(i, server)
+        if not method.broadcast.get("task_start"):
+            return payload
+        now = _fingerprint(payload, "")
+        before = self._prints.setdefault(i, now)
+        changed = _changed(before, now)
+        if changed:
+            with guarded(method, "broadcast"):
+                raise BrokenRule(
+                    f"the server-state key(s) {', '.join(p.lstrip('.') for p in changed)} listed under "
+                    "broadcast['task_start'] changed in a round: under a schedule the clients are sent them at their "
+                    "task starts and again after each task end that changed them; change these keys only at a task "
+                    "end (before_task_end, server_end('task_end')), or list them under 'round'")
+        self._prints[i] = now
         return payload

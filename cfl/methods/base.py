@@ -140,6 +140,7 @@ class RunInfo:
     #: each task's global class ids, in task order (the stream's ``Task.classes``; class-incremental: the head's
     #: columns): the classes a task end adds to a client's old classes (FediCaRL's distillation)
     task_classes: tuple[tuple[int, ...], ...] = ()
+    schedule: str = "synchronous"  # the run's schedule.name (cfl/schedules.py)
 
 
 @dataclass(frozen=True)
@@ -225,6 +226,11 @@ class Method:
     #: clause for the refusal): a run under another is refused when the config is validated
     schedules: ClassVar[tuple[str, ...]] = ()
     schedules_why: ClassVar[str] = ""
+    #: under a schedule other than the synchronous one, when ``server_end("task_end", uploads, task)`` runs: "switch"
+    #: after each round at which clients leave ``task``, with their uploads; "last_holder": once, when the task's
+    #: last holder has left it (after ``before_task_end``), with every upload held since the clients' own task ends
+    #: (cfl/engine/scheduled.py)
+    server_task_end: ClassVar[str] = "switch"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -232,6 +238,9 @@ class Method:
         if unknown:
             raise TypeError(f"{cls.__name__}.client_events lists {unknown}; the events are {list(EVENTS)}")
         check_broadcast(cls)
+        if cls.server_task_end not in ("switch", "last_holder"):
+            raise TypeError(f"{cls.__name__}.server_task_end is {cls.server_task_end!r}; it is 'switch' or "
+                            "'last_holder'")
 
     def __init__(self, hparams: Any, run_info: RunInfo) -> None:
         if self.scenarios:  # declared: checked here too (a method built directly, a stream whose scenario was auto)

@@ -31,6 +31,7 @@ from cfl.models.fedweit_net import FROZEN, SHARED
 from cfl.models.fedweit_weight import fold_knowledge, hard_threshold
 from cfl.ops import fedweit_sparse as sparse
 from cfl.ops.fedweit_losses import RegulariserWeights, drift_anchors, regulariser
+from cfl.ops.fedweit_order import own_anchors, regulariser_own
 from cfl.schema import ConfigError, field
 from cfl.tensors import Params, State
 
@@ -66,9 +67,6 @@ class FedWeIT(Method):
     models: ClassVar[tuple[str, ...]] = ("fedweit-mlp", "fedweit-lenet")
     scenarios: ClassVar[tuple[str, ...]] = ("task",)
     scenarios_why: ClassVar[str] = "one head per task"
-    schedules = ("synchronous",)
-    schedules_why = ("its knowledge base is sent at task starts and collected from the last round's "
-                     "clients at a global task end")
     client_events: ClassVar[tuple[Event, ...]] = ("task_end",)
     #: the task-end participants send their own A; the final global model is of no use to them
     downloads_model_at_task_end: ClassVar[bool] = False
@@ -87,6 +85,8 @@ class FedWeIT(Method):
         self.weights = RegulariserWeights(hparams.lambda_l1, hparams.lambda_l2, hparams.lambda_mask, hparams.wd,
                                           hparams.halved, hparams.past_adaptive_trained)
         self.task_end_clients = run_info.clients_per_round  # the code: the last round's clients send their A
+        #: under a schedule the clients' past tasks are their own (cfl/ops/fedweit_order.py), not the stream's prefix
+        self.own_order = run_info.schedule != "synchronous"
 
     @classmethod
     def check(cls, hparams: Any, cfg: Any) -> None:
@@ -123,7 +123,14 @@ class FedWeIT(Method):
             for p in self.layers:
                 params[f"{p}.kb_mix"], params[f"{p}.attention"] = fold_knowledge(
                     params[f"{p}.kb_mix"], params[f"{p}.attention"], params[f"{p}.kb"], previous)
-        state["anchors"] = drift_anchors(params, self.layers, task)  # from the client's own base, as the code
+        if self.own_order:  # the tasks this client has begun before, whatever their ids
+            first = params[f"{self.layers[0]}.mask"]
+            past = state.get("past", first.new_zeros(first.shape[0])).clone()
+            if previous is not None:
+                past[previous] = 1
+            state["past"], state["anchors"] = past, own_anchors(params, self.layers, past)
+        else:
+            state["anchors"] = drift_anchors(params, self.layers, task)  # from the client's own base, as the code
         kb = server.get("kb", {})
         for p in self.layers:
             params[f"{p}.kb"] = kb[p].clone() if p in kb else torch.zeros_like(params[f"{p}.kb"])
@@ -135,6 +142,10 @@ class FedWeIT(Method):
         """The regularisers, the same for every sample (the engine's mean over real samples gives them once);
         the current task is the number of stored past tasks (a shape, so the code runs under ``vmap``)."""
         anchors = state["anchors"]
+        if self.own_order:
+            now = (torch.arange(state["past"].shape[-1], device=x.device) == task[0]).to(x.dtype)
+            return x.new_ones(x.shape[0]) * regulariser_own(params, self.layers, now, state["past"], anchors,
+                                                            self.weights)
         current = anchors[self.layers[0]].shape[0]
         return x.new_ones(x.shape[0]) * regulariser(params, self.layers, current, anchors, self.weights)
 
@@ -189,10 +200,17 @@ class FedWeIT(Method):
 
     def server_end(self, event: Event, uploads: dict[int, State], server: State, task: int) -> None:
         """Task end: the knowledge base of the next task, the entries in client-id order, ``kb_size`` slots
-        (zero-padded; the code's order is its threads' finishing order)."""
+        (zero-padded; the code's order is its threads' finishing order). Under a schedule other than the
+        synchronous one, after each round at which drawn clients leave a task: their entries first, then the
+        newest of the previous knowledge base (``kb_entries`` of them are real), ``kb_size`` in all."""
         if event != "task_end" or not uploads:
             return
-        entries = [uploads[c]["adaptive"] for c in sorted(uploads)][: self.kb_size]
+        entries = [uploads[c]["adaptive"] for c in sorted(uploads)]
+        if self.run_info.schedule != "synchronous":  # clients end tasks at their own rounds: the newest entries
+            kb, kept = server.get("kb", {}), int(server.get("kb_entries", 0))
+            entries += [{p: kb[p][k] for p in self.layers} for k in range(kept)]
+            server["kb_entries"] = min(len(entries), self.kb_size)
+        entries = entries[: self.kb_size]
         kb = {}
         for p in self.layers:
             stacked = torch.stack([e[p] for e in entries])

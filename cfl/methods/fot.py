@@ -26,7 +26,7 @@ from cfl.models.mlp import MLP
 from cfl.models.resnet import ReducedResNet18
 from cfl.ops.gpse import client_sketch, server_extend
 from cfl.ops.layer_inputs import iter_layer_inputs
-from cfl.ops.subspace import project_out
+from cfl.ops.subspace import project_out, residual
 from cfl.schema import ConfigError, field
 from cfl.tensors import Params, State, nbytes
 
@@ -62,9 +62,10 @@ class FOTHyperparams:
 class FOT(Method):
     name = "fot"
     about = "FOT: projected aggregation off the global input subspace of old tasks (GPSE at task ends)"
-    schedules = ("synchronous",)
-    schedules_why = ("GPSE merges the sampled clients' subspaces of one global task at its end, and "
-                     "projects every later server step")
+    #: under a schedule: the GPSE participants (drawn among the clients that finish the task) sketch at their own
+    #: switch; the server extends the basis when the task's last holder has left it (a subspace still trained by
+    #: some client is not projected out)
+    server_task_end = "last_holder"
     Hyperparams = FOTHyperparams
     broadcast = {"task_end": ("basis",)}
     client_events = ("task_end",)
@@ -107,7 +108,7 @@ class FOT(Method):
     # ---- FedProject ----
     def transform_update(self, delta: Params, server: State, task: int) -> Params:
         basis = server.get("basis") or {}
-        if task == 0 or not basis:
+        if not basis:  # none before the first GPSE (under a schedule a round whose highest task is 0 may have one)
             return delta
         return {k: project_out(v, basis[k]) if k in basis else v for k, v in delta.items()}
 
@@ -137,6 +138,8 @@ class FOT(Method):
         layers = {}
         for name in self.run_info.protected:
             per_client = {c: p[name] for c, p in uploads.items() if name in p}
+            if self.run_info.schedule != "synchronous" and name in basis:  # sketched against an older basis
+                per_client = {c: {**p, "sketch": residual(p["sketch"], basis[name])} for c, p in per_client.items()}
             if not per_client:
                 continue
             ext = server_extend(per_client, basis.get(name), eps, self.hparams.reference_quirks)

@@ -73,9 +73,9 @@ class GLFCHyperparams:
 class GLFC(Method):
     name = "glfc"
     about = "GLFC: gradient-compensation and relation-distillation losses, herding memory, proxy server"
-    schedules = ("synchronous",)
-    schedules_why = ("its proxy server, old model and task-start memories follow one global task that "
-                     "every client enters at once")
+    #: under a schedule: each client herds its memory at its own switch; the old model (the proxy's best) is made
+    #: when a task's last holder has left it, and the prototypes are uploaded in the first round after that moment
+    server_task_end = "last_holder"
     Hyperparams = GLFCHyperparams
     #: ``old_classes`` (class-incremental): the old model's classes, those of the tasks finished when it was made
     broadcast = {"round": ("old_model", "old_classes", "round_in_task")}

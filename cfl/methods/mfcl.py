@@ -73,9 +73,9 @@ class MFCL(Method):
     running_stats_model = RUNNING_BN_MODEL
     scenarios = ("class",)
     scenarios_why = "its generator replays the earlier classes into one head"
-    schedules = ("synchronous",)
-    schedules_why = ("the server trains its generator at the task end every client crosses at once, and "
-                     "sends it at task starts")
+    # under a schedule: the generator is trained when a task's last holder has left it (on the global model of that
+    # moment, the old classes those of every task all holders have left) and sent to each client at its next
+    # sampled round (cfl/engine/task_start.py)
     sequential_reason = ("its loss's own forward of a model with BatchNorm running statistics updates them in place, "
                          "which vmap cannot")
 

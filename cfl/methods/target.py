@@ -96,9 +96,9 @@ class Target(Method):
     running_stats_model = RUNNING_BN_MODEL
     scenarios = ("class",)
     scenarios_why = "its synthetic images distil the old classes of one head"
-    schedules = ("synchronous",)
-    schedules_why = ("the server synthesises its pool at the task end every client crosses at once, and "
-                     "sends it at task starts")
+    # under a schedule: the pool is synthesised when a task's last holder has left it (on the global model of that
+    # moment, the old classes those of every task all holders have left) and sent to each client at its next
+    # sampled round (cfl/engine/task_start.py)
 
     def __init__(self, hparams: TargetHyperparams, run_info: Any) -> None:
         super().__init__(hparams, run_info)

@@ -39,6 +39,9 @@ class Progress:
     acc_before_task: dict[str, float] = field(default_factory=dict)
     # class-incremental: the accuracy per seen class ({str(class id): %}) after the last finished task
     class_acc: dict[str, float] = field(default_factory=dict)
+    # under a schedule: per method index, the first global rounds (0-based) after each task end that changed its
+    # "task_start" keys (cfl/engine/task_start.py: the clients are sent them again)
+    task_start_changes: dict[str, list[int]] = field(default_factory=dict)
     train_seconds: float = 0.0
     task_end_seconds: float = 0.0
     wall_seconds: float = 0.0
