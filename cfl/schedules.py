@@ -54,6 +54,26 @@ class Plan:
     rounds: int  # global rounds of the run
     num_tasks: int
 
+    def intervals(self) -> list[tuple[int, int, int, int]]:
+        """``(client, task, first round, end round)`` of every stretch a client spends on a task (end exclusive,
+        non-empty): the grid's rows without forming the grid, whose clients x rounds can be far too large."""
+        out = []
+        for c, line in enumerate(self.timelines):
+            bound = self.rounds if line.leaves is None else min(line.leaves, self.rounds)
+            ends = [*line.starts[1:], self.rounds]
+            for task, start, end in zip(line.order, line.starts, ends, strict=True):
+                if start < min(end, bound):
+                    out.append((c, task, start, min(end, bound)))
+        return out
+
+    def clients_per_round(self) -> np.ndarray:
+        """``(rounds,)``: how many clients hold a task at each round."""
+        diff = np.zeros(self.rounds + 1, dtype=np.int64)
+        for _, _, start, end in self.intervals():
+            diff[start] += 1
+            diff[end] -= 1
+        return np.cumsum(diff[:-1])
+
     @property
     def grid(self) -> np.ndarray:
         """``(clients, rounds)`` int array: the task of each client at each round, -1 where it is absent."""
@@ -98,13 +118,10 @@ class Plan:
     def last_left(self) -> dict[int, int]:
         """Task -> the global round after which its last holder switched away (the server-side task end); a task
         some client still holds at the run's end has none."""
-        grid = self.grid
-        out: dict[int, int] = {}
-        for task in range(self.num_tasks):
-            rounds = np.flatnonzero((grid == task).any(0))
-            if len(rounds) and rounds[-1] < self.rounds - 1:
-                out[task] = int(rounds[-1])
-        return out
+        last: dict[int, int] = {}
+        for _, task, _, end in self.intervals():
+            last[task] = max(last.get(task, 0), end - 1)
+        return {task: rnd for task, rnd in sorted(last.items()) if rnd < self.rounds - 1}
 
     def rounds_in_task(self, client: int, rnd: int) -> int:
         """Rounds ``client`` has spent on its current task before round ``rnd``."""
@@ -293,13 +310,13 @@ def build_plan(cfg: Any, num_tasks: int) -> Plan:
 def check_plan(plan: Plan, clients_per_round: int) -> list[str]:
     """Refuse a plan that leaves a task with no client or a round with none (``ConfigError`` with the fix); the
     notes to print (rounds with fewer clients than ``clients_per_round``)."""
-    grid = plan.grid
-    empty = [t for t in range(plan.num_tasks) if not (grid == t).any()]
+    held = {task for _, task, _, _ in plan.intervals()}
+    empty = [t for t in range(plan.num_tasks) if t not in held]
     if empty:
         raise ConfigError(f"schedule '{plan.name}' gives task(s) {empty} (0-based) to no client: every task's data "
                           "must be trained on; raise schedule.tasks_per_client or num_clients, lower "
                           "schedule.overlap, or raise schedule.leave_round")
-    present = (grid >= 0).sum(0)
+    present = plan.clients_per_round()
     idle = np.flatnonzero(present == 0)
     if len(idle):
         raise ConfigError(f"schedule '{plan.name}' has no client in global round(s) {idle[:5].tolist()} (0-based) "

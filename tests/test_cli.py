@@ -155,6 +155,7 @@ def test_list_shows_every_name_a_config_can_take_from_the_registries(capsys):
     from cfl.models import MODELS
     from cfl.ops.aggregate import AGGREGATORS
     from cfl.ops.losses import LOSSES
+    from cfl.schedules import SCHEDULES
     from cfl.validation import from_dict
 
     assert main(["list"]) == 0
@@ -165,7 +166,7 @@ def test_list_shows_every_name_a_config_can_take_from_the_registries(capsys):
         else:
             sections[list(sections)[-1]].append(line.split()[0])
     registries = {"streams": [*STREAMS, ROUTE], "models": MODELS, "partitioners": PARTITIONERS, "methods": METHODS,
-                  "aggregators": AGGREGATORS, "losses": LOSSES}
+                  "aggregators": AGGREGATORS, "losses": LOSSES, "schedules": SCHEDULES}
     assert sections == {title: list(names) for title, names in registries.items()}
     for name in AGGREGATORS:  # what a config accepts
         assert from_dict({"aggregator": {"name": name}}).aggregator.name == name

@@ -109,8 +109,10 @@ def made_finite(result: Any, arguments: dict[str, Any]) -> None:
         raise BrokenRule(f"{FINITE}; in {bad}")
 
 
-def quadratic_loss(params: Params, quadratics: dict[str, Quadratic | Linear] | None) -> torch.Tensor:
-    """``sum_k weight_k / 2 * (w_k - anchor_k)^2 + <linear_k, w_k>`` (0 without terms)."""
+def quadratic_loss(params: Params, quadratics: dict[str, Quadratic | Linear] | None,
+                   linear_terms: bool = True) -> torch.Tensor:
+    """``sum_k weight_k / 2 * (w_k - anchor_k)^2 + <linear_k, w_k>`` (0 without terms; ``linear_terms`` False: the
+    quadratic part alone)."""
     total = torch.zeros((), device=next(iter(params.values())).device)
     linear = torch.zeros((), device=total.device)
     for k, q in (quadratics or {}).items():
@@ -120,7 +122,7 @@ def quadratic_loss(params: Params, quadratics: dict[str, Quadratic | Linear] | N
         total = total + (q.weight * (params[k] - q.anchor) ** 2).sum()
         if q.linear is not None:
             linear = linear + (q.linear * params[k]).sum()
-    return 0.5 * total + linear
+    return 0.5 * total + linear if linear_terms else 0.5 * total
 
 
 def _numbers(q: Quadratic | Linear) -> dict[str, torch.Tensor | float]:
@@ -130,12 +132,16 @@ def _numbers(q: Quadratic | Linear) -> dict[str, torch.Tensor | float]:
     return {"weight": q.weight, "anchor": q.anchor, **({} if q.linear is None else {"linear": q.linear})}
 
 
-def penalty_loss(method: Method, params: Params, global_params: Params, server: State, state: State) -> torch.Tensor:
-    """One client's penalty, derived from its declared quadratics."""
+def penalty_loss(method: Method, params: Params, global_params: Params, server: State, state: State,
+                 linear_terms: bool = True) -> torch.Tensor | None:
+    """One client's penalty, derived from its declared terms (``linear_terms`` False: the quadratic part alone, None
+    where the method declares linear terms only)."""
     with guarded(method, "penalty"):
         quadratics = check_penalty(method.penalty(global_params, server, state), params)
         made_finite({k: _numbers(q) for k, q in quadratics.items()}, {"global_params": global_params, "state": state})
-        return quadratic_loss(params, quadratics)
+        if not linear_terms and quadratics and all(isinstance(q, Linear) for q in quadratics.values()):
+            return None
+        return quadratic_loss(params, quadratics, linear_terms)
 
 
 def _terms(method: Method, global_params: Params, server: State, state: State) -> PenaltyTerms:

@@ -2,7 +2,9 @@
 weak to change anything (EWC at its default ``lam`` on split-fmnist gave FedAvg's accuracy matrix digit for digit)
 shows as a share near 0.
 
-Per round and per method with a ``penalty``, for each kept client: ``P / (L + P)``, with ``P`` the penalty at the
+Per round and per method with a ``penalty``, for each kept client: ``P / (L + P)``, with ``P`` the quadratic terms
+of the penalty (a linear term, SCAFFOLD's and FedDyn's corrections ``<c, w>``, is a gradient shift with no loss
+value of its own: left out; a method with linear terms only reports no share) at the
 client's parameters after its local training (from the round's global model, its broadcast and its state, as its
 steps took it) and ``L`` its task loss (the round's ``train_loss`` of the client: the mean over its steps of the
 weighted cross-entropy, no penalty). The shares are summed on the device and read once per round and method (no
@@ -27,9 +29,12 @@ def client_shares(method: Method, state: MethodState, broadcast: State, global_p
     rows = [(c, o) for c, (o, ok) in enumerate(zip(outcomes, keep, strict=True)) if ok and o.finite]
     if not rows:
         return None
-    penalties = torch.stack([hooks.penalty_loss(method, {k: v[c] for k, v in trained.items()}, global_params,
-                                                broadcast, state.clients.get(o.cid)).detach().float()
-                             for c, o in rows])
+    values = [hooks.penalty_loss(method, {k: v[c] for k, v in trained.items()}, global_params, broadcast,
+                                 state.clients.get(o.cid), linear_terms=False) for c, o in rows]
+    if all(v is None for v in values):  # linear terms only (SCAFFOLD's correction): no loss value of their own
+        return None
+    device = next(iter(global_params.values())).device
+    penalties = torch.stack([torch.zeros((), device=device) if v is None else v.detach().float() for v in values])
     losses = torch.tensor([o.mean_loss for _, o in rows], dtype=penalties.dtype, device=penalties.device)
     total = penalties + losses
     shares = torch.where(total > 0, penalties / total.clamp_min(torch.finfo(total.dtype).tiny), 0.0)
