@@ -175,7 +175,7 @@ CASES = [
     ("--out path too long", ["run", "{cfg}", "--out", "{tmp}/" + "deep/" * 900], 2, ["bytes long", "PATH_MAX"]),
     ("penalty: a key that is no parameter", ["run", "{cfg}", "--plugin", "{tmp}/penalty_key.py", "--set",
                                              "method.name=pk", "--out", "{tmp}/pk"], 2,
-     ["method 'pk' (Bad in {tmp}/penalty_key.py), hook penalty", "{{parameter name: Quadratic(weight, anchor)}}",
+     ["method 'pk' (Bad in {tmp}/penalty_key.py), hook penalty", "{{parameter name: Quadratic(weight, anchor)",
       "'nope' is not a parameter", "body.1.weight"]),
     ("penalty raises", ["run", "{cfg}", "--plugin", "{tmp}/penalty_raises.py", "--set", "method.name=pr", "--out",
                         "{tmp}/pr"], 2,

@@ -29,32 +29,32 @@ class Hyperparams:
 
 @register
 class DerPP(Method):
-    name = "derpp"
-    about = "DER++: dark experience replay (a stand-in that trains as FedAvg)"
+    name = "myderpp"
+    about = "MyDER++: dark experience replay (a stand-in that trains as FedAvg)"
     Hyperparams = Hyperparams
 '''
 
 TINY = {"stream": {"name": "split-digits", "num_tasks": 2}, "num_clients": 4, "clients_per_round": 2,
         "rounds_per_task": 1, "batch_size": 32, "lr": 0.05, "threads": 1, "wandb": {"mode": "disabled"},
-        "method": {"name": "derpp"}}
+        "method": {"name": "myderpp"}}
 
 
 @pytest.fixture
 def plugin_run(tmp_path, monkeypatch):
     """A run of the plugin's method at its defaults, then the plugin gone (a report process without it)."""
     monkeypatch.setattr(plugins, "LOADED", {})
-    (tmp_path / "derpp.py").write_text(PLUGIN)
+    (tmp_path / "myderpp.py").write_text(PLUGIN)
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(TINY))
     with METHODS.preserved():
-        assert main(["run", str(tmp_path / "tiny.yaml"), "--out", str(tmp_path / "runs" / "derpp"), "--quiet",
-                     "--plugin", str(tmp_path / "derpp.py")]) == 0
-    assert "derpp" not in METHODS
+        assert main(["run", str(tmp_path / "tiny.yaml"), "--out", str(tmp_path / "runs" / "myderpp"), "--quiet",
+                     "--plugin", str(tmp_path / "myderpp.py")]) == 0
+    assert "myderpp" not in METHODS
     return tmp_path / "runs"
 
 
 def fedavg_beside(runs):
     """The plugin run's results as FedAvg's under the same settings (written by hand: no second run)."""
-    results = json.loads((runs / "derpp" / "results.json").read_text())
+    results = json.loads((runs / "myderpp" / "results.json").read_text())
     results.update(method="fedavg", method_info={"fedavg": {"display": "FedAvg", "defaults": {}}})
     results["config"]["method"] = {"name": "fedavg"}
     results["acc_matrix"][0][0] -= 1.0  # the stand-in trains as FedAvg: not FedAvg's matrix (cfl.report.same_as_fedavg)
@@ -63,25 +63,25 @@ def fedavg_beside(runs):
 
 
 def test_a_run_records_its_methods_display_names_and_defaults(plugin_run):
-    results = json.loads((plugin_run / "derpp" / "results.json").read_text())
-    assert results["method_info"] == {"derpp": {"display": "DER++", "defaults": {"alpha": 0.3, "beta": 0.5}}}
-    assert results["display_label"] == "DER++"
-    assert " · DER++ · " in run_title(results)  # figure titles, without the plugin
+    results = json.loads((plugin_run / "myderpp" / "results.json").read_text())
+    assert results["method_info"] == {"myderpp": {"display": "MyDER++", "defaults": {"alpha": 0.3, "beta": 0.5}}}
+    assert results["display_label"] == "MyDER++"
+    assert " · MyDER++ · " in run_title(results)  # figure titles, without the plugin
 
 
 def test_a_report_without_the_plugin_labels_its_rows_and_legends_as_the_sweep_does(plugin_run, capsys):
     fedavg_beside(plugin_run)
     assert main(["report", str(plugin_run)]) == 0
     labels = [r["method"] for r in rows(capsys.readouterr().out)]
-    assert labels == ["fedavg", "derpp"]  # not "derpp method.alpha=0.3 method.beta=0.5"
-    assert sorted(legend_names(group_runs(load_runs([plugin_run])))) == ["DER++", "FedAvg"]
+    assert labels == ["fedavg", "myderpp"]  # not "myderpp method.alpha=0.3 method.beta=0.5"
+    assert sorted(legend_names(group_runs(load_runs([plugin_run])))) == ["FedAvg", "MyDER++"]
 
 
-@pytest.mark.parametrize("name", ["DER++", "derpp", "der++"])
+@pytest.mark.parametrize("name", ["MyDER++", "myderpp", "myder++"])
 def test_order_takes_the_labels_the_table_and_legends_show(plugin_run, capsys, name):
     fedavg_beside(plugin_run)
     assert main(["report", str(plugin_run), "--order", f"{name},FedAvg"]) == 0, capsys.readouterr().err
-    assert [r["method"] for r in rows(capsys.readouterr().out)] == ["derpp", "fedavg"]
+    assert [r["method"] for r in rows(capsys.readouterr().out)] == ["myderpp", "fedavg"]
 
 
 def test_order_takes_a_config_label_alone(tmp_path, capsys):
@@ -95,9 +95,9 @@ def test_order_takes_a_config_label_alone(tmp_path, capsys):
 
 def test_config_reference_lists_a_plugins_parameters(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(plugins, "LOADED", {})
-    (tmp_path / "derpp.py").write_text(PLUGIN)
+    (tmp_path / "myderpp.py").write_text(PLUGIN)
     with METHODS.preserved():
-        assert main(["config-reference", "--plugin", str(tmp_path / "derpp.py")]) == 0
+        assert main(["config-reference", "--plugin", str(tmp_path / "myderpp.py")]) == 0
     out = capsys.readouterr().out
-    assert f"### `derpp` (from --plugin {tmp_path / 'derpp.py'})" in out
+    assert f"### `myderpp` (from --plugin {tmp_path / 'myderpp.py'})" in out
     assert "| `method.alpha` | float | `0.3` | weight of the logit replay |" in out
