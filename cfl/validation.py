@@ -23,6 +23,7 @@ from cfl.cross_checks import (
 )
 from cfl.data.partition import PARTITIONERS
 from cfl.data.streams import STREAMS
+from cfl.drawable import check_label
 from cfl.ignored_keys import check_ignored_keys
 from cfl.methods import METHODS
 from cfl.models import MODELS
@@ -30,7 +31,6 @@ from cfl.ops.aggregate import AGGREGATORS
 from cfl.ops.losses import LOSSES
 from cfl.precision_setting import parse_precision
 from cfl.pretrained.loaded import check_backbone
-from cfl.report.drawable import check_label
 from cfl.schedules import build_plan, check_methods_schedule, check_plan, check_schedule_keys
 from cfl.schema import ConfigError, build, refuse_nonfinite, to_dict
 
@@ -175,7 +175,8 @@ def _validate_names(cfg: Config) -> Config:
     check_model_family(cfg)
     check_model_fits(cfg)
     check_model_buffers(cfg)
-    check_backbone(cfg)  # a weights file checked and loaded (model.weights), before any data
+    trains = {s["name"]: METHODS[s["name"]].model_train for s in [method, *plugins] if s["name"] in METHODS}
+    check_backbone(cfg, trains)  # a weights file checked and loaded (model.weights), before any data
     return cfg
 
 

@@ -57,6 +57,7 @@ def test_codap_model_trains_components_keys_attention_and_head_only():
 def test_components_without_codap_and_codap_without_components_are_refused():
     from types import SimpleNamespace
 
+    from cfl.methods import METHODS
     from cfl.pretrained.loaded import check_method_train
     from cfl.schema import ConfigError
 
@@ -64,7 +65,7 @@ def test_components_without_codap_and_codap_without_components_are_refused():
         return SimpleNamespace(model=SimpleNamespace(train=train), method={"name": method}, plugins=[])
 
     with pytest.raises(ConfigError, match="components trains CODA-P.s prompt components; use method codap"):
-        check_method_train(cfg("components", "fedavg"))
+        check_method_train(cfg("components", "fedavg"), {n: METHODS[n].model_train for n in ("fedavg",)})
     with pytest.raises(ConfigError, match="method codap needs model.train: components"):
-        check_method_train(cfg("prompts", "codap"))
-    check_method_train(cfg("components", "codap"))
+        check_method_train(cfg("prompts", "codap"), {n: METHODS[n].model_train for n in ("codap",)})
+    check_method_train(cfg("components", "codap"), {n: METHODS[n].model_train for n in ("codap",)})

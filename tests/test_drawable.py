@@ -1,6 +1,6 @@
 """Labels and sizes matplotlib cannot draw are refused before any work; a figure that fails anyway costs a run
 its figure only, never its results; report options and results that would be used silently are refused
-(issue 37, item 10; cfl/report/drawable.py)."""
+(issue 37, item 10; cfl/drawable.py)."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def test_a_label_matplotlib_or_latex_cannot_take_is_refused_before_any_work(labe
 
 
 def test_labels_matplotlib_draws_pass() -> None:
-    from cfl.report.drawable import check_label
+    from cfl.drawable import check_label
 
     for label in ("FedAvg", r"EWC $\lambda=10^3$", "costs $5", r"\$5 and $x$", r"$\alpha$ vs $\beta$"):
         check_label(label, "'label'")

@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from cfl.engine.hooks import penalty_loss
+from cfl.heads import SharedHead
 from cfl.methods import METHODS
 from cfl.methods.base import ClientData, RunInfo
 from cfl.methods.ewc import EWC, EWCHyperparams
 from cfl.metrics.results import method_stats
-from cfl.models.heads import SharedHead
 from cfl.models.mlp import MLP
 from cfl.ops.fisher import diagonal_fisher
 from cfl.records.client_states import MethodState

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from cfl.engine.hooks import penalty_loss
+from cfl.heads import SharedHead
 from cfl.methods.base import ClientData, RunInfo
 from cfl.methods.mas import MAS, MASHyperparams
-from cfl.models.heads import SharedHead
 from cfl.models.mlp import MLP
 from cfl.ops.fisher import output_norm_importance
 from cfl.ops.fisher_linear import linear_layers

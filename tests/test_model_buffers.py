@@ -19,9 +19,9 @@ from cfl.engine import checkpoint
 from cfl.engine.jobs import Hyper, client_schedule
 from cfl.engine.local_sequential import train_sequential
 from cfl.engine.runner import Runner
+from cfl.heads import make_head
 from cfl.models import MODELS, ModelShape
 from cfl.models.buffers import load_global_model, running_stats
-from cfl.models.heads import make_head
 from cfl.schema import ConfigError
 from cfl.validation import from_dict
 from tests.conftest import make_stream

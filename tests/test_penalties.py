@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from cfl.engine.hooks import penalty_loss, penalty_terms
-from cfl.engine.runner import Runner, broadcast_of
+from cfl.engine.runner import Runner
+from cfl.engine.server_state import broadcast_of
 from cfl.engine.stacking import stack_states
 from cfl.methods import METHODS
 from cfl.methods.base import Method

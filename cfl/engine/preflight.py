@@ -30,8 +30,9 @@ from cfl.engine.jobs import ClientJob, Plugins, limit_epochs
 from cfl.engine.local_batched import train_batched
 from cfl.engine.local_sequential import train_sequential
 from cfl.engine.path import trainer_kind
-from cfl.engine.runner import Runner, broadcast_of, plain_server
+from cfl.engine.runner import Runner
 from cfl.engine.server import transformed, updated
+from cfl.engine.server_state import broadcast_of, plain_server
 from cfl.engine.step_hooks import StepStage, as_batch, gradient_function, takes_steps
 from cfl.methods.base import Method, Samples, overrides
 from cfl.methods.hook_guard import guarded

@@ -20,14 +20,11 @@ from torch import nn
 from cfl.config import Config
 from cfl.data.stream import Stream
 from cfl.engine import penalty_share
-from cfl.engine.checkpoint import CheckpointError, check_plain
 from cfl.engine.client_params import ClientParams
 from cfl.engine.global_model import global_model
 from cfl.engine.hook_rules import (
     AFTER_SERVER_STEP,
     BEFORE_TASK_END,
-    PLAIN_STATE,
-    check_bytes,
     check_none,
     check_some_params,
     check_upload,
@@ -41,6 +38,7 @@ from cfl.engine.path import choose_path, trainer_kind
 from cfl.engine.schedule import Schedule, sample_clients
 from cfl.engine.scheduled import ScheduledRounds, run_scheduled, task_end_draws
 from cfl.engine.server import NonFiniteError, Server
+from cfl.engine.server_state import broadcast_of, payload_size, plain_server
 from cfl.engine.state_stores import build_stores, sizing_of
 from cfl.engine.task_start import ScheduledTaskStarts, TaskStarts
 from cfl.methods import METHODS
@@ -55,7 +53,7 @@ from cfl.methods.base import (
     overrides,
     takes_part_at_task_end,
 )
-from cfl.methods.hook_guard import VMAPPED_HOOKS, BrokenRule, guarded
+from cfl.methods.hook_guard import VMAPPED_HOOKS, guarded
 from cfl.metrics import client_forgetting
 from cfl.metrics.evaluate import accuracy, class_counts, per_class_percent
 from cfl.metrics.matrix import empty_matrix
@@ -516,28 +514,3 @@ def built(cls: type[Method], hparams: Any, run_info: RunInfo) -> Method:
     """``cls(hparams, run_info)``; what its ``__init__`` raises names the method and its file."""
     with guarded(cls, "__init__"):
         return cls(hparams, run_info)
-
-
-def plain_server(method: Method, hook: str, server: State) -> None:
-    """Refuse a server state that ``method.hook`` left unfit for a checkpoint (a function, a module, a numpy array:
-    :func:`cfl.engine.checkpoint.check_plain`), naming the hook, before the next checkpoint would fail on it."""
-    try:
-        check_plain(server, "server")
-    except CheckpointError as err:
-        with guarded(method, hook):
-            raise BrokenRule(f"{PLAIN_STATE}; {str(err).split(';')[0]}") from None
-
-
-def broadcast_of(method: Method, event: str, server: State) -> State:
-    """The server-state keys ``method`` declares it sends at ``event`` (those the server holds)."""
-    return {k: server[k] for k in method.broadcast.get(event, ()) if k in server}
-
-
-def payload_size(method: Method, kind: str, payload: State) -> int:
-    """Bytes of one payload of ``method``: its ``payload_bytes`` where it counts them, else every tensor's."""
-    if overrides(method, "payload_bytes") and payload:
-        with guarded(method, "payload_bytes"):
-            size = method.payload_bytes(kind, payload)
-            if size is not None:
-                return check_bytes(size)
-    return nbytes(payload)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -36,6 +36,7 @@ from cfl.data.partition import partition
 from cfl.data.stream import Stream
 from cfl.engine.jobs import ClientJob, derive_seed
 from cfl.engine.schedule import sample_clients
+from cfl.engine.server_state import broadcast_of, payload_size, plain_server
 from cfl.methods.base import ClientData, overrides, takes_part_at_task_end
 from cfl.methods.hook_guard import guarded
 from cfl.metrics.evaluate import accuracy
@@ -45,8 +46,8 @@ from cfl.records.snapshot import Progress
 from cfl.schedules import Plan, check_plan
 from cfl.schema import ConfigError
 
-if TYPE_CHECKING:
-    from cfl.engine.runner import Runner
+#: the run's cfl.engine.runner.Runner, which calls into this module (so not imported here: no import circle)
+Runner = Any
 
 #: the derived seed stream of a scheduled round's client sample (the synchronous one keys (task, round))
 _SAMPLE_SALT = 0x5C11E
@@ -163,7 +164,6 @@ def client_task_ends(runner: Runner, switched: list[tuple[int, int]]) -> None:
     task it leaves, at the current global model; a method's own draw: its drawn clients only), then, per task
     left, its ``server_end("task_end")`` with their uploads, or (``server_task_end: last_holder``) the uploads held
     in its server state until the task's last holder has left it (:func:`server_task_ends`)."""
-    from cfl.engine.runner import broadcast_of, payload_size, plain_server
 
     rows = runner.scheduled.rows
     for i, (m, st) in enumerate(zip(runner.methods, runner.states, strict=True)):
@@ -195,7 +195,6 @@ def server_task_ends(runner: Runner, tasks: list[int], rnd: int) -> None:
     """For each task whose last holder has just left it (after global round ``rnd``): every method's
     ``before_task_end`` on the global model (``classes``: those of every task all of whose holders have left it
     by now), then a ``last_holder`` method's ``server_end("task_end")`` with the uploads held for the task."""
-    from cfl.engine.runner import plain_server
 
     left = [t for t, r in runner.plan.last_left().items() if r <= rnd]
     classes = torch.tensor(sorted({c for t in left for c in runner.stream.tasks[t].classes}), dtype=torch.long)

@@ -44,8 +44,8 @@ from cfl.engine import local_optim
 from cfl.engine.hooks import precondition
 from cfl.engine.jobs import Hyper
 from cfl.engine.precision import LOW, Bf16Weights, to_float
+from cfl.heads import MultiHead, SharedHead
 from cfl.models.dropout import Dropout
-from cfl.models.heads import MultiHead, SharedHead
 from cfl.precision_setting import is_mixed
 from cfl.tensors import Params
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from cfl.models.heads import make_head
+from cfl.heads import make_head
 
 
 class FeatureHead(nn.Module):

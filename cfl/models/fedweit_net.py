@@ -13,7 +13,7 @@ Both enter the forward detached, so no gradient reaches them (an optimiser's wei
 :data:`FROZEN`).
 
 A batch may mix tasks: the weight of every task present in the batch is composed and each sample takes its own
-task's output (as :class:`cfl.models.heads.MultiHead`), at a plain layer's cost times the number of tasks present
+task's output (as :class:`cfl.heads.MultiHead`), at a plain layer's cost times the number of tasks present
 (one in local training: FedWeIT replays nothing). In eval mode ``A`` is pruned at
 ``|A| > prune`` (the official code's evaluation, ``modules/layers.py``: its L1 weight 1e-3) and the gated mask at
 ``> prune_mask`` (0 there).
@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cfl.heads import MultiHead
 from cfl.models.fedweit_weight import decomposed_weight, gate, hard_threshold, knowledge_sum
-from cfl.models.heads import MultiHead
 
 #: parameter names of a decomposed layer that the server averages; every other one stays with its client
 SHARED = ("base",)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from cfl.models.heads import MultiHead
+from cfl.heads import MultiHead
 
 
 def protected_layers(model: nn.Module) -> dict[str, str]:

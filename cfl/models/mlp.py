@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from cfl.heads import make_head
 from cfl.models.dropout import Dropout
-from cfl.models.heads import make_head
 
 
 class MLP(nn.Module):

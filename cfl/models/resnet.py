@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cfl.models.heads import make_head
+from cfl.heads import make_head
 
 #: ``batch_norm`` values: none, batch statistics only, or running statistics
 BATCH_NORMS = ("none", "batch", "running")

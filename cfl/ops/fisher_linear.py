@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from cfl.models.heads import MultiHead
+from cfl.heads import MultiHead
 from cfl.tensors import Params
 
 

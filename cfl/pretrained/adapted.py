@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from cfl.models.heads import make_head
+from cfl.heads import make_head
 from cfl.pretrained.coda_prompt import ComponentPrompt
 from cfl.pretrained.lora import LoRALinear
 from cfl.pretrained.preprocessing import MODES

@@ -100,28 +100,27 @@ def check_adapter_keys(model: Any) -> None:
                           f"(model.prompt_pool {model.prompt_pool}); lower prompt_top_k or raise prompt_pool")
 
 
-def check_method_train(cfg: Any) -> None:
-    """Each method's ``model_train`` against ``model.train``; the prompt pool's keys train only through L2P's
-    surrogate loss, so ``model.train: prompts`` needs a method that declares it."""
-    from cfl.methods import METHODS
-
+def check_method_train(cfg: Any, trains: dict[str, str]) -> None:
+    """Each method's ``model_train`` (``trains``: method name -> its ``Method.model_train``, "" for any) against
+    ``model.train``; the prompt pool's keys train only through L2P's surrogate loss, so ``model.train: prompts``
+    needs a method that declares it."""
     names = [cfg.method["name"], *[p["name"] for p in cfg.plugins]]
     train = cfg.model.train
     for name in names:
-        needed = METHODS[name].model_train if name in METHODS else ""
+        needed = trains.get(name, "")
         if needed and needed != train:
             raise ConfigError(f"method {name} needs model.train: {needed}; the config has model.train: {train}")
-    if train == "prompts" and not any(name in METHODS and METHODS[name].model_train == "prompts" for name in names):
+    if train == "prompts" and not any(trains.get(name) == "prompts" for name in names):
         raise ConfigError("model.train: prompts trains a prompt pool whose keys learn only from a prompt method's "
                           "key-query loss; use method l2p (or set model.train: lora, all or head)")
-    if train == "components" and not any(name in METHODS and METHODS[name].model_train == train for name in names):
+    if train == "components" and not any(trains.get(name) == train for name in names):
         raise ConfigError("model.train: components trains CODA-P's prompt components; use method codap (or set "
                           "model.train: prompts, lora, all or head)")
 
 
-def check_backbone(cfg: Any) -> None:
+def check_backbone(cfg: Any, trains: dict[str, str]) -> None:
     """The ``model.weights`` keys against the model: a pretrained backbone needs weights (a file, checked and
-    loaded here, or random); other models take none."""
+    loaded here, or random); other models take none. ``trains``: :func:`check_method_train`'s."""
     model = cfg.model
     if not is_backbone(model.name):
         given = [k for k in ("weights", "weights_sha256", "image_size") if getattr(model, k) is not None]
@@ -144,7 +143,7 @@ def check_backbone(cfg: Any) -> None:
                           f".npz; docs/pretrained.md says how to get one) or 'random' (an untrained backbone, for "
                           f"testing the mechanics only; flagged in every output)")
     check_adapter_keys(model)
-    check_method_train(cfg)
+    check_method_train(cfg, trains)
     if model.weights_sha256 is not None and (len(model.weights_sha256) != 64
                                              or any(c not in "0123456789abcdefABCDEF" for c in model.weights_sha256)):
         raise ConfigError(f"'model.weights_sha256' must be 64 hex digits (sha256sum's output), got "

@@ -28,6 +28,7 @@ from typing import Any
 
 from matplotlib.lines import Line2D
 
+from cfl.drawable import drawn as figure
 from cfl.report.compare_data import (
     Row,
     Series,
@@ -38,7 +39,6 @@ from cfl.report.compare_data import (
     task_layout,
     write_csv,
 )
-from cfl.report.drawable import drawn as figure
 from cfl.report.figure_style import FigureOptions, Look, fitted_range, looks
 from cfl.report.files import check_writable
 from cfl.report.groups import Group, group_runs, load_runs
@@ -301,7 +301,7 @@ def write_comparison(groups: list[Group], out_dir: Path, options: FigureOptions 
                      failed: list[str] | None = None) -> list[Path]:
     """The comparison figures and their CSVs in ``out_dir`` (created); returns the files written (PNGs and
     CSVs; the PDF or SVG copies lie beside the PNGs). Every CSV is written; a figure that fails is named on stderr
-    and in ``failed`` (:func:`cfl.report.drawable.drawn`) and the others are drawn."""
+    and in ``failed`` (:func:`cfl.drawable.drawn`) and the others are drawn."""
     options = options or FigureOptions()
     drawn = chosen(groups, options)
     out_dir.mkdir(parents=True, exist_ok=True)

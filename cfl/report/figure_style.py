@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from cfl.report.drawable import check_label, check_size
+from cfl.drawable import check_label, check_size
 from cfl.schema import ConfigError
 
 #: twelve filled markers, each distinct in shape
@@ -122,7 +122,7 @@ def parse_pair(value: Any, where: str, positive: bool = False) -> tuple[float, f
 
 
 def parse_size(value: Any, where: str) -> tuple[float, float]:
-    """A figure's width and height in inches, each within :data:`cfl.report.drawable.SIZE_INCHES`."""
+    """A figure's width and height in inches, each within :data:`cfl.drawable.SIZE_INCHES`."""
     width, height = parse_pair(value, where, positive=True)
     check_size(width, height, where)
     return width, height

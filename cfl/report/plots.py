@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from cfl.report.drawable import PNG_DPI, drawn  # noqa: E402
+from cfl.drawable import PNG_DPI, drawn  # noqa: E402
 from cfl.report.figure_style import FigureOptions, fitted_range, looks  # noqa: E402
 from cfl.report.labels import run_title  # noqa: E402
 
@@ -140,7 +140,7 @@ def plot_task_curves(evaluations: list[dict[str, Any]], rounds_per_task: int, nu
 def write_plots(results: dict[str, Any], evaluations: list[dict[str, Any]], rounds_per_task: int,
                 out_dir: Path, failed: list[str] | None = None) -> list[Path]:
     """The run's PNGs (:data:`PLOT_FILES`) in ``out_dir`` that could be drawn (one that fails is named on stderr
-    and in ``failed``, and the others are still drawn: :func:`cfl.report.drawable.drawn`); none for a run that
+    and in ``failed``, and the others are still drawn: :func:`cfl.drawable.drawn`); none for a run that
     finished no task."""
     if results["acc"] is None:
         return []
