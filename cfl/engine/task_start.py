@@ -68,22 +68,26 @@ class TaskStarts:
 
     def payload(self, i: int, server: State) -> State:
         """Method ``i``'s ``"task_start"`` keys (those the server holds), refused if changed during the task."""
-        method = self.methods[i]
-        keys = method.broadcast.get("task_start", ())
-        payload = {k: server[k] for k in keys if k in server}
-        if not keys:
-            return payload
-        now = _fingerprint(payload, "")
-        before = self._prints.setdefault(i, now)
-        changed = _changed(before, now)
-        if changed:
-            with guarded(method, "broadcast"):
-                raise BrokenRule(
-                    f"the server-state key(s) {', '.join(p.lstrip('.') for p in changed)} listed under "
-                    f"broadcast['task_start'] changed during task {self._task} (0-based), after the task's first "
-                    "round sent them: the clients keep what they downloaded first; change these keys only at a "
-                    "task end (before_task_end, server_end('task_end')), or list them under 'round'")
+        return unchanged_payload(self.methods[i], server, self._prints, i,
+                                 f"changed during task {self._task} (0-based), after the task's first round sent "
+                                 "them: the clients keep what they downloaded first")
+
+
+def unchanged_payload(method: Method, server: State, prints: dict[int, Any], i: int, changed_when: str) -> State:
+    """Method ``i``'s ``"task_start"`` keys (those the server holds), refused (naming ``changed_when``) where they
+    differ from what ``prints`` recorded when they were last sent; ``prints`` then holds them."""
+    payload = {k: server[k] for k in method.broadcast.get("task_start", ()) if k in server}
+    if not method.broadcast.get("task_start"):
         return payload
+    now = _fingerprint(payload, "")
+    changed = _changed(prints.setdefault(i, now), now)
+    if changed:
+        with guarded(method, "broadcast"):
+            raise BrokenRule(f"the server-state key(s) {', '.join(p.lstrip('.') for p in changed)} listed under "
+                             f"broadcast['task_start'] {changed_when}; change these keys only at a task end "
+                             "(before_task_end, server_end('task_end')), or list them under 'round'")
+    prints[i] = now
+    return payload
 
 
 class ScheduledTaskStarts:
@@ -150,19 +154,6 @@ class ScheduledTaskStarts:
 
     def payload(self, i: int, server: State) -> State:
         """Method ``i``'s ``"task_start"`` keys, refused if a round (not a task end) changed them."""
-        method = self.methods[i]
-        payload = self._keys(i, server)
-        if not method.broadcast.get("task_start"):
-            return payload
-        now = _fingerprint(payload, "")
-        before = self._prints.setdefault(i, now)
-        changed = _changed(before, now)
-        if changed:
-            with guarded(method, "broadcast"):
-                raise BrokenRule(
-                    f"the server-state key(s) {', '.join(p.lstrip('.') for p in changed)} listed under "
-                    "broadcast['task_start'] changed in a round: under a schedule the clients are sent them at their "
-                    "task starts and again after each task end that changed them; change these keys only at a task "
-                    "end (before_task_end, server_end('task_end')), or list them under 'round'")
-        self._prints[i] = now
-        return payload
+        return unchanged_payload(self.methods[i], server, self._prints, i,
+                                 "changed in a round: under a schedule the clients are sent them at their task "
+                                 "starts and again after each task end that changed them")
