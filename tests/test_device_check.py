@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_dry_device_check_runs_every_step_and_leaves_its_files(tmp_path: Path) -> None:
-    env = {**os.environ, "OUT": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OUT": str(tmp_path), "OMP_NUM_THREADS": "1", "PYTHON": sys.executable}
     proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "device_check.sh"), "--dry"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
