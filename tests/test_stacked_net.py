@@ -146,7 +146,9 @@ def test_a_kept_workspace_is_reused_and_changes_no_result():
     first = {k: v.clone() for k, v in trainer(model, params, jobs, x, y, 0, hp, plugins)[0].items()}
     pointers = {k: v.data_ptr() for k, v in trainer.workspace.items()}
     second, _ = trainer(model, params, jobs, x, y, 0, hp, plugins)
-    assert {k: v.data_ptr() for k, v in second.items()} == pointers  # the same buffers, overwritten
+    assert {k: v.data_ptr() for k, v in second.items()} == {k: pointers[k] for k in second}  # overwritten
+    assert {k: v.data_ptr() for k, v in trainer.workspace.items()} == pointers  # the step's scratch buffers too
+    assert any(k.startswith("scratch:") for k in pointers)
     for k in fresh:
         assert torch.equal(fresh[k], first[k]) and torch.equal(first[k], second[k]), k
 

@@ -1,0 +1,37 @@
+"""The stacked path's weighted cross-entropy in three dispatched operators a step (against twenty for
+``weighted_mean(masked_cross_entropy(...))`` and its autograd backward): a launch-bound GPU round pays per
+operator (``docs/performance.md``, "Kernels and host reads per round").
+
+Each client's loss is ``sum_b w_b * -log p(y_b | x_b) / sum_b w_b`` (:func:`cfl.ops.losses.weighted_mean`
+of the per-sample cross-entropy). Both the label pick and the weighting are one tensor of targets
+``T[c, b, k] = -[k = y_b] * w_b / sum w`` (:func:`loss_targets`, built once a round for the whole
+schedule), so the loss is one product ``<log_softmax(logits), T>`` per client and the gradient of the clients'
+summed losses with respect to the log-probabilities is ``T`` itself: three operators, autograd taking over
+from the logits. The gradients equal the
+autograd ones bit for bit (the same ``-w / sum w`` values into the same ``log_softmax`` backward); the
+loss's value is summed in another order (float rounding, ~1e-7 relative), and a weight-0 (padding) sample
+whose log-probability is infinite makes the loss NaN where ``weighted_mean`` dropped it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def loss_targets(y: torch.Tensor, weight: torch.Tensor, classes: int) -> torch.Tensor:
+    """``(..., B, classes)`` targets of labels ``y`` and sample weights ``weight`` ``(..., B)``: ``-w_b / sum w``
+    (the sum clamped at 1e-12, as :func:`cfl.ops.losses.weighted_mean`) at each sample's label, 0 elsewhere."""
+    share = weight * torch.reciprocal(weight.sum(-1, keepdim=True).clamp(min=1e-12))
+    targets = torch.zeros((*y.shape, classes), dtype=weight.dtype, device=weight.device)
+    return targets.scatter_(-1, y.unsqueeze(-1), share.neg_().unsqueeze(-1))
+
+
+def weighted_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Per-client losses of logits ``(n, B, K)`` against :func:`loss_targets` ``(n, B, K)``, written into ``out``
+    ``(n,)`` (a row of the round's losses: contiguous); returns the gradient of their sum with respect to the
+    logits (``log_softmax``'s backward of ``targets``), to back-propagate from the logits on."""
+    with torch.no_grad():
+        n = logits.shape[0]
+        logp = torch.log_softmax(logits, -1)
+        torch.bmm(logp.view(n, 1, -1), targets.reshape(n, -1, 1), out=out.view(n, 1, 1))
+        return torch._log_softmax_backward_data(targets, logp, -1, logp.dtype)

@@ -1,0 +1,36 @@
+"""cfl/engine/stacked_loss.py: the stacked path's weighted cross-entropy in three operators, its targets by
+hand, its gradient bit for bit the autograd one of ``weighted_mean(masked_cross_entropy(...))``."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from cfl.engine.stacked_loss import loss_targets, weighted_cross_entropy
+from cfl.ops.losses import masked_cross_entropy, weighted_mean
+
+
+def test_targets_hold_minus_the_weight_share_at_each_label() -> None:
+    y = torch.tensor([[1, 0, 2]])
+    w = torch.tensor([[1.0, 1.0, 0.0]])  # the third sample is padding
+    expected = torch.tensor([[[0.0, -0.5, 0.0], [-0.5, 0.0, 0.0], [0.0, 0.0, 0.0]]])
+    assert torch.equal(loss_targets(y, w, 3), expected)
+
+
+def test_loss_by_hand_and_gradient_equal_autograd_bit_for_bit() -> None:
+    logits = torch.tensor([[[0.0, math.log(3.0)], [0.0, 0.0]]], requires_grad=True)  # p = (1/4, 3/4), (1/2, 1/2)
+    y, w = torch.tensor([[1, 0]]), torch.tensor([[1.0, 1.0]])
+    out = torch.zeros(1)
+    grad = weighted_cross_entropy(logits, loss_targets(y, w, 2), out)
+    assert torch.allclose(out, torch.tensor([(-math.log(0.75) - math.log(0.5)) / 2]))
+    # d/dlogits of the mean: (softmax - onehot) / 2 per sample
+    assert torch.allclose(grad, torch.tensor([[[0.125, -0.125], [-0.25, 0.25]]]))
+    torch.manual_seed(0)
+    logits = torch.randn(4, 6, 5, requires_grad=True)
+    y, w = torch.randint(0, 5, (4, 6)), (torch.rand(4, 6) > 0.3).float()
+    reference = weighted_mean(masked_cross_entropy(logits, y, None), w)
+    expected, = torch.autograd.grad(reference.sum(), logits)
+    losses = torch.zeros(4)
+    assert torch.equal(weighted_cross_entropy(logits, loss_targets(y, w, 5), losses), expected)
+    assert torch.allclose(losses, reference.detach(), atol=1e-6, rtol=1e-6)  # summed in another order
