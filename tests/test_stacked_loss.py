@@ -34,3 +34,19 @@ def test_loss_by_hand_and_gradient_equal_autograd_bit_for_bit() -> None:
     losses = torch.zeros(4)
     assert torch.equal(weighted_cross_entropy(logits, loss_targets(y, w, 5), losses), expected)
     assert torch.allclose(losses, reference.detach(), atol=1e-6, rtol=1e-6)  # summed in another order
+
+
+def test_classes_outside_the_softmax_leave_the_loss_finite_and_an_excluded_label_infinite() -> None:
+    """TCE and class-incremental: logits masked to -inf outside the allowed classes (was NaN: 0 x -inf)."""
+    allowed = torch.tensor([[True, True, False]])
+    logits = torch.tensor([[[0.0, 0.0, 5.0], [1.0, 2.0, 3.0]]], requires_grad=True)
+    y, w = torch.tensor([[0, 1]]), torch.tensor([[1.0, 0.0]])
+    masked = logits.masked_fill(~allowed.unsqueeze(-2), float("-inf"))
+    reference = weighted_mean(masked_cross_entropy(logits, y, allowed), w)
+    expected, = torch.autograd.grad(reference.sum(), logits)
+    out = torch.zeros(1)
+    grad_masked = weighted_cross_entropy(masked, loss_targets(y, w, 3), out, ~allowed.unsqueeze(-2))
+    got, = torch.autograd.grad(masked, logits, grad_masked)
+    assert torch.allclose(out, torch.tensor([math.log(2.0)])) and torch.equal(got, expected)
+    weighted_cross_entropy(masked, loss_targets(torch.tensor([[2, 1]]), w, 3), out, ~allowed.unsqueeze(-2))
+    assert out.item() == float("inf")

@@ -346,7 +346,8 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
                 if targets is None:  # the round's, once: (S, C, B, classes)
                     targets = loss_targets(labels, weight, logits.shape[-1])
                 step_targets = targets[s, :n]
-            grad_logits = weighted_cross_entropy(logits, step_targets, losses[s, :n])
+            grad_logits = weighted_cross_entropy(logits, step_targets, losses[s, :n],
+                                                 None if excluded is None else excluded[:n])
             stacked.backward_and_step(logits, params, token, step_penalty, grad_logits)
             continue
         else:

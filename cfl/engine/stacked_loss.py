@@ -26,12 +26,17 @@ def loss_targets(y: torch.Tensor, weight: torch.Tensor, classes: int) -> torch.T
     return targets.scatter_(-1, y.unsqueeze(-1), share.neg_().unsqueeze(-1))
 
 
-def weighted_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def weighted_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, out: torch.Tensor,
+                           excluded: torch.Tensor | None = None) -> torch.Tensor:
     """Per-client losses of logits ``(n, B, K)`` against :func:`loss_targets` ``(n, B, K)``, written into ``out``
     ``(n,)`` (a row of the round's losses: contiguous); returns the gradient of their sum with respect to the
-    logits (``log_softmax``'s backward of ``targets``), to back-propagate from the logits on."""
+    logits (``log_softmax``'s backward of ``targets``), to back-propagate from the logits on. ``excluded``:
+    where the logits were masked to -inf (classes outside a client's softmax, ``(n, 1, K)``): their
+    log-probabilities, -inf against 0 targets, leave the product (an excluded label still gives an infinite
+    loss, as in :func:`cfl.ops.losses.masked_cross_entropy`)."""
     with torch.no_grad():
         n = logits.shape[0]
         logp = torch.log_softmax(logits, -1)
-        torch.bmm(logp.view(n, 1, -1), targets.reshape(n, -1, 1), out=out.view(n, 1, 1))
+        picked = logp if excluded is None else logp.masked_fill(excluded & (targets == 0), 0.0)
+        torch.bmm(picked.view(n, 1, -1), targets.reshape(n, -1, 1), out=out.view(n, 1, 1))
         return torch._log_softmax_backward_data(targets, logp, -1, logp.dtype)

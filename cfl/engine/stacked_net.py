@@ -308,10 +308,15 @@ class StackedNet:
             if a is None:  # linear terms only (SCAFFOLD's correction): p + lr/decay * B
                 steps[k] = (None, torch.mul(b, coeff).reshape(_client_first(b, dims)))
                 continue
-            m = torch.mul(a, -coeff).add_(1.0)
-            n = None if b is None else torch.mul(b, coeff)
+            # into kept buffers: two fresh (C, ...) tensors a parameter a round cost page faults (EWC: ~300 MB)
+            m = torch.mul(a, -coeff, out=self._kept(f"{k}.penalty_m", a)).add_(1.0)
+            n = None if b is None else torch.mul(b, coeff, out=self._kept(f"{k}.penalty_n", b))
             steps[k] = (m.reshape(_client_first(m, dims)), None if n is None else n.reshape(_client_first(n, dims)))
         return steps
+
+    def _kept(self, key: str, like: torch.Tensor) -> torch.Tensor | None:
+        """A scratch buffer shaped as ``like`` (None before :meth:`stack`: a fresh tensor then)."""
+        return None if self.scratch is None else self.scratch.get(key, tuple(like.shape), like.dtype, like.device)
 
     def forward(self, params: Params, x: torch.Tensor, task: torch.Tensor, token: torch.Tensor,
                 penalty: dict[str, PenaltyStep] | None = None) -> torch.Tensor:
