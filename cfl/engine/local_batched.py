@@ -298,8 +298,8 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
     x_buffer = torch.empty(x_shape, dtype=x.dtype, device=device) if stacked is None else \
         stacked.scratch.get("x", x_shape, x.dtype, device)
     labels = y[index]  # (S, C, B): every step's labels in one operator
-    if stacked is not None:  # the step's losses land in a row each; their sums and finiteness are read at the end
-        losses = torch.zeros(index.shape[0], C, device=device)
+    if stacked is not None:  # the steps' losses, (S, C): their sums and finiteness are read at the end
+        losses = torch.zeros(index.shape[0], C, device=device) if replaying else None
         targets, excluded = None, None if allowed is None else ~allowed.unsqueeze(-2)
     else:
         loss_sum = torch.zeros(C, device=device)
@@ -340,14 +340,15 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
             logits = stacked.forward(params, xb, tb, token, step_penalty)
             if excluded is not None:
                 logits = logits.masked_fill(excluded[:n], float("-inf"))
-            if extras and any(e is not None for e in extras):  # the step's own widths: targets of this step
+            step_excluded = None if excluded is None else excluded[:n]
+            if replaying:  # the step's own widths: targets of this step, its losses summed now
                 step_targets = loss_targets(yb, wb, logits.shape[-1])
-            else:
-                if targets is None:  # the round's, once: (S, C, B, classes)
+                grad_logits = weighted_cross_entropy(logits, step_targets, step_excluded)
+                torch.sum(step_targets.view(n, -1), -1, out=losses[s, :n])
+            else:  # the round's targets, once (S, C, B, classes); their sums are the losses, read at the end
+                if targets is None:
                     targets = loss_targets(labels, weight, logits.shape[-1])
-                step_targets = targets[s, :n]
-            grad_logits = weighted_cross_entropy(logits, step_targets, losses[s, :n],
-                                                 None if excluded is None else excluded[:n])
+                grad_logits = weighted_cross_entropy(logits, targets[s, :n], step_excluded)
             stacked.backward_and_step(logits, params, token, step_penalty, grad_logits)
             continue
         else:
@@ -381,6 +382,10 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
                 carry_on(stage, s, n, params, grads, before, drawn, carry, step_data, keys)
     carries = [{i: leaf_row(ci, c, starts[c][i]) for i, ci in carry.items()} for c in range(C)]
     if stacked is not None:  # a loss is >= 0 or NaN: finite where below infinity
+        if targets is not None:
+            losses = targets.flatten(2).sum(-1)
+        elif losses is None:  # no step at all
+            losses = torch.zeros(index.shape[0], C, device=device)
         loss_sum, finite = losses.sum(0), (losses < float("inf")).all(0)
     mean_loss = (loss_sum / steps_left).tolist()
     finite_list = finite.tolist()
