@@ -146,7 +146,9 @@ def test_a_kept_workspace_is_reused_and_changes_no_result():
     first = {k: v.clone() for k, v in trainer(model, params, jobs, x, y, 0, hp, plugins)[0].items()}
     pointers = {k: v.data_ptr() for k, v in trainer.workspace.items()}
     second, _ = trainer(model, params, jobs, x, y, 0, hp, plugins)
-    assert {k: v.data_ptr() for k, v in second.items()} == pointers  # the same buffers, overwritten
+    assert {k: v.data_ptr() for k, v in second.items()} == {k: pointers[k] for k in second}  # overwritten
+    assert {k: v.data_ptr() for k, v in trainer.workspace.items()} == pointers  # the step's scratch buffers too
+    assert any(k.startswith("scratch:") for k in pointers)
     for k in fresh:
         assert torch.equal(fresh[k], first[k]) and torch.equal(first[k], second[k]), k
 
@@ -290,3 +292,29 @@ def test_bf16_mixed_stacked_path_matches_vmap_path_within_bfloat16_rounding(mode
     assert update_error(fast, ref, start) < 0.25
     assert [o.mean_loss for o in fast_out] == pytest.approx([o.mean_loss for o in ref_out], rel=0.02)
     assert update_error(fast, full, start) > 1e-4  # float32 products would agree to ~1e-6
+
+
+def test_one_dropout_draw_for_all_layers_gives_the_per_layer_masks(monkeypatch):
+    """StackedNet._draw_masks draws every layer's noise at once; on the CPU the words, hence the masks and
+    the trained clients, equal one draw per layer (the generator's stream is consumed word by word)."""
+    model = MLP(6, [5, 4], 3, dropouts=[0.2, 0.5])  # 16- and 8-bit noise
+    x, y = torch.randn(40, 6), torch.randint(0, 3, (40,))
+    jobs = [ClientJob(c, part, None, 7 + c) for c, part in enumerate(torch.arange(40).split(10))]
+    hp = Hyper(lr=0.2, momentum=0.0, weight_decay=0.01, local_epochs=1, batch_size=4, path="stacked")
+    plugins = Plugins([FedAvg(None, None)], [MethodState()], [{}])
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    drawn, original = [], StackedNet._draw_masks
+
+    def recorded(net: StackedNet, *args: object) -> None:
+        original(net, *args)
+        drawn.append(sorted(net.scratch.drawn))
+
+    monkeypatch.setattr(StackedNet, "_draw_masks", recorded)
+    torch.manual_seed(5)
+    at_once, _ = local_batched.BatchedTrainer()(model, params, jobs, x, y, 0, hp, plugins)
+    assert drawn and all(names == ["body.1", "body.4"] for names in drawn), drawn[:1]
+    monkeypatch.setattr(StackedNet, "_draw_masks", lambda *_: None)  # each layer draws its own
+    torch.manual_seed(5)
+    per_layer, _ = local_batched.BatchedTrainer()(model, params, jobs, x, y, 0, hp, plugins)
+    for k in at_once:
+        assert torch.equal(at_once[k], per_layer[k]), k

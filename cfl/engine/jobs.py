@@ -79,19 +79,24 @@ def derive_seed(*parts: int) -> int:
     return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(2, dtype=np.uint64)[0] >> 1)
 
 
-def client_schedule(job: ClientJob, hp: Hyper) -> list[torch.Tensor]:
-    """The client's mini-batches (index tensors) for all local epochs, in order.
+def epoch_orders(job: ClientJob, hp: Hyper) -> list[torch.Tensor]:
+    """The positions (into ``job.indices``, CPU) of the samples each local epoch trains on, in order.
 
-    Each epoch is a fresh shuffle from the client's own generator; the last batch may be short. With
-    ``job.steps_per_epoch`` an epoch keeps its first that many batches.
-    """
+    Each epoch is a fresh shuffle from the client's own generator; with ``job.steps_per_epoch`` an epoch
+    keeps the samples of its first that many batches."""
     gen = torch.Generator().manual_seed(job.seed)
     n = len(job.indices)
+    kept = n if job.steps_per_epoch is None else min(n, job.steps_per_epoch * hp.batch_size)
+    return [torch.randperm(n, generator=gen)[:kept] for _ in range(hp.local_epochs)]
+
+
+def client_schedule(job: ClientJob, hp: Hyper) -> list[torch.Tensor]:
+    """The client's mini-batches (index tensors) for all local epochs, in order (:func:`epoch_orders` cut
+    into batches; an epoch's last batch may be short)."""
     steps = []
-    for _ in range(hp.local_epochs):
-        order = job.indices[torch.randperm(n, generator=gen).to(job.indices.device)]
-        batches = [order[i : i + hp.batch_size] for i in range(0, n, hp.batch_size)]
-        steps.extend(batches[: job.steps_per_epoch])
+    for positions in epoch_orders(job, hp):
+        order = job.indices[positions.to(job.indices.device)]
+        steps.extend(order[i : i + hp.batch_size] for i in range(0, len(order), hp.batch_size))
     return steps
 
 

@@ -16,6 +16,7 @@ once per step); see :class:`SGDStep` and ``docs/performance.md``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import accumulate
 
 import torch
 from torch import nn
@@ -32,9 +33,10 @@ from cfl.engine.batched_steps import (
     rewritten,
 )
 from cfl.engine.heap import retain_freed_memory
-from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, client_schedule, replay_generator
+from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, epoch_orders, replay_generator
 from cfl.engine.path import choose_path
 from cfl.engine.precision import autocast, to_float, warn_if_slow
+from cfl.engine.stacked_loss import loss_targets, weighted_cross_entropy
 from cfl.engine.stacked_net import StackedNet
 from cfl.engine.stacking import Batch, client_rows, couples_samples, pad_samples, sample_counts, stack_states
 from cfl.engine.step_hooks import STEP_HOOKS, StepStage, step_key, task_loss_of
@@ -48,20 +50,30 @@ _VMAPPED = tuple(dict.fromkeys((*VMAPPED_HOOKS, *STEP_HOOKS)))
 
 
 def _padded_schedule(jobs: list[ClientJob], hp: Hyper,
-                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(C, S, B) sample indices and 0/1 weights, and the (C, S) real batch sizes (CPU; 0 past a client's
-    last step); short batches are padded with weight 0."""
-    schedules = [client_schedule(job, hp) for job in jobs]
-    steps = max(len(s) for s in schedules)
-    lengths = torch.zeros(len(jobs), steps, dtype=torch.long)
-    for c, schedule in enumerate(schedules):
-        lengths[c, : len(schedule)] = torch.tensor([len(batch) for batch in schedule])
-    used = torch.arange(hp.batch_size) < lengths.unsqueeze(-1)  # (C, S, B): row-major = each client's batches in order
+                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+    """(S, C, B) sample indices and 0/1 weights (step-major, so a step's rows are contiguous), the (C, S)
+    real batch sizes (CPU; 0 past a client's last step) and each client's step count; short batches are
+    padded with weight 0. Built in a fixed number of operators besides the clients' shuffles (one
+    ``randperm`` per client and epoch: :func:`cfl.engine.jobs.epoch_orders`), all on the CPU but the
+    indexing of the clients' sample ids, then moved to ``device`` once."""
+    B = hp.batch_size
+    orders = [epoch_orders(job, hp) for job in jobs]
+    sizes = [[min(B, len(o) - i) for o in client for i in range(0, len(o), B)] for client in orders]
+    client_steps = [len(s) for s in sizes]
+    steps = max(client_steps)
+    lengths = torch.tensor([s + [0] * (steps - len(s)) for s in sizes], dtype=torch.long).view(len(jobs), steps)
+    starts = list(accumulate((len(job.indices) for job in jobs[:-1]), initial=0))
+    ids = torch.cat([job.indices for job in jobs])
+    # each client's positions shifted to its own ids in ``ids``
+    shift = torch.tensor([start for start, client in zip(starts, orders, strict=True) for o in client
+                          for _ in range(len(o))], dtype=torch.long)
+    picked = ids[torch.cat([o for client in orders for o in client]).add_(shift).to(ids.device)]
+    used = torch.arange(B) < lengths.unsqueeze(-1)  # (C, S, B): row-major = each client's batches in order
     # padding repeats the client's own first sample, so one client's data never enters another's graph
-    index = torch.stack([job.indices[:1].expand(steps, hp.batch_size) for job in jobs]).clone()
-    index[used.to(index.device)] = torch.cat([batch for schedule in schedules for batch in schedule])
-    weight = used.to(torch.get_default_dtype())
-    return index.to(device), weight.to(device), lengths
+    index = ids[torch.tensor(starts).to(ids.device)].view(1, -1, 1).expand(steps, len(jobs), B).clone()
+    index.transpose(0, 1)[used.to(index.device)] = picked
+    weight = used.transpose(0, 1).to(torch.get_default_dtype())
+    return index.to(device), weight.to(device), lengths, client_steps
 
 
 class SGDStep:
@@ -251,10 +263,9 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
     C = len(jobs)
     token = torch.zeros((), device=device, requires_grad=True) if stacked is not None else None
     buffers = dict(model.named_buffers())
-    index, weight, sizes = _padded_schedule(jobs, hp, device)
-    client_steps = (sizes > 0).sum(1).tolist()
+    index, weight, sizes, client_steps = _padded_schedule(jobs, hp, device)
     coupled = couples_samples(model)
-    steps_left = torch.tensor(client_steps, device=device)
+    steps_left = torch.tensor([max(k, 1) for k in client_steps], dtype=torch.get_default_dtype(), device=device)
     allowed = _stack_allowed(jobs)
     cids = [job.cid for job in jobs]
     states = [_stacked_states(m, plugins.client_states(i, cids)) for i, m in enumerate(plugins.methods)]
@@ -282,10 +293,17 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
                                     params) if stacked is not None else {}
     # layer preconditioners (RGO), once per round: (C or 1, d, d) per weight, the methods' products in order
     matrices = preconditioners_of(plugins, global_params, states)
-    loss_sum = torch.zeros(C, device=device)
-    finite = torch.ones(C, dtype=torch.bool, device=device)
     task_ids = torch.full((C, hp.batch_size), task, dtype=y.dtype, device=device)
-    x_buffer = torch.empty((C * hp.batch_size, *x.shape[1:]), dtype=x.dtype, device=device)
+    x_shape = (C * hp.batch_size, *x.shape[1:])
+    x_buffer = torch.empty(x_shape, dtype=x.dtype, device=device) if stacked is None else \
+        stacked.scratch.get("x", x_shape, x.dtype, device)
+    labels = y[index]  # (S, C, B): every step's labels in one operator
+    if stacked is not None:  # the steps' losses, (S, C): their sums and finiteness are read at the end
+        losses = torch.zeros(index.shape[0], C, device=device) if replaying else None
+        targets, excluded = None, None if allowed is None else ~allowed.unsqueeze(-2)
+    else:
+        loss_sum = torch.zeros(C, device=device)
+        finite = torch.ones(C, dtype=torch.bool, device=device)
 
     def forward(p: Params, xb: torch.Tensor, tb: torch.Tensor) -> torch.Tensor:
         with autocast(hp.precision, device):  # bf16-mixed: products in bfloat16, the loss on float32 logits
@@ -295,13 +313,13 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
         plain_forward(vmap(forward, randomness="different"))
     model.train()
     full_params = params
-    for s in range(index.shape[1]):
+    for s in range(index.shape[0]):
         n = sum(steps > s for steps in client_steps)  # clients still training: a prefix (sorted by steps)
         params = full_params if n == C else {k: v[:n] for k, v in full_params.items()}
         step_states = states if n == C else [client_rows(st, n) for st in states]
-        rows = index[:n, s].reshape(-1)  # gathered into one buffer per call: no fresh pages each step
+        rows = index[s, :n].reshape(-1)  # gathered into one buffer per call: no fresh pages each step
         xb = torch.index_select(x, 0, rows, out=x_buffer[: rows.numel()]).view(n, -1, *x.shape[1:])
-        yb, wb, tb = y[index[:n, s]], weight[:n, s], task_ids[:n]
+        yb, wb, tb = labels[s, :n], weight[s, :n], task_ids[:n]
         if hp.augment is not None:  # per sample, over the (clients x batch) samples at once
             xb = hp.augment(xb.flatten(0, 1), None).view_as(xb)
         draws = [[hooks.replayed(m, raw[c], generators[c], x, b) for c in range(n)] for m, raw, b in replaying]
@@ -320,8 +338,19 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
             stacked.t = s + 1 if kept is None else kept[1][:n] + (s + 1)
             stacked.preconditioners = step_matrices
             logits = stacked.forward(params, xb, tb, token, step_penalty)
-            cross_entropy = weighted_mean(masked_cross_entropy(logits, yb, step_allowed), wb)
-            per_client = cross_entropy
+            if excluded is not None:
+                logits = logits.masked_fill(excluded[:n], float("-inf"))
+            step_excluded = None if excluded is None else excluded[:n]
+            if replaying:  # the step's own widths: targets of this step, its losses summed now
+                step_targets = loss_targets(yb, wb, logits.shape[-1])
+                grad_logits = weighted_cross_entropy(logits, step_targets, step_excluded)
+                torch.sum(step_targets.view(n, -1), -1, out=losses[s, :n])
+            else:  # the round's targets, once (S, C, B, classes); their sums are the losses, read at the end
+                if targets is None:
+                    targets = loss_targets(labels, weight, logits.shape[-1])
+                grad_logits = weighted_cross_entropy(logits, targets[s, :n], step_excluded)
+            stacked.backward_and_step(logits, params, token, step_penalty, grad_logits)
+            continue
         else:
             to_loss = loss_samples(plugins.methods, counts, drawn)
             groups = _size_groups(sizes[:n, s], [sample_counts(d) for d in draws] + [c for c, _ in to_loss.values()],
@@ -331,14 +360,11 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
                                                         {i: b for i, (_, b) in to_loss.items()})
         loss_sum[:n] += cross_entropy.detach()
         for i, m in enumerate(plugins.methods):
-            if stacked is None and overrides(m, "penalty"):
+            if overrides(m, "penalty"):
                 pen = vmap(lambda p, st, m=m, b=plugins.broadcasts[i]: hooks.penalty_loss(m, p, global_params, b, st),
                            randomness="different")(params, step_states[i])
                 per_client = per_client + pen
         finite[:n] &= torch.isfinite(per_client.detach())
-        if stacked is not None:
-            stacked.backward_and_step(per_client.sum(), params, token, step_penalty)
-            continue
         grads = torch.autograd.grad(per_client.sum() * update.loss_scale, list(params.values()))
         with torch.no_grad():
             if s == 0 and n == C:
@@ -355,9 +381,16 @@ def _train_sorted(model: nn.Module, global_params: Params, params: Params, jobs:
             if carrying:
                 carry_on(stage, s, n, params, grads, before, drawn, carry, step_data, keys)
     carries = [{i: leaf_row(ci, c, starts[c][i]) for i, ci in carry.items()} for c in range(C)]
-    mean_loss = (loss_sum / steps_left.clamp(min=1)).tolist()
+    if stacked is not None:  # a loss is >= 0 or NaN: finite where below infinity
+        if targets is not None:
+            losses = targets.flatten(2).sum(-1)
+        elif losses is None:  # no step at all
+            losses = torch.zeros(index.shape[0], C, device=device)
+        loss_sum, finite = losses.sum(0), (losses < float("inf")).all(0)
+    mean_loss = (loss_sum / steps_left).tolist()
+    finite_list = finite.tolist()
     slots = None if kept is None else (stacked.slots if stacked is not None else update.kept_slots())
-    outcomes = [ClientOutcome(job.cid, len(job.indices), mean_loss[c], bool(finite[c]), carries[c] if carry else {},
+    outcomes = [ClientOutcome(job.cid, len(job.indices), mean_loss[c], finite_list[c], carries[c] if carry else {},
                               {} if kept is None else local_optim.stored_state(slots, kept[1][c] + client_steps[c], c),
                               {k: v[c] for k, v in client_buffers.items()}, client_steps[c])
                 for c, job in enumerate(jobs)]

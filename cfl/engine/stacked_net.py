@@ -44,6 +44,7 @@ from cfl.engine import local_optim
 from cfl.engine.hooks import precondition
 from cfl.engine.jobs import Hyper
 from cfl.engine.precision import LOW, Bf16Weights, to_float
+from cfl.engine.scratch import Scratch
 from cfl.heads import MultiHead, SharedHead
 from cfl.models.dropout import Dropout
 from cfl.precision_setting import is_mixed
@@ -72,21 +73,25 @@ class FusedLinearSGD(torch.autograd.Function):
                 penalty: tuple[PenaltyStep | None, PenaltyStep | None] = (None, None),
                 low: tuple[Bf16Weights, str] | None = None,
                 stateful: tuple[StackedNet, str] | None = None,
-                preconditioner: torch.Tensor | None = None) -> torch.Tensor:
+                preconditioner: torch.Tensor | None = None,
+                scratch: tuple[Scratch, str] | None = None) -> torch.Tensor:
         w, b = weight, bias
         if low is not None:  # bf16-mixed: bfloat16 operands (a copy of the float32 weights), float32 steps
             x, w, b = x.to(LOW), low[0].cast(low[1], weight), None if bias is None else bias.to(LOW)
-        h = _scaled_bmm(x, w.mT, in_scale)
+        out = None if scratch is None else scratch[0].get(f"{scratch[1]}.out", (*x.shape[:2], w.shape[1]), x.dtype,
+                                                           x.device)
+        if not relu and b is not None:  # the bias rides in the product (``beta=1`` over it, broadcast)
+            h = torch.baddbmm(b.unsqueeze(1), x, w.mT, beta=1.0, alpha=in_scale, out=out)
+        else:
+            h = _scaled_bmm(x, w.mT, in_scale, out)
         if relu:
             _add_relu_(h, b)
             if dropout is not None:
-                h.mul_(dropout.keep_mask(h))
-        elif b is not None:
-            h.add_(b.unsqueeze(1))
+                h.mul_(_keep_mask(dropout, h, scratch))
         ctx.save_for_backward(x, h if relu else None)
         ctx.weight, ctx.bias, ctx.lr, ctx.decay, ctx.in_scale = weight, bias, lr, decay, in_scale
         ctx.penalty, ctx.low, ctx.operand, ctx.stateful = penalty, low, w, stateful
-        ctx.preconditioner = preconditioner
+        ctx.preconditioner, ctx.scratch = preconditioner, scratch
         return h
 
     @staticmethod
@@ -95,15 +100,22 @@ class FusedLinearSGD(torch.autograd.Function):
         weight, bias, scale = ctx.weight, ctx.bias, ctx.in_scale
         if ctx.preconditioner is not None:  # the weight gradient delta^T X P as delta^T (X P): (B x d x d) products
             x = torch.matmul(x, ctx.preconditioner.to(x.dtype))
-        grad = grad_out if out is None else _through_positive(grad_out, out)
-        grad_x = _scaled_bmm(grad, ctx.operand, scale) if ctx.needs_input_grad[0] else None
+        scratch = ctx.scratch
+        into = None if scratch is None or out is None else \
+            scratch[0].get(f"{scratch[1]}.grad_out", tuple(grad_out.shape), grad_out.dtype, grad_out.device)
+        grad = grad_out if out is None else _through_positive(grad_out, out, into)
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            shape = (*grad.shape[:2], ctx.operand.shape[2])
+            buf = None if scratch is None else scratch[0].get(f"{scratch[1]}.grad_in", shape, grad.dtype, grad.device)
+            grad_x = _scaled_bmm(grad, ctx.operand, scale, buf)
         weight_penalty, bias_penalty = ctx.penalty
         if ctx.stateful is not None:  # momentum or Adam: the weight gradient is materialised for the optimiser
             net, name = ctx.stateful
             net.step(f"{name}.weight", weight, _scaled_bmm(grad.mT, x, scale).to(weight.dtype), weight_penalty)
             if bias is not None:
                 net.step(f"{name}.bias", bias, grad.sum(1, dtype=bias.dtype), bias_penalty)
-            return grad_x, None, None, None, None, None, None, None, None, None, None, None, None
+            return grad_x, None, None, None, None, None, None, None, None, None, None, None, None, None
         penalty_pre_step(weight, weight_penalty)
         if ctx.low is None:
             weight.baddbmm_(grad.mT, x, beta=ctx.decay, alpha=-ctx.lr * scale)
@@ -111,8 +123,8 @@ class FusedLinearSGD(torch.autograd.Function):
             ctx.low[0].step(ctx.low[1], weight, grad.mT, x, ctx.decay, -ctx.lr * scale)
         if bias is not None:
             penalty_pre_step(bias, bias_penalty)
-            bias.mul_(ctx.decay).add_(grad.sum(1, dtype=bias.dtype), alpha=-ctx.lr)
-        return grad_x, None, None, None, None, None, None, None, None, None, None, None, None
+            _bias_step(bias, grad, ctx.decay, ctx.lr, scratch)
+        return grad_x, None, None, None, None, None, None, None, None, None, None, None, None, None
 
 
 PenaltyStep = tuple[torch.Tensor | None, torch.Tensor | None]  # (M, N) of :func:`penalty_pre_step`
@@ -134,18 +146,43 @@ def penalty_pre_step(p: torch.Tensor, step: PenaltyStep | None) -> None:
         torch.addcmul(n, p, m, out=p)
 
 
-def _through_positive(grad_out: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def _keep_mask(dropout: Dropout, h: torch.Tensor, scratch: tuple[Scratch, str] | None) -> torch.Tensor:
+    """``dropout``'s keep mask of ``h``, drawn and written into scratch buffers when there are."""
+    if scratch is None:
+        return dropout.keep_mask(h)
+    net, name = scratch
+    out = net.get(f"{name}.mask", tuple(h.shape), h.dtype, h.device)
+    if name in net.drawn:  # drawn for all layers at once (:meth:`StackedNet._draw_masks`)
+        return dropout.keep_mask(h, out, net.drawn[name], drawn=True)
+    return dropout.keep_mask(h, out, net.get(f"{name}.noise", (dropout.noise_words(h.numel()),), torch.int64, h.device))
+
+
+def _bias_step(bias: torch.Tensor, grad: torch.Tensor, decay: float, lr: float,
+               scratch: tuple[Scratch, str] | None) -> None:
+    """``bias <- decay * bias - lr * grad.sum(1)``: with a scratch, one product ``ones (C, 1, B) @ grad`` that
+    sums the batch and steps in place (``baddbmm_``); else a sum, a scale and an add."""
+    if scratch is None or grad.dtype != bias.dtype:
+        bias.mul_(decay).add_(grad.sum(1, dtype=bias.dtype), alpha=-lr)
+        return
+    ones = scratch[0].get("ones", (grad.shape[0], 1, grad.shape[1]), grad.dtype, grad.device, fill=1.0)
+    bias.unsqueeze(1).baddbmm_(ones, grad, beta=decay, alpha=-lr)
+
+
+def _through_positive(grad_out: torch.Tensor, out: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
     """The gradient of ``relu(h) * keep`` (``out``): ``grad_out`` where ``out > 0``, else 0; written into
-    ``grad_out`` itself when it is a tensor of its own (the layer above made it for this layer alone)."""
-    into = grad_out if grad_out._base is None and grad_out.is_contiguous() else torch.empty_like(grad_out)
+    ``into`` (a scratch buffer), else into ``grad_out`` itself when it is a tensor of its own (the layer above
+    made it for this layer alone)."""
+    if into is None:
+        into = grad_out if grad_out._base is None and grad_out.is_contiguous() else torch.empty_like(grad_out)
     return torch.ops.aten.threshold_backward.grad_input(grad_out, out, 0, grad_input=into)
 
 
-def _scaled_bmm(a: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
-    """``scale * a @ b`` batched, the scale applied by the product itself (``beta=0``: no read of ``out``)."""
+def _scaled_bmm(a: torch.Tensor, b: torch.Tensor, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``scale * a @ b`` batched, the scale applied by the product itself (``beta=0``: no read of ``out``);
+    written into ``out`` when given (a scratch buffer)."""
     if scale == 1.0:
-        return torch.bmm(a, b)
-    out = a.new_empty((a.shape[0], a.shape[1], b.shape[2]))
+        return torch.bmm(a, b, out=out)
+    out = a.new_empty((a.shape[0], a.shape[1], b.shape[2])) if out is None else out
     return torch.baddbmm(out, a, b, beta=0.0, alpha=scale, out=out)
 
 
@@ -199,6 +236,8 @@ class StackedNet:
         self.bf16 = Bf16Weights({}) if is_mixed(hp.precision) else None
         self.layers: list[tuple[str, nn.Module]] = model.stack_layers()
         self.head = model.head
+        # buffers the fused layers write into, kept in the trainer's workspace (:meth:`stack`)
+        self.scratch: Scratch | None = None
         self.fused = {f"{name}.{p}" for name, m in self.layers if isinstance(m, nn.Linear) for p in ("weight", "bias")}
         if isinstance(self.head, SharedHead):
             self.fused |= {"head.weight", "head.bias"}
@@ -232,12 +271,15 @@ class StackedNet:
         workspace = {} if workspace is None else workspace
         if self.bf16 is not None:
             self.bf16 = Bf16Weights(workspace)
+        self.scratch = Scratch(workspace)
         out = {}
         for k, v in global_params.items():
             buf = workspace.get(k)
             if buf is None or buf.shape != (C, *v.shape) or buf.dtype != v.dtype or buf.device != v.device:
                 buf = workspace[k] = torch.empty((C, *v.shape), dtype=v.dtype, device=v.device)
-            out[k] = buf.copy_(v.detach().expand(C, *v.shape))  # not Tensor.repeat: 70 ms against 9
+            out[k] = buf
+        # one operator for all: not Tensor.repeat (70 ms against 9), not one copy per parameter
+        torch._foreach_copy_(list(out.values()), [v.detach().expand(C, *v.shape) for v in global_params.values()])
         return out
 
     def leaves(self, params: Params) -> Params:
@@ -266,10 +308,15 @@ class StackedNet:
             if a is None:  # linear terms only (SCAFFOLD's correction): p + lr/decay * B
                 steps[k] = (None, torch.mul(b, coeff).reshape(_client_first(b, dims)))
                 continue
-            m = torch.mul(a, -coeff).add_(1.0)
-            n = None if b is None else torch.mul(b, coeff)
+            # into kept buffers: two fresh (C, ...) tensors a parameter a round cost page faults (EWC: ~300 MB)
+            m = torch.mul(a, -coeff, out=self._kept(f"{k}.penalty_m", a)).add_(1.0)
+            n = None if b is None else torch.mul(b, coeff, out=self._kept(f"{k}.penalty_n", b))
             steps[k] = (m.reshape(_client_first(m, dims)), None if n is None else n.reshape(_client_first(n, dims)))
         return steps
+
+    def _kept(self, key: str, like: torch.Tensor) -> torch.Tensor | None:
+        """A scratch buffer shaped as ``like`` (None before :meth:`stack`: a fresh tensor then)."""
+        return None if self.scratch is None else self.scratch.get(key, tuple(like.shape), like.dtype, like.device)
 
     def forward(self, params: Params, x: torch.Tensor, task: torch.Tensor, token: torch.Tensor,
                 penalty: dict[str, PenaltyStep] | None = None) -> torch.Tensor:
@@ -277,6 +324,7 @@ class StackedNet:
         :meth:`penalty_steps` for these clients, applied in each fused layer's step."""
         penalty = penalty or {}
         C, B = x.shape[:2]
+        self._draw_masks(C * B, x.device)
         h, grouped = x, False  # grouped: h is (B, C*channels, H, W)
         scale = 1.0  # dropout scale still owed by ``h`` (a fused linear layer hands its output over unscaled)
         i = 0
@@ -321,6 +369,23 @@ class StackedNet:
         index = task.view(*task.shape, 1, 1).expand(-1, -1, 1, logits.shape[-1])
         return logits.gather(2, index).squeeze(2)
 
+    def _draw_masks(self, rows: int, device: torch.device) -> None:
+        """Draw the noise of every dropout mask of the step at once (one operator, not one per layer) into
+        :attr:`Scratch.drawn`, where all the net's training dropouts follow its fused linear layers (the MLP):
+        the layers' words in their order, on the CPU the same words as one draw per layer (its generator's
+        stream is consumed word by word; on a GPU an equally random other draw). Else each layer draws its own."""
+        if self.scratch is None:
+            return
+        self.scratch.drawn = {}
+        plan = [(name, dropout, rows * module.out_features) for i, (name, module) in enumerate(self.layers)
+                if isinstance(module, nn.Linear) and (dropout := self._activation_after(i)[1]) is not None]
+        training = sum(isinstance(m, Dropout) and m.training and m.p > 0 for _, m in self.layers)
+        if len(plan) < 2 or len(plan) != training:
+            return
+        counts = [dropout.noise_words(numel) for _, dropout, numel in plan]
+        words = self.scratch.get("noise", (sum(counts),), torch.int64, device).random_(-(2**63), None)
+        self.scratch.drawn = {name: w for (name, _, _), w in zip(plan, words.split(counts), strict=True)}
+
     def _activation_after(self, i: int) -> tuple[bool, Dropout | None]:
         """Whether layer ``i`` (a linear layer) is followed by a ReLU, and the training dropout after that."""
         after = [m for _, m in self.layers[i + 1 : i + 3]]
@@ -340,7 +405,8 @@ class StackedNet:
                                     (penalty.get(f"{name}.weight"), penalty.get(f"{name}.bias")),
                                     None if self.bf16 is None else (self.bf16, name),
                                     (self, name) if self.stateful else None,
-                                    self.preconditioners.get(f"{name}.weight"))
+                                    self.preconditioners.get(f"{name}.weight"),
+                                    None if self.scratch is None else (self.scratch, name))
 
     def new_state(self, params: Params, kept: dict[str, list[torch.Tensor]] | None = None) -> None:
         """Fresh (zero) optimiser state for the stacked ``params`` of a block of clients (momentum, Adam), or the
@@ -363,12 +429,13 @@ class StackedNet:
         local_optim.step_(self.hp, p, g, [slot[: p.shape[0]] for slot in self.slots[name]], t)
 
     def backward_and_step(self, loss: torch.Tensor, params: Params, token: torch.Tensor,
-                          penalty: dict[str, PenaltyStep] | None = None) -> None:
-        """Back-propagate ``loss`` (the sum of the clients' losses) and take every parameter's step (with
-        the :meth:`penalty_steps` given to :meth:`forward`)."""
+                          penalty: dict[str, PenaltyStep] | None = None, grad: torch.Tensor | None = None) -> None:
+        """Back-propagate ``loss`` (the sum of the clients' losses; or, with ``grad``, the tensor whose gradient
+        ``grad`` is: the logits and the summed losses' gradient) and take every parameter's step (with the
+        :meth:`penalty_steps` given to :meth:`forward`)."""
         penalty = penalty or {}
         rest = [k for k in params if k not in self.fused]
-        grads = torch.autograd.grad(loss, [token] + [params[k] for k in rest], allow_unused=True)[1:]
+        grads = torch.autograd.grad(loss, [token] + [params[k] for k in rest], grad, allow_unused=True)[1:]
         with torch.no_grad():
             for k, g in zip(rest, grads, strict=True):
                 if g is not None and k in self.preconditioners:  # a weight outside the fused layers (conv, heads)

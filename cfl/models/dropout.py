@@ -78,23 +78,34 @@ class Dropout(nn.Module):
         mask = (self._noise(x) >= self.threshold).to(x.dtype).mul_(1.0 / self.keep_prob)
         return x * mask
 
-    def keep_mask(self, x: torch.Tensor) -> torch.Tensor:
+    def keep_mask(self, x: torch.Tensor, out: torch.Tensor | None = None, words: torch.Tensor | None = None,
+                  drawn: bool = False) -> torch.Tensor:
         """The 0/1 keep mask of ``x`` in its dtype, from the same draw ``forward`` makes (unscaled).
 
         The comparison writes floats directly (``out=``: ~5x faster than a bool mask then a cast), which
-        ``vmap`` does not support: for the stacked engine path, which runs outside vmap.
+        ``vmap`` does not support: for the stacked engine path, which runs outside vmap. ``out`` (like ``x``)
+        and ``words`` (``noise_words(x.numel())`` int64): buffers to draw and write into instead of fresh
+        ones, the same values; ``drawn``: ``words`` already hold the draw (made for several masks at once).
         """
-        return torch.ge(self._noise(x), self.threshold, out=torch.empty_like(x))
+        return torch.ge(self._noise(x, words, drawn), self.threshold, out=torch.empty_like(x) if out is None else out)
 
-    def _noise(self, x: torch.Tensor) -> torch.Tensor:
-        """Signed integer noise of ``x``'s shape, drawn in ``x``'s memory order (contiguous or channels-last,
-        so the mask needs no layout change; under ``vmap``: in its logical order, :func:`_stored_channels_last`)."""
-        n = x.numel()
+    def noise_words(self, numel: int) -> int:
+        """How many int64 words of noise a mask of ``numel`` elements draws."""
         per_word = 64 // self.bits
+        return (numel + per_word - 1) // per_word
+
+    def _noise(self, x: torch.Tensor, words: torch.Tensor | None = None, drawn: bool = False) -> torch.Tensor:
+        """Signed integer noise of ``x``'s shape, drawn in ``x``'s memory order (contiguous or channels-last,
+        so the mask needs no layout change; under ``vmap``: in its logical order, :func:`_stored_channels_last`);
+        into ``words`` when given."""
+        n = x.numel()
         channels_last = _stored_channels_last(x)
         flat = x.permute(0, 2, 3, 1).reshape(-1) if channels_last else x.reshape(-1)  # views, no copies
         # empty_like of a slice stays batched under vmap, so each client gets its own draw
-        words = torch.empty_like(flat[: (n + per_word - 1) // per_word], dtype=torch.int64).random_(-(2**63), None)
+        if words is None:
+            words = torch.empty_like(flat[: self.noise_words(n)], dtype=torch.int64)
+        if not drawn:
+            words = words.random_(-(2**63), None)
         if _vmap_can_view_dtype():
             noise = words.view(torch.int8 if self.bits == 8 else torch.int16)[:n]
         else:
