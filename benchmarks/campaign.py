@@ -1,18 +1,18 @@
-"""A run campaign that uses whatever minutes a session has: the evidence tables' runs, taken in order, run as
+"""A run campaign that uses whatever minutes a machine is held for: the evidence tables' runs, taken in order, run as
 many at once as the machine holds for at most a given time, cut off with a checkpoint, and carried to the next
-session in one archive.
+campaign in one archive.
 
     python benchmarks/campaign.py plan  [--table NAME]... [--work DIR]
     python benchmarks/campaign.py run   --minutes M [--jobs N] [--set KEY=VALUE]... [--table NAME]...
                                         [--work DIR] [--unpack ARCHIVE] [--pack ARCHIVE]
     python benchmarks/campaign.py tables [--write docs/results.md | --check docs/results.md]
 
-``run`` first unpacks an archive an earlier session packed (its records into ``benchmarks/results/``, its
+``run`` first unpacks an archive an earlier campaign packed (its records into ``benchmarks/results/``, its
 checkpoints into the work directory), then starts the next runs that have no record (``cfl run`` processes,
 ``--resume`` where a checkpoint of the same config is there), ``--jobs`` at a time, and starts none after the
 deadline. At the deadline each running run gets ``SIGINT``: it stops after its round with a checkpoint (exit 130,
 docs/reliability.md). Every run that finished becomes a record; ``--pack`` writes the new records and every
-unfinished run's checkpoint into one archive (a few files, the size printed) for the next session. Ctrl-C does
+unfinished run's checkpoint into one archive (a few files, the size printed) for the next campaign. Ctrl-C does
 the same as the deadline, at once. ``--set device=cuda`` on a GPU machine (the key is resume-safe). A run that
 failed (exit other than 0 or 130) is reported with its log's last lines and left unrecorded.
 """
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--set", action="append", default=[], dest="sets", help="KEY=VALUE for every run")
     parser.add_argument("--pack", type=Path, help="run: write new records and unfinished checkpoints here")
-    parser.add_argument("--unpack", type=Path, help="run: first take an earlier session's archive")
+    parser.add_argument("--unpack", type=Path, help="run: first take an earlier campaign's archive")
     parser.add_argument("--grace", type=float, default=GRACE_SECONDS, help="seconds a cut-off run gets to checkpoint")
     parser.add_argument("--write", type=Path, help="tables: rewrite the generated tables in this file")
     parser.add_argument("--check", type=Path, help="tables: exit 1 if this file's generated tables are stale")

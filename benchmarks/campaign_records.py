@@ -1,5 +1,5 @@
 """Run records (a finished run's ``results.json`` with the commit and machine that made it) and the archive that
-carries records and unfinished checkpoints back from a lent machine to the next session.
+carries records and unfinished checkpoints back from a borrowed machine to the next campaign.
 
 A record is the run's own ``results.json`` (accuracy matrix, ACC/FGT/BWT, AIA/FWT, costs, wall time, the resolved
 config: already small, the curves stay in ``metrics.jsonl``) plus a ``record`` field: the table, the commit (with

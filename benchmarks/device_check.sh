@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The device check: what every session lent a GPU machine runs first, as one command (docs/performance.md,
+# The device check: what runs first on a GPU machine held for a few minutes, as one command (docs/performance.md,
 # "The device check"). At most BUDGET_S seconds (default 480) on one GPU:
 #   1. the machine (nvidia-smi, torch, the GPU's name) into $OUT/device.json;
 #   2. tests/test_device_parity.py on cuda: every registered method on both engines and every model, trained on
@@ -7,7 +7,7 @@
 #   3. benchmarks/perf_engine.py --device cuda for the PMNIST, CIFAR and ResNet setups ($OUT/perf.jsonl: one
 #      JSON line each, kernels and host reads per round included);
 #   4. the campaign (benchmarks/campaign.py) for the seconds left, packed with its unfinished checkpoints into
-#      $OUT/campaign.tar.gz; an archive of an earlier session at .campaign/campaign.tar.gz is resumed first.
+#      $OUT/campaign.tar.gz; an archive of an earlier campaign at .campaign/campaign.tar.gz is resumed first.
 # Python packages the machine lacks travel as wheels in .whl/ (docs/performance.md says which and how).
 #
 #   bash benchmarks/device_check.sh            # on the GPU machine (the device tool's run, OUT set by it)
@@ -79,7 +79,7 @@ UNPACK=()
   > "$OUT/campaign.log" 2>&1
 CAMPAIGN=$?
 tail -n 8 "$OUT/campaign.log"
-rm -rf "$OUT/.campaign-work" "$OUT/records"  # what the next session needs is in the archive
+rm -rf "$OUT/.campaign-work" "$OUT/records"  # what the next campaign needs is in the archive
 
 step "done: parity exit $PARITY, campaign exit $CAMPAIGN"
 [ $PARITY = 0 ] && [ $CAMPAIGN = 0 ]

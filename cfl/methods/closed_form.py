@@ -11,6 +11,7 @@ The statistics are kept per head: one slot per task with one head per task (task
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 import torch
@@ -21,7 +22,7 @@ from cfl.methods.base import ClientData, Event, Method, Params, State
 UNREAD = "a closed-form classifier takes no gradient step (its parameters are frozen: docs/pretrained.md)"
 
 
-class ClosedFormHead(Method):
+class ClosedFormHead(Method, ABC):
     """The shared mechanics; a subclass gives ``statistics`` (one client's upload) and ``solve`` (the head)."""
 
     unread_keys: ClassVar[dict[str, str]] = {"lr": UNREAD, "momentum": UNREAD, "weight_decay": UNREAD,
@@ -101,10 +102,10 @@ class ClosedFormHead(Method):
 
     statistic_keys: ClassVar[tuple[str, ...]] = ()
 
+    @abstractmethod
     def statistics(self, x: torch.Tensor, onehot: torch.Tensor) -> State:
         """One client's upload from its features ``x`` ``(N, D)`` and one-hot labels ``(N, K)``, float64."""
-        raise NotImplementedError
 
+    @abstractmethod
     def solve(self, server: State, slot: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The head ``(weight (K, D), bias (K,))`` of ``slot`` from the server's sums; None: no data yet."""
-        raise NotImplementedError
