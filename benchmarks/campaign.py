@@ -7,6 +7,10 @@ campaign in one archive.
                                         [--work DIR] [--unpack ARCHIVE] [--pack ARCHIVE]
     python benchmarks/campaign.py tables [--write docs/results.md | --check docs/results.md]
 
+A table with ``tuned_by: TUNING`` runs the values that the tuning table's records choose
+(benchmarks/campaign_tuning.py): ``run`` refuses it until every tuned method has a chosen value written in its sweep,
+``tables --check`` fails and ``tables --write`` refuses (exit 2, nothing written) while its sweep differs from them.
+
 ``run`` first unpacks an archive an earlier campaign packed (its records into ``benchmarks/results/``, its
 checkpoints into the work directory), then starts the next runs that have no record (``cfl run`` processes,
 ``--resume`` where a checkpoint of the same config is there), ``--jobs`` at a time, and starts none after the
@@ -42,6 +46,7 @@ from campaign_plan import (  # noqa: E402
 )
 from campaign_records import pack, unpack, write_record  # noqa: E402
 from campaign_tables import check_tables, write_tables  # noqa: E402
+from campaign_tuning import tuned_sweep_problems  # noqa: E402
 
 from cfl.config import ConfigError  # noqa: E402
 
@@ -155,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.unpack:
             counts = unpack(args.unpack, args.results, args.work)
             print(f"campaign: unpacked {args.unpack}: {counts['records']} records, {counts['checkpoints']} checkpoints")
+        if args.command == "run":  # a tuned table runs only values its tuning records chose
+            problems = tuned_sweep_problems(tables, args.results, args.table, require_chosen=True)
+            if problems:
+                raise ConfigError("; ".join(problems))
         runs = planned_runs(tables, args.work, args.results, extra, args.table)
     except (ConfigError, ValueError, OSError) as err:
         print(f"campaign: error: {err}", file=sys.stderr)
@@ -182,6 +191,12 @@ def committed(path: Path) -> bool:
 
 
 def tables_command(tables: dict, args: argparse.Namespace) -> int:
+    problems = tuned_sweep_problems(tables, args.results)
+    for problem in problems:
+        print(f"campaign: {problem}", file=sys.stderr)
+    if args.write and problems:
+        print(f"campaign: {args.write} not written: a tuned sweep differs from its tuning records", file=sys.stderr)
+        return 2
     if args.write:
         write_tables(args.write, tables, args.results)
         print(f"campaign: wrote the generated tables into {args.write}")
@@ -191,11 +206,11 @@ def tables_command(tables: dict, args: argparse.Namespace) -> int:
         for name in stale:
             print(f"campaign: {args.check}: table {name} differs from its records; run "
                   f"`python benchmarks/campaign.py tables --write {args.check}`", file=sys.stderr)
-        return 1 if stale else 0
+        return 1 if stale or problems else 0
     from campaign_tables import render_tables
 
     print(render_tables(tables, args.results))
-    return 0
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from cfl.sweep import is_complete, load_sweep, resumable  # noqa: E402
 
 TABLES_FILE = ROOT / "benchmarks" / "results" / "tables.yaml"
 RESULTS_ROOT = ROOT / "benchmarks" / "results"
-TABLE_KEYS = {"title", "sweeps", "seeds", "only", "order"}
+TABLE_KEYS = {"title", "sweeps", "seeds", "only", "order", "tuning", "tuned_by"}
 
 
 @dataclass(frozen=True, eq=False)  # hashed by identity: a campaign keys its processes by run
@@ -78,6 +78,12 @@ def load_tables(path: Path = TABLES_FILE) -> dict[str, dict[str, Any]]:
         for sweep in table["sweeps"]:
             if not (ROOT / sweep).is_file():
                 raise ConfigError(f"{path}: table {name!r} names the sweep file {sweep}, which does not exist")
+        if "tuning" in table and type(table["tuning"]) is not bool:
+            raise ConfigError(f"{path}: table {name!r}: 'tuning' must be true or false, got {table['tuning']!r}")
+        tuning = table.get("tuned_by")
+        if tuning is not None and not (isinstance(tables.get(tuning), dict) and tables[tuning].get("tuning") is True):
+            raise ConfigError(f"{path}: table {name!r}: 'tuned_by' must name a table of the file with 'tuning: true' "
+                              f"(benchmarks/campaign_tuning.py), got {tuning!r}")
     return tables
 
 

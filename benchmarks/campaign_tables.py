@@ -3,7 +3,8 @@
 Each table of ``benchmarks/results/tables.yaml`` is a region of docs/results.md between
 ``<!-- campaign:NAME -->`` and ``<!-- /campaign:NAME -->``: its title, the ``cfl report`` table of its records
 (method, runs, seeds, ACC, FGT, AIA, FWT, upload, wall), how many of the planned runs it holds, and the commits
-and machines that made them. A table without records says so and names the command that makes them.
+and machines that made them; a tuning table's region adds its grid and chosen values (benchmarks/campaign_tuning.py).
+A table without records says so and names the command that makes them.
 ``tests/test_results_tables.py`` checks that the committed docs equal what this prints.
 """
 
@@ -13,6 +14,8 @@ import json
 import re
 from pathlib import Path
 from typing import Any
+
+from campaign_tuning import method_grids, selection_note
 
 from cfl.report.groups import load_runs
 from cfl.report.table import TableOptions, report_table
@@ -40,8 +43,9 @@ def render_table(name: str, table: dict[str, Any], results_root: Path) -> str:
     body = report_table(load_runs([results_root / name]), "md", TableOptions(columns=COLUMNS, order=order))
     machines = sorted({_machine(r["record"]["machine"]) for r in records})
     commits = sorted({r["record"]["commit"] for r in records})
+    note = f"\n\n{selection_note(method_grids(name, table, records))}" if table.get("tuning") else ""
     return (f"{title}\n\n{body.rstrip()}\n\n{len(records)} records; commits {', '.join(commits)}; "
-            f"machines: {'; '.join(machines)}.")
+            f"machines: {'; '.join(machines)}.{note}")
 
 
 def _machine(m: dict[str, Any]) -> str:
