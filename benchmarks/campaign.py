@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":  # a tuned table runs only values its tuning records chose
             problems = tuned_sweep_problems(tables, args.results, args.table, require_chosen=True)
             if problems:
-                raise ConfigError("; ".join(problems))
+                raise ConfigError("\n  ".join(["a tuned table cannot run yet:", *problems]))
         runs = planned_runs(tables, args.work, args.results, extra, args.table)
     except (ConfigError, ValueError, OSError) as err:
         print(f"campaign: error: {err}", file=sys.stderr)
