@@ -167,6 +167,7 @@ def test_batched_equals_sequential(tmp_path):
     ({"model": {"name": "vit-ti16", "weights": "random", "image_size": 16, "train": "prompts"}},
      "method lorm needs model.train: lora"),
     ({"method": {"name": "lorm", "alpha": 0}}, "alpha"),
+    ({"model": {"name": "digits-mlp"}}, "lorm"),
 ])
 def test_refusals(tmp_path, extra, words):
     from cfl.config import ConfigError
