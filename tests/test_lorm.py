@@ -112,6 +112,19 @@ def test_one_factor_trains_per_round_and_the_server_sets_its_regmean_merge(tmp_p
     assert all(torch.equal(run.params[k], after_b[k]) for k in b_keys)
 
 
+def test_each_task_starts_by_training_b(tmp_path):
+    """Three rounds of task 0 train B, A, B; the task end sets B again (without it task 1 would start with A)."""
+    pytest.importorskip("timm")
+    run = runner(config(tmp_path, rounds_per_task=3))
+    for rnd in range(3):
+        run.run_round(0, rnd)
+    run.task_end(0)
+    before = dict(run.params)
+    run.run_round(1, 0)
+    assert all(torch.equal(run.params[k], before[k]) for k in before if k.endswith(".lora_a"))
+    assert all(not torch.equal(run.params[k], before[k]) for k in before if k.endswith(".lora_b"))
+
+
 def test_the_server_merge_is_regmean_of_the_clients_uploads(tmp_path):
     pytest.importorskip("timm")
     from cfl.methods.lorm import LoRM

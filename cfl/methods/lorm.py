@@ -1,11 +1,12 @@
 """LoRM (Salami, Bertoni, Cucchiara, Porrello et al., ICLR 2025, "Closed-form merging of parameter-efficient
 modules for federated continual learning"; official code: github.com/aimagelab/fed-mammoth, ``_models/lorm.py``):
 LoRA on a frozen pretrained ViT where each round trains only one of the two factors (``B`` in a task's first
-round, then ``A``, then ``B``, ...: the official ``train_matrix: alt``), so that the server can merge the trained
-factor **in closed form** instead of averaging it: RegMean on the clients' Gram matrices of the layer inputs,
-solved in float64 (cfl/pretrained/regmean.py). With the other factor shared, the merged ``B A`` is the one that
-best reproduces every client's LoRA outputs on its own inputs. The head merges the same way (RegMean of its
-weight on the Grams of its inputs); its bias is FedAvg'd (weighted by samples, as the official code).
+round, then ``A``, then ``B``, ...: the official ``train_matrix: alt``, restarting at ``B`` at each task), so
+that the server can merge the trained factor **in closed form** instead of averaging it: RegMean on the clients'
+Gram matrices of the layer inputs, solved in float64 (cfl/pretrained/regmean.py). With the other factor shared,
+the merged ``B A`` is the one that best reproduces every client's LoRA outputs on its own inputs. The head merges
+the same way (RegMean of its weight on the Grams of its inputs); its bias is FedAvg'd (weighted by samples, as
+the official code).
 
 Per round a client uploads its trained factor and head (the model upload) and, from ``client_end("round")``, the
 Gram matrices of its data at its trained model: of each LoRA layer's input (``in x in`` when ``A`` trained,
@@ -13,13 +14,12 @@ projected onto the shared ``A`` to ``r x r`` when ``B`` trained: the same merge,
 input; the Grams are counted in the upload bytes (``payload_bytes``), the factor and head copies they travel with
 are the model upload's values, counted there.
 
-cfl's reading: one set of factors for the whole run, alternating every round from the run's first (``B``); the
-official code re-initialises the factors at each task and merges the tasks' updates ``B_t A_t`` at task ends by
-RegMean on the tasks' Grams (``end_task_server``): not implemented here (the engine's frozen backbone cannot hold a
-merged per-task delta); LoRA on ``qkv`` only (cfl's ``model.train: lora``; the official code also adapts the MLP
-and the attention's output projection); Grams computed and sent in float64 (the official code's default is
-float32); the frozen factor gets no gradient (so ``weight_decay`` and a kept optimiser state, which would still
-move it, are refused)."""
+cfl's reading: one set of factors for the whole run; the official code re-initialises the factors at each task
+and merges the tasks' updates ``B_t A_t`` at task ends by RegMean on the tasks' Grams (``end_task_server``): not
+implemented here (the engine's frozen backbone cannot hold a merged per-task delta); LoRA on ``qkv`` only (cfl's
+``model.train: lora``; the official code also adapts the MLP and the attention's output projection); Grams
+computed and sent in float64 (the official code's default is float32); the frozen factor gets no gradient (so
+``weight_decay`` and a kept optimiser state, which would still move it, are refused)."""
 
 from __future__ import annotations
 
@@ -101,7 +101,10 @@ class LoRM(Method):
         return 0  # the Grams are sent at once, nothing is kept
 
     def server_end(self, event: Event, uploads: dict[int, State], server: State, task: int) -> None:
-        if event != "round" or not uploads:
+        if event == "task_end":
+            server[TRAIN_B] = torch.ones_like(server[TRAIN_B])  # each task starts by training B (official begin_task)
+            return
+        if not uploads:
             return
         factor = "lora_b" if bool(server[TRAIN_B]) else "lora_a"
         sent = list(uploads.values())
