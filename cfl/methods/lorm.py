@@ -108,11 +108,9 @@ class LoRM(Method):
             return
         factor = "lora_b" if bool(server[TRAIN_B]) else "lora_a"
         sent = list(uploads.values())
-        merged = {f"{layer}.{factor}": regmean(torch.stack([u["factors"][layer] for u in sent]),
-                                               torch.stack([u["grams"][layer] for u in sent]))
+        merged = {f"{layer}.{factor}": regmean([u["factors"][layer] for u in sent], [u["grams"][layer] for u in sent])
                   for layer in sent[0]["factors"]}
-        merged["head.weight"] = regmean(torch.stack([u["head_weight"] for u in sent]),
-                                        torch.stack([u["head_gram"] for u in sent]))
+        merged["head.weight"] = regmean([u["head_weight"] for u in sent], [u["head_gram"] for u in sent])
         server["merged"] = merged
 
     def after_server_step(self, model: nn.Module, global_params: Params, server: State, task: int) -> Params | None:

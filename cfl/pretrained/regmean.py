@@ -13,6 +13,8 @@ minimiser of ``sum_i ||B A X_i^T - B_i A X_i^T||^2``."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 
@@ -22,13 +24,19 @@ def shrunk(gram: torch.Tensor, alpha: float) -> torch.Tensor:
     return alpha * gram + (1 - alpha) * torch.diag_embed(torch.diagonal(gram, dim1=-2, dim2=-1))
 
 
-def regmean(weights: torch.Tensor, grams: torch.Tensor) -> torch.Tensor:
-    """``(sum_i W_i G_i)(sum_i G_i)^+`` in float64: ``weights`` ``(C, ..., out, in)`` stacked over the clients
-    (extra leading dims, e.g. a head per task, share each client's Gram), ``grams`` ``(C, in, in)``."""
-    w, g = weights.to(torch.float64), grams.to(torch.float64)
-    g = g.view(g.shape[0], *([1] * (w.dim() - 3)), *g.shape[1:])
-    numerator = (w @ g).sum(0)
-    return numerator @ torch.linalg.pinv(g.sum(0), hermitian=True)
+def regmean(weights: Sequence[torch.Tensor], grams: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``(sum_i W_i G_i)(sum_i G_i)^+`` in float64: client ``i``'s weight ``(..., out, in)`` (extra leading dims, e.g.
+    a head per task, share its Gram) and Gram ``(in, in)``; a sequence or a tensor stacked over the clients. The
+    sums run one client at a time (no stacked float64 copy of every client's Gram)."""
+    numerator, total = None, None
+    for w, g in zip(weights, grams, strict=True):
+        g64 = g.to(torch.float64)
+        term = w.to(torch.float64) @ g64
+        numerator = term if numerator is None else numerator + term
+        total = g64 if total is None else total + g64
+    if numerator is None or total is None:
+        raise ValueError("regmean needs at least one client's weight and Gram")
+    return numerator @ torch.linalg.pinv(total, hermitian=True)
 
 
 def projected_gram(gram: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
