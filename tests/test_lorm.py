@@ -125,6 +125,20 @@ def test_each_task_starts_by_training_b(tmp_path):
     assert all(not torch.equal(run.params[k], before[k]) for k in before if k.endswith(".lora_b"))
 
 
+@pytest.mark.parametrize(("schedule", "after"), [("synchronous", 1.0), ("staggered", 0.0)])
+def test_a_task_end_resets_the_alternation_only_under_the_synchronous_schedule(schedule, after):
+    from torch import nn
+
+    from cfl.methods.base import RunInfo
+    from cfl.methods.lorm import LoRM, LoRMHyperparams
+
+    info = RunInfo(num_tasks=2, scenario="class", num_clients=2, clients_per_round=2, seed=0, model=nn.Linear(1, 1),
+                   schedule=schedule)
+    server = {"train_b": torch.tensor(0.0)}  # the next round would train A
+    LoRM(LoRMHyperparams(), info).server_end("task_end", {}, server, 0)
+    assert float(server["train_b"]) == after
+
+
 def test_the_server_merge_is_regmean_of_the_clients_uploads(tmp_path):
     pytest.importorskip("timm")
     from cfl.methods.lorm import LoRM

@@ -102,8 +102,9 @@ class LoRM(Method):
 
     def server_end(self, event: Event, uploads: dict[int, State], server: State, task: int) -> None:
         if event == "task_end":
-            server[TRAIN_B] = torch.ones_like(server[TRAIN_B])  # each task starts by training B (official begin_task)
-            return
+            if self.run_info.schedule == "synchronous":  # each task starts by training B (the official begin_task)
+                server[TRAIN_B] = torch.ones_like(server[TRAIN_B])
+            return  # other schedules: clients switch tasks at their own rounds, so the factors simply alternate
         if not uploads:
             return
         factor = "lora_b" if bool(server[TRAIN_B]) else "lora_a"
