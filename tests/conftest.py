@@ -80,10 +80,11 @@ METHOD_CONFIGS["l2p"] = {"model": {"name": "vit-ti16", "weights": "random", "ima
                                    "prompt_pool": 4, "prompt_length": 2, "prompt_top_k": 2}, "lr": 0.01}
 METHOD_CONFIGS["lora"] = {"model": {"name": "vit-ti16", "weights": "random", "image_size": 16, "train": "lora"},
                           "lr": 0.01}
+METHOD_CONFIGS["lorm"] = {**METHOD_CONFIGS["lora"]}
 METHOD_CONFIGS["codap"] = {"model": {"name": "vit-ti16", "weights": "random", "image_size": 16, "train": "components",
                                      "prompt_pool": 4, "prompt_length": 2}, "lr": 0.01}
 METHOD_STREAMS.update({name: {"dim": 192, "image": (3, 8, 8), "model": "vit-ti16"} for name in ("l2p", "lora",
-                                                                                               "codap")})
+                                                                                               "lorm", "codap")})
 
 
 def any_method_models() -> list[str]:

@@ -26,6 +26,7 @@ from cfl.methods.glfc import GLFC
 from cfl.methods.gpm import GPM
 from cfl.methods.l2p import L2P
 from cfl.methods.lora import LoRA
+from cfl.methods.lorm import LoRM
 from cfl.methods.mas import MAS
 from cfl.methods.mfcl import MFCL
 from cfl.methods.rgo import RGO
@@ -69,6 +70,7 @@ register(AFCL)
 register(L2P)  # model.train: prompts on a pretrained backbone
 register(CodaP)  # model.train: components on a pretrained backbone
 register(LoRA)  # model.train: lora on a pretrained backbone
+register(LoRM)  # model.train: lora; closed-form (RegMean) merge of the trained factor
 register(Scaffold)  # option II control variates; on the stacked path (a Linear penalty)
 register(FedDyn)
 register(DERpp)  # reservoir per step in the step hooks' carry: the vmap path

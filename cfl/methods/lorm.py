@@ -1,0 +1,147 @@
+"""LoRM (Salami, Bertoni, Cucchiara, Porrello et al., ICLR 2025, "Closed-form merging of parameter-efficient
+modules for federated continual learning"; official code: github.com/aimagelab/fed-mammoth, ``_models/lorm.py``):
+LoRA on a frozen pretrained ViT where each round trains only one of the two factors (``B`` in a task's first
+round, then ``A``, then ``B``, ...: the official ``train_matrix: alt``, restarting at ``B`` at each task), so
+that the server can merge the trained factor **in closed form** instead of averaging it: RegMean on the clients'
+Gram matrices of the layer inputs, solved in float64 (cfl/pretrained/regmean.py). With the other factor shared,
+the merged ``B A`` is the one that best reproduces every client's LoRA outputs on its own inputs. The head merges
+the same way (RegMean of its weight on the Grams of its inputs); its bias is FedAvg'd (weighted by samples, as
+the official code).
+
+Per round a client uploads its trained factor and head (the model upload) and, from ``client_end("round")``, the
+Gram matrices of its data at its trained model: of each LoRA layer's input (``in x in`` when ``A`` trained,
+projected onto the shared ``A`` to ``r x r`` when ``B`` trained: the same merge, ``A G A^T``), and of the head's
+input; the Grams are counted in the upload bytes (``payload_bytes``), the factor and head copies they travel with
+are the model upload's values, counted there.
+
+cfl's reading: one set of factors for the whole run; the official code re-initialises the factors at each task
+and merges the tasks' updates ``B_t A_t`` at task ends by RegMean on the tasks' Grams (``end_task_server``): not
+implemented here (the engine's frozen backbone cannot hold a merged per-task delta); LoRA on ``qkv`` only (cfl's
+``model.train: lora``; the official code also adapts the MLP and the attention's output projection); Grams
+computed and sent in float64 (the official code's default is float32); the frozen factor gets no gradient (so
+``weight_decay`` and a kept optimiser state, which would still move it, are refused)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from cfl.methods.base import ClientData, Event, Method, Params, State, Step
+from cfl.pretrained.lora import LoRALinear
+from cfl.pretrained.regmean import projected_gram, regmean, shrunk
+from cfl.schema import ConfigError, field
+
+#: the server-state flag broadcast each round: 1 when the round trains every ``B``, 0 when it trains every ``A``
+TRAIN_B = "train_b"
+#: samples per forward when a client computes its Grams
+GRAM_BATCH = 128
+
+
+@dataclass(frozen=True)
+class LoRMHyperparams:
+    alpha: float = field(0.5, "RegMean's Gram regularisation: off-diagonal entries scaled by alpha, the diagonal "
+                         "kept (1: the plain Gram; the official alpha_regmean_head/backbone, 0.5)", gt=0, max=1)
+
+
+class LoRM(Method):
+    name = "lorm"
+    about = ("LoRM: LoRA on a frozen pretrained ViT, one factor trained per round and merged in closed form "
+             "(RegMean on the clients' Grams, float64; Salami et al. 2025); model.train: lora")
+    Hyperparams = LoRMHyperparams
+    backbone_only: ClassVar[bool] = True
+    model_train: ClassVar[str] = "lora"
+    broadcast: ClassVar[dict[str, tuple[str, ...]]] = {"round": (TRAIN_B,)}
+    client_events: ClassVar[tuple[Event, ...]] = ("round",)
+
+    @classmethod
+    def check(cls, hparams: Any, cfg: Any) -> None:  # noqa: ARG003
+        if cfg.weight_decay != 0:
+            raise ConfigError(f"method lorm freezes one LoRA factor each round by giving it no gradient; weight decay "
+                              f"would still shrink it: set weight_decay: 0 (it is {cfg.weight_decay})")
+        if cfg.optimizer.state != "fresh":
+            raise ConfigError("method lorm freezes one LoRA factor each round by giving it no gradient; an optimiser "
+                              "state kept from the previous round would still move it: set optimizer.state: fresh")
+
+    def server_start(self, server: State, global_params: Params) -> None:
+        server[TRAIN_B] = torch.tensor(1.0)
+
+    def step_gradient(self, step: Step) -> Params | None:
+        train_b = step.server[TRAIN_B]
+        return {k: g * train_b if k.endswith(".lora_b") else g * (1 - train_b) if k.endswith(".lora_a") else g
+                for k, g in step.grads.items()}
+
+    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
+                   server: State, generator: torch.Generator) -> State | None:
+        if len(data.y) == 0:
+            return None  # no samples, no Gram: left out of the merge
+        layers = [n for n, m in model.named_modules() if isinstance(m, LoRALinear)]
+        grams = input_grams(model, params, data, [*layers, "head"])
+        train_b = bool(server[TRAIN_B])
+        factor = "lora_b" if train_b else "lora_a"
+        upload: State = {"factors": {}, "grams": {}}
+        for layer in layers:
+            gram = shrunk(grams[layer], self.hparams.alpha)
+            upload["factors"][layer] = params[f"{layer}.{factor}"].detach().clone()
+            upload["grams"][layer] = projected_gram(gram, params[f"{layer}.lora_a"]) if train_b else gram
+        upload["head_weight"] = params["head.weight"].detach().clone()
+        upload["head_gram"] = shrunk(grams["head"], self.hparams.alpha)
+        return upload
+
+    def payload_bytes(self, event: str, payload: State) -> int | None:
+        if event != "round_upload":
+            return None
+        grams = [*payload["grams"].values(), payload["head_gram"]]  # the factor and head: the model upload's values
+        return sum(g.numel() * g.element_size() for g in grams)
+
+    def client_state_bytes(self, sizing: Any) -> int | None:
+        return 0  # the Grams are sent at once, nothing is kept
+
+    def server_end(self, event: Event, uploads: dict[int, State], server: State, task: int) -> None:
+        if event == "task_end":
+            if self.run_info.schedule == "synchronous":  # each task starts by training B (the official begin_task)
+                server[TRAIN_B] = torch.ones_like(server[TRAIN_B])
+            return  # other schedules: clients switch tasks at their own rounds, so the factors simply alternate
+        if not uploads:
+            return
+        factor = "lora_b" if bool(server[TRAIN_B]) else "lora_a"
+        sent = list(uploads.values())
+        merged = {f"{layer}.{factor}": regmean([u["factors"][layer] for u in sent], [u["grams"][layer] for u in sent])
+                  for layer in sent[0]["factors"]}
+        merged["head.weight"] = regmean([u["head_weight"] for u in sent], [u["head_gram"] for u in sent])
+        server["merged"] = merged
+
+    def after_server_step(self, model: nn.Module, global_params: Params, server: State, task: int) -> Params | None:
+        server[TRAIN_B] = 1 - server[TRAIN_B]  # the next round trains the other factor
+        merged = server.pop("merged", None)
+        if merged is None:
+            return None
+        return {k: v.to(global_params[k].dtype) for k, v in merged.items()}
+
+
+def input_grams(model: nn.Module, params: Params, data: ClientData, names: list[str]) -> dict[str, torch.Tensor]:
+    """``X^T X`` (float64) of the inputs of each submodule of ``names`` over the client's samples, at ``params``
+    (every token of a batch is a row: a ViT layer sees ``samples x tokens`` inputs)."""
+    modules = dict(model.named_modules())
+    grams: dict[str, torch.Tensor] = {}
+
+    def hook(name: str) -> Any:
+        def add(_module: nn.Module, inputs: tuple[torch.Tensor, ...], _output: torch.Tensor) -> None:
+            x = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).to(torch.float64)
+            grams[name] = grams[name] + x.T @ x if name in grams else x.T @ x
+        return add
+
+    handles = [modules[n].register_forward_hook(hook(n)) for n in names]
+    try:
+        x = data.x
+        task = torch.full((len(x),), data.task, dtype=torch.long, device=x.device)
+        with torch.no_grad():
+            for start in range(0, len(x), GRAM_BATCH):
+                functional_call(model, params, (x[start:start + GRAM_BATCH], task[start:start + GRAM_BATCH]))
+    finally:
+        for h in handles:
+            h.remove()
+    return grams

@@ -1,0 +1,203 @@
+"""LoRM (Salami et al., ICLR 2025): the closed-form (RegMean) merge by hand and against the centralised least
+squares, one factor trained per round, the merged factors set by the server, the Grams counted, batched equal to
+sequential and the refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from cfl.pretrained.regmean import projected_gram, regmean, shrunk
+
+
+def test_regmean_by_hand():
+    # two clients, scalar-free 1 x 2 weights, diagonal Grams: each input coordinate is a weighted mean
+    w = torch.tensor([[[1.0, 4.0]], [[3.0, 0.0]]], dtype=torch.float64)
+    g = torch.stack([torch.diag(torch.tensor([1.0, 3.0])), torch.diag(torch.tensor([3.0, 1.0]))]).double()
+    merged = regmean(w, g)
+    # coordinate 0: (1*1 + 3*3) / 4 = 2.5; coordinate 1: (4*3 + 0*1) / 4 = 3
+    assert torch.allclose(merged, torch.tensor([[2.5, 3.0]], dtype=torch.float64), atol=1e-12)
+
+
+def test_regmean_with_equal_grams_is_the_mean():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(20, 5, generator=gen, dtype=torch.float64)
+    g = (x.T @ x).expand(3, 5, 5)
+    w = torch.randn(3, 4, 5, generator=gen, dtype=torch.float64)
+    assert torch.allclose(regmean(w, g), w.mean(0), atol=1e-10)
+
+
+def test_regmean_equals_the_centralised_least_squares():
+    """The merged weight minimises sum_i ||W X_i^T - W_i X_i^T||^2: the least squares on the union of the clients'
+    inputs with every client's own outputs as the targets."""
+    gen = torch.Generator().manual_seed(1)
+    xs = [torch.randn(n, 6, generator=gen, dtype=torch.float64) for n in (9, 14, 7)]
+    ws = torch.randn(3, 4, 6, generator=gen, dtype=torch.float64)
+    merged = regmean(ws, torch.stack([x.T @ x for x in xs]))
+    x_all = torch.cat(xs)
+    y_all = torch.cat([x @ w.T for x, w in zip(xs, ws, strict=True)])
+    central = torch.linalg.lstsq(x_all, y_all).solution.T
+    assert (merged - central).abs().max() < 1e-8
+
+
+def test_the_b_merge_equals_the_centralised_least_squares_of_the_lora_outputs():
+    """With A shared, B* = argmin_B sum_i ||B A X_i^T - B_i A X_i^T||^2, from the projected Grams A G_i A^T."""
+    gen = torch.Generator().manual_seed(2)
+    xs = [torch.randn(n, 6, generator=gen, dtype=torch.float64) for n in (8, 11)]
+    a = torch.randn(2, 6, generator=gen, dtype=torch.float64)
+    bs = torch.randn(2, 5, 2, generator=gen, dtype=torch.float64)
+    merged = regmean(bs, torch.stack([projected_gram(x.T @ x, a) for x in xs]))
+    z_all = torch.cat([x @ a.T for x in xs])  # the B factor's inputs
+    y_all = torch.cat([x @ a.T @ b.T for x, b in zip(xs, bs, strict=True)])
+    central = torch.linalg.lstsq(z_all, y_all).solution.T
+    assert (merged - central).abs().max() < 1e-8
+
+
+def test_regmean_merges_a_head_per_task_with_the_clients_grams():
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(2, 3, 4, 5, generator=gen, dtype=torch.float64)  # (clients, tasks, classes, features)
+    x = [torch.randn(9, 5, generator=gen, dtype=torch.float64) for _ in range(2)]
+    g = torch.stack([xi.T @ xi for xi in x])
+    merged = regmean(w, g)
+    assert merged.shape == (3, 4, 5)
+    for t in range(3):
+        assert torch.allclose(merged[t], regmean(w[:, t], g), atol=1e-12)
+
+
+def test_shrunk_gram_by_hand():
+    g = torch.tensor([[4.0, 2.0], [2.0, 6.0]])
+    assert torch.equal(shrunk(g, 0.5), torch.tensor([[4.0, 1.0], [1.0, 6.0]]))
+    assert torch.equal(shrunk(g, 1.0), g)
+
+
+# ---- through the engine: a random ViT-Ti/16 at 16 px (one patch) ----
+
+def config(tmp_path: Path, **extra: object):
+    from cfl.validation import from_dict
+
+    data = {"stream": {"name": "split-digits", "num_tasks": 2},
+            "model": {"name": "vit-ti16", "weights": "random", "image_size": 16, "train": "lora"},
+            "method": {"name": "lorm"}, "num_clients": 4, "clients_per_round": 3, "rounds_per_task": 2,
+            "batch_size": 8, "lr": 0.01, "data_root": str(tmp_path / "data"), "wandb": {"mode": "disabled"}}
+    data.update(extra)
+    return from_dict(data)
+
+
+def runner(cfg):
+    from cfl.engine.runner import Runner
+    from cfl.pretrained.features import with_backbone
+    from tests.conftest import make_stream
+
+    stream = make_stream("class", num_tasks=2, image=(1, 8, 8), n_train=24, n_test=8)
+    return Runner(cfg, with_backbone(cfg, stream, torch.device("cpu"), quiet=True))
+
+
+
+
+def test_one_factor_trains_per_round_and_the_server_sets_its_regmean_merge(tmp_path):
+    pytest.importorskip("timm")
+    run = runner(config(tmp_path))
+    start = dict(run.params)
+    a_keys = [k for k in start if k.endswith(".lora_a")]
+    b_keys = [k for k in start if k.endswith(".lora_b")]
+    assert len(a_keys) == len(b_keys) == 12
+    run.run_round(0, 0)  # trains B (A frozen)
+    assert all(torch.equal(run.params[k], start[k]) for k in a_keys)
+    assert all(not torch.equal(run.params[k], start[k]) for k in b_keys)
+    after_b = dict(run.params)
+    run.run_round(0, 1)  # trains A (B frozen)
+    assert all(not torch.equal(run.params[k], after_b[k]) for k in a_keys)
+    assert all(torch.equal(run.params[k], after_b[k]) for k in b_keys)
+
+
+def test_each_task_starts_by_training_b(tmp_path):
+    """Three rounds of task 0 train B, A, B; the task end sets B again (without it task 1 would start with A)."""
+    pytest.importorskip("timm")
+    run = runner(config(tmp_path, rounds_per_task=3))
+    for rnd in range(3):
+        run.run_round(0, rnd)
+    run.task_end(0)
+    before = dict(run.params)
+    run.run_round(1, 0)
+    assert all(torch.equal(run.params[k], before[k]) for k in before if k.endswith(".lora_a"))
+    assert all(not torch.equal(run.params[k], before[k]) for k in before if k.endswith(".lora_b"))
+
+
+@pytest.mark.parametrize(("schedule", "after"), [("synchronous", 1.0), ("staggered", 0.0)])
+def test_a_task_end_resets_the_alternation_only_under_the_synchronous_schedule(schedule, after):
+    from torch import nn
+
+    from cfl.methods.base import RunInfo
+    from cfl.methods.lorm import LoRM, LoRMHyperparams
+
+    info = RunInfo(num_tasks=2, scenario="class", num_clients=2, clients_per_round=2, seed=0, model=nn.Linear(1, 1),
+                   schedule=schedule)
+    server = {"train_b": torch.tensor(0.0)}  # the next round would train A
+    LoRM(LoRMHyperparams(), info).server_end("task_end", {}, server, 0)
+    assert float(server["train_b"]) == after
+
+
+def test_the_server_merge_is_regmean_of_the_clients_uploads(tmp_path):
+    pytest.importorskip("timm")
+    from cfl.methods.lorm import LoRM
+
+    run = runner(config(tmp_path))
+    seen = {}
+    original = LoRM.server_end
+
+    def spy(self, event, uploads, server, task):
+        seen.update(uploads)
+        original(self, event, uploads, server, task)
+
+    LoRM.server_end = spy
+    try:
+        run.run_round(0, 0)
+    finally:
+        LoRM.server_end = original
+    layer = "vit.blocks.3.attn.qkv"
+    ups = list(seen.values())
+    assert len(ups) == 3 and ups[0]["grams"][layer].shape == (4, 4)  # B trained: Grams projected onto A (r = 4)
+    expected = regmean(torch.stack([u["factors"][layer] for u in ups]), torch.stack([u["grams"][layer] for u in ups]))
+    assert torch.equal(run.params[f"{layer}.lora_b"], expected.float())
+    mean = torch.stack([u["factors"][layer] for u in ups]).mean(0)
+    assert not torch.allclose(run.params[f"{layer}.lora_b"], mean)  # not FedAvg
+
+
+def test_bytes_count_the_grams_beside_the_model_upload(tmp_path):
+    pytest.importorskip("timm")
+    run = runner(config(tmp_path))
+    width, rank, layers = 192, 4, 12
+    record = run.run_round(0, 0)  # B trained: r x r Grams
+    head_gram = width * width * 8
+    assert record["round_upload_bytes"] == 3 * (run.model_bytes + layers * rank * rank * 8 + head_gram)
+    record = run.run_round(0, 1)  # A trained: the layers' full Grams
+    assert record["round_upload_bytes"] == 3 * (run.model_bytes + layers * width * width * 8 + head_gram)
+
+
+def test_batched_equals_sequential(tmp_path):
+    pytest.importorskip("timm")
+    runs = [runner(config(tmp_path, client_execution=e)) for e in ("batched", "sequential")]
+    for r in runs:
+        r.run()
+    batched, sequential = runs
+    assert batched.engine_path.path == "vmap"
+    for k in batched.params:
+        assert torch.allclose(batched.params[k], sequential.params[k], atol=1e-5, rtol=1e-4), k
+    assert batched.progress.acc_matrix == sequential.progress.acc_matrix
+
+
+@pytest.mark.parametrize(("extra", "words"), [
+    ({"weight_decay": 0.1}, "set weight_decay: 0"),
+    ({"optimizer": {"name": "adam", "state": "kept"}}, "set optimizer.state: fresh"),
+    ({"model": {"name": "vit-ti16", "weights": "random", "image_size": 16, "train": "prompts"}},
+     "method lorm needs model.train: lora"),
+    ({"method": {"name": "lorm", "alpha": 0}}, "alpha"),
+    ({"model": {"name": "digits-mlp"}}, "lorm"),
+])
+def test_refusals(tmp_path, extra, words):
+    from cfl.config import ConfigError
+
+    with pytest.raises(ConfigError, match=words):
+        config(tmp_path, **extra)
