@@ -30,7 +30,7 @@ from cfl.models import MODELS
 from cfl.ops.aggregate import AGGREGATORS
 from cfl.ops.losses import LOSSES
 from cfl.precision_setting import parse_precision
-from cfl.pretrained.loaded import check_backbone
+from cfl.pretrained.loaded import check_backbone, check_backbone_changes
 from cfl.schedules import build_plan, check_methods_schedule, check_plan, check_schedule_keys
 from cfl.schema import ConfigError, build, refuse_nonfinite, to_dict
 
@@ -176,6 +176,7 @@ def _validate_names(cfg: Config) -> Config:
     check_model_fits(cfg)
     check_model_buffers(cfg)
     trains = {s["name"]: METHODS[s["name"]].model_train for s in [method, *plugins] if s["name"] in METHODS}
+    check_backbone_changes(cfg, [METHODS[s["name"]] for s in [method, *plugins] if s["name"] in METHODS])
     check_backbone(cfg, trains)  # a weights file checked and loaded (model.weights), before any data
     return cfg
 

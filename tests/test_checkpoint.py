@@ -115,6 +115,8 @@ def assert_same_run(a, b):
     assert a.progress.acc_matrix == b.progress.acc_matrix
     assert a.progress.evaluations == b.progress.evaluations
     assert a.comm.state_dict() == b.comm.state_dict()
+    for k, tensor in a.shared_backbone.frozen.items():  # a shared frozen backbone a method changed
+        assert torch.equal(tensor, b.shared_backbone.frozen[k]), f"{k}: the resumed run's backbone differs"
     for k in a.params:
         assert torch.equal(a.params[k], b.params[k]), (
             f"{k}: the resumed run differs from the uninterrupted one; some state outside the checkpoint "

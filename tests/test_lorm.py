@@ -125,18 +125,62 @@ def test_each_task_starts_by_training_b(tmp_path):
     assert all(not torch.equal(run.params[k], before[k]) for k in before if k.endswith(".lora_b"))
 
 
-@pytest.mark.parametrize(("schedule", "after"), [("synchronous", 1.0), ("staggered", 0.0)])
-def test_a_task_end_resets_the_alternation_only_under_the_synchronous_schedule(schedule, after):
+def test_a_task_end_resets_the_alternation_and_sums_the_clients_task_grams():
     from torch import nn
 
     from cfl.methods.base import RunInfo
     from cfl.methods.lorm import LoRM, LoRMHyperparams
 
-    info = RunInfo(num_tasks=2, scenario="class", num_clients=2, clients_per_round=2, seed=0, model=nn.Linear(1, 1),
-                   schedule=schedule)
+    info = RunInfo(num_tasks=2, scenario="class", num_clients=2, clients_per_round=2, seed=0, model=nn.Linear(1, 1))
     server = {"train_b": torch.tensor(0.0)}  # the next round would train A
-    LoRM(LoRMHyperparams(), info).server_end("task_end", {}, server, 0)
-    assert float(server["train_b"]) == after
+    uploads = {0: {"task_grams": {"q": torch.eye(2)}}, 1: {"task_grams": {"q": 2 * torch.eye(2)}}}
+    LoRM(LoRMHyperparams(), info).server_end("task_end", uploads, server, 0)
+    assert float(server["train_b"]) == 1.0
+    assert torch.equal(server["task_gram"]["q"], 3 * torch.eye(2, dtype=torch.float64))
+
+
+def test_lorm_is_refused_under_the_other_schedules(tmp_path):
+    from cfl.config import ConfigError
+
+    with pytest.raises(ConfigError, match="method lorm runs under schedule synchronous only: at each task end"):
+        config(tmp_path, schedule={"name": "staggered", "group": 2, "offset": 1, "every": 2})
+
+
+class _OneLayer(torch.nn.Module):
+    """A LoRA layer named like a ViT's (rank 1, scale 1) on a 2 x 2 frozen weight, in float64."""
+
+    def __init__(self) -> None:
+        from cfl.pretrained.lora import LoRALinear
+
+        super().__init__()
+        self.qkv = LoRALinear(torch.nn.Linear(2, 2).double(), rank=1, alpha=1.0)
+
+
+def test_the_task_merge_into_the_backbone_by_hand():
+    """Official end_task_server: Delta_t = (sum_s D_s G_s)(sum_s G_s)^+ over the tasks, D_s a task's weight change
+    from the pretrained W0 (in cfl: the merged backbone it trained on plus its factors' B A)."""
+    from cfl.methods.base import RunInfo
+    from cfl.methods.lorm import LoRM, LoRMHyperparams
+
+    model = _OneLayer()
+    method = LoRM(LoRMHyperparams(), RunInfo(num_tasks=3, scenario="class", num_clients=2, clients_per_round=2,
+                                             seed=0, model=model))
+    d = torch.float64
+    server: dict = {"task_gram": {"qkv": torch.diag(torch.tensor([1.0, 3.0], dtype=d))}}
+    task0 = {"qkv.lora_a": torch.tensor([[1.0, 2.0]], dtype=d), "qkv.lora_b": torch.tensor([[1.0], [0.0]], dtype=d)}
+    update = method.backbone_update(model, task0, server, 0)
+    # one task, a full-rank Gram: the merge is the task's own B A
+    assert torch.allclose(update.deltas["qkv.weight"], torch.tensor([[1.0, 2.0], [0.0, 0.0]], dtype=d), atol=1e-12)
+    assert torch.equal(update.params["qkv.lora_b"], torch.zeros(2, 1, dtype=d))  # the official init_matrices
+    assert update.params["qkv.lora_a"].abs().max() <= 1 / 2 ** 0.5  # Kaiming-uniform(a=sqrt 5): 1/sqrt(in)
+    assert not torch.equal(update.params["qkv.lora_a"], task0["qkv.lora_a"])
+    # task 1 trained on W0 + Delta_0 with B A = [[0, 0], [0, 4]]: D_1 = [[1, 2], [0, 4]]; Grams diag(3, 1)
+    server["task_gram"] = {"qkv": torch.diag(torch.tensor([3.0, 1.0], dtype=d))}
+    task1 = {"qkv.lora_a": torch.tensor([[0.0, 4.0]], dtype=d), "qkv.lora_b": torch.tensor([[0.0], [1.0]], dtype=d)}
+    update = method.backbone_update(model, task1, server, 1)
+    # diagonal Grams: each input column is a weighted mean over the tasks, column 0 (1 D_0 + 3 D_1) / 4 = [1, 0],
+    # column 1 (3 D_0 + 1 D_1) / 4 = [2, 1]: Delta_1 = [[1, 2], [0, 1]], added as Delta_1 - Delta_0
+    assert torch.allclose(update.deltas["qkv.weight"], torch.tensor([[0.0, 0.0], [0.0, 1.0]], dtype=d), atol=1e-12)
 
 
 def test_the_server_merge_is_regmean_of_the_clients_uploads(tmp_path):
@@ -201,3 +245,52 @@ def test_refusals(tmp_path, extra, words):
 
     with pytest.raises(ConfigError, match=words):
         config(tmp_path, **extra)
+
+
+def test_a_task_end_merges_the_task_into_the_shared_backbone_and_restarts_the_factors(tmp_path, capsys):
+    """After task 0 the backbone's qkv weight is W0 + (scale B A G) G^+ (B, A the task's final factors, G the
+    participants' summed Grams), the factors restart (B zero, A new), the next task trains on that backbone, and
+    the change is said on stderr and kept for results.json."""
+    pytest.importorskip("timm")
+    from cfl.pretrained.lora import LoRALinear
+
+    run = runner(config(tmp_path))
+    layer = "vit.blocks.5.attn.qkv"
+    lora = dict(run.model.named_modules())[layer]
+    assert isinstance(lora, LoRALinear)
+    w0 = lora.weight.clone()
+    for rnd in range(2):
+        run.run_round(0, rnd)
+    a, b = run.params[f"{layer}.lora_a"].double(), run.params[f"{layer}.lora_b"].double()
+    run.task_end(0)
+    gram = run.states[0].server["task_merge"]["gram"][layer]
+    expected = w0.double() + (lora.scale * b @ a @ gram) @ torch.linalg.pinv(gram, hermitian=True)
+    assert (lora.weight.double() - expected).abs().max() < 1e-6
+    assert not torch.equal(lora.weight, w0)
+    assert torch.equal(run.params[f"{layer}.lora_b"], torch.zeros_like(run.params[f"{layer}.lora_b"]))
+    assert not torch.equal(run.params[f"{layer}.lora_a"].double(), a)
+    change = run.progress.backbone_changes
+    assert len(change) == 1 and change[0]["method"] == "lorm" and len(change[0]["tensors"]) == 12
+    assert change[0]["bytes"] == 12 * 576 * 192 * 4
+    assert "backbone: method lorm changed 12 tensors of the shared frozen backbone at the end of task 0" in \
+        capsys.readouterr().err
+    from cfl.metrics.results import build_results
+
+    assert build_results(run.snapshot(), 0.0)["backbone_changes"] == change
+    merged = lora.weight.clone()
+    run.run_round(1, 0)
+    assert torch.equal(lora.weight, merged)  # the clients train on it; nothing writes into it in a round
+
+
+def test_the_changed_backbone_is_downloaded_once_by_each_client_at_its_next_round(tmp_path):
+    pytest.importorskip("timm")
+    run = runner(config(tmp_path))
+    first = run.run_round(0, 0)["round_download_bytes"]  # a B round, like task 1's first
+    run.run_round(0, 1)
+    run.task_end(0)
+    changed = 12 * 576 * 192 * 4
+    assert run.run_round(1, 0)["round_download_bytes"] == first + 3 * changed
+    before = {j.cid for j in run.schedule.round_jobs(1, 0)}
+    new = [j.cid for j in run.schedule.round_jobs(1, 1) if j.cid not in before]
+    assert run.run_round(1, 1)["round_download_bytes"] == first + len(new) * changed  # those not sampled before
+    assert run.comm.lines["shared_backbone"] == (3 + len(new)) * changed

@@ -108,6 +108,7 @@ def capture(run: RunSnapshot, wandb_run_id: str | None, client_states: bool = Tr
         "config": run.cfg.to_dict(),
         "params": run.params,
         "buffers": run.buffers,  # BatchNorm running statistics ({} without any)
+        "backbone": run.backbone,  # the shared frozen backbone's tensors a method changed ({} none)
         "buffer_states": {} if run.buffer_states is None else
         (run.buffer_states.state_dict() if client_states else dropped(len(run.buffer_states))),
         "states": states,
@@ -312,4 +313,5 @@ def restore(run: RunSnapshot, payload: dict[str, Any]) -> RunSnapshot:
     run.comm.load_state_dict(payload["comm"])
     progress = Progress(**payload["progress"])
     set_rng_state(payload["rng"])
-    return dataclasses.replace(run, params=params, progress=progress, buffers=buffers)
+    backbone = {k: v.to(run.device) for k, v in payload.get("backbone", {}).items()}
+    return dataclasses.replace(run, params=params, progress=progress, buffers=buffers, backbone=backbone)

@@ -39,6 +39,8 @@ from cfl.engine.schedule import Schedule, sample_clients
 from cfl.engine.scheduled import ScheduledRounds, run_scheduled, task_end_draws
 from cfl.engine.server import NonFiniteError, Server
 from cfl.engine.server_state import broadcast_of, payload_size, plain_server
+from cfl.engine.shared_backbone import BACKBONE_UPDATE, SharedBackbone
+from cfl.engine.shared_backbone import LINE as BACKBONE_LINE
 from cfl.engine.state_stores import build_stores, sizing_of
 from cfl.engine.task_start import ScheduledTaskStarts, TaskStarts
 from cfl.methods import METHODS
@@ -113,6 +115,7 @@ class Runner:
         # model.buffers: local (FedBN): each client's own BatchNorm running statistics between its rounds
         self.buffer_states = ClientStates() if cfg.model.buffers == "local" and self.buffers else None
         self.initial_buffers = {k: v.clone() for k, v in self.buffers.items()}  # a local client's first start
+        self.shared_backbone = SharedBackbone(self.model, self.buffers)  # what backbone_update may change
         self.comm = CommLedger()
         self.progress = Progress(acc_matrix=empty_matrix(stream.num_tasks))
         self.schedule = Schedule(cfg, stream, self.device)  # checks the clients' shares before any round
@@ -193,7 +196,7 @@ class Runner:
         """The run's state now (references, not copies), for checkpoints and ``results.json``."""
         return RunSnapshot(self.cfg, self.stream, self.device, self.params, self.methods, self.states, self.comm,
                            self.progress, self.model_bytes, self.engine_path.as_dict(), self.optimizer_states,
-                           self.buffers, self.buffer_states)
+                           self.buffers, self.buffer_states, self.shared_backbone.changed)
 
     def resume(self, run: RunSnapshot) -> None:
         """Continue from ``run``, a snapshot of this runner put back into a checkpointed state
@@ -202,6 +205,10 @@ class Runner:
             raise ValueError("Runner.resume takes a snapshot of this runner (checkpoint.restore(runner.snapshot(), "
                              "payload))")
         self.params, self.progress, self.buffers = run.params, run.progress, run.buffers
+        try:
+            self.shared_backbone.load(run.backbone)
+        except ValueError as err:
+            raise ConfigError(f"--resume: {err}; start a new run with --out") from None
 
     # ---- one round ----
     def run_round(self, task: int, rnd: int, groups: list[tuple[int, list[ClientJob]]] | None = None) -> dict[str, Any]:
@@ -271,6 +278,10 @@ class Runner:
                 plain_server(m, "after_server_step", st.server)
                 self.params = {**self.params, **new}
         down = len(jobs) * (self.model_download_bytes + round_down)
+        backbone_down = self.shared_backbone.download_bytes([j.cid for j in jobs], self.progress)
+        if backbone_down:  # a backbone changed since these clients' last round: the changed tensors, once each
+            self.comm.down(backbone_down, line=BACKBONE_LINE)
+            down += backbone_down
         # a method's own upload (client_upload) in place of the dense bytes of the parameters it sends
         sent_dense = nbytes({k: self.params[k] for k in combined})
         up = len(kept_jobs) * (self.model_bytes + nbytes(self.buffers) - sent_dense) + sum(sent_sizes)
@@ -435,7 +446,21 @@ class Runner:
                 with guarded(m, "server_end"):
                     m.server_end("task_end", uploads, st.server, task)
                 plain_server(m, "server_end", st.server)
+            if overrides(m, "backbone_update"):
+                self._backbone_update(m, st.server, task)
         self.progress.task_end_seconds += time.perf_counter() - start
+
+    def _backbone_update(self, method: Method, server: State, task: int) -> None:
+        """``method.backbone_update`` on a copy of the final global model: its deltas added into the one shared
+        frozen backbone (cfl/engine/shared_backbone.py), its new parameter values set."""
+        model = global_model(self.model, self.params, self.buffers)
+        with guarded(method, "backbone_update"), unwritten(method, "backbone_update", {"global_params": self.params}):
+            update = self.shared_backbone.check(method.backbone_update(model, self.params, server, task))
+            new = {} if update is None else check_some_params(update.params, self.params, BACKBONE_UPDATE)
+        plain_server(method, "backbone_update", server)
+        if update is not None:
+            self.shared_backbone.apply(update.deltas, method.name, task, self.progress)
+            self.params = {**self.params, **new}
 
     def _before_task_end(self, method: Method, server: State, task: int, classes: torch.Tensor | None = None) -> None:
         """``method.before_task_end`` on a copy of the final global model (``classes``: the finished tasks' classes,

@@ -1,4 +1,4 @@
-"""The method plugin interface: eighteen optional hooks, written for ONE client, seven more for parameters kept
+"""The method plugin interface: nineteen optional hooks, written for ONE client, seven more for parameters kept
 per client (FedWeIT: ``local_params`` ... ``payload_bytes``), and a few declarations.
 
 A method is a small class with a ``Hyperparams`` dataclass and whichever hooks it overrides (the engine
@@ -17,7 +17,8 @@ round; the optimiser projects the gradients off ``gradient_projection`` and step
 and ``transform_update``, ``server_end("round")`` reduces the clients' uploads and ``after_server_step`` sees
 the new global model. At a task end,
 ``before_task_end`` on the server (the task's final global model; e.g. training a generator), then
-``client_end("task_end")`` on the participants (``task_end_clients``) and ``server_end("task_end")``.
+``client_end("task_end")`` on the participants (``task_end_clients``), ``server_end("task_end")`` and
+``backbone_update`` (a change of the shared frozen backbone: LoRM's merge).
 """
 
 from __future__ import annotations
@@ -58,6 +59,17 @@ class Quadratic:
     #: an optional linear coefficient ``c`` (shaped like the parameter): the penalty adds ``<c, w>``, its gradient
     #: ``c`` (FedDyn's ``-<grad L_k(w_k^{t-1}), w>``); the stacked path fuses it into each layer's step
     linear: torch.Tensor | None = None
+
+
+@dataclass
+class BackboneUpdate:
+    """What :meth:`Method.backbone_update` returns: ``deltas`` added into the SHARED frozen backbone (``{buffer
+    name: delta}``, each shaped like the frozen tensor; the engine adds it once, in the tensor's dtype, to the one
+    backbone every client runs), and ``params``: new global values of some parameters (``{name: tensor}``, each
+    shaped and typed like it), e.g. the adapter re-initialised on top of the changed backbone."""
+
+    deltas: Params
+    params: Params = field(default_factory=dict)
 
 
 @dataclass
@@ -238,6 +250,9 @@ class Method:
         if unknown:
             raise TypeError(f"{cls.__name__}.client_events lists {unknown}; the events are {list(EVENTS)}")
         check_broadcast(cls)
+        if cls.backbone_update is not Method.backbone_update and tuple(cls.schedules) != ("synchronous",):
+            raise TypeError(f"{cls.__name__} overrides backbone_update, which runs at the synchronous schedule's task "
+                            "ends only: declare schedules = ('synchronous',) and say why in schedules_why")
         if cls.server_task_end not in ("switch", "last_holder"):
             raise TypeError(f"{cls.__name__}.server_task_end is {cls.server_task_end!r}; it is 'switch' or "
                             "'last_holder'")
@@ -421,6 +436,18 @@ class Method:
         template, in eval mode) and update ``server`` in place (GLFC's proxy server scores it). May return new
         global values of some parameters (``{name: tensor}``, each shaped like it), set from the server state
         that ``server_end`` has just reduced: a closed-form classifier (fedncm, afcl); None: unchanged."""
+        return None
+
+    def backbone_update(self, model: nn.Module, global_params: Params, server: State,
+                        task: int) -> BackboneUpdate | None:
+        """At the end of every task but the last, after ``server_end("task_end")``: change the SHARED frozen
+        backbone of a pretrained model (``model.train: prompts | components | lora``, whose frozen weights are
+        buffers), e.g. merge what trained into it (LoRM). ``model`` is a copy of the task's final global model (in
+        eval mode). Synchronous schedule only (a class that overrides it must declare ``schedules =
+        ("synchronous",)``: under the others clients hold different tasks and one backbone cannot serve both);
+        never with the feature cache (refused when the config is validated). The engine says each change on stderr
+        and in ``results.json`` (``backbone_changes``), checkpoints the changed tensors, and counts them once in
+        the download of each client at its next round. None: unchanged."""
         return None
 
     def transform_update(self, delta: Params, server: State, task: int) -> Params:

@@ -14,15 +14,23 @@ projected onto the shared ``A`` to ``r x r`` when ``B`` trained: the same merge,
 input; the Grams are counted in the upload bytes (``payload_bytes``), the factor and head copies they travel with
 are the model upload's values, counted there.
 
-cfl's reading: one set of factors for the whole run; the official code re-initialises the factors at each task
-and merges the tasks' updates ``B_t A_t`` at task ends by RegMean on the tasks' Grams (``end_task_server``): not
-implemented here (the engine's frozen backbone cannot hold a merged per-task delta); LoRA on ``qkv`` only (cfl's
+At each task end (synchronous schedule only) the task's LoRA update merges into the shared frozen backbone
+(``backbone_update``), as the official ``end_task_server``: the task-end participants send the Grams ``G_i`` of
+each LoRA layer's input at the task's final model, the server sums them into the task's ``G_t`` and merges the
+tasks' weight changes by RegMean over the tasks, ``Delta_t = (sum_s D_s G_s)(sum_s G_s)^+`` (float64, the sums
+kept in the server state), the backbone becomes ``W0 + Delta_t``, and the factors restart (``A`` Kaiming-uniform,
+``B`` zero, the official ``init_matrices``).
+
+cfl's reading: the official code trains each task on ``W0 + B_t A_t`` and evaluates on the merge; cfl has one model
+for training and evaluation, so a task trains on the merged backbone ``W0 + Delta_{t-1}`` plus its factors and the
+task's weight change is ``D_t = Delta_{t-1} + (alpha / r) B_t A_t``; LoRA on ``qkv`` only (cfl's
 ``model.train: lora``; the official code also adapts the MLP and the attention's output projection); Grams
 computed and sent in float64 (the official code's default is float32); the frozen factor gets no gradient (so
 ``weight_decay`` and a kept optimiser state, which would still move it, are refused)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -30,7 +38,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from cfl.methods.base import ClientData, Event, Method, Params, State, Step
+from cfl.methods.base import BackboneUpdate, ClientData, Event, Method, Params, State, Step
 from cfl.pretrained.lora import LoRALinear
 from cfl.pretrained.regmean import projected_gram, regmean, shrunk
 from cfl.schema import ConfigError, field
@@ -55,7 +63,10 @@ class LoRM(Method):
     backbone_only: ClassVar[bool] = True
     model_train: ClassVar[str] = "lora"
     broadcast: ClassVar[dict[str, tuple[str, ...]]] = {"round": (TRAIN_B,)}
-    client_events: ClassVar[tuple[Event, ...]] = ("round",)
+    client_events: ClassVar[tuple[Event, ...]] = ("round", "task_end")
+    schedules: ClassVar[tuple[str, ...]] = ("synchronous",)
+    schedules_why: ClassVar[str] = ("at each task end it merges the task's LoRA update into the backbone that every "
+                                    "client runs, and under the other schedules clients hold different tasks")
 
     @classmethod
     def check(cls, hparams: Any, cfg: Any) -> None:  # noqa: ARG003
@@ -79,6 +90,9 @@ class LoRM(Method):
         if len(data.y) == 0:
             return None  # no samples, no Gram: left out of the merge
         layers = [n for n, m in model.named_modules() if isinstance(m, LoRALinear)]
+        if event == "task_end":  # the Grams of the LoRA layers' inputs at the task's final model (task merge)
+            grams = input_grams(model, params, data, layers)
+            return {"task_grams": {layer: shrunk(grams[layer], self.hparams.alpha) for layer in layers}}
         grams = input_grams(model, params, data, [*layers, "head"])
         train_b = bool(server[TRAIN_B])
         factor = "lora_b" if train_b else "lora_a"
@@ -102,9 +116,13 @@ class LoRM(Method):
 
     def server_end(self, event: Event, uploads: dict[int, State], server: State, task: int) -> None:
         if event == "task_end":
-            if self.run_info.schedule == "synchronous":  # each task starts by training B (the official begin_task)
-                server[TRAIN_B] = torch.ones_like(server[TRAIN_B])
-            return  # other schedules: clients switch tasks at their own rounds, so the factors simply alternate
+            server[TRAIN_B] = torch.ones_like(server[TRAIN_B])  # each task starts by training B (begin_task)
+            sent = [u["task_grams"] for u in uploads.values()]
+            if not sent:
+                raise ValueError(f"no client sent the Grams of task {task} (all task-end participants had no "
+                                 "samples): the task's LoRA update cannot be merged")
+            server["task_gram"] = {layer: sum_of([g[layer] for g in sent]) for layer in sent[0]}
+            return
         if not uploads:
             return
         factor = "lora_b" if bool(server[TRAIN_B]) else "lora_a"
@@ -114,12 +132,52 @@ class LoRM(Method):
         merged["head.weight"] = regmean([u["head_weight"] for u in sent], [u["head_gram"] for u in sent])
         server["merged"] = merged
 
+    def backbone_update(self, model: nn.Module, global_params: Params, server: State,
+                        task: int) -> BackboneUpdate:
+        """The task's LoRA update merged into the backbone by RegMean over the tasks (the official
+        ``end_task_server``), and the factors re-initialised (the official ``init_matrices``)."""
+        task_gram = server.pop("task_gram")
+        merge = server.setdefault("task_merge", {"weighted": {}, "gram": {}})
+        modules = dict(model.named_modules())
+        gen = torch.Generator().manual_seed(int(self.run_info.seed) * 10_007 + 7_919 * (task + 1))
+        deltas, params = {}, {}
+        for layer, gram in task_gram.items():
+            lora = modules[layer]
+            a, b = global_params[f"{layer}.lora_a"], global_params[f"{layer}.lora_b"]
+            before = merged_delta(merge["weighted"].get(layer), merge["gram"].get(layer), b.shape[0], a.shape[1])
+            change = before + lora.scale * b.to(torch.float64) @ a.to(torch.float64)  # D_t, from W0
+            weighted, total = change @ gram, gram
+            if layer in merge["gram"]:
+                weighted, total = merge["weighted"][layer] + weighted, merge["gram"][layer] + total
+            merge["weighted"][layer], merge["gram"][layer] = weighted, total
+            deltas[f"{layer}.weight"] = merged_delta(weighted, total, b.shape[0], a.shape[1]) - before
+            fresh = torch.empty_like(a)
+            nn.init.kaiming_uniform_(fresh, a=math.sqrt(5), generator=gen)
+            params[f"{layer}.lora_a"], params[f"{layer}.lora_b"] = fresh, torch.zeros_like(b)
+        return BackboneUpdate(deltas, params)
+
     def after_server_step(self, model: nn.Module, global_params: Params, server: State, task: int) -> Params | None:
         server[TRAIN_B] = 1 - server[TRAIN_B]  # the next round trains the other factor
         merged = server.pop("merged", None)
         if merged is None:
             return None
         return {k: v.to(global_params[k].dtype) for k, v in merged.items()}
+
+
+def sum_of(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The sum of ``tensors``, one at a time, in float64."""
+    total = tensors[0].to(torch.float64).clone()
+    for t in tensors[1:]:
+        total += t.to(torch.float64)
+    return total
+
+
+def merged_delta(weighted: torch.Tensor | None, gram: torch.Tensor | None, out: int, inp: int) -> torch.Tensor:
+    """RegMean's merged weight change over the finished tasks, ``(sum_s D_s G_s)(sum_s G_s)^+`` (float64); zero
+    before the first task end."""
+    if weighted is None or gram is None:
+        return torch.zeros(out, inp, dtype=torch.float64)
+    return weighted @ torch.linalg.pinv(gram, hermitian=True)
 
 
 def input_grams(model: nn.Module, params: Params, data: ClientData, names: list[str]) -> dict[str, torch.Tensor]:

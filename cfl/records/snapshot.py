@@ -42,6 +42,10 @@ class Progress:
     # under a schedule: per method index, the first global rounds (0-based) after each task end that changed its
     # "task_start" keys (cfl/engine/task_start.py: the clients are sent them again)
     task_start_changes: dict[str, list[int]] = field(default_factory=dict)
+    # the changes a method made to the shared frozen backbone ({task, method, tensors, values, bytes} each;
+    # cfl/engine/shared_backbone.py), and per client (str id) how many of them it has downloaded
+    backbone_changes: list[dict[str, Any]] = field(default_factory=list)
+    backbone_versions: dict[str, int] = field(default_factory=dict)
     train_seconds: float = 0.0
     task_end_seconds: float = 0.0
     wall_seconds: float = 0.0
@@ -69,3 +73,5 @@ class RunSnapshot:
     #: client's own (else None)
     buffers: Params = field(default_factory=dict)
     buffer_states: ClientStates | None = None
+    #: the tensors of the shared frozen backbone a method has changed (``Method.backbone_update``; {} none)
+    backbone: Params = field(default_factory=dict)
