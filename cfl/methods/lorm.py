@@ -58,7 +58,8 @@ class LoRMHyperparams:
 class LoRM(Method):
     name = "lorm"
     about = ("LoRM: LoRA on a frozen pretrained ViT, one factor trained per round and merged in closed form "
-             "(RegMean on the clients' Grams, float64; Salami et al. 2025); model.train: lora")
+             "(RegMean on the clients' Grams, float64; Salami et al. 2025), each task merged into the backbone at "
+             "its end; model.train: lora")
     Hyperparams = LoRMHyperparams
     backbone_only: ClassVar[bool] = True
     model_train: ClassVar[str] = "lora"
