@@ -82,8 +82,9 @@ METHOD_CONFIGS["lora"] = {"model": {"name": "vit-ti16", "weights": "random", "im
                           "lr": 0.01}
 METHOD_CONFIGS["codap"] = {"model": {"name": "vit-ti16", "weights": "random", "image_size": 16, "train": "components",
                                      "prompt_pool": 4, "prompt_length": 2}, "lr": 0.01}
+METHOD_CONFIGS["fedcprompt"] = {**METHOD_CONFIGS["codap"], "weight_decay": 0.0}
 METHOD_STREAMS.update({name: {"dim": 192, "image": (3, 8, 8), "model": "vit-ti16"} for name in ("l2p", "lora",
-                                                                                               "codap")})
+                                                                                               "codap", "fedcprompt")})
 
 
 def any_method_models() -> list[str]:
