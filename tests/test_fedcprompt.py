@@ -98,3 +98,68 @@ def test_fewer_components_than_tasks_and_weight_decay_are_refused():
         from_dict({**base, "stream": {"name": "split-digits", "num_tasks": 2}, "weight_decay": 0.01})
     with pytest.raises(ConfigError, match="use method codap or fedcprompt"):
         from_dict({**base, "method": {"name": "fedavg"}})
+
+
+def _config(tmp_path, **extra):
+    from cfl.validation import from_dict
+
+    model = {"name": "vit-ti16", "weights": "random", "image_size": 16, "train": "components", "prompt_pool": 4,
+             "prompt_length": 2}
+    return from_dict({"stream": {"name": "split-digits", "num_tasks": 2}, "model": model,
+                      "method": {"name": "fedcprompt"}, "num_clients": 4, "clients_per_round": 3,
+                      "rounds_per_task": 2, "batch_size": 8, "lr": 0.01, "data_root": str(tmp_path / "data"),
+                      "wandb": {"mode": "disabled"}, **extra})
+
+
+def _runner(cfg):
+    from cfl.engine.runner import Runner
+    from cfl.pretrained.features import with_backbone
+    from tests.conftest import make_stream
+
+    stream = make_stream("class", num_tasks=2, image=(1, 8, 8), n_train=24, n_test=8)
+    return Runner(cfg, with_backbone(cfg, stream, torch.device("cpu"), quiet=True))
+
+
+def test_batched_equals_sequential_and_each_task_moves_its_own_slice(tmp_path):
+    pytest.importorskip("timm")
+    start = _runner(_config(tmp_path)).params
+    runs = [_runner(_config(tmp_path, client_execution=e)) for e in ("batched", "sequential")]
+    first = runs[0].run_round(0, 0)  # task 0's first round: rows 0, 1 move, rows 2, 3 (task 1's) do not
+    assert torch.equal(runs[0].params["prompt.keys"][2:], start["prompt.keys"][2:])
+    assert not torch.equal(runs[0].params["prompt.keys"][:2], start["prompt.keys"][:2])
+    # bytes: each of the three clients sends the trainable subset; the global model's copy adds none
+    assert first["upload_bytes"] == 3 * runs[0].model_bytes
+    assert first["download_bytes"] == 3 * runs[0].model_bytes
+    runs[1].run_round(0, 0)
+    for r in runs:
+        r.run()
+    batched, sequential = runs
+    assert batched.engine_path.path == "vmap"
+    for k in batched.params:
+        assert torch.allclose(batched.params[k], sequential.params[k], atol=1e-5, rtol=1e-4), k
+    assert batched.progress.acc_matrix == sequential.progress.acc_matrix
+
+
+def test_resume_is_bit_identical(tmp_path, monkeypatch):
+    pytest.importorskip("timm")
+    from cfl.single_run import Checkpointer, execute, resume_config
+
+    cfg = _config(tmp_path, checkpoint_every=1, num_clients=3)
+    full = execute(cfg, tmp_path / "full", quiet=True)
+    saving = Checkpointer.__call__
+
+    def killed_after_round_3(self) -> None:
+        saving(self)
+        if self.runner.progress.global_round >= 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Checkpointer, "__call__", killed_after_round_3)
+    with pytest.raises(Exception):  # noqa: B017 - RunStopped, whichever signal code
+        execute(cfg, tmp_path / "part", quiet=True)
+    monkeypatch.setattr(Checkpointer, "__call__", saving)
+    resumed = execute(resume_config(tmp_path / "part", []), tmp_path / "part", quiet=True, resume=True)
+    assert resumed["acc_matrix"] == full["acc_matrix"] and resumed["upload_bytes"] == full["upload_bytes"]
+    assert resumed["download_bytes"] == full["download_bytes"]
+    final = torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=False)["params"]
+    reference = torch.load(tmp_path / "full" / "checkpoint.pt", weights_only=False)["params"]
+    assert all(torch.equal(final[k], reference[k]) for k in reference)
