@@ -11,6 +11,7 @@ from cfl.methods.er import ER
 from cfl.methods.ewc import EWC
 from cfl.methods.fedadam import FedAdam
 from cfl.methods.fedavg import FedAvg
+from cfl.methods.fedcprompt import FedCPrompt
 from cfl.methods.fedcurv import FedCurv
 from cfl.methods.feddyn import FedDyn
 from cfl.methods.fedicarl import FediCaRL
@@ -69,6 +70,7 @@ register(FedNCM)  # on a pretrained backbone's cached features (docs/pretrained.
 register(AFCL)
 register(L2P)  # model.train: prompts on a pretrained backbone
 register(CodaP)  # model.train: components on a pretrained backbone
+register(FedCPrompt)  # model.train: components, task-specific, with the contrastive continual loss
 register(LoRA)  # model.train: lora on a pretrained backbone
 register(LoRM)  # model.train: lora; closed-form (RegMean) merge of the trained factor
 register(Scaffold)  # option II control variates; on the stacked path (a Linear penalty)

@@ -114,8 +114,8 @@ def check_method_train(cfg: Any, trains: dict[str, str]) -> None:
         raise ConfigError("model.train: prompts trains a prompt pool whose keys learn only from a prompt method's "
                           "key-query loss; use method l2p (or set model.train: lora, all or head)")
     if train == "components" and not any(trains.get(name) == train for name in names):
-        raise ConfigError("model.train: components trains CODA-P's prompt components; use method codap (or set "
-                          "model.train: prompts, lora, all or head)")
+        raise ConfigError("model.train: components trains CODA-P's prompt components; use method codap or "
+                          "fedcprompt (or set model.train: prompts, lora, all or head)")
 
 
 def check_backbone_changes(cfg: Any, classes: list[Any]) -> None:

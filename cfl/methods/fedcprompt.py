@@ -1,0 +1,123 @@
+"""Fed-CPrompt (Bagwe, Yuan, Pan, Zhang, 2023, "Fed-CPrompt: Contrastive Prompt for Rehearsal-Free Federated
+Continual Learning", arXiv 2307.04869, FL-ICML 2023; official code github.com/grbagwe/Fed-CPrompt): CODA-P's
+prompt components on a frozen pretrained ViT (``model.train: components``, cfl/pretrained/coda_prompt.py),
+federated by FedAvg over components, keys, attention vectors and head, with its two client-side pieces
+(cfl/pretrained/contrastive_continual.py):
+
+* task-specific prompts (the paper's asynchronous prompt learning): the components are split into one slice per
+  task and a client on task ``t`` moves slice ``t`` only (its step gradient is zero on the other slices' rows:
+  earlier tasks' prompts stay frozen, later ones wait for their task); each client uses the task it holds, so
+  under an asynchronous schedule clients on different tasks train different slices in the same round;
+* the contrastive continual loss C2L on the head's input feature (the [CLS] output): the client's model is pulled
+  towards the round's global model and pushed away from the global model of the client's previous task,
+  ``lam * max(0, pull |z - z_glob|^2 - push |z - z_prev|^2 + margin)`` per sample (``pull |z - z_glob|^2`` on the
+  client's first task), and, optionally, CODA-P's orthogonality penalty (``ortho``, 0 as in the official scripts).
+
+The round's global model reaches the loss as a broadcast (the server keeps a copy of the trainable parameters
+after each server step); it is the model the client downloads that round anyway, so it is counted as 0 bytes.
+The previous task's model is each client's own copy of the global model at its task end (state, one trainable
+subset per client). See docs/methods/fedcprompt.md for cfl's reading of the paper and code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from cfl.methods.base import ClientData, Event, Method, StateSizing, Step
+from cfl.methods.bounds import WEIGHT_MAX
+from cfl.ops.data_free_clients import logits_and_features
+from cfl.ops.distill import evaluating, frozen
+from cfl.pretrained.coda_prompt import orthogonality
+from cfl.pretrained.contrastive_continual import contrastive_continual_loss, task_rows
+from cfl.schema import ConfigError, field
+from cfl.tensors import Params, State
+
+#: the component tensors (first dim: the pool) whose rows belong to one task each
+COMPONENTS = ("prompt.prompts", "prompt.keys", "prompt.attention")
+
+
+@dataclass(frozen=True)
+class FedCPromptHyperparams:
+    lam: float = field(1.0, "weight of the contrastive continual loss C2L (the official code adds it unweighted)",
+                       min=0, max=WEIGHT_MAX)
+    margin: float = field(1.0, "C2L's triplet margin (the official code's 1)", min=0, max=WEIGHT_MAX)
+    pull: float = field(1000.0, "scale of the squared distance to the round's global model's feature (the "
+                                "official code's 1e3)", min=0, max=WEIGHT_MAX)
+    push: float = field(10.0, "scale of the squared distance to the previous task's global model's feature (the "
+                              "official code's 1e1)", min=0, max=WEIGHT_MAX)
+    ortho: float = field(0.0, "weight of CODA-P's orthogonality penalty on components, keys and attention vectors "
+                              "(0: off, as the official Fed-CPrompt scripts run it)", min=0, max=WEIGHT_MAX)
+
+
+class FedCPrompt(Method):
+    name = "fedcprompt"
+    about = ("Fed-CPrompt: task-specific CODA-P prompt components and the contrastive continual loss C2L on a "
+             "frozen pretrained ViT (Bagwe et al. 2023), FedAvg of components and head; model.train: components")
+    Hyperparams = FedCPromptHyperparams
+    backbone_only: ClassVar[bool] = True
+    model_train: ClassVar[str] = "components"
+    broadcast: ClassVar[dict[str, tuple[str, ...]]] = {"round": ("global",)}
+    client_events = ("task_end",)
+
+    def __init__(self, hparams: Any, run_info: Any) -> None:
+        super().__init__(hparams, run_info)
+        pool = run_info.model.prompt.prompts.shape[0] if hasattr(run_info.model, "prompt") else 0
+        if pool < run_info.num_tasks:
+            raise ConfigError(f"method fedcprompt gives each task its own prompt components: model.prompt_pool "
+                              f"{pool} is fewer than the stream's {run_info.num_tasks} tasks; raise prompt_pool")
+        self.owner = task_rows(pool, run_info.num_tasks)
+
+    @classmethod
+    def check(cls, hparams: Any, cfg: Any) -> None:  # noqa: ARG003
+        if cfg.weight_decay != 0:
+            raise ConfigError(f"method fedcprompt freezes the prompt components of the other tasks, which weight "
+                              f"decay would still shrink; set weight_decay: 0 (it is {cfg.weight_decay})")
+        tasks = cfg.stream.num_tasks
+        if tasks is not None and cfg.model.prompt_pool < tasks:
+            raise ConfigError(f"method fedcprompt gives each task its own prompt components: model.prompt_pool "
+                              f"{cfg.model.prompt_pool} is fewer than stream.num_tasks {tasks}; raise prompt_pool")
+
+    # ---- the round's global model, kept by the server and broadcast ----
+    def server_start(self, server: State, global_params: Params) -> None:
+        server["global"] = frozen(global_params)
+
+    def after_server_step(self, model: nn.Module, global_params: Params, server: State, task: int) -> None:
+        server["global"] = frozen(global_params)
+
+    def payload_bytes(self, event: str, payload: State) -> int | None:
+        """The round's broadcast is the global model the client downloads that round anyway: 0 more bytes."""
+        return 0 if event == "round" else None
+
+    # ---- the previous task's global model, kept by each client ----
+    def client_state_bytes(self, sizing: StateSizing) -> int:
+        """Every client keeps one copy of the trainable parameters (the previous task's global model)."""
+        return sizing.num_clients * sizing.model_bytes
+
+    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
+                   server: State, generator: torch.Generator) -> None:
+        """At the client's task end (``params``: the global model then): the next task's negative."""
+        state["previous"] = frozen(params)
+
+    # ---- one client's loss and step ----
+    def extra_loss(self, params: Params, x: torch.Tensor, task: torch.Tensor, server: State,
+                   state: State) -> torch.Tensor:
+        model = self.run_info.model
+        anchor = logits_and_features(model, params, x, task)[1]
+        with torch.no_grad(), evaluating(model):
+            positive = logits_and_features(model, server["global"], x, task)[1]
+            negative = logits_and_features(model, state["previous"], x, task)[1] if "previous" in state else None
+        h = self.hparams
+        loss = h.lam * contrastive_continual_loss(anchor, positive, negative, h.margin, h.pull, h.push)
+        if h.ortho:
+            loss = loss + h.ortho * sum(orthogonality(params[k]) for k in COMPONENTS)
+        return loss
+
+    def step_gradient(self, step: Step) -> Params:
+        """Only the rows of the client's current task's slice of components, keys and attention vectors move."""
+        mine = self.owner.to(step.task.device) == step.task[0]
+        return {k: g * mine.view(-1, *([1] * (g.dim() - 1))).to(g.dtype) if k in COMPONENTS else g
+                for k, g in step.grads.items()}
