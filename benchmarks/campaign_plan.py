@@ -1,6 +1,7 @@
 """The runs each evidence table needs (``benchmarks/results/tables.yaml``) and which of them are done.
 
-A table names sweep files, the seeds (replacing the sweeps' own) and optionally the variant labels to keep; its
+A table names sweep files, the seeds (replacing the sweeps' own), optionally the variant labels to keep and the
+columns of its table (``cfl report --columns`` keys; default :data:`campaign_tables.COLUMNS`); its
 runs are the sweeps' runs in table order, then seed, then the sweep's variant order, so that a campaign cut off
 anywhere has finished whole seeds of whole tables first. A run is *recorded* when its record exists under
 ``benchmarks/results/<table>/<run name>/results.json``, *checkpointed* when its run directory in the campaign's
@@ -26,7 +27,7 @@ from cfl.sweep import is_complete, load_sweep, resumable  # noqa: E402
 
 TABLES_FILE = ROOT / "benchmarks" / "results" / "tables.yaml"
 RESULTS_ROOT = ROOT / "benchmarks" / "results"
-TABLE_KEYS = {"title", "sweeps", "seeds", "only", "order", "tuning", "tuned_by"}
+TABLE_KEYS = {"title", "sweeps", "seeds", "only", "order", "columns", "tuning", "tuned_by"}
 
 
 @dataclass(frozen=True, eq=False)  # hashed by identity: a campaign keys its processes by run
@@ -75,6 +76,7 @@ def load_tables(path: Path = TABLES_FILE) -> dict[str, dict[str, Any]]:
         seeds = table.get("seeds", [0])
         if not isinstance(seeds, list) or not seeds or not all(type(s) is int for s in seeds):
             raise ConfigError(f"{path}: table {name!r}: 'seeds' must be a non-empty list of integers, got {seeds!r}")
+        _check_columns(path, name, table.get("columns"))
         for sweep in table["sweeps"]:
             if not (ROOT / sweep).is_file():
                 raise ConfigError(f"{path}: table {name!r} names the sweep file {sweep}, which does not exist")
@@ -85,6 +87,21 @@ def load_tables(path: Path = TABLES_FILE) -> dict[str, dict[str, Any]]:
             raise ConfigError(f"{path}: table {name!r}: 'tuned_by' must name a table of the file with 'tuning: true' "
                               f"(benchmarks/campaign_tuning.py), got {tuning!r}")
     return tables
+
+
+def _check_columns(path: Path, name: str, columns: Any) -> None:
+    """A table's ``columns`` (optional): a non-empty list of ``cfl report --columns`` keys."""
+    from cfl.report.table import TableOptions
+
+    if columns is None:
+        return
+    if not isinstance(columns, list) or not all(isinstance(c, str) for c in columns):
+        raise ConfigError(f"{path}: table {name!r}: 'columns' must be a list of cfl report column keys, got "
+                          f"{columns!r}")
+    try:
+        TableOptions(columns=tuple(columns)).check("md")
+    except ConfigError as err:
+        raise ConfigError(f"{path}: table {name!r}: {err}") from None
 
 
 def _derived_sweep(sweep: Path, seeds: list[int], extra: dict[str, Any], into: Path) -> Path:

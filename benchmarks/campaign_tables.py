@@ -2,9 +2,9 @@
 
 Each table of ``benchmarks/results/tables.yaml`` is a region of docs/results.md between
 ``<!-- campaign:NAME -->`` and ``<!-- /campaign:NAME -->``: its title, the ``cfl report`` table of its records
-(method, runs, seeds, ACC, FGT, AIA, FWT, upload, wall), how many of the planned runs it holds, and the commits
-and machines that made them; a tuning table's region adds its grid and chosen values (benchmarks/campaign_tuning.py).
-A table without records says so and names the command that makes them.
+(its ``columns``, else method, runs, seeds, ACC, FGT, AIA, FWT, upload, wall), how many of the planned runs it
+holds, and the commits and machines that made them; a tuning table's region adds its grid and chosen values
+(benchmarks/campaign_tuning.py). A table without records says so and names the command that makes them.
 ``tests/test_results_tables.py`` checks that the committed docs equal what this prints.
 """
 
@@ -20,6 +20,7 @@ from campaign_tuning import method_grids, selection_note
 from cfl.report.groups import load_runs
 from cfl.report.table import TableOptions, report_table
 
+#: a table's columns unless it names its own (``columns`` in tables.yaml: ``cfl report --columns`` keys)
 COLUMNS = ("method", "runs", "seeds", "acc", "fgt", "aia", "fwt", "upload", "wall")
 
 
@@ -40,7 +41,8 @@ def render_table(name: str, table: dict[str, Any], results_root: Path) -> str:
                 f"--jobs N` (add `--set device=cuda` on a GPU).")
     labels = [r["config"].get("label") for r in records]
     order = tuple(n for n in table.get("order", []) if n in labels) or None
-    body = report_table(load_runs([results_root / name]), "md", TableOptions(columns=COLUMNS, order=order))
+    columns = tuple(table.get("columns") or COLUMNS)
+    body = report_table(load_runs([results_root / name]), "md", TableOptions(columns=columns, order=order))
     machines = sorted({_machine(r["record"]["machine"]) for r in records})
     commits = sorted({r["record"]["commit"] for r in records})
     note = f"\n\n{selection_note(method_grids(name, table, records))}" if table.get("tuning") else ""

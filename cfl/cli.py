@@ -241,8 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "best value per column in bold)")
     rep.add_argument("--columns", metavar="KEY,...",
                      help="the columns, in order, from: stream, partition, method, runs, seeds, acc, fgt, bwt, aia, "
-                          "fwt, targets, class_acc, upload, wall (default: all but bwt and class_acc; aia and fwt "
-                          "when measured)")
+                          "fwt, client_acc, client_fgt, targets, class_acc, rounds, upload, wall (default: all but "
+                          "bwt, class_acc and rounds; aia, fwt and the client means under a schedule when measured)")
     rep.add_argument("--order", metavar="NAME,...",
                      help="rows to list first, in this order, within each stream and partition, each named by "
                           "its method, its label as the table or a legend shows it, or its config label (any case; "

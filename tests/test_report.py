@@ -127,16 +127,19 @@ def test_every_column_by_hand(tmp_path):
                {"0": {"50": 5, "90": 8}, "1": {"50": 5, "90": None}}]
     # AIA 75, 85, 95 (= ACC + 5): 85 ± 10. FWT 1, 2, 6 (= FGT): 3 ± 2.65.
     # Class 0: 60, 70, 80 -> 70 ± 10; class 10 only in the first run: 50 (1 of 3 runs).
+    # Client means (schedule): ACC 60, 70, 80 -> 70 ± 10; FGT 2, 3, 7 -> 4 ± 2.65. Rounds 10, 12, 20: 14 ± 5.29.
     for seed, (acc, fgt, wall) in enumerate([(70.0, 1.0, 10.0), (80.0, 2.0, 20.0), (90.0, 6.0, 60.0)]):
         write_results(tmp_path / f"s{seed}", seed, acc, fgt, bwt=-fgt, upload_bytes=(seed + 1) * GIB,
                       wall_seconds=wall, rounds_to_target=reached[seed], aia=acc + 5, fwt=fgt,
-                      class_acc={"0": acc - 10, **({"10": 50.0} if seed == 0 else {})})
+                      class_acc={"0": acc - 10, **({"10": 50.0} if seed == 0 else {})}, rounds=(10, 12, 20)[seed],
+                      schedule={"name": "staggered", "client_acc_mean": acc - 10, "client_fgt_mean": fgt + 1})
     assert row(report([tmp_path], options=TableOptions(columns=COLUMN_KEYS))) == {
         "stream": "split-digits", "partition": "iid", "method": "fedavg", "runs": "3", "seeds": "0,1,2",
         "ACC (%)": "80.00 ± 10.00", "FGT (%)": "3.00 ± 2.65", "BWT (%)": "-3.00 ± 2.65",
         "AIA (%)": "85.00 ± 10.00", "FWT (%)": "3.00 ± 2.65",
+        "client ACC (%)": "70.00 ± 10.00", "client FGT (%)": "4.00 ± 2.65",
         "rounds to 50%": "3.3 ± 1.5", "rounds to 90%": "4.0 ± 1.4 (2 of 3 runs)",
-        "class 0 (%)": "70.00 ± 10.00", "class 10 (%)": "50.00 (1 of 3 runs)",
+        "class 0 (%)": "70.00 ± 10.00", "class 10 (%)": "50.00 (1 of 3 runs)", "rounds": "14 ± 5",
         "upload (GiB)": "2.000 ± 1.000", "wall (s)": "30.0 ± 26.5"}
 
 
@@ -151,6 +154,16 @@ def test_the_default_columns_leave_out_bwt_and_classes_and_show_aia_and_fwt_when
     assert rows(report([tmp_path], options=chosen)) == [
         {"method": "fedavg lr=0.05", "FWT (%)": "–", "BWT (%)": "-1.00", "class 0 (%)": "70.00"},
         {"method": "fedavg lr=0.5", "FWT (%)": "–", "BWT (%)": "-1.00", "class 0 (%)": "–"}]
+
+
+def test_the_client_means_are_shown_by_default_when_a_run_is_under_a_schedule(tmp_path):
+    """A synchronous run's results.json has no ``schedule``: its cells are empty beside the scheduled run's."""
+    write_results(tmp_path / "sync", 0, 70.0, 1.0, config={"label": "fedavg synchronous"})
+    assert "client ACC (%)" not in row(report([tmp_path]))
+    write_results(tmp_path / "staggered", 0, 60.0, 3.0, config={"label": "fedavg staggered"},
+                  schedule={"name": "staggered", "client_acc_mean": 61.5, "client_fgt_mean": 2.25})
+    assert [(r["method"], r["client ACC (%)"], r["client FGT (%)"]) for r in rows(report([tmp_path]))] == [
+        ("fedavg staggered", "61.50", "2.25"), ("fedavg synchronous", "–", "–")]
 
 
 def test_a_target_no_run_reached_says_so(tmp_path):

@@ -167,3 +167,18 @@ def test_the_checks_read_the_stretches_as_the_grid_has_them(name):
 def test_a_large_synchronous_config_validates_without_forming_the_grid():
     cfg = tiny_config(num_clients=123456, clients_per_round=6, rounds_per_task=98765)
     assert build_plan(cfg, 2).clients_per_round()[-1] == 123456
+
+
+def test_a_per_client_order_run_with_a_task_finished_before_another_started_writes_its_results():
+    """3 tasks, 3 clients switching every round, orders [1, 2, 0], [1, 2, 0], [1, 0, 2] (seed 0): task 1 is first
+    finished before any client has started task 0, so ``acc_matrix[1][0]`` is None; the synchronous matrix
+    metrics (AIA reads that cell) are not computed under a schedule, whose own metrics replace them."""
+    cfg = tiny_config(num_clients=3, clients_per_round=3, seed=0, stream={"name": "split-digits", "num_tasks": 3},
+                      schedule={"name": "per_client_order", "every": 1})
+    runner = Runner(cfg, make_stream("task", num_tasks=3))
+    assert [line.order for line in runner.plan.timelines] == [[1, 2, 0], [1, 2, 0], [1, 0, 2]]
+    runner.run()
+    assert runner.progress.acc_matrix[1][0] is None
+    results = build_results(runner.snapshot(), 0.0)
+    assert results["complete"] and results["acc"] == results["schedule"]["acc"]
+    assert results["aia"] is None and results["fwt"] is None

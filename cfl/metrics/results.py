@@ -70,6 +70,9 @@ def build_results(run: RunSnapshot, wall_seconds: float) -> dict[str, Any]:
     cfg, stream, prog = run.cfg, run.stream, run.progress
     done = prog.task  # tasks completed
     matrix = prog.acc_matrix
+    # under a schedule the matrix's rows are evaluations at each task's first finish, which may precede another
+    # task's start (a None cell): its metrics are scheduled_results' own (below), not the matrix's
+    measured = done if cfg.schedule.name == "synchronous" else 0
     before = [prog.acc_before_task.get(str(i)) for i in range(stream.num_tasks)]
     results: dict[str, Any] = {
         "stream": stream.name,
@@ -81,11 +84,11 @@ def build_results(run: RunSnapshot, wall_seconds: float) -> dict[str, Any]:
         "tasks_completed": done,
         "complete": done == stream.num_tasks,
         "acc_matrix": matrix,
-        "acc": average_accuracy(matrix, done - 1) if done else None,
-        "fgt": forgetting(matrix, done - 1) if done else None,
-        "bwt": backward_transfer(matrix, done - 1) if done else None,
-        "aia": average_incremental_accuracy(matrix, done - 1) if done else None,
-        "fwt": forward_transfer(before, prog.acc_init, done - 1) if done else None,
+        "acc": average_accuracy(matrix, done - 1) if measured else None,
+        "fgt": forgetting(matrix, done - 1) if measured else None,
+        "bwt": backward_transfer(matrix, done - 1) if measured else None,
+        "aia": average_incremental_accuracy(matrix, done - 1) if measured else None,
+        "fwt": forward_transfer(before, prog.acc_init, done - 1) if measured else None,
         "acc_init": prog.acc_init or None,
         "acc_before_task": before if prog.acc_before_task else None,
         "rounds": prog.global_round,

@@ -3,9 +3,11 @@
 Columns, chosen by key (``--columns``; :data:`COLUMN_KEYS`): stream, partition, method (the group's label), runs,
 seeds, then mean ± sample standard deviation (``statistics.stdev``, divisor n - 1; a single run shows its value
 alone: it has no spread) over the group's runs of ACC, FGT, BWT, AIA and FWT (%), rounds to each target accuracy
-(when runs set ``target_accuracies``), per-class accuracy (class-incremental runs), upload (GiB) and wall time (s).
-The default (:data:`DEFAULT_COLUMNS`) leaves out BWT (it is -FGT) and per-class accuracy, and shows AIA and FWT
-when a run has them.
+(when runs set ``target_accuracies``), per-class accuracy (class-incremental runs), under a schedule the means over
+clients of each client's own ACC and FGT (``results.json``'s ``schedule``: ``client_acc_mean``, ``client_fgt_mean``;
+docs/concepts.md, "Metrics under a schedule"), the rounds run, upload (GiB) and wall time (s).
+The default (:data:`DEFAULT_COLUMNS`) leaves out BWT (it is -FGT), per-class accuracy and the rounds, and shows AIA,
+FWT and the client means when a run has them.
 Rounds to a target: per run, the mean over tasks of the rounds (from the task's start) until the task's
 own accuracy reached it; a run with a task that never reached it is left out of the mean, and the cell
 says of how many runs it is ("never reached": none did). A group none of whose runs set that target (others in
@@ -37,12 +39,15 @@ FORMATS = ("md", "csv", "latex")
 NO_TARGET = "no target set"
 GIB = 1024 ** 3
 #: what ``--columns`` may name, in the default order; ``targets`` and ``class_acc`` are a column per target/class
-COLUMN_KEYS = ("stream", "partition", "method", "runs", "seeds", "acc", "fgt", "bwt", "aia", "fwt", "targets",
-               "class_acc", "upload", "wall")
-DEFAULT_COLUMNS = ("stream", "partition", "method", "runs", "seeds", "acc", "fgt", "aia", "fwt", "targets", "upload",
-                   "wall")
-#: in the default only when a run of the table has the value (older results have neither; FWT not class-incremental)
-SHOWN_WHEN_MEASURED = ("aia", "fwt")
+COLUMN_KEYS = ("stream", "partition", "method", "runs", "seeds", "acc", "fgt", "bwt", "aia", "fwt", "client_acc",
+               "client_fgt", "targets", "class_acc", "rounds", "upload", "wall")
+DEFAULT_COLUMNS = ("stream", "partition", "method", "runs", "seeds", "acc", "fgt", "aia", "fwt", "client_acc",
+                   "client_fgt", "targets", "upload", "wall")
+#: in the default only when a run of the table has the value (older results have neither AIA nor FWT; FWT not
+#: class-incremental; the client means only under a schedule other than the synchronous one)
+SHOWN_WHEN_MEASURED = ("aia", "fwt", "client_acc", "client_fgt")
+#: where a run keeps the value of a column of :data:`SHOWN_WHEN_MEASURED` other than a top-level result
+SCHEDULE_MEANS = {"client_acc": "client_acc_mean", "client_fgt": "client_fgt_mean"}
 #: ``--format latex``'s default, a paper's columns: stream and partition only where the rows differ in them
 LATEX_COLUMNS = ("stream", "partition", "method", "acc", "fgt", "aia", "fwt", "targets", "upload")
 
@@ -117,6 +122,19 @@ def values_column(title: str, value: Callable[[Run], float | None], better: Bett
     return Column(title, cell, numeric=True, better=better, value=value if result else None)
 
 
+def schedule_mean(run: Run, key: str) -> float | None:
+    """``results['schedule'][key]`` (a run under a schedule other than the synchronous one), else None."""
+    value = (run.results.get("schedule") or {}).get(key)
+    return float(value) if is_number(value) else None
+
+
+def measured(run: Run, key: str) -> bool:
+    """Whether the run has the value of column ``key`` (:data:`SHOWN_WHEN_MEASURED`)."""
+    if key in SCHEDULE_MEANS:
+        return schedule_mean(run, SCHEDULE_MEANS[key]) is not None
+    return is_number(run.results.get(key))
+
+
 def rounds_to(run: Run, target: str) -> float | None:
     """Mean over the run's tasks of the rounds to reach ``target``; None when a task never reached it."""
     per_task = [t.get(target) for t in (run.results.get("rounds_to_target") or {}).values()]
@@ -180,8 +198,11 @@ def column_set(runs: list[Run], last_k: int | None = None) -> dict[str, list[Col
         "bwt": [result_column("BWT (%)", "bwt", "higher")],
         "aia": [result_column("AIA (%)", "aia", "higher")],
         "fwt": [result_column("FWT (%)", "fwt", "higher")],
+        "client_acc": [values_column("client ACC (%)", lambda run: schedule_mean(run, "client_acc_mean"), "higher")],
+        "client_fgt": [values_column("client FGT (%)", lambda run: schedule_mean(run, "client_fgt_mean"), "lower")],
         "targets": [target_column(t) for t in targets(runs)],
         "class_acc": [class_column(c) for c in classes(runs)],
+        "rounds": [result_column("rounds", "rounds", "lower", digits=0, result=False)],
         "upload": [result_column("upload (GiB)", "upload_bytes", "lower", GIB, 3, result=False)],
         "wall": [result_column("wall (s)", "wall_seconds", "lower", 1.0, 1, result=False)],
     }
@@ -190,13 +211,14 @@ def column_set(runs: list[Run], last_k: int | None = None) -> dict[str, list[Col
 def columns(runs: list[Run], keys: tuple[str, ...] | None = None, last_k: int | None = None,
             latex_groups: list[Group] | None = None) -> list[Column]:
     """The columns of ``keys`` (None: :data:`DEFAULT_COLUMNS`, or given ``latex_groups`` :data:`LATEX_COLUMNS`
-    with stream and partition only where those groups differ in them; AIA and FWT only when a run has them)."""
+    with stream and partition only where those groups differ in them; those of :data:`SHOWN_WHEN_MEASURED` only when
+    a run has them)."""
     if keys is None:
         default = DEFAULT_COLUMNS if latex_groups is None else tuple(
             k for k in LATEX_COLUMNS if k not in ("stream", "partition")
             or len({getattr(g, k) for g in latex_groups}) > 1)
         keys = tuple(k for k in default
-                     if k not in SHOWN_WHEN_MEASURED or any(is_number(r.results.get(k)) for r in runs))
+                     if k not in SHOWN_WHEN_MEASURED or any(measured(r, k) for r in runs))
     found = column_set(runs, last_k)
     return [c for k in keys for c in found[k]]
 
