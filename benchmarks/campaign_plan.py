@@ -1,6 +1,7 @@
 """The runs each evidence table needs (``benchmarks/results/tables.yaml``) and which of them are done.
 
-A table names sweep files, the seeds (replacing the sweeps' own) and optionally the variant labels to keep; its
+A table names sweep files, the seeds (replacing the sweeps' own) and optionally the variant labels to keep and the
+columns of its table (``cfl report --columns`` keys; a table over several streams names ``stream``); its
 runs are the sweeps' runs in table order, then seed, then the sweep's variant order, so that a campaign cut off
 anywhere has finished whole seeds of whole tables first. A run is *recorded* when its record exists under
 ``benchmarks/results/<table>/<run name>/results.json``, *checkpointed* when its run directory in the campaign's
@@ -22,11 +23,12 @@ if str(ROOT) not in sys.path:  # run as `python benchmarks/campaign.py` from any
     sys.path.insert(0, str(ROOT))
 
 from cfl.config import Config, ConfigError, _set_dotted  # noqa: E402
+from cfl.report.table import COLUMN_KEYS  # noqa: E402
 from cfl.sweep import is_complete, load_sweep, resumable  # noqa: E402
 
 TABLES_FILE = ROOT / "benchmarks" / "results" / "tables.yaml"
 RESULTS_ROOT = ROOT / "benchmarks" / "results"
-TABLE_KEYS = {"title", "sweeps", "seeds", "only", "order"}
+TABLE_KEYS = {"title", "sweeps", "seeds", "only", "order", "columns"}
 
 
 @dataclass(frozen=True, eq=False)  # hashed by identity: a campaign keys its processes by run
@@ -75,6 +77,10 @@ def load_tables(path: Path = TABLES_FILE) -> dict[str, dict[str, Any]]:
         seeds = table.get("seeds", [0])
         if not isinstance(seeds, list) or not seeds or not all(type(s) is int for s in seeds):
             raise ConfigError(f"{path}: table {name!r}: 'seeds' must be a non-empty list of integers, got {seeds!r}")
+        columns = table.get("columns", [])
+        if not isinstance(columns, list) or not set(columns) <= set(COLUMN_KEYS):
+            raise ConfigError(f"{path}: table {name!r}: 'columns' must be a list of cfl report's column keys "
+                              f"{list(COLUMN_KEYS)}, got {columns!r}")
         for sweep in table["sweeps"]:
             if not (ROOT / sweep).is_file():
                 raise ConfigError(f"{path}: table {name!r} names the sweep file {sweep}, which does not exist")

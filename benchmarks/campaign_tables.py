@@ -2,8 +2,9 @@
 
 Each table of ``benchmarks/results/tables.yaml`` is a region of docs/results.md between
 ``<!-- campaign:NAME -->`` and ``<!-- /campaign:NAME -->``: its title, the ``cfl report`` table of its records
-(method, runs, seeds, ACC, FGT, AIA, FWT, upload, wall), how many of the planned runs it holds, and the commits
-and machines that made them. A table without records says so and names the command that makes them.
+(method, runs, seeds, ACC, FGT, AIA, FWT, upload, wall, or the table's ``columns``), how many of the planned runs
+it holds, and the commits and machines that made them. A table without records says so and names the command
+that makes them.
 ``tests/test_results_tables.py`` checks that the committed docs equal what this prints.
 """
 
@@ -37,7 +38,8 @@ def render_table(name: str, table: dict[str, Any], results_root: Path) -> str:
                 f"--jobs N` (add `--set device=cuda` on a GPU).")
     labels = [r["config"].get("label") for r in records]
     order = tuple(n for n in table.get("order", []) if n in labels) or None
-    body = report_table(load_runs([results_root / name]), "md", TableOptions(columns=COLUMNS, order=order))
+    columns = tuple(table.get("columns", COLUMNS))
+    body = report_table(load_runs([results_root / name]), "md", TableOptions(columns=columns, order=order))
     machines = sorted({_machine(r["record"]["machine"]) for r in records})
     commits = sorted({r["record"]["commit"] for r in records})
     return (f"{title}\n\n{body.rstrip()}\n\n{len(records)} records; commits {', '.join(commits)}; "
