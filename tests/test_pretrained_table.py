@@ -26,8 +26,10 @@ def documented_commands() -> list[list[str]]:
 def test_the_sweep_has_every_row_on_both_streams_with_a_random_vit_at_224(tmp_path):
     runs = load_sweep(ROOT / "benchmarks" / "pretrained" / "split-3x224.yaml", out=tmp_path)
     labels = list(dict.fromkeys(r.config.label for r in runs))
-    assert labels == ["linear-probe", "full-fine-tune", "fedncm", "afcl", "l2p", "codap", "lora"]
-    assert {r.config.stream.name for r in runs} == {"split-digits", "split-fmnist"} and len(runs) == 42
+    assert labels[:7] == ["linear-probe", "full-fine-tune", "fedncm", "afcl", "l2p", "codap", "lora"]
+    assert set(labels[7:]) <= {"lorm", "fedcprompt", "powder"}  # the rows enabled once their branches are merged
+    assert {r.config.stream.name for r in runs} == {"split-digits", "split-fmnist"}
+    assert len(runs) == len(labels) * 2 * 3  # every row on both streams, 3 seeds
     for run in runs:
         assert run.config.model.name == "vit-ti16" and run.config.model.weights == "random"
         assert run.config.model.image_size is None and run.config.stream.scenario == "class"  # 224: the default
