@@ -33,6 +33,11 @@ class StreamConfig:
     seed: Optional[int] = field(None, "seed of the task permutations (null: the run seed); below 2**32",
                                  min=0, max=SEED_MAX)
     download: bool = field(False, "download missing data files (needs network)")
+    train_per_class: Optional[int] = field(None, "keep a seeded, class-balanced subset of each task's training "
+                                           "samples: N of every class (seed: stream.seed, else the run seed; "
+                                           "null: all); refused above a class's count or where it keeps all "
+                                           "(docs/data.md)", min=1)
+    test_per_class: Optional[int] = field(None, "the same for each task's test samples (null: all)", min=1)
     benchmark: Optional[str] = field(None, "name: avalanche: dotted path of a callable returning an Avalanche "
                                      "benchmark, e.g. avalanche.benchmarks.classic.SplitMNIST (docs/streams.md)")
     args: Optional[dict[str, Any]] = field(None, "name: avalanche: keyword arguments of that callable, e.g. "
@@ -252,7 +257,8 @@ class Config:
         stream = self.stream
         return {"name": stream.name, "num_tasks": stream.num_tasks, "scenario": stream.scenario,
                 "seed": self.seed if stream.seed is None else stream.seed, "data_root": self.data_root,
-                "download": stream.download, "benchmark": stream.benchmark, "args": stream.args}
+                "download": stream.download, "benchmark": stream.benchmark, "args": stream.args,
+                "train_per_class": stream.train_per_class, "test_per_class": stream.test_per_class}
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:

@@ -3,14 +3,19 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from campaign_plan import RESULTS_ROOT, load_tables  # noqa: E402
-from campaign_tables import check_tables, write_tables  # noqa: E402
+from campaign_tables import check_tables, render_table, write_tables  # noqa: E402
+
+from cfl.config import ConfigError  # noqa: E402
 
 DOC = ROOT / "docs" / "results.md"
 
@@ -32,3 +37,25 @@ def test_a_hand_edited_or_missing_table_is_detected_and_rewritten(tmp_path: Path
     assert check_tables(doc, tables, RESULTS_ROOT) == [] and doc.read_text() == text
     doc.write_text(text.replace(f"<!-- /campaign:{first} -->", ""))
     assert first in check_tables(doc, tables, RESULTS_ROOT)
+
+
+def _record(path: Path, stream: str, label: str, acc: float) -> None:
+    path.mkdir(parents=True)
+    path.joinpath("results.json").write_text(json.dumps({
+        "stream": stream, "scenario": "class", "partition": "iid", "method": label, "seed": 0, "acc": acc, "fgt": 1.0,
+        "complete": True, "config": {"seed": 0, "label": label, "stream": {"name": stream}},
+        "record": {"commit": "abc", "machine": {"cpu": "cpu", "cores": 2, "torch": "2"}}}))
+
+
+def test_a_table_over_two_streams_names_a_stream_column_and_unknown_columns_are_refused(tmp_path: Path) -> None:
+    _record(tmp_path / "two" / "a", "split-digits", "fedncm", 50.0)
+    _record(tmp_path / "two" / "b", "split-fmnist", "fedncm", 60.0)
+    table = {"title": "Two", "sweeps": ["x.yaml"], "seeds": [0], "columns": ["stream", "method", "acc"]}
+    body = render_table("two", table, tmp_path)
+    assert "| stream | method | ACC (%) |" in body
+    assert "| split-digits (class-IL) | fedncm | 50.00 |" in body
+    assert "| split-fmnist (class-IL) | fedncm | 60.00 |" in body
+    bad = tmp_path / "tables.yaml"
+    bad.write_text("tables:\n  two: {sweeps: [benchmarks/reproduce/split-fmnist.yaml], columns: [stream, nope]}\n")
+    with pytest.raises(ConfigError, match=r"'columns' must be a list of cfl report's column keys"):
+        load_tables(bad)

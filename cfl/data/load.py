@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from cfl.data.class_subset import subset_per_class
 from cfl.data.fingerprint import fingerprint
 from cfl.data.request import StreamRequest
 from cfl.data.stream import Stream
@@ -34,10 +35,13 @@ def root_dir(data_root: str | None) -> Path:
 
 def load_stream(name: str, *, num_tasks: int | None, scenario: str, seed: int, data_root: str | None,
                 download: bool, benchmark: str | None = None, args: dict[str, Any] | None = None,
+                train_per_class: int | None = None, test_per_class: int | None = None,
                 device: torch.device | str = "cpu") -> Stream:
     """Build registered stream ``name`` (the config's stream fields: ``Config.stream_fields()``): its first
     ``num_tasks`` tasks (None: all) under ``scenario`` (``auto``: the stream's default), checked against its
-    registration and by :func:`cfl.data.stream_checks.check_stream`, fingerprinted, then moved to ``device``."""
+    registration and by :func:`cfl.data.stream_checks.check_stream`, cut to ``train_per_class`` /
+    ``test_per_class`` samples of each class (:mod:`cfl.data.class_subset`; None: all), fingerprinted, then moved
+    to ``device``."""
     from cfl.data.avalanche_route import ROUTE, converted, entry_of
 
     if name == ROUTE:  # stream.name: avalanche: the benchmark converted at validation (kept per process)
@@ -54,6 +58,8 @@ def load_stream(name: str, *, num_tasks: int | None, scenario: str, seed: int, d
     stream = entry.build(request)
     check_built(name, stream, request, entry.input_shape)
     check_stream(stream)  # dtypes, finiteness, label ranges: before any run file is written
+    if train_per_class is not None or test_per_class is not None:
+        subset_per_class(stream, train_per_class, test_per_class, seed)
     fingerprint(stream)  # on the CPU tensors, before they move to the device
     for task in stream.tasks:
         task.train_x, task.train_y = task.train_x.to(device), task.train_y.to(device)

@@ -34,6 +34,7 @@ from cfl.config import ConfigError, ScheduleConfig, parse_yaml
 from cfl.records.run_dir import is_resume_safe
 from cfl.report.duplicates import one_per_seed
 from cfl.report.labels import (
+    RANDOM_BACKBONE,
     MethodInfo,
     changed_method_keys,
     partition_label,
@@ -82,7 +83,9 @@ class Group:
     method: str  # the method label: method + plugins (+ aggregator, loss when not the defaults)
     differs: dict[str, Any]  # the keys that tell this group from the others, with this group's values
     runs: list[Run] = field(default_factory=list)
-    name: str | None = None  # the runs' config ``label`` (a sweep variant's), shown instead of the method label
+    #: the runs' config ``label`` (a sweep variant's), shown instead of the method label; flagged "(random
+    #: backbone)" for an untrained backbone's runs, as their method is (:func:`row_name`)
+    name: str | None = None
     recorded: MethodInfo | None = None  # the runs' ``method_info``: display names and defaults of their methods
     #: the seeds where its accuracy matrices equal FedAvg's under the same settings (cfl.report.same_as_fedavg)
     same_as_fedavg: list[int] = field(default_factory=list)
@@ -244,6 +247,15 @@ def config_label(run: Run) -> str | None:
     return label if isinstance(label, str) and label else None
 
 
+def row_name(run: Run) -> str | None:
+    """The name a labelled run's row shows: its config ``label``, flagged like its method where its backbone
+    was untrained (results.json's ``random_backbone``): ``l2p (random backbone)``."""
+    label = config_label(run)
+    if label is None or run.results.get("random_backbone") is not True or label.endswith(RANDOM_BACKBONE):
+        return label
+    return label + RANDOM_BACKBONE
+
+
 def shown_elsewhere(key: str) -> bool:
     """A key in a column of its own or in the method label (plugin names included)."""
     return (key in SHOWN_ELSEWHERE or key.startswith("partition.")
@@ -269,7 +281,8 @@ def group_runs(runs: list[Run]) -> list[Group]:
         first, keys, where = same[0], json.loads(frozen)["keys"], _bucket(same[0])
         named = set(differing_keys(buckets[where])) | set(changed_method_keys(first.config, first.method_info))
         groups.append(Group(where[0], where[1], first.results["method"],
-                            {k: keys[k] for k in sorted(named) if k in keys}, same, where[2], first.method_info))
+                            {k: keys[k] for k in sorted(named) if k in keys}, same, row_name(first),
+                            first.method_info))
         groups[-1].runs = one_per_seed(same, f"{where[0]} {where[1]} {groups[-1].label}")
     return sorted(groups, key=lambda g: (g.stream, g.partition, g.name or "", g.method,
                                          [_order(v) for v in g.differs.items()]))

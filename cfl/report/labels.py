@@ -29,6 +29,9 @@ from typing import Any
 
 from cfl.methods.display import MethodInfo, registered_defaults, registered_display
 
+#: how a table row, figure legend and W&B name flag a run on an untrained backbone (results.json's
+#: ``random_backbone``; cfl.pretrained): its numbers must never pass for a pretrained backbone's
+RANDOM_BACKBONE = " (random backbone)"
 #: partition parameters always named (each partitioner's own skew parameter); others only away from default
 PARTITION_MAIN = ("alpha", "beta", "shards_per_client")
 
