@@ -57,5 +57,5 @@ def test_a_table_over_two_streams_names_a_stream_column_and_unknown_columns_are_
     assert "| split-fmnist (class-IL) | fedncm | 60.00 |" in body
     bad = tmp_path / "tables.yaml"
     bad.write_text("tables:\n  two: {sweeps: [benchmarks/reproduce/split-fmnist.yaml], columns: [stream, nope]}\n")
-    with pytest.raises(ConfigError, match=r"'columns' must be a list of cfl report's column keys"):
+    with pytest.raises(ConfigError, match=r"unknown column\(s\) 'nope'"):
         load_tables(bad)
