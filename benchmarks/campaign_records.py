@@ -4,7 +4,9 @@ carries records and unfinished checkpoints back from a borrowed machine to the n
 A record is the run's own ``results.json`` (accuracy matrix, ACC/FGT/BWT, AIA/FWT, costs, wall time, the resolved
 config: already small, the curves stay in ``metrics.jsonl``) plus a ``record`` field: the table, the commit (with
 ``-dirty`` when ``cfl/`` had uncommitted changes), the machine (CPU model and cores, GPU, torch, Python) and the
-time it was recorded. ``cfl report benchmarks/results/<table>`` reads records as it reads run directories.
+time it was recorded. ``cfl report benchmarks/results/<table>`` reads records as it reads run directories. A run
+that diverged has a failure record ``failed.json`` instead (benchmarks/campaign_failures.py), with the same
+``record`` field; it travels in the archive as a record does.
 """
 
 from __future__ import annotations
