@@ -6,6 +6,7 @@ campaign in one archive.
     python benchmarks/campaign.py run   --minutes M [--jobs N] [--set KEY=VALUE]... [--table NAME]...
                                         [--work DIR] [--unpack ARCHIVE] [--pack ARCHIVE]
     python benchmarks/campaign.py tables [--write docs/results.md | --check docs/results.md]
+    python benchmarks/campaign.py record-failed [--table NAME]... [--work DIR]
 
 A table with ``tuned_by: TUNING`` runs the values that the tuning table's records choose
 (benchmarks/campaign_tuning.py): ``run`` refuses it until every tuned method has a chosen value written in its sweep,
@@ -17,8 +18,15 @@ checkpoints into the work directory), then starts the next runs that have no rec
 deadline. At the deadline each running run gets ``SIGINT``: it stops after its round with a checkpoint (exit 130,
 docs/reliability.md). Every run that finished becomes a record; ``--pack`` writes the new records and every
 unfinished run's checkpoint into one archive (a few files, the size printed) for the next campaign. Ctrl-C does
-the same as the deadline, at once. ``--set device=cuda`` on a GPU machine (the key is resume-safe). A run that
-failed (exit other than 0 or 130) is reported with its log's last lines and left unrecorded.
+the same as the deadline, at once. ``--set device=cuda`` on a GPU machine (the key is resume-safe).
+
+A run that diverged (exit 3 with a stop message naming non-finite values, docs/reliability.md) is a result of its
+table: it gets a failure record ``failed.json`` beside where its record would be (benchmarks/campaign_failures.py),
+``plan`` counts it as failed and no campaign runs it again (delete the file to retry it). Any other failure (exit
+other than 0, 3 on divergence or 130) is reported with its log's last lines and left unrecorded, to be run again.
+``record-failed`` writes the failure records of runs that diverged under an older campaign, which left them
+unrecorded: each planned run, not done, whose log (``<work>/<table>/<run name>.log``) ends with a divergence's stop
+message and whose run directory holds a checkpoint of its config.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the campaign's sibling modules
 
+from campaign_failures import FAILED, diverged, short_cause, write_failure  # noqa: E402
 from campaign_plan import (  # noqa: E402
     RESULTS_ROOT,
     ROOT,
@@ -101,16 +110,21 @@ def finish(run: PlannedRun, code: int, device: str, recorded: list[PlannedRun]) 
         print(f"campaign: recorded {run.table}/{run.name}", flush=True)
     elif code == 130:
         print(f"campaign: cut off {run.table}/{run.name} (checkpoint kept: {run.checkpointed})", flush=True)
+    elif (message := diverged(run.run_dir, code)) is not None:
+        write_failure(run.record_dir, message, run.config, run.table, run.name, device, code)
+        recorded.append(run)
+        print(f"campaign: diverged {run.table}/{run.name} (exit {code}: {short_cause(message)}); failure recorded "
+              f"in {run.record_dir / FAILED}", flush=True)
     else:
         print(f"campaign: {run.table}/{run.name} FAILED (exit {code}); its log ends:\n{log_tail(run)}", flush=True)
 
 
 def campaign(runs: list[PlannedRun], minutes: float, jobs: int, device: str,
              grace: float = GRACE_SECONDS) -> list[PlannedRun]:
-    """Run the unrecorded ``runs`` in order, ``jobs`` at a time, until done or ``minutes`` have passed; the runs
-    recorded. Ctrl-C cuts off the running ones as the deadline does."""
+    """Run the ``runs`` not done in order, ``jobs`` at a time, until done or ``minutes`` have passed; the runs
+    recorded (failure records included). Ctrl-C cuts off the running ones as the deadline does."""
     deadline = time.monotonic() + minutes * 60
-    queue = [r for r in runs if not r.recorded]
+    queue = [r for r in runs if not r.done]
     running: dict[PlannedRun, subprocess.Popen] = {}
     recorded: list[PlannedRun] = []
     try:
@@ -136,7 +150,7 @@ def campaign(runs: list[PlannedRun], minutes: float, jobs: int, device: str,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["plan", "run", "tables"])
+    parser.add_argument("command", choices=["plan", "run", "tables", "record-failed"])
     parser.add_argument("--tables-file", type=Path, default=TABLES_FILE)
     parser.add_argument("--results", type=Path, default=RESULTS_ROOT, help="where records go")
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "campaign", help="the runs' directories")
@@ -172,16 +186,42 @@ def main(argv: list[str] | None = None) -> int:
         print(plan_text(runs))
         return 0
     device = str(extra.get("device", "cpu"))
+    if args.command == "record-failed":
+        record_failed(runs, device)
+        print(plan_text(runs))
+        return 0
     campaign(runs, args.minutes, args.jobs, device, args.grace)
     print(plan_text(runs))
     if args.pack:
-        records = [(f"{r.table}/{r.name}", r.record_dir / "results.json") for r in runs
-                   if r.recorded and not committed(r.record_dir / "results.json")]
-        unfinished = [(f"{r.table}/{r.name}", r.run_dir) for r in runs if not r.recorded and r.checkpointed]
+        records = [(f"{r.table}/{r.name}", path) for r in runs
+                   for path in (r.record_dir / "results.json", r.record_dir / FAILED)
+                   if path.is_file() and not committed(path)]
+        unfinished = [(f"{r.table}/{r.name}", r.run_dir) for r in runs if not r.done and r.checkpointed]
         counts = pack(args.pack, records, unfinished)
         print(f"campaign: packed {args.pack}: {counts['records']} records, {counts['checkpoints']} checkpoints, "
               f"{counts['bytes'] / 1e6:.1f} MB")
     return 0
+
+
+def record_failed(runs: list[PlannedRun], device: str) -> list[PlannedRun]:
+    """Failure records for the runs not done that diverged under an earlier campaign: the log ends with the
+    divergence's stop message (cfl printed it last and exited 3) and the run directory's checkpoint is of the
+    planned config (the log is this config's). The machine is this one's (the run's own was not kept)."""
+    found = []
+    for run in runs:
+        message = None if run.done or run.finished else diverged(run.run_dir, None)
+        if message is None:
+            continue
+        if not run.checkpointed:
+            print(f"campaign: {run.table}/{run.name}: its log ends with a divergence but its run directory holds no "
+                  f"checkpoint of the planned config (the sweep changed?); not recorded", flush=True)
+            continue
+        write_failure(run.record_dir, message, run.config, run.table, run.name, device)
+        found.append(run)
+        print(f"campaign: diverged {run.table}/{run.name} ({short_cause(message)}); failure recorded in "
+              f"{run.record_dir / FAILED}", flush=True)
+    print(f"campaign: {len(found)} failure record(s) written", flush=True)
+    return found
 
 
 def committed(path: Path) -> bool:

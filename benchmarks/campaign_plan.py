@@ -4,8 +4,10 @@ A table names sweep files, the seeds (replacing the sweeps' own), optionally the
 columns of its table (``cfl report --columns`` keys; default :data:`campaign_tables.COLUMNS`); its
 runs are the sweeps' runs in table order, then seed, then the sweep's variant order, so that a campaign cut off
 anywhere has finished whole seeds of whole tables first. A run is *recorded* when its record exists under
-``benchmarks/results/<table>/<run name>/results.json``, *checkpointed* when its run directory in the campaign's
-work directory holds a checkpoint of the same config (it resumes there), else *to do*.
+``benchmarks/results/<table>/<run name>/results.json``, *failed* when a failure record ``failed.json`` is there
+instead (it diverged: benchmarks/campaign_failures.py; not rerun until that file is deleted), *checkpointed* when
+its run directory in the campaign's work directory holds a checkpoint of the same config (it resumes there), else
+*to do*. A recorded or failed run is *done*.
 """
 
 from __future__ import annotations
@@ -45,6 +47,15 @@ class PlannedRun:
         return (self.record_dir / "results.json").is_file()
 
     @property
+    def failed(self) -> bool:
+        return (self.record_dir / "failed.json").is_file()
+
+    @property
+    def done(self) -> bool:
+        """Recorded, or failed (diverged): a campaign does not run it again."""
+        return self.recorded or self.failed
+
+    @property
     def checkpointed(self) -> bool:
         return resumable(self.config, self.run_dir)[0]
 
@@ -54,7 +65,9 @@ class PlannedRun:
 
     @property
     def state(self) -> str:
-        return "recorded" if self.recorded else "checkpointed" if self.checkpointed else "to do"
+        if self.recorded or self.failed:
+            return "recorded" if self.recorded else "failed"
+        return "checkpointed" if self.checkpointed else "to do"
 
 
 def load_tables(path: Path = TABLES_FILE) -> dict[str, dict[str, Any]]:
@@ -164,13 +177,14 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
 
 
 def plan_text(runs: list[PlannedRun], next_count: int = 5) -> str:
-    """Per table: its runs recorded / checkpointed / to do; then the next runs a campaign would take."""
+    """Per table: its runs recorded / checkpointed / to do / failed; then the next runs a campaign would take."""
     lines = []
     for table in dict.fromkeys(r.table for r in runs):
         mine = [r for r in runs if r.table == table]
-        counts = {s: sum(r.state == s for r in mine) for s in ("recorded", "checkpointed", "to do")}
-        lines.append(f"{table}: {len(mine)} runs, " + ", ".join(f"{v} {k}" for k, v in counts.items()))
-    todo = [r for r in runs if not r.recorded]
+        counts = {s: sum(r.state == s for r in mine) for s in ("recorded", "checkpointed", "to do", "failed")}
+        hint = " (diverged, not rerun: delete a run's failed.json to retry it)" if counts["failed"] else ""
+        lines.append(f"{table}: {len(mine)} runs, " + ", ".join(f"{v} {k}" for k, v in counts.items()) + hint)
+    todo = [r for r in runs if not r.done]
     lines.append(f"next: {', '.join(f'{r.table}/{r.name} ({r.state})' for r in todo[:next_count]) or 'nothing'}")
     return "\n".join(lines)
 

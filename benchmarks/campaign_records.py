@@ -4,7 +4,9 @@ carries records and unfinished checkpoints back from a borrowed machine to the n
 A record is the run's own ``results.json`` (accuracy matrix, ACC/FGT/BWT, AIA/FWT, costs, wall time, the resolved
 config: already small, the curves stay in ``metrics.jsonl``) plus a ``record`` field: the table, the commit (with
 ``-dirty`` when ``cfl/`` had uncommitted changes), the machine (CPU model and cores, GPU, torch, Python) and the
-time it was recorded. ``cfl report benchmarks/results/<table>`` reads records as it reads run directories.
+time it was recorded. ``cfl report benchmarks/results/<table>`` reads records as it reads run directories. A run
+that diverged has a failure record ``failed.json`` instead (benchmarks/campaign_failures.py), with the same
+``record`` field; it travels in the archive as a record does.
 """
 
 from __future__ import annotations
@@ -63,12 +65,21 @@ def write_record(run_dir: Path, record_dir: Path, table: str, run_name: str, dev
     if not results.get("complete"):
         raise ValueError(f"{run_dir}: the run is not complete ({results.get('tasks_completed')} of "
                          f"{results.get('num_tasks')} tasks); no record is written")
-    results["record"] = {"table": table, "run": run_name, "commit": commit(), "machine": machine(device),
-                         "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    record_dir.mkdir(parents=True, exist_ok=True)
-    path = record_dir / "results.json"
-    tmp = path.with_name(".results.json.tmp")
-    tmp.write_text(json.dumps(results, indent=1) + "\n")
+    results["record"] = record_block(table, run_name, device)
+    return write_json(record_dir / "results.json", results)
+
+
+def record_block(table: str, run_name: str, device: str) -> dict[str, Any]:
+    """A record's ``record`` field: the table, the run, the commit and machine that made it, when."""
+    return {"table": table, "run": run_name, "commit": commit(), "machine": machine(device),
+            "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def write_json(path: Path, data: dict[str, Any]) -> Path:
+    """``data`` into ``path`` at once (a temporary file renamed): a killed campaign leaves no half record."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
     os.replace(tmp, path)
     return path
 
@@ -79,12 +90,13 @@ def _travels(path: Path, run_dir: Path) -> bool:
 
 
 def pack(archive: Path, records: list[tuple[str, Path]], checkpoints: list[tuple[str, Path]]) -> dict[str, int]:
-    """One ``.tar.gz`` with ``records/<table>/<run>/results.json`` and ``checkpoints/<table>/<run>/...`` (an
-    unfinished run directory less its W&B copy and figures); returns the counts and the archive's bytes."""
+    """One ``.tar.gz`` with ``records/<table>/<run>/results.json`` (or ``failed.json``, a diverged run's failure
+    record) and ``checkpoints/<table>/<run>/...`` (an unfinished run directory less its W&B copy and figures);
+    returns the counts and the archive's bytes."""
     archive.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(archive, "w:gz") as tar:
         for arcname, path in records:
-            tar.add(path, arcname=f"records/{arcname}/results.json")
+            tar.add(path, arcname=f"records/{arcname}/{path.name}")
         for arcname, run_dir in checkpoints:
             for path in sorted(run_dir.rglob("*")):
                 if path.is_file() and _travels(path, run_dir):

@@ -3,8 +3,9 @@
 Each table of ``benchmarks/results/tables.yaml`` is a region of docs/results.md between
 ``<!-- campaign:NAME -->`` and ``<!-- /campaign:NAME -->``: its title, the ``cfl report`` table of its records
 (its ``columns``, else method, runs, seeds, ACC, FGT, AIA, FWT, upload, wall), how many of the planned runs it
-holds, and the commits and machines that made them; a tuning table's region adds its grid and chosen values
-(benchmarks/campaign_tuning.py). A table without records says so and names the command that makes them.
+holds, and the commits and machines that made them; then the runs that diverged (failure records, by run name and
+short cause, never as rows: benchmarks/campaign_failures.py); a tuning table's region adds its grid and chosen
+values (benchmarks/campaign_tuning.py). A table without records says so and names the command that makes them.
 ``tests/test_results_tables.py`` checks that the committed docs equal what this prints.
 """
 
@@ -15,6 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from campaign_failures import failures_text, load_failures
 from campaign_tuning import method_grids, selection_note
 
 from cfl.report.groups import load_runs
@@ -35,19 +37,20 @@ def _planned(table: dict[str, Any]) -> str:
 def render_table(name: str, table: dict[str, Any], results_root: Path) -> str:
     """The region's body: title, table (or why there is none), provenance."""
     title = f"**{table.get('title', name)}** (campaign table `{name}`: {_planned(table)})"
-    records = _records(results_root, name)
+    records, failures = _records(results_root, name), load_failures(results_root, name)
+    failed = f"\n\n{failures_text(failures)}" if failures else ""
     if not records:
         return (f"{title}\n\nNo records yet. Made by `python benchmarks/campaign.py run --table {name} --minutes M "
-                f"--jobs N` (add `--set device=cuda` on a GPU).")
+                f"--jobs N` (add `--set device=cuda` on a GPU).{failed}")
     labels = [r["config"].get("label") for r in records]
     order = tuple(n for n in table.get("order", []) if n in labels) or None
     columns = tuple(table.get("columns") or COLUMNS)
     body = report_table(load_runs([results_root / name]), "md", TableOptions(columns=columns, order=order))
     machines = sorted({_machine(r["record"]["machine"]) for r in records})
     commits = sorted({r["record"]["commit"] for r in records})
-    note = f"\n\n{selection_note(method_grids(name, table, records))}" if table.get("tuning") else ""
+    note = f"\n\n{selection_note(method_grids(name, table, records, failures))}" if table.get("tuning") else ""
     return (f"{title}\n\n{body.rstrip()}\n\n{len(records)} records; commits {', '.join(commits)}; "
-            f"machines: {'; '.join(machines)}.{note}")
+            f"machines: {'; '.join(machines)}.{failed}{note}")
 
 
 def _machine(m: dict[str, Any]) -> str:

@@ -4,7 +4,9 @@ and the choice, and the check that a tuned table's sweep runs the chosen values 
 A *tuning* table (``tuning: true`` in benchmarks/results/tables.yaml) runs each method's grid points (its sweeps'
 ``variant`` entries, one label each) on tuning seeds. A method's *chosen* point is the one with the highest final
 ACC (the mean over the table's seeds), ties going to the first point in the sweep's order; a method is chosen only
-once every one of its points has a record for every seed. A *tuned* table (``tuned_by: TUNING``) runs the chosen
+once every one of its points has a record for every seed. A point that diverged (a failure record ``failed.json``
+for a seed, benchmarks/campaign_failures.py) counts as measured and is never chosen; a method whose every point
+diverged gets no chosen value, and says so. A *tuned* table (``tuned_by: TUNING``) runs the chosen
 values on the reported seeds: each of its sweeps' variants of a tuned method must set every method parameter the
 chosen point sets to the same value (compared after defaults are filled in), which ``campaign.py tables --check``
 checks and ``campaign.py run`` and ``tables --write`` require.
@@ -25,6 +27,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the campaign's sibling modules
 
+from campaign_failures import load_failures, short_cause  # noqa: E402
 from campaign_plan import RESULTS_ROOT, ROOT, TABLES_FILE, load_tables  # noqa: E402
 
 from cfl.config import ConfigError  # noqa: E402
@@ -34,13 +37,16 @@ from cfl.sweep import load_sweep  # noqa: E402
 @dataclass
 class GridPoint:
     """One variant of a tuning sweep: its label, the method parameters it sets (as the sweep writes them, and
-    resolved with the method's defaults) and its results, once every seed has a record."""
+    resolved with the method's defaults), its results and the seeds on which it diverged (each
+    ``diverged (exit 3): <short cause>``)."""
 
     label: str
     written: dict[str, Any]
     method: dict[str, Any]
     accs: list[float] = field(default_factory=list)
     fgts: list[float] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    seeds: set[int] = field(default_factory=set)
 
     def value(self, key: str) -> Any:
         return self.method.get(key)
@@ -61,22 +67,35 @@ class MethodGrid:
 
     @property
     def recorded(self) -> int:
-        return sum(len(p.accs) == self.seeds for p in self.points)
+        """The points measured on every seed: a result or a failure record (diverged) each."""
+        return sum(len(p.seeds) == self.seeds for p in self.points)
 
     @property
     def complete(self) -> bool:
         return self.recorded == len(self.points)
 
     @property
+    def finite(self) -> list[GridPoint]:
+        """The points that diverged on no seed: the only ones that can be chosen."""
+        return [p for p in self.points if not p.failures]
+
+    @property
+    def all_diverged(self) -> bool:
+        return self.complete and not self.finite
+
+    @property
     def chosen(self) -> GridPoint | None:
-        """The point with the highest mean ACC, the first in the sweep's order on a tie; None until complete."""
-        if not self.complete:
+        """The point with the highest mean ACC of those that never diverged, the first in the sweep's order on a
+        tie; None until complete, and where every point diverged."""
+        if not self.complete or not self.finite:
             return None
-        return max(self.points, key=lambda p: _mean(p.accs))  # max keeps the first of equal keys
+        return max(self.finite, key=lambda p: _mean(p.accs))  # max keeps the first of equal keys
 
     @property
     def all_tie(self) -> bool:
-        return self.complete and len({_mean(p.accs) for p in self.points}) == 1
+        finite = self.finite
+        return (self.complete and bool(finite) and len({_mean(p.accs) for p in finite}) == 1
+                and (len(finite) > 1 or len(self.points) == 1))
 
 
 def _mean(values: list[float]) -> float:
@@ -112,13 +131,16 @@ def sweep_points(sweep: Path) -> list[GridPoint]:
     return list(points.values())
 
 
-def method_grids(name: str, table: dict[str, Any], records: list[dict[str, Any]]) -> list[MethodGrid]:
-    """Each method's grid of tuning table ``name`` with the ACC and FGT of its ``records``; a record of no grid
-    point, of another seed or made with other parameters than its point's is refused (the sweep changed)."""
+def method_grids(name: str, table: dict[str, Any], records: list[dict[str, Any]],
+                 failures: list[dict[str, Any]] = ()) -> list[MethodGrid]:
+    """Each method's grid of tuning table ``name`` with the ACC and FGT of its ``records`` and its ``failures``
+    (failure records: the point diverged); a record of no grid point, of another seed or made with other
+    parameters than its point's is refused (the sweep changed), and so is a result and a failure of one point and
+    seed."""
     seeds = table.get("seeds", [0])
     points = [p for sweep in table["sweeps"] for p in sweep_points(ROOT / sweep)]
     by_label = {p.label: p for p in points}
-    for record in records:
+    for record in [*records, *failures]:
         config = record["config"]
         run = record.get("record", {}).get("run", config.get("label"))
         point = by_label.get(config.get("label"))
@@ -130,8 +152,15 @@ def method_grids(name: str, table: dict[str, Any], records: list[dict[str, Any]]
         if config["method"].get("name") != point.method["name"] or differ:
             raise ConfigError(f"tuning table {name}: the record {run} was made with {config['method']}, which is not "
                               f"its grid point's {point.method}; re-run it or move it away")
-        point.accs.append(float(record["acc"]))
-        point.fgts.append(float(record["fgt"]))
+        if config["seed"] in point.seeds:
+            raise ConfigError(f"tuning table {name}: grid point {point.label!r} has a result and a failure record "
+                              f"(failed.json) for seed {config['seed']}; delete the one that is stale")
+        point.seeds.add(config["seed"])
+        if record.get("failed"):
+            point.failures.append(f"diverged (exit {record['exit_code']}): {short_cause(record['stop'])}")
+        else:
+            point.accs.append(float(record["acc"]))
+            point.fgts.append(float(record["fgt"]))
     methods: dict[str, list[GridPoint]] = {}
     for point in points:
         methods.setdefault(point.method["name"], []).append(point)
@@ -154,15 +183,19 @@ def selection_note(grids: list[MethodGrid]) -> str:
         keys = grid.varied
         cells = []
         for point in grid.points:
-            result = (f"{_mean(point.accs):.2f} / {_mean(point.fgts):.2f}" if len(point.accs) == grid.seeds
+            result = (point.failures[0] if point.failures
+                      else f"{_mean(point.accs):.2f} / {_mean(point.fgts):.2f}" if len(point.accs) == grid.seeds
                       else "not recorded")
             cell = f"{_params(point, keys)}: {result}"
             cells.append(f"**{cell}**" if point is grid.chosen else cell)
         chosen = grid.chosen
-        if chosen is None:
+        if grid.all_diverged:
+            verdict = "none: every value diverged"
+        elif chosen is None:
             verdict = f"none yet ({grid.recorded} of {len(grid.points)} recorded)"
         else:
-            verdict = _params(chosen, keys) + (" (every value ties on ACC: the first)" if grid.all_tie else "")
+            tie = " that did not diverge" if len(grid.finite) < len(grid.points) else ""
+            verdict = _params(chosen, keys) + (f" (every value{tie} ties on ACC: the first)" if grid.all_tie else "")
         lines.append(f"| {grid.method} | {'; '.join(cells)} | {verdict} |")
     return "\n".join(lines)
 
@@ -172,6 +205,10 @@ def paste_lines(grids: list[MethodGrid]) -> str:
     lines = []
     for grid in grids:
         chosen = grid.chosen
+        if grid.all_diverged:
+            lines.append(f"    # {grid.method}: no value chosen: every one of its {len(grid.points)} grid points "
+                         "diverged (exit 3); add values the method trains at")
+            continue
         if chosen is None:
             lines.append(f"    # {grid.method}: no value chosen yet ({grid.recorded} of {len(grid.points)} grid "
                          "points recorded)")
@@ -185,6 +222,11 @@ def _records(results_root: Path, name: str) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted((results_root / name).rglob("results.json"))]
 
 
+def _grids(results_root: Path, name: str, table: dict[str, Any]) -> list[MethodGrid]:
+    """The grids of tuning table ``name`` from its records and failure records under ``results_root``."""
+    return method_grids(name, table, _records(results_root, name), load_failures(results_root, name))
+
+
 def tuned_sweep_problems(tables: dict[str, dict[str, Any]], results_root: Path, chosen: list[str] | None = None,
                          require_chosen: bool = False) -> list[str]:
     """What makes a tuned table's sweeps differ from what its tuning records select: a variant of a tuned method
@@ -195,12 +237,17 @@ def tuned_sweep_problems(tables: dict[str, dict[str, Any]], results_root: Path, 
         tuning = table.get("tuned_by")
         if tuning is None or (chosen is not None and name not in chosen):
             continue
-        grids = method_grids(tuning, tables[tuning], _records(results_root, tuning))
+        grids = _grids(results_root, tuning, tables[tuning])
         tuned = [(sweep, p) for sweep in table["sweeps"] for p in sweep_points(ROOT / sweep)]
         for grid in grids:
             best = grid.chosen
             if best is None:
-                if require_chosen:
+                if require_chosen and grid.all_diverged:
+                    problems.append(f"table {name}: {grid.method} has no chosen value: every one of its "
+                                    f"{len(grid.points)} grid points of table {tuning} diverged (exit 3); add values "
+                                    f"it trains at to that table's sweep and run it, or drop {grid.method} from "
+                                    f"{', '.join(table['sweeps'])}")
+                elif require_chosen:
                     problems.append(f"table {name}: {grid.method} has no chosen value yet ({grid.recorded} of "
                                     f"{len(grid.points)} grid points of table {tuning} recorded); run that table first")
                 continue
@@ -232,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         if table is None or not table.get("tuning"):
             raise ConfigError(f"--table {args.table}: not a tuning table of {args.tables_file} (those: "
                               f"{[n for n, t in tables.items() if t.get('tuning')]})")
-        grids = method_grids(args.table, table, _records(args.results, args.table))
+        grids = _grids(args.results, args.table, table)
         tuned = [n for n, t in tables.items() if t.get("tuned_by") == args.table]
         problems = tuned_sweep_problems(tables, args.results, tuned)
     except (ConfigError, ValueError, OSError) as err:

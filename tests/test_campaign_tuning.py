@@ -186,3 +186,53 @@ def test_tuned_by_must_name_a_tuning_table(tmp_path: Path) -> None:
 
 def test_the_committed_tuned_sweep_runs_what_the_committed_tuning_records_select() -> None:
     assert tuned_sweep_problems(load_tables(), RESULTS_ROOT) == []
+
+
+def _failure(label: str, cause: str = "here 202 > 2:") -> dict[str, Any]:
+    """The failure record (failed.json) of grid point ``label`` that diverged on the tuning seed."""
+    record = _record(label)
+    stop = (f"non-finite loss or update at task 2 (0-based), round 4 of the task, client(s) [3]; lower lr (now 0.01). "
+            f"Likely cause: method {record['config']['method']['name']}'s penalty has weight 2e+04 on parameter "
+            f"head.weight of client 3; a local SGD step ... diverges where lr x weight > 2 (1 + momentum), {cause} "
+            "lower the penalty's strength. Stopped; the last checkpoint (after round 40) is kept")
+    return {"failed": True, "exit_code": 3, "stop": stop, "cause": "-", "config": record["config"],
+            "record": record["record"]}
+
+
+def test_a_point_that_diverged_counts_as_measured_and_is_never_chosen(tmp_path: Path) -> None:
+    records = [_record(label) for label in RESULTS if label != "ewc lam=100"]
+    grids = {g.method: g for g in method_grids("t", _tuning_table(tmp_path), records, [_failure("ewc lam=100")])}
+    ewc = grids["ewc"]
+    assert ewc.complete and ewc.recorded == 3 and ewc.chosen.label == "ewc lam=1000"  # 21.0 over 18.0; lam=100 diverged
+    assert ("| ewc | lam=10: 18.00 / 90.00; lam=100: diverged (exit 3): ewc's penalty: lr x weight = 202 > 2 at task "
+            "2 (0-based), round 4; **lam=1000: 21.00 / 50.00** | lam=1000 |") in selection_note(list(grids.values()))
+
+
+def test_a_method_whose_every_point_diverged_gets_no_choice_and_says_so(tmp_path: Path) -> None:
+    records = [_record(label) for label in RESULTS if not label.startswith("mas")]
+    failures = [_failure("mas lam=1", "here 3.1 > 2:"), _failure("mas lam=10", "here 31 > 2:")]
+    grids = {g.method: g for g in method_grids("t", _tuning_table(tmp_path), records, failures)}
+    mas = grids["mas"]
+    assert mas.complete and mas.all_diverged and mas.chosen is None and not mas.all_tie
+    assert ("| mas | lam=1: diverged (exit 3): mas's penalty: lr x weight = 3.1 > 2 at task 2 (0-based), round 4; "
+            "lam=10: diverged (exit 3): mas's penalty: lr x weight = 31 > 2 at task 2 (0-based), round 4 | none: every "
+            "value diverged |") in selection_note(list(grids.values()))
+    assert ("    # mas: no value chosen: every one of its 2 grid points diverged (exit 3); add values the method "
+            "trains at") in paste_lines(list(grids.values()))
+
+
+def test_a_tuned_table_refuses_to_run_a_method_whose_every_point_diverged(tmp_path: Path) -> None:
+    tables, results = _campaign_files(tmp_path, "100")
+    for label in ("mas lam=1", "mas lam=10"):
+        run = results / "tuning" / f"{label.replace(' ', '_')}__seed=10"
+        (run / "results.json").unlink()
+        (run / "failed.json").write_text(json.dumps(_failure(label)))
+    problems = tuned_sweep_problems(load_tables(tables), results, require_chosen=True)
+    assert problems == [f"table tuned: mas has no chosen value: every one of its 2 grid points of table tuning "
+                        f"diverged (exit 3); add values it trains at to that table's sweep and run it, or drop mas "
+                        f"from {tmp_path / 'tuned.yaml'}"]
+
+
+def test_a_result_and_a_failure_of_one_point_and_seed_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="has a result and a failure record"):
+        method_grids("t", _tuning_table(tmp_path), [_record("ewc lam=10")], [_failure("ewc lam=10")])

@@ -16,6 +16,7 @@ from campaign_plan import RESULTS_ROOT, load_tables  # noqa: E402
 from campaign_tables import check_tables, render_table, write_tables  # noqa: E402
 
 from cfl.config import ConfigError  # noqa: E402
+from cfl.report.groups import load_runs  # noqa: E402
 
 DOC = ROOT / "docs" / "results.md"
 
@@ -59,3 +60,28 @@ def test_a_table_over_two_streams_names_a_stream_column_and_unknown_columns_are_
     bad.write_text("tables:\n  two: {sweeps: [benchmarks/reproduce/split-fmnist.yaml], columns: [stream, nope]}\n")
     with pytest.raises(ConfigError, match=r"unknown column\(s\) 'nope'"):
         load_tables(bad)
+
+
+def test_a_tables_failed_runs_are_listed_under_it_never_as_rows(tmp_path: Path) -> None:
+    _record(tmp_path / "t" / "fedncm__seed=0", "split-fmnist", "fedncm", 50.0)
+    stop = ("non-finite loss or update at task 1 (0-based), round 13 of the task, client(s) [0]; lower lr "
+            "(now 0.01) or check the method's parameters. Likely cause: method ewc's penalty has weight 4330 on "
+            "parameter head.bias of client 14; a local SGD step (lr 0.01, momentum 0.0) on a quadratic penalty "
+            "diverges where lr x weight > 2 (1 + momentum), here 43.3 > 2: lower the penalty's strength. Stopped; "
+            "the last checkpoint is kept")
+    failed = tmp_path / "t" / "ewc__seed=0"
+    failed.mkdir()
+    failed.joinpath("failed.json").write_text(json.dumps({
+        "failed": True, "exit_code": 3, "stop": stop, "cause": "-", "config": {"seed": 0, "label": "ewc"},
+        "record": {"run": "ewc__seed=0", "commit": "abc", "machine": {"cpu": "cpu", "cores": 2, "torch": "2"}}}))
+    table = {"title": "T", "sweeps": ["x.yaml"], "seeds": [0], "columns": ["method", "runs", "acc"]}
+    body = render_table("t", table, tmp_path)
+    assert body.endswith("1 records; commits abc; machines: cpu (2 cores), torch 2.\n\n"
+                         "Diverged (1 run, exit 3, no numbers: failure records `failed.json`):\n\n"
+                         "- ewc__seed=0: ewc's penalty: lr x weight = 43.3 > 2 at task 1 (0-based), round 13")
+    assert "| fedncm | 1 | 50.00 |" in body and "| ewc" not in body
+    assert [run.path.parent.name for run in load_runs([tmp_path / "t"])] == ["fedncm__seed=0"]  # cfl report's reader
+    (tmp_path / "t" / "fedncm__seed=0" / "results.json").unlink()
+    assert render_table("t", table, tmp_path).endswith(
+        "(add `--set device=cuda` on a GPU).\n\nDiverged (1 run, exit 3, no numbers: failure records `failed.json`):"
+        "\n\n- ewc__seed=0: ewc's penalty: lr x weight = 43.3 > 2 at task 1 (0-based), round 13")
