@@ -55,7 +55,8 @@ def test_the_python_api_runs_the_config_route_with_overrides_of_its_args(runs):
     assert all(acc is not None for acc in results["acc_matrix"][-1])
     assert results["config"]["stream"] == {"name": "avalanche", "num_tasks": 3, "scenario": "auto", "seed": None,
                                                 "download": False, "benchmark": DIGITS,
-                                                "args": {"n_experiences": 5, "task_labels": False}}
+                                                "args": {"n_experiences": 5, "task_labels": False},
+                                                    "train_per_class": None, "test_per_class": None}
     assert yaml.safe_load((root / "api" / "config.yaml").read_text())["stream"] == results["config"]["stream"]
     saved = torch.load(root / "api" / "checkpoint.pt", weights_only=True)
     assert saved["config"]["stream"]["args"] == {"n_experiences": 5, "task_labels": False}
