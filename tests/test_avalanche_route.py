@@ -56,7 +56,7 @@ def test_the_python_api_runs_the_config_route_with_overrides_of_its_args(runs):
     assert results["config"]["stream"] == {"name": "avalanche", "num_tasks": 3, "scenario": "auto", "seed": None,
                                                 "download": False, "benchmark": DIGITS,
                                                 "args": {"n_experiences": 5, "task_labels": False},
-                                                    "train_per_class": None, "test_per_class": None}
+                                                "train_per_class": None, "test_per_class": None}
     assert yaml.safe_load((root / "api" / "config.yaml").read_text())["stream"] == results["config"]["stream"]
     saved = torch.load(root / "api" / "checkpoint.pt", weights_only=True)
     assert saved["config"]["stream"]["args"] == {"n_experiences": 5, "task_labels": False}
