@@ -156,7 +156,7 @@ def check_methods(cfg: Any, specs: list[dict[str, Any]]) -> None:
     the rest of the config (``Method.check``)."""
     from cfl.data.streams import STREAMS
     from cfl.methods import METHODS
-    from cfl.methods.base import refuse_scenario
+    from cfl.methods.declaration_checks import refuse_scenario
 
     scenario = cfg.stream.scenario
     if scenario == "auto" and cfg.stream.name in STREAMS:

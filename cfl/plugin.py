@@ -3,9 +3,10 @@
 A method plugin subclasses :class:`Method` (the hooks and their arguments: ``docs/plugins.md``) and registers
 it with ``@register``; a stream plugin registers a builder with :func:`register_stream` (``docs/own-dataset.md``);
 models, partitioners, aggregators and losses are registered on their registries (``MODELS.register(name,
-builder)``). This module only hands names on: the interface lives in :mod:`cfl.methods.base`, the registries
-with what they hold. It imports no engine code, so a plugin file stays cheap to load (``cfl list``, the Ray and
-``--jobs`` workers import it too). ``cfl.plugins`` is something else: the loader of ``--plugin`` files.
+builder)``). This module only hands names on: the interface lives in :mod:`cfl.methods.base`, the values
+its hooks receive and return in :mod:`cfl.methods.hook_types`, the registries with what they hold. It imports no
+engine code, so a plugin file stays cheap to load (``cfl list``, the Ray and ``--jobs`` workers import it too).
+``cfl.plugins`` is something else: the loader of ``--plugin`` files.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ from cfl.data.derive import permuted_tasks, split_tasks
 from cfl.data.partition import PARTITIONERS
 from cfl.data.stream import Stream, Task
 from cfl.methods import METHODS, register
-from cfl.methods.base import (
+from cfl.methods.base import Method
+from cfl.methods.hook_types import (
     EVENTS,
     ClientData,
     Event,
     Linear,
     LocalTraining,
-    Method,
     NoHyperparams,
     Quadratic,
     RunInfo,
@@ -39,7 +40,7 @@ from cfl.streams import register as register_stream
 from cfl.tensors import Params, State, nbytes
 
 __all__ = [
-    # the method interface (cfl/methods/base.py)
+    # the method interface (cfl/methods/base.py) and its hooks' values (cfl/methods/hook_types.py)
     "Method", "NoHyperparams", "Quadratic", "Linear", "Samples", "ClientData", "RunInfo", "StateSizing", "Step",
     "LocalTraining", "Event", "EVENTS",
     # types and helpers of hooks

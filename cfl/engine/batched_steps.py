@@ -11,8 +11,9 @@ from cfl.engine import hooks
 from cfl.engine.jobs import Plugins
 from cfl.engine.stacking import Batch, client_rows, pad_samples, sample_counts
 from cfl.engine.step_hooks import StepStage
-from cfl.methods.base import Method, accepts, overrides
+from cfl.methods.base import Method, overrides
 from cfl.methods.hook_guard import BrokenRule, guarded
+from cfl.methods.hook_signatures import accepts
 from cfl.tensors import Params, State
 
 

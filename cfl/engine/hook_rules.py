@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from cfl.methods.base import Linear, Quadratic, Samples
 from cfl.methods.hook_guard import BrokenRule
+from cfl.methods.hook_types import Linear, Quadratic, Samples
 from cfl.tensors import Params
 
 PENALTY = ("must return None or {parameter name: Quadratic(weight, anchor) (optionally linear=) or Linear(coef)}, "

@@ -27,8 +27,10 @@ from cfl.engine.hook_rules import (
     check_step_gradient,
     check_step_samples,
 )
-from cfl.methods.base import Linear, Method, Quadratic, Samples, Step, accepts
+from cfl.methods.base import Method
 from cfl.methods.hook_guard import BrokenRule, guarded, hook_error
+from cfl.methods.hook_signatures import accepts
+from cfl.methods.hook_types import Linear, Quadratic, Samples, Step
 from cfl.ops.losses import weighted_mean
 from cfl.ops.subspace import project_out
 from cfl.tensors import Params, State

@@ -40,8 +40,9 @@ from cfl.engine.stacked_loss import loss_targets, weighted_cross_entropy
 from cfl.engine.stacked_net import StackedNet
 from cfl.engine.stacking import Batch, client_rows, couples_samples, pad_samples, sample_counts, stack_states
 from cfl.engine.step_hooks import STEP_HOOKS, StepStage, step_key, task_loss_of
-from cfl.methods.base import Method, Samples, overrides
+from cfl.methods.base import Method, overrides
 from cfl.methods.hook_guard import VMAPPED_HOOKS
+from cfl.methods.hook_types import Samples
 from cfl.ops.losses import masked_cross_entropy, weighted_mean
 from cfl.tensors import Params, State
 

@@ -14,7 +14,8 @@ from cfl.engine import hooks, local_optim
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, client_schedule, replay_generator
 from cfl.engine.precision import autocast, to_float, warn_if_slow
 from cfl.engine.step_hooks import StepStage, as_batch, step_key, task_loss_of
-from cfl.methods.base import Samples, overrides
+from cfl.methods.base import overrides
+from cfl.methods.hook_types import Samples
 from cfl.ops.losses import masked_cross_entropy
 from cfl.tensors import Params
 

@@ -34,8 +34,9 @@ from cfl.engine.runner import Runner
 from cfl.engine.server import transformed, updated
 from cfl.engine.server_state import broadcast_of, plain_server
 from cfl.engine.step_hooks import StepStage, as_batch, gradient_function, takes_steps
-from cfl.methods.base import Method, Samples, overrides
+from cfl.methods.base import Method, overrides
 from cfl.methods.hook_guard import guarded
+from cfl.methods.hook_types import Samples
 from cfl.models.buffers import load_global_model
 from cfl.records.client_states import ClientStates, MethodState
 from cfl.tensors import Params, State

@@ -44,18 +44,10 @@ from cfl.engine.shared_backbone import LINE as BACKBONE_LINE
 from cfl.engine.state_stores import build_stores, sizing_of
 from cfl.engine.task_start import ScheduledTaskStarts, TaskStarts
 from cfl.methods import METHODS
-from cfl.methods.base import (
-    ClientData,
-    Event,
-    LocalTraining,
-    Method,
-    RunInfo,
-    accepts,
-    acts_after_rounds,
-    overrides,
-    takes_part_at_task_end,
-)
+from cfl.methods.base import Method, acts_after_rounds, overrides, takes_part_at_task_end
 from cfl.methods.hook_guard import VMAPPED_HOOKS, guarded
+from cfl.methods.hook_signatures import accepts
+from cfl.methods.hook_types import ClientData, Event, LocalTraining, RunInfo
 from cfl.metrics import client_forgetting
 from cfl.metrics.evaluate import accuracy, class_counts, per_class_percent
 from cfl.metrics.matrix import empty_matrix

@@ -37,8 +37,9 @@ from cfl.data.stream import Stream
 from cfl.engine.jobs import ClientJob, derive_seed
 from cfl.engine.schedule import sample_clients
 from cfl.engine.server_state import broadcast_of, payload_size, plain_server
-from cfl.methods.base import ClientData, overrides, takes_part_at_task_end
+from cfl.methods.base import overrides, takes_part_at_task_end
 from cfl.methods.hook_guard import guarded
+from cfl.methods.hook_types import ClientData
 from cfl.metrics.evaluate import accuracy
 from cfl.metrics.schedule import scheduled_matrix
 from cfl.records.comm import task_end_model_line

@@ -18,11 +18,11 @@ from cfl.engine.hook_rules import SERVER_UPDATE, TRANSFORM, check_params
 from cfl.engine.hooks import finite_checks, made_finite
 from cfl.engine.jobs import ClientOutcome
 from cfl.engine.penalty_stiffness import stiffness_hint
-from cfl.methods.base import Method, Params, overrides
+from cfl.methods.base import Method, overrides
 from cfl.methods.hook_guard import guarded
 from cfl.ops.aggregate import aggregate
 from cfl.records.client_states import MethodState
-from cfl.tensors import State
+from cfl.tensors import Params, State
 
 
 class NonFiniteError(RuntimeError):

@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from cfl.methods.base import BackboneUpdate
 from cfl.methods.hook_guard import BrokenRule
+from cfl.methods.hook_types import BackboneUpdate
 from cfl.records.snapshot import Progress
 from cfl.tensors import Params
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from cfl.methods.base import Samples
+from cfl.methods.hook_types import Samples
 from cfl.tensors import State
 
 

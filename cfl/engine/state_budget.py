@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 from cfl.engine.disk_states import SEGMENT_BYTES
-from cfl.methods.base import StateSizing
+from cfl.methods.hook_types import StateSizing
 from cfl.schema import ConfigError
 
 MEMORY_BYTES = 256 << 20  # a memory store is rewritten whole into every checkpoint: ~1 s at 256 MiB here

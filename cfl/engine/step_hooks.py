@@ -28,8 +28,10 @@ from cfl.engine.hook_rules import check_carries
 from cfl.engine.jobs import ClientJob, derive_seed
 from cfl.engine.precision import autocast, to_float
 from cfl.engine.stacking import stack_states
-from cfl.methods.base import Method, Samples, Step, accepts, overrides
+from cfl.methods.base import Method, overrides
 from cfl.methods.hook_guard import guarded
+from cfl.methods.hook_signatures import accepts
+from cfl.methods.hook_types import Samples, Step
 from cfl.ops.counter_random import StepRandom, key_of
 from cfl.ops.losses import masked_cross_entropy, weighted_mean
 from cfl.tensors import Params, State
