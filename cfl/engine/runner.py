@@ -1,4 +1,6 @@
-"""The round loop: tasks x rounds, client sampling, local training, aggregation, task boundaries.
+"""The synchronous round loop: tasks x rounds, client sampling, local training, aggregation, evaluation, and the
+task ends between tasks (cfl/engine/task_end.py); each round's bytes go on the ledger through cfl/engine/traffic.py,
+and the other schedules' loop is cfl/engine/scheduled.py.
 
 Randomness is derived, not carried: the clients sampled in (task, round), each client's data order
 and the task partitions are pure functions of the run seed, so a run is reproducible bit for bit on
@@ -21,11 +23,8 @@ from cfl.config import Config
 from cfl.data.stream import Stream
 from cfl.engine import penalty_share
 from cfl.engine.client_params import ClientParams
-from cfl.engine.global_model import global_model
 from cfl.engine.hook_rules import (
     AFTER_SERVER_STEP,
-    BEFORE_TASK_END,
-    check_none,
     check_some_params,
     check_upload,
 )
@@ -35,16 +34,17 @@ from cfl.engine.local_batched import BatchedTrainer
 from cfl.engine.local_sequential import train_sequential
 from cfl.engine.model_buffers import announcement, collect, download_bytes, hand_out
 from cfl.engine.path import choose_path, trainer_kind
-from cfl.engine.schedule import Schedule, sample_clients
+from cfl.engine.schedule import Schedule
 from cfl.engine.scheduled import ScheduledRounds, run_scheduled, task_end_draws
 from cfl.engine.server import NonFiniteError, Server
 from cfl.engine.server_state import broadcast_of, payload_size, plain_server
-from cfl.engine.shared_backbone import BACKBONE_UPDATE, SharedBackbone
-from cfl.engine.shared_backbone import LINE as BACKBONE_LINE
+from cfl.engine.shared_backbone import SharedBackbone
 from cfl.engine.state_stores import build_stores, sizing_of
+from cfl.engine.task_end import end_task
 from cfl.engine.task_start import ScheduledTaskStarts, TaskStarts
+from cfl.engine.traffic import record_round, round_upload
 from cfl.methods import METHODS
-from cfl.methods.base import Method, acts_after_rounds, overrides, takes_part_at_task_end
+from cfl.methods.base import Method, acts_after_rounds, overrides
 from cfl.methods.hook_guard import VMAPPED_HOOKS, guarded
 from cfl.methods.hook_signatures import accepts
 from cfl.methods.hook_types import ClientData, Event, LocalTraining, RunInfo
@@ -55,7 +55,7 @@ from cfl.models import ModelShape, run_model
 from cfl.models.buffers import load_global_model, running_stats
 from cfl.models.layers import protected_layers
 from cfl.records.client_states import ClientStates, MethodState
-from cfl.records.comm import CommLedger, task_end_model_line, task_start_line
+from cfl.records.comm import CommLedger
 from cfl.records.snapshot import Progress, RunSnapshot
 from cfl.schedules import build_plan
 from cfl.schema import ConfigError
@@ -269,22 +269,11 @@ class Runner:
                                             self.params, AFTER_SERVER_STEP)
                 plain_server(m, "after_server_step", st.server)
                 self.params = {**self.params, **new}
-        down = len(jobs) * (self.model_download_bytes + round_down)
         backbone_down = self.shared_backbone.download_bytes([j.cid for j in jobs], self.progress)
-        if backbone_down:  # a backbone changed since these clients' last round: the changed tensors, once each
-            self.comm.down(backbone_down, line=BACKBONE_LINE)
-            down += backbone_down
-        # a method's own upload (client_upload) in place of the dense bytes of the parameters it sends
-        sent_dense = nbytes({k: self.params[k] for k in combined})
-        up = len(kept_jobs) * (self.model_bytes + nbytes(self.buffers) - sent_dense) + sum(sent_sizes)
-        up += sum(payload_size(m, "round_upload", u) for m, pl in zip(self.methods, payloads, strict=True)
-                  for u in pl.values())
-        self.comm.down(down)
-        for m, payload, new in zip(self.methods, task_start, newcomers, strict=True):
-            if m.broadcast.get("task_start"):
-                self.comm.down(len(new) * payload_size(m, "task_start", payload), line=task_start_line(m.name))
-                down += len(new) * payload_size(m, "task_start", payload)
-        self.comm.up(up)
+        up = round_upload(self.methods, len(kept_jobs), self.model_bytes, self.buffers, self.params, combined,
+                          sent_sizes, payloads)
+        down = record_round(self.comm, self.methods, len(jobs), self.model_download_bytes + round_down, backbone_down,
+                            task_start, newcomers, up)
         losses = [o.mean_loss for o in outcomes if o.finite]
         record = {"task": task, "round": self.progress.global_round + 1, "clients": len(kept_jobs),
                   "train_loss": float(np.mean(losses)) if losses else float("nan"),
@@ -410,63 +399,8 @@ class Runner:
         return None if mask is None else mask.to(self.device)
 
     def task_end(self, task: int) -> None:
-        """Per method: the server's ``before_task_end`` on the final global model, the client task-end hooks
-        (Fisher, memories, bases, GPSE) and the server's reduction."""
-        start = time.perf_counter()
-        parts = self.schedule.client_indices(task)
-        data = self.stream.tasks[task]
-        for i, (m, st) in enumerate(zip(self.methods, self.states, strict=True)):
-            uploads: dict[int, Any] = {}
-            if overrides(m, "before_task_end"):  # before the task-end broadcast is read
-                self._before_task_end(m, st.server, task)
-            if takes_part_at_task_end(m):
-                joined = self.schedule.joined(task)  # clients_join_per_task: those that have joined
-                if m.task_end_clients is None:
-                    cids = list(range(joined))
-                else:  # a draw of its own: no real round has this index
-                    cids = sample_clients(self.cfg.seed, task, 2**32 + i, joined, m.task_end_clients)
-                broadcast = broadcast_of(m, "task_end", st.server)
-                for c in cids:
-                    gen = torch.Generator().manual_seed(derive_seed(self.cfg.seed, task, c, 0x7E + i))
-                    cdata = ClientData(data.train_x, data.train_y, task, rows=parts[c])
-                    self._client_end(i, "task_end", self.params, cdata, c, broadcast, gen, uploads)
-                if m.downloads_model_at_task_end:
-                    self.comm.down(len(cids) * self.model_download_bytes, line=task_end_model_line(m.name))
-                self.comm.down(len(cids) * payload_size(m, "task_end", broadcast))
-                self.comm.up(sum(payload_size(m, "task_end_upload", u) for u in uploads.values()))
-            if overrides(m, "server_end"):
-                with guarded(m, "server_end"):
-                    m.server_end("task_end", uploads, st.server, task)
-                plain_server(m, "server_end", st.server)
-            if overrides(m, "backbone_update"):
-                self._backbone_update(m, st.server, task)
-        self.progress.task_end_seconds += time.perf_counter() - start
-
-    def _backbone_update(self, method: Method, server: State, task: int) -> None:
-        """``method.backbone_update`` on a copy of the final global model: its deltas added into the one shared
-        frozen backbone (cfl/engine/shared_backbone.py), its new parameter values set."""
-        model = global_model(self.model, self.params, self.buffers)
-        with guarded(method, "backbone_update"), unwritten(method, "backbone_update", {"global_params": self.params}):
-            update = self.shared_backbone.check(method.backbone_update(model, self.params, server, task))
-            new = {} if update is None else check_some_params(update.params, self.params, BACKBONE_UPDATE)
-        plain_server(method, "backbone_update", server)
-        if update is not None:
-            self.shared_backbone.apply(update.deltas, method.name, task, self.progress)
-            self.params = {**self.params, **new}
-
-    def _before_task_end(self, method: Method, server: State, task: int, classes: torch.Tensor | None = None) -> None:
-        """``method.before_task_end`` on a copy of the final global model (``classes``: the finished tasks' classes,
-        None: those of tasks 0..task); its wall time into ``server["stats"]``."""
-        model = global_model(self.model, self.params, self.buffers)
-        classes = (self.stream.seen_classes(task) if classes is None else classes).to(self.device)
-        start = time.perf_counter()
-        with guarded(method, "before_task_end"):
-            check_none(method.before_task_end(model, classes, server, task), BEFORE_TASK_END)
-        plain_server(method, "before_task_end", server)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        stats = server.setdefault("stats", {})
-        stats["before_task_end_seconds"] = stats.get("before_task_end_seconds", 0.0) + time.perf_counter() - start
+        """The synchronous schedule's end of ``task`` (:func:`cfl.engine.task_end.end_task`)."""
+        end_task(self, task)
 
     def _emit(self, kind: str, *args: Any) -> None:
         for obs in self.observers:

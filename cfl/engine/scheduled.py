@@ -36,13 +36,14 @@ from cfl.data.partition import partition
 from cfl.data.stream import Stream
 from cfl.engine.jobs import ClientJob, derive_seed
 from cfl.engine.schedule import sample_clients
-from cfl.engine.server_state import broadcast_of, payload_size, plain_server
+from cfl.engine.server_state import broadcast_of, plain_server
+from cfl.engine.task_end import before_task_end
+from cfl.engine.traffic import record_task_end
 from cfl.methods.base import overrides, takes_part_at_task_end
 from cfl.methods.hook_guard import guarded
 from cfl.methods.hook_types import ClientData
 from cfl.metrics.evaluate import accuracy
 from cfl.metrics.schedule import scheduled_matrix
-from cfl.records.comm import task_end_model_line
 from cfl.records.snapshot import Progress
 from cfl.schedules import Plan, check_plan
 from cfl.schema import ConfigError
@@ -179,10 +180,7 @@ def client_task_ends(runner: Runner, switched: list[tuple[int, int]]) -> None:
                     gen = torch.Generator().manual_seed(derive_seed(runner.cfg.seed, task, c, 0x7E + i))
                     cdata = ClientData(data.train_x, data.train_y, task, rows=rows[task][c])
                     runner._client_end(i, "task_end", runner.params, cdata, c, broadcast, gen, uploads)
-                if m.downloads_model_at_task_end:
-                    runner.comm.down(len(cids) * runner.model_download_bytes, line=task_end_model_line(m.name))
-                runner.comm.down(len(cids) * payload_size(m, "task_end", broadcast))
-                runner.comm.up(sum(payload_size(m, "task_end_upload", u) for u in uploads.values()))
+                record_task_end(runner.comm, m, len(cids), runner.model_download_bytes, broadcast, uploads)
             if m.server_task_end == "last_holder":
                 if uploads:  # a task some client holds to the run's end never uses them
                     st.server.setdefault(HELD, {}).setdefault(task, {}).update(uploads)
@@ -202,7 +200,7 @@ def server_task_ends(runner: Runner, tasks: list[int], rnd: int) -> None:
     for task in tasks:
         for m, st in zip(runner.methods, runner.states, strict=True):
             if overrides(m, "before_task_end"):
-                runner._before_task_end(m, st.server, task, classes)
+                before_task_end(runner, m, st.server, task, classes)
             if m.server_task_end == "last_holder":
                 held = st.server.get(HELD, {})
                 uploads = held.pop(task, {})
