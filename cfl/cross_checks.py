@@ -14,7 +14,9 @@ from typing import Any
 import torch
 
 from cfl.failures import USER_FAILURES
+from cfl.methods.base import Method
 from cfl.methods.hook_guard import hook_error
+from cfl.pretrained.backbones import BACKBONES, is_backbone
 from cfl.schema import ConfigError
 
 #: the shape a model is built for to see whether it keeps BatchNorm running statistics (any square image it takes)
@@ -249,3 +251,22 @@ def check_threads(threads: int) -> None:
     if threads > THREADS_PER_CPU * cpus:
         raise ConfigError(f"'threads' is {threads}, but this machine has {cpus} CPUs; use 0 (torch's default) "
                           f"or at most {THREADS_PER_CPU * cpus}")
+
+
+def check_backbone_changes(cfg: Any, classes: list[Any]) -> None:
+    """A method that changes the shared frozen backbone at task ends (``Method.backbone_update``) needs one: a
+    pretrained backbone run at every step through its adapter (``model.train: prompts | components | lora``). The
+    feature cache (``head``) holds the unchanged backbone's features, and ``all`` has no shared frozen part."""
+    changers = [c.name for c in classes if c.backbone_update is not Method.backbone_update]
+    if not changers:
+        return
+    model, who = cfg.model, f"method {', '.join(changers)} changes the shared frozen backbone at task ends"
+    if not is_backbone(model.name):
+        raise ConfigError(f"{who}; model {model.name} has none: use a pretrained backbone ({', '.join(BACKBONES)}) "
+                          "with model.train: prompts, components or lora")
+    if model.train == "head":
+        raise ConfigError(f"{who}; model.train: head trains on features cached from the unchanged backbone, which "
+                          "would go stale: set model.train: prompts, components or lora")
+    if model.train == "all":
+        raise ConfigError(f"{who}; model.train: all trains the whole backbone per client, so there is no shared "
+                          "frozen part: set model.train: prompts, components or lora")

@@ -11,6 +11,7 @@ from typing import Any
 
 from cfl.config import Config, _set_dotted, parse_overrides, read_yaml
 from cfl.cross_checks import (
+    check_backbone_changes,
     check_client_params,
     check_methods,
     check_model_buffers,
@@ -30,7 +31,7 @@ from cfl.models import MODELS
 from cfl.ops.aggregate import AGGREGATORS
 from cfl.ops.losses import LOSSES
 from cfl.precision_setting import parse_precision
-from cfl.pretrained.loaded import check_backbone, check_backbone_changes
+from cfl.pretrained.loaded import check_backbone
 from cfl.schedules import build_plan, check_methods_schedule, check_plan, check_schedule_keys
 from cfl.schema import ConfigError, build, refuse_nonfinite, to_dict
 

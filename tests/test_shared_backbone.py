@@ -38,7 +38,7 @@ def test_a_method_that_changes_the_backbone_must_declare_the_synchronous_schedul
     ({"name": "mlp", "train": "head"}, "model mlp has none"),
 ])
 def test_a_backbone_change_is_refused_without_a_shared_frozen_backbone_run_at_every_step(model, words):
-    from cfl.pretrained.loaded import check_backbone_changes
+    from cfl.cross_checks import check_backbone_changes
 
     cfg = SimpleNamespace(model=SimpleNamespace(**model))
     with pytest.raises(ConfigError, match=f"method merger changes the shared frozen backbone.*{words}"):

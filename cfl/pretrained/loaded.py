@@ -118,27 +118,6 @@ def check_method_train(cfg: Any, trains: dict[str, str]) -> None:
                           "fedcprompt (or set model.train: prompts, lora, all or head)")
 
 
-def check_backbone_changes(cfg: Any, classes: list[Any]) -> None:
-    """A method that changes the shared frozen backbone at task ends (``Method.backbone_update``) needs one: a
-    pretrained backbone run at every step through its adapter (``model.train: prompts | components | lora``). The
-    feature cache (``head``) holds the unchanged backbone's features, and ``all`` has no shared frozen part."""
-    from cfl.methods.base import Method
-
-    changers = [c.name for c in classes if c.backbone_update is not Method.backbone_update]
-    if not changers:
-        return
-    model, who = cfg.model, f"method {', '.join(changers)} changes the shared frozen backbone at task ends"
-    if not is_backbone(model.name):
-        raise ConfigError(f"{who}; model {model.name} has none: use a pretrained backbone ({', '.join(BACKBONES)}) "
-                          "with model.train: prompts, components or lora")
-    if model.train == "head":
-        raise ConfigError(f"{who}; model.train: head trains on features cached from the unchanged backbone, which "
-                          "would go stale: set model.train: prompts, components or lora")
-    if model.train == "all":
-        raise ConfigError(f"{who}; model.train: all trains the whole backbone per client, so there is no shared "
-                          "frozen part: set model.train: prompts, components or lora")
-
-
 def check_backbone(cfg: Any, trains: dict[str, str]) -> None:
     """The ``model.weights`` keys against the model: a pretrained backbone needs weights (a file, checked and
     loaded here, or random); other models take none. ``trains``: :func:`check_method_train`'s."""
