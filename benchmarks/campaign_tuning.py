@@ -92,6 +92,21 @@ class MethodGrid:
         return max(self.finite, key=lambda p: _mean(p.accs))  # max keeps the first of equal keys
 
     @property
+    def edge(self) -> list[str]:
+        """The varied numeric parameters whose chosen value is the grid's lowest or highest (a value beyond it was
+        not tried, so the best may lie past it); none on a tie of every value."""
+        chosen = self.chosen
+        if chosen is None or self.all_tie:
+            return []
+        out = []
+        for key in self.varied:
+            values = [p.value(key) for p in self.points]
+            if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values) and \
+                    chosen.value(key) in (min(values), max(values)):
+                out.append(key)
+        return out
+
+    @property
     def all_tie(self) -> bool:
         finite = self.finite
         return (self.complete and bool(finite) and len({_mean(p.accs) for p in finite}) == 1
@@ -196,6 +211,8 @@ def selection_note(grids: list[MethodGrid]) -> str:
         else:
             tie = " that did not diverge" if len(grid.finite) < len(grid.points) else ""
             verdict = _params(chosen, keys) + (f" (every value{tie} ties on ACC: the first)" if grid.all_tie else "")
+            if grid.edge:
+                verdict += f" (at the grid's edge in {', '.join(grid.edge)}: a value beyond it was not tried)"
         lines.append(f"| {grid.method} | {'; '.join(cells)} | {verdict} |")
     return "\n".join(lines)
 

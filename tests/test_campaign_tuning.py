@@ -103,6 +103,18 @@ def test_the_note_shows_every_grid_value_and_the_chosen_one_in_bold(tmp_path: Pa
                                   "    - {label: mas, method: {name: mas, lam: 1.0}}")
 
 
+def test_a_choice_at_the_grids_lowest_or_highest_value_is_marked_as_at_its_edge(tmp_path: Path) -> None:
+    """lam=1000 (the highest) and lam=10 (the lowest) are edges: a better value may lie beyond; lam=100 is not."""
+    for best, edge in (("ewc lam=1000", True), ("ewc lam=10", True), ("ewc lam=100", False)):
+        records = [_record(label, acc=99.0 if label == best else None) for label in RESULTS]
+        ewc = {g.method: g for g in method_grids("t", _tuning_table(tmp_path), records)}["ewc"]
+        assert ewc.chosen.label == best and ewc.edge == (["lam"] if edge else [])
+        row = next(line for line in selection_note([ewc]).splitlines() if line.startswith("| ewc"))
+        assert row.endswith("(at the grid's edge in lam: a value beyond it was not tried) |") is edge
+    mas = {g.method: g for g in method_grids("t", _tuning_table(tmp_path), [_record(x) for x in RESULTS])}["mas"]
+    assert mas.all_tie and mas.edge == []  # a tie of every value is no edge
+
+
 def test_a_record_of_no_grid_point_or_other_parameters_is_refused(tmp_path: Path) -> None:
     table = _tuning_table(tmp_path)
     stray = _record("ewc lam=10")
