@@ -18,6 +18,7 @@ from cfl.methods import METHODS, register
 from cfl.methods.base import Method
 from cfl.methods.hook_types import (
     EVENTS,
+    BackboneUpdate,
     ClientData,
     Event,
     Linear,
@@ -42,7 +43,7 @@ from cfl.tensors import Params, State, nbytes
 __all__ = [
     # the method interface (cfl/methods/base.py) and its hooks' values (cfl/methods/hook_types.py)
     "Method", "NoHyperparams", "Quadratic", "Linear", "Samples", "ClientData", "RunInfo", "StateSizing", "Step",
-    "LocalTraining", "Event", "EVENTS",
+    "LocalTraining", "Event", "EVENTS", "BackboneUpdate",
     # types and helpers of hooks
     "Params", "State", "nbytes", "field", "ConfigError",
     "diagonal_fisher", "output_norm_importance", "layer_grams",
