@@ -217,7 +217,8 @@ def test_a_point_that_diverged_counts_as_measured_and_is_never_chosen(tmp_path: 
     ewc = grids["ewc"]
     assert ewc.complete and ewc.recorded == 3 and ewc.chosen.label == "ewc lam=1000"  # 21.0 over 18.0; lam=100 diverged
     assert ("| ewc | lam=10: 18.00 / 90.00; lam=100: diverged (exit 3): ewc's penalty: lr x weight = 202 > 2 at task "
-            "2 (0-based), round 4; **lam=1000: 21.00 / 50.00** | lam=1000 |") in selection_note(list(grids.values()))
+            "2 (0-based), round 4; **lam=1000: 21.00 / 50.00** | lam=1000 (at the grid's edge in lam: a value "
+            "beyond it was not tried) |") in selection_note(list(grids.values()))
 
 
 def test_a_method_whose_every_point_diverged_gets_no_choice_and_says_so(tmp_path: Path) -> None:
