@@ -240,7 +240,11 @@ def _records(results_root: Path, name: str) -> list[dict[str, Any]]:
 
 
 def _grids(results_root: Path, name: str, table: dict[str, Any]) -> list[MethodGrid]:
-    """The grids of tuning table ``name`` from its records and failure records under ``results_root``."""
+    """The grids of tuning table ``name`` from its records and failure records under ``results_root``, or, where
+    that holds none of the table (a campaign writing its new records elsewhere: the device check's
+    ``--results $OUT/records``), from the repository's committed ones: a tuned table runs what they select."""
+    if not (results_root / name).is_dir():
+        results_root = RESULTS_ROOT
     return method_grids(name, table, _records(results_root, name), load_failures(results_root, name))
 
 

@@ -200,6 +200,11 @@ def test_the_committed_tuned_sweep_runs_what_the_committed_tuning_records_select
     assert tuned_sweep_problems(load_tables(), RESULTS_ROOT) == []
 
 
+def test_a_campaign_writing_its_records_elsewhere_takes_the_committed_tuning_records(tmp_path: Path) -> None:
+    """The device check runs the campaign with ``--results $OUT/records`` (empty): the tuned table still runs."""
+    assert tuned_sweep_problems(load_tables(), tmp_path / "records", require_chosen=True) == []
+
+
 def _failure(label: str, cause: str = "here 202 > 2:") -> dict[str, Any]:
     """The failure record (failed.json) of grid point ``label`` that diverged on the tuning seed."""
     record = _record(label)
