@@ -109,6 +109,8 @@ def test_a_campaign_cut_off_packed_and_resumed_elsewhere_equals_an_uninterrupted
     if "cut off" in out:  # a run cut off in the first session resumes from its packed checkpoint in the second
         assert "resuming" in second.stdout, second.stdout
     assert _acc_matrices(results) == expected
+    for work in (reference / "work", tmp_path / "session2"):  # every run recorded: no checkpoint left
+        assert not list(work.rglob("checkpoint.pt")), sorted(work.rglob("*"))
     run = json.loads((results / "tiny" / "fedavg__seed=0" / "results.json").read_text())
     record = run["record"]
     assert record["table"] == "tiny" and record["machine"]["torch"] and record["commit"]
