@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from cfl.pretrained.contrastive_continual import contrastive_continual_loss, task_rows
+from tests.run_pairs import assert_batched_equals_sequential, checkpointed_params, killed_and_resumed
 
 
 def test_c2l_is_the_scaled_triplet_on_each_sample():
@@ -133,33 +134,13 @@ def test_batched_equals_sequential_and_each_task_moves_its_own_slice(tmp_path):
     runs[1].run_round(0, 0)
     for r in runs:
         r.run()
-    batched, sequential = runs
-    assert batched.engine_path.path == "vmap"
-    for k in batched.params:
-        assert torch.allclose(batched.params[k], sequential.params[k], atol=1e-5, rtol=1e-4), k
-    assert batched.progress.acc_matrix == sequential.progress.acc_matrix
+    assert_batched_equals_sequential(*runs)
 
 
 def test_resume_is_bit_identical(tmp_path, monkeypatch):
     pytest.importorskip("timm")
-    from cfl.single_run import Checkpointer, execute, resume_config
-
-    cfg = _config(tmp_path, checkpoint_every=1, num_clients=3)
-    full = execute(cfg, tmp_path / "full", quiet=True)
-    saving = Checkpointer.__call__
-
-    def killed_after_round_3(self) -> None:
-        saving(self)
-        if self.runner.progress.global_round >= 3:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(Checkpointer, "__call__", killed_after_round_3)
-    with pytest.raises(Exception):  # noqa: B017 - RunStopped, whichever signal code
-        execute(cfg, tmp_path / "part", quiet=True)
-    monkeypatch.setattr(Checkpointer, "__call__", saving)
-    resumed = execute(resume_config(tmp_path / "part", []), tmp_path / "part", quiet=True, resume=True)
+    full, resumed = killed_and_resumed(_config(tmp_path, checkpoint_every=1, num_clients=3), tmp_path, monkeypatch)
     assert resumed["acc_matrix"] == full["acc_matrix"] and resumed["upload_bytes"] == full["upload_bytes"]
     assert resumed["download_bytes"] == full["download_bytes"]
-    final = torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=False)["params"]
-    reference = torch.load(tmp_path / "full" / "checkpoint.pt", weights_only=False)["params"]
+    final, reference = checkpointed_params(tmp_path / "part"), checkpointed_params(tmp_path / "full")
     assert all(torch.equal(final[k], reference[k]) for k in reference)

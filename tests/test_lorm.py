@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from cfl.pretrained.regmean import projected_gram, regmean, shrunk
+from tests.run_pairs import assert_batched_equals_sequential
 
 
 def test_regmean_by_hand():
@@ -225,11 +226,7 @@ def test_batched_equals_sequential(tmp_path):
     runs = [runner(config(tmp_path, client_execution=e)) for e in ("batched", "sequential")]
     for r in runs:
         r.run()
-    batched, sequential = runs
-    assert batched.engine_path.path == "vmap"
-    for k in batched.params:
-        assert torch.allclose(batched.params[k], sequential.params[k], atol=1e-5, rtol=1e-4), k
-    assert batched.progress.acc_matrix == sequential.progress.acc_matrix
+    assert_batched_equals_sequential(*runs)
 
 
 @pytest.mark.parametrize(("extra", "words"), [

@@ -18,6 +18,7 @@ from cfl.config import ConfigError  # noqa: E402
 from cfl.pretrained.backbones import build_backbone  # noqa: E402
 from cfl.pretrained.weights import sha256_of  # noqa: E402
 from cfl.validation import from_dict  # noqa: E402
+from tests.run_pairs import checkpointed_params, killed_and_resumed  # noqa: E402
 
 SIZE = 32  # 2 x 2 patches of 16 pixels: a ViT-Ti/16 forward in milliseconds
 
@@ -123,28 +124,13 @@ def test_feature_cache_hit_and_invalidation(weights, tmp_path, capsys):
 
 @pytest.mark.parametrize("method", ["fedavg", "afcl"])
 def test_run_from_a_weights_file_resumes_bit_identically(weights, tmp_path, monkeypatch, method):
-    from cfl.single_run import Checkpointer, execute, resume_config
-
     cfg = from_dict({**config(tmp_path, weights=str(weights)), "method": {"name": method}, "checkpoint_every": 1})
-    full = execute(cfg, tmp_path / "full", quiet=True)
+    full, resumed = killed_and_resumed(cfg, tmp_path, monkeypatch)  # killed after round 3's checkpoint
     assert full["backbone"]["sha256"] == sha256_of(weights) and full["random_backbone"] is False
     assert full["method"] == method and full["acc"] > 50
-    saving = Checkpointer.__call__
-
-    def killed_after_round_3(self) -> None:  # the run dies after its third round's checkpoint
-        saving(self)
-        if self.runner.progress.global_round >= 3:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(Checkpointer, "__call__", killed_after_round_3)
-    with pytest.raises(Exception):  # noqa: B017 - RunStopped, whichever signal code
-        execute(cfg, tmp_path / "part", quiet=True)
-    monkeypatch.setattr(Checkpointer, "__call__", saving)
-    resumed = execute(resume_config(tmp_path / "part", []), tmp_path / "part", quiet=True, resume=True)
     assert resumed["acc_matrix"] == full["acc_matrix"]
     assert resumed["upload_bytes"] == full["upload_bytes"] and resumed["download_bytes"] == full["download_bytes"]
-    final = torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=False)["params"]
-    reference = torch.load(tmp_path / "full" / "checkpoint.pt", weights_only=False)["params"]
+    final, reference = checkpointed_params(tmp_path / "part"), checkpointed_params(tmp_path / "full")
     assert all(torch.equal(final[k], reference[k]) for k in reference)
 
 

@@ -22,6 +22,7 @@ from cfl.pretrained.prompt_pool import PromptPool, key_distance, select  # noqa:
 from cfl.tensors import nbytes  # noqa: E402
 from cfl.validation import from_dict  # noqa: E402
 from tests.conftest import make_stream  # noqa: E402
+from tests.run_pairs import assert_batched_equals_sequential, killed_and_resumed  # noqa: E402
 
 SIZE = 32
 METHOD = {"prompts": "l2p", "lora": "lora"}
@@ -102,35 +103,18 @@ def test_batched_equals_sequential(tmp_path, train):
     runs = [runner(config(tmp_path, train, client_execution=e)) for e in ("batched", "sequential")]
     for r in runs:
         r.run()
-    batched, sequential = runs
-    assert batched.engine_path.path == "vmap"
-    for k in batched.params:
-        assert torch.allclose(batched.params[k], sequential.params[k], atol=1e-5, rtol=1e-4), k
-    assert batched.progress.acc_matrix == sequential.progress.acc_matrix
+    assert_batched_equals_sequential(*runs)
+    batched = runs[0]
     moved = [k for k in batched.params if not torch.equal(batched.params[k], runner(config(tmp_path, train)).params[k])]
     assert any("prompt.keys" in k or ".lora_a" in k for k in moved)  # the adapter trained, keys by the key loss
 
 
 def test_run_from_a_weights_file_resumes_bit_identically_and_checkpoints_only_the_subset(weights, tmp_path,
                                                                                           monkeypatch):
-    from cfl.single_run import Checkpointer, execute, resume_config
-
     # at 16 px (one patch, its position embeddings resampled from the file's 32 px): seconds on a CPU
     cfg = config(tmp_path, "prompts", str(weights), 16, checkpoint_every=1, num_clients=3, batch_size=32)
-    full = execute(cfg, tmp_path / "full", quiet=True)
+    full, resumed = killed_and_resumed(cfg, tmp_path, monkeypatch)
     assert full["backbone"]["train"] == "prompts" and full["random_backbone"] is False
-    saving = Checkpointer.__call__
-
-    def killed_after_round_3(self) -> None:
-        saving(self)
-        if self.runner.progress.global_round >= 3:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(Checkpointer, "__call__", killed_after_round_3)
-    with pytest.raises(Exception):  # noqa: B017 - RunStopped, whichever signal code
-        execute(cfg, tmp_path / "part", quiet=True)
-    monkeypatch.setattr(Checkpointer, "__call__", saving)
-    resumed = execute(resume_config(tmp_path / "part", []), tmp_path / "part", quiet=True, resume=True)
     assert resumed["acc_matrix"] == full["acc_matrix"] and resumed["upload_bytes"] == full["upload_bytes"]
     final = torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=False)
     reference = torch.load(tmp_path / "full" / "checkpoint.pt", weights_only=False)["params"]
