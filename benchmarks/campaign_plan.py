@@ -24,12 +24,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as `python benchmarks/campaign.py` from anywhere: import the checkout's cfl
     sys.path.insert(0, str(ROOT))
 
+from campaign_published import check_published  # noqa: E402
+
 from cfl.config import Config, ConfigError, _set_dotted  # noqa: E402
 from cfl.sweep import is_complete, load_sweep, resumable  # noqa: E402
 
 TABLES_FILE = ROOT / "benchmarks" / "results" / "tables.yaml"
 RESULTS_ROOT = ROOT / "benchmarks" / "results"
-TABLE_KEYS = {"title", "sweeps", "seeds", "only", "order", "columns", "tuning", "tuned_by"}
+TABLE_KEYS = {"title", "sweeps", "seeds", "only", "order", "columns", "tuning", "tuned_by", "published"}
 
 
 @dataclass(frozen=True, eq=False)  # hashed by identity: a campaign keys its processes by run
@@ -90,6 +92,7 @@ def load_tables(path: Path = TABLES_FILE) -> dict[str, dict[str, Any]]:
         if not isinstance(seeds, list) or not seeds or not all(type(s) is int for s in seeds):
             raise ConfigError(f"{path}: table {name!r}: 'seeds' must be a non-empty list of integers, got {seeds!r}")
         _check_columns(path, name, table.get("columns"))
+        check_published(path, name, table.get("published"))
         for sweep in table["sweeps"]:
             if not (ROOT / sweep).is_file():
                 raise ConfigError(f"{path}: table {name!r} names the sweep file {sweep}, which does not exist")

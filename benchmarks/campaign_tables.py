@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import json
 import re
+from math import prod
 from pathlib import Path
 from typing import Any
 
+import yaml
 from campaign_failures import failures_text, load_failures
+from campaign_plan import ROOT
+from campaign_published import published_text
 from campaign_tuning import method_grids, selection_note
 
 from cfl.report.groups import load_runs
@@ -34,6 +38,24 @@ def _planned(table: dict[str, Any]) -> str:
     return f"seeds {', '.join(map(str, table.get('seeds', [0])))} of {', '.join(table['sweeps'])}"
 
 
+def _planned_count(table: dict[str, Any]) -> int | None:
+    """How many runs the table plans: each sweep's grid at the table's seeds, its variants kept by ``only``
+    (the product the sweep expands, counted from the files without resolving a config); None where a sweep file
+    is not there (a test's table) or ``only`` filters a sweep without variants."""
+    count = 0
+    for sweep in table["sweeps"]:
+        if not (ROOT / sweep).is_file():
+            return None
+        grid = dict((yaml.safe_load((ROOT / sweep).read_text()) or {}).get("grid") or {})
+        grid["seed"] = table.get("seeds", [0])
+        if table.get("only") is not None:
+            if "variant" not in grid:
+                return None
+            grid["variant"] = [v for v in grid["variant"] if v.get("label") in table["only"]]
+        count += prod(len(values) for values in grid.values())
+    return count
+
+
 def render_table(name: str, table: dict[str, Any], results_root: Path) -> str:
     """The region's body: title, table (or why there is none), provenance."""
     title = f"**{table.get('title', name)}** (campaign table `{name}`: {_planned(table)})"
@@ -49,8 +71,13 @@ def render_table(name: str, table: dict[str, Any], results_root: Path) -> str:
     machines = sorted({_machine(r["record"]["machine"]) for r in records})
     commits = sorted({r["record"]["commit"] for r in records})
     note = f"\n\n{selection_note(method_grids(name, table, records, failures))}" if table.get("tuning") else ""
-    return (f"{title}\n\n{body.rstrip()}\n\n{len(records)} records; commits {', '.join(commits)}; "
-            f"machines: {'; '.join(machines)}.{failed}{note}")
+    planned = _planned_count(table)
+    count = (f"{len(records)} records" if planned is None or len(records) + len(failures) >= planned
+             else f"{len(records)} records of {planned} planned runs (partial)")
+    paper = (f"\n\n{published_text(table['published'], records, table.get('seeds', [0]), table.get('order', []))}"
+             if table.get("published") else "")
+    return (f"{title}\n\n{body.rstrip()}\n\n{count}; commits {', '.join(commits)}; "
+            f"machines: {'; '.join(machines)}.{failed}{paper}{note}")
 
 
 def _machine(m: dict[str, Any]) -> str:

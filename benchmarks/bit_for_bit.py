@@ -1,0 +1,88 @@
+"""Bit for bit across two checkouts: the same configs run at both, their results.json compared to the last digit.
+
+    python benchmarks/bit_for_bit.py --base DIR --branch DIR --out DIR  RUN [RUN ...]
+    RUN:  CONFIG.yaml[::KEY=VALUE,KEY=VALUE...]       (e.g. configs/quickstart.yaml::method.name=ewc)
+          record:PATH/results.json                     (a committed record's own resolved config)
+
+Each run is made with ``python -m cfl run`` in each checkout (its own ``cfl`` on ``PYTHONPATH``, one thread), into
+``OUT/base/<i>`` and ``OUT/branch/<i>``; the two results.json must be equal after dropping what measures the
+machine and not the run (wall and train seconds, the record's provenance). A record's config is written out from
+its results.json and run as it is. Prints one line per run and exits 1 if any differ (the differing keys named).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+#: keys that measure the machine or the moment, not the run
+TIMING_KEYS = {"wall_seconds", "train_seconds", "task_end_seconds", "record", "wandb_run_id", "seconds"}
+
+
+def _strip(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip(v) for k, v in value.items() if k not in TIMING_KEYS and not k.endswith("_seconds")}
+    if isinstance(value, list):
+        return [_strip(v) for v in value]
+    return value
+
+
+def differing_keys(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """Top-level keys whose values differ once the timing keys are dropped."""
+    a, b = _strip(a), _strip(b)
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+
+
+def _config_args(run: str, out: Path) -> list[str]:
+    if run.startswith("record:"):
+        results = json.loads(Path(run[len("record:"):]).read_text())
+        config = {k: v for k, v in results["config"].items() if k != "out"}
+        path = out / "config.from-record.yaml"
+        out.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        return [str(path.resolve())]
+    config, _, sets = run.partition("::")
+    args = [str(Path(config).resolve())]
+    for item in filter(None, sets.split(",")):
+        args += ["--set", item]
+    return args
+
+
+def run_at(checkout: Path, run: str, out: Path) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(checkout), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "cfl", "run", *_config_args(run, out), "--out", str(out / "run"), "--overwrite",
+           "--set", "wandb.mode=disabled"]
+    done = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{run} at {checkout}: exit {done.returncode}\n{done.stderr[-2000:]}")
+    return json.loads((out / "run" / "results.json").read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base", type=Path, required=True)
+    parser.add_argument("--branch", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("runs", nargs="+")
+    args = parser.parse_args(argv)
+    failed = 0
+    for i, run in enumerate(args.runs):
+        base = run_at(args.base.resolve(), run, args.out / "base" / str(i))
+        branch = run_at(args.branch.resolve(), run, args.out / "branch" / str(i))
+        keys = differing_keys(base, branch)
+        failed += bool(keys)
+        print(f"{'DIFFERS' if keys else 'same'}  {run}  ACC {base.get('acc')} / {branch.get('acc')}"
+              + (f"  keys: {', '.join(keys)}" if keys else ""), flush=True)
+    print(f"{len(args.runs) - failed} of {len(args.runs)} runs bit for bit")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,18 @@
+"""benchmarks/bit_for_bit.py compares two runs' results.json to the last digit, less what measures the machine."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from bit_for_bit import differing_keys  # noqa: E402
+
+
+def test_timing_and_provenance_are_dropped_and_a_last_digit_is_not() -> None:
+    a = {"acc": 76.859, "wall_seconds": 3.0, "record": {"commit": "a"}, "method_stats": {"x": 1, "fit_seconds": 2}}
+    b = {"acc": 76.859, "wall_seconds": 9.0, "record": {"commit": "b"}, "method_stats": {"x": 1, "fit_seconds": 7}}
+    assert differing_keys(a, b) == []
+    assert differing_keys(a, {**b, "acc": 76.85900000000001}) == ["acc"]
+    assert differing_keys(a, {**b, "extra": 1}) == ["extra"]
