@@ -27,3 +27,14 @@ def test_demo_methods_are_registered() -> None:
 
     line = re.search(r"^DEMO_METHODS \?= (.+)$", (ROOT / "Makefile").read_text(), re.MULTILINE)
     assert line and set(line.group(1).split()) <= set(METHODS)
+
+
+def test_the_demo_figures_name_their_machine_and_say_float32_differs_across_cpus() -> None:
+    readme = (ROOT / "README.md").read_text()
+    demo = readme[readme.index("`make demo` prints"):readme.index("Pick methods and parameters")]
+    assert re.search(r"measured \d{4}-\d\d-\d\d on a [\w-]+ (Intel|AMD) [\w ]+", demo), "the machine of the figures"
+    assert "torch 2." in demo and "last digits" in demo and "Float32" in demo
+    timing = re.search(r"took (\d+) s \(FedAvg\) to\s+(\d+) min", demo)
+    assert timing, "the seconds per method, measured"
+    config = (ROOT / "configs" / "quickstart.yaml").read_text()
+    assert f"{timing.group(1)} s to {timing.group(2)} min per method" in config
