@@ -44,3 +44,16 @@ def test_a_mark_on_four_seeds_is_not_warned_about(tmp_path, capsys):
     four_seeds(tmp_path)
     assert "†" in report([tmp_path], options=TableOptions(columns=("method", "acc")))
     assert "degree(s) of freedom" not in capsys.readouterr().err
+
+
+def test_the_upload_unit_is_chosen_for_the_column(tmp_path):
+    """2 MiB and 5 MiB uploads read 0.002 and 0.005 in GiB: the column reads MiB; 3 GiB and more stay GiB."""
+    from tests.test_report import rows
+
+    for seed, size in enumerate((2 * 2 ** 20, 5 * 2 ** 20)):
+        write_results(tmp_path / "small" / f"s{seed}", seed, 70.0, 1.0, upload_bytes=size)
+    found = rows(report([tmp_path / "small"], options=TableOptions(columns=("method", "upload"))))
+    assert found == [{"method": "fedavg", "upload (MiB)": "3.500 ± 2.121"}]
+    write_results(tmp_path / "large" / "s0", 0, 70.0, 1.0, upload_bytes=3 * 2 ** 30)
+    assert rows(report([tmp_path / "large"], options=TableOptions(columns=("method", "upload"))))[0][
+        "upload (GiB)"] == "3.000"
