@@ -12,9 +12,16 @@ DEMO_SET_fedprox ?= --set method.mu=1.0
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml cfl/install_check.py
+# torch and torchvision first, in one pip call from one index (cfl/torch_wheels.py chooses it: PyTorch's CPU index
+# where it is reachable on a machine without an NVIDIA driver, else pip's own; `make TORCH_INDEX=URL` or
+# TORCH_INDEX=default to choose); the package's own install then keeps them.
+TORCH_INDEX ?=
+export TORCH_INDEX
+
+$(VENV)/.installed: pyproject.toml cfl/install_check.py cfl/torch_wheels.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch torchvision $$($(BIN)/python -m cfl.torch_wheels)
 	$(BIN)/python -m pip install --quiet -e ".[dev,ray,pretrained]"
 	$(BIN)/python -m cfl.install_check  # torch and torchvision import together, or the fix is printed
 	touch $@

@@ -251,11 +251,14 @@ def committed(path: Path) -> bool:
 
 
 def tables_command(tables: dict, args: argparse.Namespace) -> int:
-    problems = tuned_sweep_problems(tables, args.results)
+    from campaign_record_checks import inconsistent_records
+
+    problems = tuned_sweep_problems(tables, args.results) + inconsistent_records(args.results, tables)
     for problem in problems:
         print(f"campaign: {problem}", file=sys.stderr)
     if args.write and problems:
-        print(f"campaign: {args.write} not written: a tuned sweep differs from its tuning records", file=sys.stderr)
+        print(f"campaign: {args.write} not written: a tuned sweep differs from its tuning records, or a record from "
+              "itself", file=sys.stderr)
         return 2
     if args.write:
         write_tables(args.write, tables, args.results)

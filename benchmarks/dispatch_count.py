@@ -17,6 +17,10 @@ commit can be compared on this machine without a GPU.
   tensor is a CPU tensor, so there ``syncs`` is 0 and ``host_reads`` is the bound: it also counts the engine's
   host-side bookkeeping (the batch schedule is built in CPU tensors on every device), which ``host_read_ops``
   lets a reader tell apart.
+- bf16-mixed's compiled step (:func:`cfl.engine.bf16_step.step_cast`, one Inductor kernel): ``torch.compile``
+  refuses to run under a non-infra dispatch mode (``fullgraph=True`` raises "found no compiled frames"), so
+  while counting, the compiled pass runs outside this mode (its compilation too, uncounted) and counts as one
+  kernel, ``compiled_step_cast`` in ``by_op``: what a GPU launches for it.
 
     with DispatchCounter() as counter:
         train_round()
@@ -29,7 +33,9 @@ from collections import Counter
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+from cfl.engine import bf16_step
 
 #: operators whose output size depends on the values: the host reads a count before allocating the output
 DATA_DEPENDENT = {"nonzero", "masked_select", "unique", "_unique", "_unique2", "unique_consecutive",
@@ -43,6 +49,8 @@ VIEWS = {"view", "_unsafe_view", "expand", "t", "transpose", "permute", "as_stri
          "_neg_view", "_conj"}
 #: Tensor methods that read memory on the host without dispatching an operator on the CPU
 HOST_READS = ("tolist", "numpy")
+#: the name under which one call of bf16-mixed's compiled step counts as one kernel
+COMPILED_STEP = "compiled_step_cast"
 
 
 def _name(func: Any) -> str:
@@ -103,14 +111,40 @@ class DispatchCounter(TorchDispatchMode):
                 return _original(tensor, *a, **k)
 
             setattr(torch.Tensor, method, counted)
+        self._patch_compiled_step()
         return super().__enter__()
+
+    def _patch_compiled_step(self) -> None:
+        """``bf16_step._kernel`` replaced while counting: the compiled pass is looked up (compiled on first use)
+        and run outside this mode, and each call counts one kernel (see the module's docstring)."""
+        original = bf16_step._kernel
+        self._patched["bf16_step._kernel"] = original
+
+        def outside_the_mode(device: torch.device) -> Any:
+            with _disable_current_modes():
+                kernel = original(device)
+            if kernel is None:
+                return None
+
+            def counted(*args: Any) -> Any:
+                self.kernels += 1
+                self.by_op[COMPILED_STEP] += 1
+                with _disable_current_modes():
+                    return kernel(*args)
+
+            return counted
+
+        bf16_step._kernel = outside_the_mode
 
     def __exit__(self, *exc: Any) -> None:
         try:
             super().__exit__(*exc)
         finally:
             for method, original in self._patched.items():
-                setattr(torch.Tensor, method, original)
+                if method == "bf16_step._kernel":
+                    bf16_step._kernel = original
+                else:
+                    setattr(torch.Tensor, method, original)
             self._patched.clear()
 
     def summary(self, steps: int) -> dict[str, Any]:

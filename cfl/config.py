@@ -54,8 +54,8 @@ class ModelConfig:
                          "them; local (FedBN), each client keeps its own across its rounds and only uploads them, "
                          "and evaluation uses their weighted mean over the last round's clients (docs/concepts.md)",
                          choices=("averaged", "local"))
-    weights: Optional[str] = field(None, "pretrained backbones (vit-ti16, vit-s16, vit-b16; cfl[pretrained]): a local "
-                                   "weights file (.safetensors, .pth or .npz; never downloaded) or random (an "
+    weights: Optional[str] = field(None, "pretrained backbones (vit-ti16, vit-s16, vit-b16; the extra pretrained): "
+                                   "a local weights file (.safetensors, .pth or .npz; never downloaded) or random (an "
                                    "untrained backbone: flagged in results.json and every table, figure and W&B name); "
                                    "required for them, refused for other models (docs/pretrained.md)")
     weights_sha256: Optional[str] = field(None, "the weights file's SHA-256 (hex): a file that differs is refused "
@@ -201,7 +201,7 @@ class Config:
                               "time for convolutional nets on CPU, where that keeps the working set in cache; "
                               "see docs/performance.md)", min=0)
     backend: str = field("local", "where clients train: local (this process) or ray (groups of the sampled clients "
-                         "on Ray workers; needs pip install 'cfl[ray]'; see docs/scaling.md)",
+                         "on Ray workers; needs the extra ray; see docs/scaling.md)",
                          choices=("local", "ray"))
     ray_workers: int = field(2, "backend: ray: groups (Ray tasks, one CPU each) a round's clients are split into; "
                              "also the CPUs of a local Ray instance", min=1)

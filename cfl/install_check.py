@@ -1,7 +1,7 @@
 """``python -m cfl.install_check``: torch and torchvision import together, or the fix is printed and the exit
-code is 1 (``make install`` runs it). A CPU-only torch beside a CUDA torchvision (which the README's CPU-wheel
-advice can leave when PyTorch's CPU index is not reachable) fails only when torchvision is imported: in the
-test suite as 26 Avalanche failures, in a run of a torchvision stream as a traceback."""
+code is 1 (``make install`` runs it). A CPU-only torch beside a CUDA torchvision (which two pip calls from two
+indexes can leave; ``make install`` installs both in one call, :mod:`cfl.torch_wheels`) fails only when
+torchvision is imported: in the test suite as 26 Avalanche failures, in a run of a torchvision stream as a traceback."""
 
 from __future__ import annotations
 
@@ -26,10 +26,11 @@ def problem() -> str | None:
         torch_v, vision_v = installed("torch"), installed("torchvision")
         build = torch_v.partition("+")[2] or "the default (CUDA on Linux)"
         return (f"torch {torch_v} and torchvision {vision_v} do not import together ({type(err).__name__}: "
-                f"{str(err).splitlines()[0] if str(err) else ''}). Install both from the same wheel index, the "
-                f"build of torch ({build}): for CPU-only, `{sys.executable} -m pip install --force-reinstall "
-                "torch torchvision --index-url https://download.pytorch.org/whl/cpu`; with the default index, "
-                f"`{sys.executable} -m pip install --force-reinstall torch torchvision`; then run make again")
+                f"{str(err).splitlines()[0] if str(err) else ''}; torch's build: {build}). Reinstall both in one "
+                f"pip call from one index: `{sys.executable} -m pip install --force-reinstall torch torchvision` "
+                "(pip's configured index, PyPI: it always works, with CUDA libraries on Linux); where PyTorch's "
+                "CPU index is reachable, adding `--index-url https://download.pytorch.org/whl/cpu` gives the "
+                "CPU-only builds. Then run make again")
     return None
 
 

@@ -1,12 +1,14 @@
-"""Ray is an optional extra (``pip install 'cfl[ray]'``): import it only where it is used, with a clear error."""
+"""Ray is an optional extra (``pip install -e ".[ray]"`` in the checkout): import it only where it is used, with a
+clear error."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from cfl.distribution import extra_install
 from cfl.schema import ConfigError
 
-INSTALL_HINT = "pip install 'cfl[ray]'"
+INSTALL_HINT = extra_install("ray")
 
 
 def require_ray(what: str) -> Any:

@@ -240,6 +240,10 @@ def staggered(inp: ScheduleInput, order: str = "auto", tasks_per_client: int | N
               leave_clients: int = 0, leave_round: int = 0) -> Plan:
     """``every`` rounds per task; each ``group`` of clients switches ``offset`` rounds after the previous one (its
     first task lasts that much longer, its last one that much shorter than the last group's)."""
+    if group > inp.num_clients:
+        raise ConfigError(f"'schedule.group: {group}' is above num_clients ({inp.num_clients}): every client would "
+                          "be in the first group and nothing is staggered; lower schedule.group below num_clients, "
+                          "or use schedule.name: synchronous")
     k = _every(every, inp)
     orders = _orders(inp, "stream" if order == "auto" else order, tasks_per_client, overlap)
     starts, leaves = _arrivals(inp, late_clients, join_round, leave_clients, leave_round)
@@ -307,9 +311,19 @@ def build_plan(cfg: Any, num_tasks: int) -> Plan:
     return SCHEDULES[section.name](ScheduleInput(cfg.num_clients, num_tasks, cfg.rounds_per_task, seed), **params)
 
 
+#: a plan longer than this many global rounds is said (``schedule.every`` or ``schedule.offset`` set too high)
+LONG_RUN_ROUNDS = 10_000
+
+
 def check_plan(plan: Plan, clients_per_round: int) -> list[str]:
-    """Refuse a plan that leaves a task with no client or a round with none (``ConfigError`` with the fix); the
-    notes to print (rounds with fewer clients than ``clients_per_round``)."""
+    """Refuse a plan that leaves a task with no client or a round with none, or whose clients leave at or after
+    its last round (``ConfigError`` with the fix); the notes to print (rounds with fewer clients than
+    ``clients_per_round``, a run of more than :data:`LONG_RUN_ROUNDS` rounds)."""
+    late = sorted({line.leaves for line in plan.timelines if line.leaves is not None and line.leaves >= plan.rounds})
+    if late:
+        raise ConfigError(f"'schedule.leave_round: {late[0]}' is at or after the run's end ({plan.rounds} global "
+                          "rounds): the leaving clients would never leave; lower schedule.leave_round below "
+                          f"{plan.rounds}, or remove schedule.leave_clients")
     held = {task for _, task, _, _ in plan.intervals()}
     empty = [t for t in range(plan.num_tasks) if t not in held]
     if empty:
@@ -321,12 +335,17 @@ def check_plan(plan: Plan, clients_per_round: int) -> list[str]:
     if len(idle):
         raise ConfigError(f"schedule '{plan.name}' has no client in global round(s) {idle[:5].tolist()} (0-based) "
                           f"of {plan.rounds}: lower schedule.join_round or raise schedule.leave_round")
+    notes = []
+    if plan.rounds > LONG_RUN_ROUNDS and not plan.synchronous:
+        notes.append(f"schedule '{plan.name}' makes a run of {plan.rounds:,} global rounds (more than "
+                     f"{LONG_RUN_ROUNDS:,}: schedule.every, schedule.offset or schedule.spread set high); lower "
+                     "them if that was not meant")
     few = np.flatnonzero(present < clients_per_round)
     if len(few):
-        return [f"schedule '{plan.name}': {len(few)} of {plan.rounds} rounds have fewer clients than "
+        return notes + [f"schedule '{plan.name}': {len(few)} of {plan.rounds} rounds have fewer clients than "
                 f"clients_per_round={clients_per_round} (as few as {int(present.min())}); those rounds sample all "
                 "of theirs"]
-    return []
+    return notes
 
 
 def check_schedule_keys(cfg: Any) -> None:

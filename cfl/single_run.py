@@ -244,6 +244,9 @@ def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quie
         runner.resume(checkpoint.restore(runner.snapshot(), saved))
         attempt.saved_round = runner.progress.global_round
         keep_metrics_lines(out / "metrics.jsonl", runner.progress.global_round, runner.progress.evaluations)
+        if not quiet:
+            print(f"cfl: resumed {out} from its checkpoint after global round {runner.progress.global_round} "
+                  f"({runner.progress.task} of {stream.num_tasks} tasks done)", file=sys.stderr, flush=True)
     else:
         saver.save()  # round 0: a run killed at any later moment can be resumed
     stop.defer()

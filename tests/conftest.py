@@ -71,7 +71,7 @@ METHOD_CONFIGS = {"target": {"stream": {"name": "split-fmnist", "num_tasks": 2, 
                   "mfcl": {"stream": {"name": "split-fmnist", "num_tasks": 2, "scenario": "class"}},
                   # FediCaRL: class-incremental only
                   "fedicarl": {"stream": {"name": "split-digits", "num_tasks": 2, "scenario": "class"}}}
-#: the closed-form classifiers on a pretrained backbone's features (a random ViT-Ti/16 at 32 px; needs cfl[pretrained]):
+#: the closed-form classifiers on a pretrained backbone's features (a random ViT-Ti/16 at 32 px; extra pretrained):
 #: their registry-wide runs take blobs of the backbone's feature width in place of its cached features
 for _name in ("fedncm", "afcl"):
     METHOD_CONFIGS[_name] = {"model": {"name": "vit-ti16", "weights": "random", "image_size": 32}, "lr": 0.01}

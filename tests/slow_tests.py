@@ -27,6 +27,8 @@ SLOW = (
     # the evidence tooling: a campaign of real runs cut off and resumed, the device check's dry mode (50 s each)
     "tests/test_campaign.py::test_a_campaign_cut_off_packed_and_resumed_elsewhere_equals_an_uninterrupted_one",
     "tests/test_device_check.py",
+    # perf_engine.py's bf16-mixed path in a process of its own (about 50 s: two engines and the peak products)
+    "tests/test_dispatch_count.py::test_perf_engine_runs_its_bf16_mixed_path",
     "tests/test_sweep_signals.py",
     # single slow cases
     "tests/test_checkpoint.py::test_every_method_resumes_bit_for_bit[mfcl]",

@@ -4,9 +4,16 @@ engine's round counted (the figure perf_engine.py prints for the launch-bound GP
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 import torch
+
+from cfl.engine.precision import has_bf16_units
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,7 +60,11 @@ def test_backward_kernels_are_counted() -> None:
     assert torch.equal(w.grad, torch.full((2,), 3.0))
 
 
-def _stacked_round():
+NO_BF16_UNITS = "this CPU has no bfloat16 instructions (avx512_bf16, amx_bf16): bf16-mixed is not the fast path here"
+needs_bf16_units = pytest.mark.skipif(has_bf16_units(torch.device("cpu")) is not True, reason=NO_BF16_UNITS)
+
+
+def _stacked_round(precision: int | str = 32):
     """One stacked engine round of 4 clients x 4 steps of the PMNIST MLP, counted after a warm-up round."""
     from cfl.engine.jobs import ClientJob, Hyper, Plugins, derive_seed
     from cfl.engine.local_batched import BatchedTrainer
@@ -67,7 +78,8 @@ def _stacked_round():
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     x, y = torch.randn(4 * 64, 784), torch.randint(0, 10, (4 * 64,))
     parts = list(torch.arange(4 * 64).split(64))
-    hp = Hyper(lr=0.01, momentum=0.0, weight_decay=1e-5, local_epochs=1, batch_size=16, path="stacked")
+    hp = Hyper(lr=0.01, momentum=0.0, weight_decay=1e-5, local_epochs=1, batch_size=16, path="stacked",
+               precision=precision)
     plugins = Plugins([FedAvg(None, None)], [MethodState()], [{}])
     trainer = BatchedTrainer()
     jobs = [ClientJob(c, parts[c], None, derive_seed(0, 0, 0, c)) for c in range(4)]
@@ -92,3 +104,31 @@ def test_a_stacked_engine_round_reads_the_host_twice() -> None:
     ``bool()`` per client, 66 host reads in a 64-client round)."""
     counter, steps = _stacked_round()
     assert counter.host_reads == 2 and dict(counter.read_ops) == {"tolist": 2}, counter.summary(steps)
+
+
+@needs_bf16_units
+def test_a_bf16_mixed_round_is_counted_with_its_compiled_step_as_one_kernel() -> None:
+    """Under the counter (a torch dispatch mode) the compiled bf16 step used to raise "torch.compile with
+    fullgraph=True found no compiled frames"; it now runs outside the mode and counts one kernel a call."""
+    from cfl.engine import bf16_step
+
+    counter, steps = _stacked_round("bf16-mixed")
+    if bf16_step._kernels.get("cpu") is None:
+        pytest.skip("the bf16 step could not be compiled here (a warning said why): nothing compiled to count")
+    assert counter.by_op["compiled_step_cast"] > 0, counter.summary(steps)
+    original = bf16_step._kernel
+    with _counter_module().DispatchCounter():
+        assert bf16_step._kernel is not original
+    assert bf16_step._kernel is original
+
+
+@needs_bf16_units
+def test_perf_engine_runs_its_bf16_mixed_path() -> None:
+    """``benchmarks/perf_engine.py --precision bf16-mixed`` to its JSON line, the counted round included."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "perf_engine.py"), "--precision", "bf16-mixed",
+                           "--rounds", "1", "--naive-rounds", "0", "--threads", "1"],
+                          capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["precision"] == "bf16-mixed" and out["kernels_per_round"] > 0

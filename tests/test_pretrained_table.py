@@ -15,7 +15,7 @@ from cfl.sweep import load_sweep
 from cfl.validation import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(timm_missing() is not None, reason="needs cfl[pretrained] (timm)")
+pytestmark = pytest.mark.skipif(timm_missing() is not None, reason="needs the extra pretrained (timm)")
 
 
 def documented_commands() -> list[list[str]]:

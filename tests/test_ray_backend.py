@@ -23,7 +23,7 @@ BASE = {"stream": {"name": "split-digits", "num_tasks": 2}, "num_clients": 6, "c
 
 @pytest.fixture(scope="module")
 def ray_local():
-    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'cfl[ray]')")
+    ray = pytest.importorskip("ray", reason="Ray is not installed (the extra ray)")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
@@ -41,12 +41,13 @@ def test_groups_are_contiguous_and_index_their_own_rows():
 
 def test_missing_ray_is_a_clear_error_before_any_data(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
-    with pytest.raises(ConfigError, match=r"'backend: ray' needs Ray.*pip install 'cfl\[ray\]'"):
+    hint = r'pip install -e "\.\[ray\]" in the cfl-bench checkout'
+    with pytest.raises(ConfigError, match=r"'backend: ray' needs Ray.*" + hint):
         tiny_config(backend="ray")
     sweep = tmp_path / "sweep.yaml"
     sweep.write_text(yaml.safe_dump({"base": BASE, "grid": {"seed": [0]}, "out": str(tmp_path / "runs")}))
     assert main(["sweep", str(sweep), "--backend", "ray"]) == 2
-    assert "pip install 'cfl[ray]'" in capsys.readouterr().err
+    assert 'pip install -e ".[ray]" in the cfl-bench checkout' in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
 
 

@@ -85,3 +85,39 @@ def test_a_tables_failed_runs_are_listed_under_it_never_as_rows(tmp_path: Path) 
     assert render_table("t", table, tmp_path).endswith(
         "(add `--set device=cuda` on a GPU).\n\nDiverged (1 run, exit 3, no numbers: failure records `failed.json`):"
         "\n\n- ewc__seed=0: ewc's penalty: lr x weight = 43.3 > 2 at task 1 (0-based), round 13")
+
+
+def test_every_committed_record_agrees_with_its_own_acc_matrix() -> None:
+    from campaign_record_checks import inconsistent_records
+
+    assert inconsistent_records(RESULTS_ROOT, load_tables()) == []
+
+
+def test_a_record_whose_acc_matrix_was_edited_stops_tables_check(tmp_path: Path) -> None:
+    """The table is made from the summary, so an edited matrix leaves it unchanged: the record is checked
+    against itself, and ``tables --check`` exits 1 naming it."""
+    import shutil
+    import subprocess
+
+    from campaign_record_checks import record_problems
+
+    tables = load_tables()
+    name = next(n for n in tables if any((RESULTS_ROOT / n).rglob("results.json")))
+    root = tmp_path / "results"
+    shutil.copytree(RESULTS_ROOT / name, root / name)
+    synchronous = [p for p in sorted((root / name).rglob("results.json"))
+                   if json.loads(p.read_text())["config"].get("schedule", {}).get("name", "synchronous")
+                   == "synchronous"]
+    path = synchronous[0]
+    record = json.loads(path.read_text())
+    assert record_problems(record) == []
+    record["acc_matrix"][-1][0] += 5.0
+    path.write_text(json.dumps(record))
+    assert [p.split(" but")[0] for p in record_problems(record)] == [
+        f"acc is {record['acc']:.6g}", f"fgt is {record['fgt']:.6g}", f"bwt is {record['bwt']:.6g}",
+        f"aia is {record['aia']:.6g}"]
+    doc = tmp_path / "results.md"
+    doc.write_text(DOC.read_text())
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "campaign.py"), "tables", "--check", str(doc),
+                           "--results", str(root)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 1 and f"{path}: acc is" in done.stderr, done.stderr

@@ -210,3 +210,16 @@ def test_augmented_stream_resumes_bit_for_bit(tmp_path):
     resumed.run()
     assert resumed.progress.acc_matrix == reference.progress.acc_matrix
     assert all(torch.equal(resumed.params[k], reference.params[k]) for k in reference.params)
+
+
+@pytest.mark.usefixtures("slow_registered")
+def test_a_resumed_run_says_it_resumed_and_from_which_round(setup, monkeypatch, capsys):
+    out = setup / "said-resumed"
+    stop_with(monkeypatch, signal.SIGINT, 2)
+    assert main(["run", str(setup / "tiny.yaml"), "--out", str(out), "--quiet"]) == 130
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert main(["run", "--resume", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert f"cfl: resumed {out} from its checkpoint after global round 2 (" in err, err
+    assert_same_outputs(out, setup / "reference")

@@ -56,6 +56,9 @@ def test_late_joiners_and_leavers_are_absent_outside_their_rounds():
     ({"name": "synchronous", "seed": 3}, ["'schedule.seed: 3' has no effect"]),
     ({"name": "per_client_order", "order": "stream"}, ["that is schedule.name: synchronous"]),
     ({"name": "warped"}, ["unknown schedule 'schedule.name: warped'", "staggered"]),
+    ({"name": "staggered", "group": 3}, ["'schedule.group: 3' is above num_clients (2)", "nothing is staggered"]),
+    ({"name": "staggered", "leave_clients": 1, "leave_round": 500},
+     ["'schedule.leave_round: 500' is at or after the run's end", "never leave", "below"]),
 ])
 def test_a_schedule_that_cannot_run_is_refused_with_the_fix(schedule, words):
     with pytest.raises(ConfigError) as err:
@@ -182,3 +185,16 @@ def test_a_per_client_order_run_with_a_task_finished_before_another_started_writ
     results = build_results(runner.snapshot(), 0.0)
     assert results["complete"] and results["acc"] == results["schedule"]["acc"]
     assert results["aia"] is None and results["fwt"] is None
+
+
+def test_a_staggered_run_of_hundreds_of_thousands_of_rounds_is_said():
+    """``offset`` 100,000 on 3 groups: a run of 200,000+ rounds that the config's rounds_per_task does not
+    suggest; the plan's check says how long it is (printed before training)."""
+    from cfl.schedules import check_plan
+
+    plan = staggered(ScheduleInput(num_clients=3, num_tasks=2, rounds_per_task=2, seed=0), offset=100_000)
+    notes = check_plan(plan, 1)
+    assert plan.rounds > 200_000 and any(f"{plan.rounds:,} global rounds" in n and "schedule.offset" in n
+                                         for n in notes), notes
+    short = staggered(ScheduleInput(num_clients=3, num_tasks=2, rounds_per_task=2, seed=0), offset=1)
+    assert check_plan(short, 1) == []

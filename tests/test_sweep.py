@@ -111,7 +111,7 @@ def test_a_diverging_run_fails_alone_and_the_sweep_exits_1(tmp_path, capsys, mod
     from cfl.cli import main
 
     if "ray" in mode:
-        pytest.importorskip("ray", reason="Ray is not installed (pip install 'cfl[ray]')")
+        pytest.importorskip("ray", reason="Ray is not installed (the extra ray)")
     path = _write(tmp_path, {"variant": [{"label": "diverges", "lr": 1.0e30}, {"label": "fine", "lr": 0.05}]})
     assert main(["sweep", str(path), *mode]) == 1
     out, err = capsys.readouterr()

@@ -274,11 +274,28 @@ def check_data(payload: dict[str, Any], stream: Stream, cfg: Config) -> None:
               "be checked against the data the run was trained on", file=sys.stderr)
         return
     diffs = differences(saved, fingerprint(stream))
+    features = (stream.info.get("backbone") or {}).get("features")
+    if diffs and features is not None:
+        raise ConfigError(features_changed(payload, stream, cfg, diffs))
     if diffs:
         raise ConfigError(f"--resume: the data is not the data this run was trained on ({'; '.join(diffs)}). "
                           f"The run started with data_root: {payload['config'].get('data_root')!r}, now "
                           f"{cfg.data_root!r} (null: $CFL_DATA, else ~/.cache/cfl). Point data_root "
                           f"(--set data_root=DIR) or $CFL_DATA at the run's data, or start a new run with --out")
+
+
+def features_changed(payload: dict[str, Any], stream: Stream, cfg: Config, diffs: list[str]) -> str:
+    """The refusal of a ``model.train: head`` resume whose features differ: the run trains on the frozen
+    backbone's features of the data, so the weights file is named first (the usual cause: it was replaced),
+    then the data."""
+    backbone = stream.info["backbone"]
+    then = (payload["config"].get("model") or {}).get("weights")
+    return (f"--resume: the backbone's features are not those this run was trained on ({'; '.join(diffs)}). "
+            f"Under model.train: head the run trains on the features of model.weights: now {backbone['weights']!r} "
+            f"(sha256 {str(backbone['sha256'])[:16]}...), the run started with {then!r}; a weights file replaced "
+            "or edited since changes every feature, as other data does (data_root: "
+            f"{payload['config'].get('data_root')!r} then, {cfg.data_root!r} now). Resume with the weights file "
+            "and data the run started with, or start a new run with --out")
 
 
 def restore(run: RunSnapshot, payload: dict[str, Any]) -> RunSnapshot:

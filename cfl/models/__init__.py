@@ -116,7 +116,7 @@ MODELS.register("fedweit-lenet", _fedweit_lenet,
 for _name, _backbone in BACKBONES.items():
     MODELS.register(_name, _feature_head(_name),
                     about=f"{_backbone.about}, timm {_backbone.timm_name}, frozen: a head on its cached features; "
-                          f"needs model.weights (a local file, or random) and the extra cfl[pretrained] ({EXTRA})")
+                          f"needs model.weights (a local file, or random) and the extra pretrained ({EXTRA})")
 
 
 def build_model(name: str, shape: ModelShape) -> nn.Module:

@@ -1,5 +1,5 @@
 """The pretrained backbones cfl knows: cfl name -> timm architecture, built without any download
-(``pretrained=False``); timm is an optional extra (``pip install 'cfl[pretrained]'``)."""
+(``pretrained=False``); timm is an optional extra (``pip install -e ".[pretrained]"`` in the checkout)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from typing import Any
 
 from torch import nn
 
+from cfl.distribution import extra_install
 from cfl.schema import ConfigError
 
-EXTRA = "pip install 'cfl[pretrained]'"
+EXTRA = extra_install("pretrained")
 
 
 @dataclass(frozen=True)

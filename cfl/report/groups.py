@@ -284,8 +284,22 @@ def group_runs(runs: list[Run]) -> list[Group]:
                             {k: keys[k] for k in sorted(named) if k in keys}, same, row_name(first),
                             first.method_info))
         groups[-1].runs = one_per_seed(same, f"{where[0]} {where[1]} {groups[-1].label}")
+        check_task_counts(groups[-1].runs, f"{where[0]} {where[1]} {groups[-1].label}")
     return sorted(groups, key=lambda g: (g.stream, g.partition, g.name or "", g.method,
                                          [_order(v) for v in g.differs.items()]))
+
+
+def check_task_counts(runs: list[Run], name: str) -> None:
+    """Refuse a row whose runs learned streams of different task counts (a key left at its default in one
+    config, set in another): their ACC and FGT average over different tasks and are not one mean."""
+    counts: dict[Any, list[str]] = {}
+    for run in runs:
+        counts.setdefault(run.results.get("num_tasks"), []).append(str(run.path.parent))
+    if len(counts) > 1:
+        found = "; ".join(f"{n} tasks: {', '.join(dirs)}" for n, dirs in sorted(counts.items(), key=str))
+        raise ConfigError(f"{name}: one row would hold runs of different task counts ({found}); their ACC and FGT "
+                          "average over different tasks: give them different config labels (label: ...) or set "
+                          "stream.num_tasks in each config, or report their directories apart")
 
 
 def _bucket(run: Run) -> tuple[str, str, str | None]:

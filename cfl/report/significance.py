@@ -136,4 +136,18 @@ def significance(cols: list[Column], groups: list[Group], reference: str | None 
             if col.value is not None:
                 results[(i, k)] = paired_p(by_seed(col, groups[ref]), by_seed(col, g), test)
     name = reference or DEFAULT_REFERENCE
+    warn_few_pairs(results, groups, cols)
     return Significance(test, name, refs, results)
+
+
+#: fewer seed pairs than this behind a mark is warned about (2 pairs: one degree of freedom)
+FEW_PAIRS = 3
+
+
+def warn_few_pairs(results: dict[tuple[int, int], Paired], groups: list[Group], cols: list[Column]) -> None:
+    """A warning on stderr for each mark that rests on fewer than :data:`FEW_PAIRS` seed pairs."""
+    for (i, k), paired in sorted(results.items()):
+        if paired.marked and paired.n < FEW_PAIRS:
+            print(f"cfl: warning: {DAGGER} on {groups[i].label} {cols[k].title} rests on {paired.n} seeds (a paired "
+                  f"test of {paired.n} pairs has {paired.n - 1} degree(s) of freedom: a near-constant difference "
+                  "marks it whatever its size); read it as weak evidence, or add seeds", file=sys.stderr)

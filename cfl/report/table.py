@@ -5,7 +5,8 @@ seeds, then mean ± sample standard deviation (``statistics.stdev``, divisor n -
 alone: it has no spread) over the group's runs of ACC, FGT, BWT, AIA and FWT (%), rounds to each target accuracy
 (when runs set ``target_accuracies``), per-class accuracy (class-incremental runs), under a schedule the means over
 clients of each client's own ACC and FGT (``results.json``'s ``schedule``: ``client_acc_mean``, ``client_fgt_mean``;
-docs/concepts.md, "Metrics under a schedule"), the rounds run, upload (GiB) and wall time (s).
+docs/concepts.md, "Metrics under a schedule"), the rounds run, upload (in the largest of GiB, MiB, KiB and B in
+which every run's upload reads at least 1: :func:`upload_unit`) and wall time (s).
 The default (:data:`DEFAULT_COLUMNS`) leaves out BWT (it is -FGT), per-class accuracy and the rounds, and shows AIA,
 FWT and the client means when a run has them.
 Rounds to a target: per run, the mean over tasks of the rounds (from the task's start) until the task's
@@ -185,6 +186,24 @@ def acc_column(last_k: int | None) -> Column:
     return values_column(f"ACC last {last_k} (%)", lambda run: last_k_mean(run, last_k), "higher")
 
 
+#: the units the upload column may read in, largest first
+BYTE_UNITS = (("GiB", GIB), ("MiB", 1024 ** 2), ("KiB", 1024), ("B", 1))
+
+
+def upload_unit(runs: list[Run]) -> tuple[str, int]:
+    """The largest unit in which every run's non-zero upload reads at least 1 (GiB for 0.002 GiB would show
+    0.002, 3 decimals hiding a method's 2 MiB); GiB when no run has one."""
+    sizes = [float(v) for v in (r.results.get("upload_bytes") for r in runs) if is_number(v) and v > 0]
+    if not sizes:
+        return BYTE_UNITS[0]
+    return next((unit for unit in BYTE_UNITS if min(sizes) >= unit[1]), BYTE_UNITS[-1])
+
+
+def upload_column(runs: list[Run]) -> Column:
+    name, scale = upload_unit(runs)
+    return result_column(f"upload ({name})", "upload_bytes", "lower", scale, 3, result=False)
+
+
 def column_set(runs: list[Run], last_k: int | None = None) -> dict[str, list[Column]]:
     """The columns of each key of :data:`COLUMN_KEYS`."""
     return {
@@ -203,7 +222,7 @@ def column_set(runs: list[Run], last_k: int | None = None) -> dict[str, list[Col
         "targets": [target_column(t) for t in targets(runs)],
         "class_acc": [class_column(c) for c in classes(runs)],
         "rounds": [result_column("rounds", "rounds", "lower", digits=0, result=False)],
-        "upload": [result_column("upload (GiB)", "upload_bytes", "lower", GIB, 3, result=False)],
+        "upload": [upload_column(runs)],
         "wall": [result_column("wall (s)", "wall_seconds", "lower", 1.0, 1, result=False)],
     }
 
