@@ -24,10 +24,11 @@ import torch
 from cfl.cross_checks import model_family_error
 from cfl.data.stream import Stream
 from cfl.engine.jobs import ClientJob, Hyper, Plugins
-from cfl.engine.local_batched import BatchedTrainer, couples_samples, train_batched
+from cfl.engine.local_batched import BatchedTrainer, train_batched
 from cfl.engine.local_sequential import train_sequential
 from cfl.engine.path import choose_path
 from cfl.engine.runner import Runner
+from cfl.engine.stacking import couples_samples
 from cfl.methods import METHODS
 from cfl.methods.base import PER_CLIENT_HOOKS, Method, Quadratic, RunInfo, Samples
 from cfl.methods.fedavg import FedAvg

@@ -7,8 +7,9 @@ import torch
 from torch.func import vmap
 
 from cfl.engine.jobs import Hyper, Plugins
-from cfl.engine.local_batched import SGDStep, _match_grad_layout, _stacked_leaf
+from cfl.engine.local_vmap import _match_grad_layout, _stacked_leaf
 from cfl.engine.runner import Runner
+from cfl.engine.vmap_optim import SGDStep
 from cfl.methods.fedavg import FedAvg
 from cfl.models.dropout import Dropout, keep_threshold
 from cfl.validation import from_dict

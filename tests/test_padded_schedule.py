@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cfl.engine.batched_round import padded_schedule
 from cfl.engine.jobs import ClientJob, Hyper, client_schedule
-from cfl.engine.local_batched import _padded_schedule
 
 
 @pytest.mark.parametrize("epochs,steps_per_epoch", [(1, None), (2, None), (2, 1)])
@@ -17,7 +17,7 @@ def test_padded_schedule_holds_each_clients_batches_in_order(epochs: int, steps_
     for job in jobs:
         job.steps_per_epoch = steps_per_epoch
     hp = Hyper(lr=0.1, momentum=0.0, weight_decay=0.0, local_epochs=epochs, batch_size=4)
-    index, weight, sizes, steps = _padded_schedule(jobs, hp, torch.device("cpu"))
+    index, weight, sizes, steps = padded_schedule(jobs, hp, torch.device("cpu"))
     schedules = [client_schedule(job, hp) for job in jobs]
     assert steps == [len(s) for s in schedules]
     assert index.shape == weight.shape == (max(steps), 3, 4)  # step-major

@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from cfl.engine import local_batched
+from cfl.engine import local_batched, local_stacked
 from cfl.engine.jobs import ClientJob, Hyper, Plugins
 from cfl.engine.local_batched import train_batched
 from cfl.engine.path import choose_path
@@ -96,7 +96,7 @@ def test_stacked_path_only_on_listed_layers_and_fused_hooks():
     unlisted = choose_path(torch.nn.Sequential(), plain, [FedAvg(None, None)])
     assert unlisted.path == "vmap" and "stack_layers" in unlisted.reason
     assert choose_path(model, plain, [FedAvg(None, None)], "sequential").path == "sequential"
-    assert local_batched.StackedNet is StackedNet
+    assert local_stacked.StackedNet is StackedNet
 
 
 def test_stacked_alexnet_grouped_convolutions_match_vmap_path():
