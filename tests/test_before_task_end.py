@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import torch
 
+from cfl.engine import runner as runner_module
 from cfl.engine.runner import Runner
+from cfl.engine.task_end import end_tasks
 from cfl.methods import METHODS
 from cfl.methods.base import Method
 from cfl.metrics.results import method_stats
@@ -41,17 +43,16 @@ def _runner(num_tasks: int = 3) -> Runner:
     return Runner(cfg, make_stream("class", num_tasks=num_tasks, n_train=30, n_test=6))
 
 
-def test_it_sees_each_task_final_global_model_once_before_the_task_end_broadcast():
+def test_it_sees_each_task_final_global_model_once_before_the_task_end_broadcast(monkeypatch):
     with METHODS.temporarily("teacher-probe", Teacher):
         runner = _runner()
         finals: list[dict] = []
-        task_end = runner.task_end
 
-        def recording(task: int) -> None:
+        def recording(run, *args) -> None:
             finals.append({k: v.clone() for k, v in runner.params.items()})  # the last round's aggregate
-            task_end(task)
+            end_tasks(run, *args)
 
-        runner.task_end = recording
+        monkeypatch.setattr(runner_module, "end_tasks", recording)
         template = {k: v.detach().clone() for k, v in runner.model.named_parameters()}
         runner.run()
     method = runner.methods[0]

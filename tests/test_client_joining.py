@@ -8,6 +8,7 @@ import torch
 
 from cfl.engine.runner import Runner
 from cfl.engine.schedule import Schedule, sample_clients
+from cfl.schedules import build_plan
 from cfl.schema import ConfigError
 from tests.conftest import make_stream, tiny_config
 
@@ -21,8 +22,8 @@ def test_clients_joined_per_task():
 
 def test_rounds_sample_only_joined_clients_and_partitions_split_among_them():
     stream = make_stream("class", num_tasks=3, n_train=90)
-    cfg = tiny_config(num_clients=9, clients_per_round=4, clients_join_per_task=2)
-    schedule = Schedule(cfg, stream, torch.device("cpu"))
+    cfg = tiny_config(num_clients=9, clients_per_round=4, clients_join_per_task=2, rounds_per_task=30)
+    schedule = Schedule(cfg, stream, build_plan(cfg, 3), torch.device("cpu"))
     for task, joined in enumerate([5, 7, 9]):
         seen = {job.cid for rnd in range(30) for job in schedule.round_jobs(task, rnd)}
         assert seen == set(range(joined)), (task, seen)  # 30 rounds of 4 reach every joined client, no other
@@ -33,7 +34,8 @@ def test_rounds_sample_only_joined_clients_and_partitions_split_among_them():
 
 def test_without_joining_the_draw_is_the_plain_one():
     stream = make_stream("class", num_tasks=3, n_train=90)
-    schedule = Schedule(tiny_config(num_clients=9, clients_per_round=4), stream, torch.device("cpu"))
+    cfg = tiny_config(num_clients=9, clients_per_round=4)
+    schedule = Schedule(cfg, stream, build_plan(cfg, 3), torch.device("cpu"))
     for task in range(3):
         assert [j.cid for j in schedule.round_jobs(task, 1)] == sample_clients(0, task, 1, 9, 4)
 

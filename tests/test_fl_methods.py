@@ -240,10 +240,10 @@ def test_tce_is_cross_entropy_over_the_client_label_subset():
 def test_tce_label_set_is_the_clients_labels_of_the_task():
     stream = make_stream("domain", num_tasks=1, classes=3)
     runner = Runner(_cfg(loss="tce", partition={"name": "shards", "shards_per_client": 1}), stream)
-    for idx in runner.schedule.client_indices(0):
+    for c, idx in enumerate(runner.schedule.client_indices(0)):
         present = set(stream.tasks[0].train_y[idx].tolist())
-        assert runner.schedule.allowed_classes(0, idx).nonzero().flatten().tolist() == sorted(present)
-    assert Runner(_cfg(), stream).schedule.allowed_classes(0, runner.schedule.client_indices(0)[0]) is None
+        assert runner.schedule.allowed(c, 0, 0, idx).nonzero().flatten().tolist() == sorted(present)
+    assert Runner(_cfg(), stream).schedule.allowed(0, 0, 0, runner.schedule.client_indices(0)[0]) is None
 
 
 # ---------------- local client forgetting (TCE paper) ----------------

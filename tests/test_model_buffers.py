@@ -120,7 +120,7 @@ def test_two_rounds_of_averaged_buffers_equal_the_hand_values(capsys):
     t = torch.zeros(len(test.test_y), dtype=torch.long)
     initial = {**runner.params, **running_stats(NormFirst(ModelShape((DIM,), 3, 1, True)))}
     assert not torch.allclose(functional_call(runner.model.eval(), initial, (test.test_x, t)), model(test.test_x, t))
-    assert torch.equal(functional_call(runner.model.eval(), runner.global_tensors, (test.test_x, t)),
+    assert torch.equal(functional_call(runner.model.eval(), runner.state.global_tensors, (test.test_x, t)),
                        model(test.test_x, t))
 
 

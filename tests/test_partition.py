@@ -124,6 +124,7 @@ def test_ten_thousand_clients_sampling_and_schedule():
     import torch
 
     from cfl.engine.schedule import Schedule, sample_clients
+    from cfl.schedules import build_plan
     from cfl.validation import from_dict
     from tests.conftest import make_stream
 
@@ -133,7 +134,7 @@ def test_ten_thousand_clients_sampling_and_schedule():
     stream = make_stream(n_train=2 * TEN_K + 123, n_test=10)
     cfg = from_dict({"num_clients": TEN_K, "clients_per_round": 20, "partition": {"name": "quantity", "beta": 0.3},
                      "model": {"name": "digits-mlp"}, "wandb": {"mode": "disabled"}})
-    jobs = Schedule(cfg, stream, torch.device("cpu")).round_jobs(1, 3)
+    jobs = Schedule(cfg, stream, build_plan(cfg, stream.num_tasks), torch.device("cpu")).round_jobs(1, 3)
     assert [j.cid for j in jobs] == sample_clients(0, 1, 3, TEN_K, 20)
     assert all(len(j.indices) >= 1 for j in jobs)
 

@@ -297,7 +297,7 @@ CASES = [
       "['body.1.weight']", "at task 1 (0-based), round 1 of the task", "is kept"]),
     ("mid-run: a task_start key changed during its task", ["run", "{cfg}", "--plugin", "{tmp}/task_start_changed.py",
                                                            "--set", "method.name=tc", "--out", "{tmp}/tc"], 3,
-     ["method 'tc'", "pool listed under broadcast['task_start'] changed during task 0", "change these keys only at",
+     ["method 'tc'", "pool listed under broadcast['task_start'] changed in a round", "change these keys only at",
       "at task 0 (0-based), round 2 of the task", "is kept"]),
 ]
 

@@ -1,4 +1,4 @@
-"""Per-client task boundaries under a schedule (cfl/engine/scheduled.py, cfl/engine/task_start.py): the
+"""Per-client task boundaries under a schedule (cfl/engine/task_end.py, cfl/engine/task_start.py): the
 ``"task_start"`` keys sent at each client's own task starts (and again after a task end changed them), counted
 per sending; task-end uploads held until the task's last holder has left it (``server_task_end: last_holder``);
 a method's own task-end draw among the clients that finish the task."""
@@ -133,7 +133,7 @@ def _ends(cls: type[Held]) -> list[tuple[str, int, list[int]]]:
         runner = Runner(_config(cls.name), _stream())
         runner.run()
     x = runner.stream.tasks[0].train_x
-    first = {c: x[r[0]] for c, r in runner.scheduled.rows[0].items()}
+    first = {c: x[runner.schedule.client_indices(0)[c][0]] for c in runner.plan.holders(0)}
 
     def client(sample: torch.Tensor) -> int:
         return next(c for c, f in first.items() if torch.equal(f, sample))

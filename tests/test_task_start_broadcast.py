@@ -63,7 +63,7 @@ def test_every_client_downloads_the_pool_once_per_task():
 def test_a_client_sampled_again_in_the_task_is_not_counted_again():
     """4 clients, 2 a round, 3 rounds: 6 draws over 4 clients repeat one at least; each counts once."""
     runner = _run("pool-probe", 4, 2)
-    sampled = [runner.schedule.sampled(1, r) for r in range(3)]
+    sampled = [runner.schedule.sampled(runner.schedule.global_round(1, r)) for r in range(3)]
     distinct = len(set().union(*sampled))
     assert distinct < 6
     assert runner.comm.lines["task_start.pool-probe"] == distinct * 40
@@ -84,7 +84,7 @@ def test_a_key_changed_during_its_task_is_refused():
         cfg = from_dict({"num_clients": 2, "clients_per_round": 2, "rounds_per_task": 2, "batch_size": 8,
                          "lr": 0.1, "method": {"name": "pool-changing"}, "wandb": {"mode": "disabled"}})
         runner = Runner(cfg, make_stream("task", num_tasks=2, n_train=24, n_test=6))
-        with pytest.raises(HookError, match=r"pool listed under broadcast\['task_start'\] changed during task 1"):
+        with pytest.raises(HookError, match=r"pool listed under broadcast\['task_start'\] changed in a round"):
             runner.run()
     assert runner.progress.task == 1 and runner.progress.round_in_task == 1
 

@@ -1,6 +1,7 @@
-"""The synchronous round loop: tasks x rounds, client sampling, local training, aggregation, evaluation, and the
-task ends between tasks (cfl/engine/task_end.py); each round's bytes go on the ledger through cfl/engine/traffic.py,
-and the other schedules' loop is cfl/engine/scheduled.py.
+"""The round loop over the run's plan (cfl/schedules.py, the synchronous schedule included): each global round's
+client sample (cfl/engine/schedule.py), local training, aggregation, the task ends after a round at which clients
+switch (cfl/engine/task_end.py) and the evaluations (cfl/engine/evaluation.py); each round's bytes go on the ledger
+through cfl/engine/traffic.py. The loop's state is a :class:`cfl.engine.run_state.RunState`.
 
 Randomness is derived, not carried: the clients sampled in (task, round), each client's data order
 and the task partitions are pure functions of the run seed, so a run is reproducible bit for bit on
@@ -11,9 +12,9 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,35 +23,32 @@ from torch import nn
 from cfl.config import Config
 from cfl.data.stream import Stream
 from cfl.engine import penalty_share
+from cfl.engine.client_end import client_end
 from cfl.engine.client_params import ClientParams
-from cfl.engine.hook_rules import (
-    AFTER_SERVER_STEP,
-    check_some_params,
-    check_upload,
-)
+from cfl.engine.evaluation import accuracies, accuracy_of, class_accuracy, evaluate
+from cfl.engine.hook_rules import AFTER_SERVER_STEP, check_some_params
 from cfl.engine.hooks import finite_checks, unwritten
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, derive_seed, limit_epochs
 from cfl.engine.local_batched import BatchedTrainer
 from cfl.engine.local_sequential import train_sequential
-from cfl.engine.model_buffers import announcement, collect, download_bytes, hand_out
+from cfl.engine.model_buffers import announcement, collect, hand_out
 from cfl.engine.path import choose_path, trainer_kind
+from cfl.engine.run_state import Observer, RunState
 from cfl.engine.schedule import Schedule
-from cfl.engine.scheduled import ScheduledRounds, run_scheduled, task_end_draws
 from cfl.engine.server import NonFiniteError, Server
 from cfl.engine.server_state import broadcast_of, payload_size, plain_server
 from cfl.engine.shared_backbone import SharedBackbone
 from cfl.engine.state_stores import build_stores, sizing_of
-from cfl.engine.task_end import end_task
-from cfl.engine.task_start import ScheduledTaskStarts, TaskStarts
+from cfl.engine.task_end import end_tasks, task_end_draws
+from cfl.engine.task_start import TaskStarts
 from cfl.engine.traffic import record_round, round_upload
 from cfl.methods import METHODS
 from cfl.methods.base import Method, acts_after_rounds, overrides
 from cfl.methods.hook_guard import VMAPPED_HOOKS, guarded
-from cfl.methods.hook_signatures import accepts
-from cfl.methods.hook_types import ClientData, Event, LocalTraining, RunInfo
+from cfl.methods.hook_types import ClientData, LocalTraining, RunInfo
 from cfl.metrics import client_forgetting
-from cfl.metrics.evaluate import accuracy, class_counts, per_class_percent
 from cfl.metrics.matrix import empty_matrix
+from cfl.metrics.schedule import scheduled_matrix
 from cfl.models import ModelShape, run_model
 from cfl.models.buffers import load_global_model, running_stats
 from cfl.models.layers import protected_layers
@@ -64,13 +62,7 @@ from cfl.tensors import Params, State, nbytes
 TRAINERS: dict[str, Callable[[], Callable[..., Any]]] = {  # a fresh trainer per runner
     "batched": BatchedTrainer, "sequential": lambda: train_sequential}
 
-
-class Observer(Protocol):
-    """What the runner tells the outside world (progress bars, JSON lines, W&B)."""
-
-    def round_end(self, record: dict[str, Any]) -> None: ...
-    def evaluation(self, record: dict[str, Any]) -> None: ...
-    def task_end(self, task: int, record: dict[str, Any]) -> None: ...
+__all__ = ["Observer", "Runner", "built"]
 
 
 class Runner:
@@ -81,7 +73,6 @@ class Runner:
         """``state_dir``: where a disk client-state store keeps its files (``cfl run``: the run directory's
         ``client_states/``; None: a temporary directory deleted with the runner)."""
         self.cfg, self.stream, self.device = cfg, stream, torch.device(device)
-        self.observers = observers or []
         torch.manual_seed(cfg.seed)
         shape = ModelShape(stream.input_shape, stream.classes_per_head, stream.num_tasks, stream.scenario == "task",
                            cfg.clients_per_round)
@@ -109,21 +100,16 @@ class Runner:
         self.initial_buffers = {k: v.clone() for k, v in self.buffers.items()}  # a local client's first start
         self.shared_backbone = SharedBackbone(self.model, self.buffers)  # what backbone_update may change
         self.comm = CommLedger()
-        self.progress = Progress(acc_matrix=empty_matrix(stream.num_tasks))
-        self.schedule = Schedule(cfg, stream, self.device)  # checks the clients' shares before any round
         self.plan = build_plan(cfg, stream.num_tasks)  # the client x round grid (cfl/schedules.py)
-        self.scheduled = None if self.plan.synchronous else ScheduledRounds(cfg, stream, self.plan, self.device)
-        self.task_starts: TaskStarts | ScheduledTaskStarts = TaskStarts(self.methods, self.schedule.sampled)
-        if self.scheduled is not None:  # each client's own task starts, and a resend after a task end changed them
-            self.task_starts = ScheduledTaskStarts(self.methods, self.scheduled.sampled, self.plan.task_start,
-                                                   lambda: self.progress.task_start_changes)
+        self.schedule = Schedule(cfg, stream, self.plan, self.device)  # checks the clients' shares before any round
+        # each client's own task starts, and a resend after a task end changed them
+        self.task_starts = TaskStarts(self.methods, self.schedule.sampled, self.plan.task_start,
+                                      lambda: self.progress.task_start_changes)
         for m in self.methods:  # a task end's own draw among the clients of the first task (clients_join_per_task)
             if m.task_end_clients and m.task_end_clients > self.schedule.joined(0):
                 raise ConfigError(f"method {m.name} draws {m.task_end_clients} clients at each task end, but the first "
                                   f"task has {self.schedule.joined(0)} (clients_join_per_task: "
                                   f"{cfg.clients_join_per_task}); raise num_clients or lower clients_join_per_task")
-        #: under a schedule: (method, task) -> the clients a method's own task-end draw takes among the task's finishers
-        self.task_end_draws = task_end_draws(self) if self.scheduled is not None else {}
         self.hyper = Hyper(cfg.lr, cfg.momentum, cfg.weight_decay, cfg.local_epochs, cfg.batch_size,
                            augment=stream.augment, client_block=cfg.client_block, precision=cfg.precision,
                            optimizer=cfg.optimizer.name, betas=tuple(cfg.optimizer.betas), eps=cfg.optimizer.eps,
@@ -137,6 +123,11 @@ class Runner:
         if self.buffers:
             print(announcement(self.buffers, cfg.model.buffers), file=sys.stderr)
         self.model_bytes = nbytes(self.client_params.shared(self.params))  # the local parameters are never sent
+        self.state = RunState(cfg, stream, self.device, self.model, self.methods, self.server, self.plan,
+                              self.schedule, self.task_starts, self.shared_backbone, self.client_params, self.comm,
+                              Progress(acc_matrix=empty_matrix(stream.num_tasks)), self.model_bytes,
+                              self.buffer_states, task_end_draws(self.plan, self.methods, cfg.seed),
+                              observers or [])
         self.should_stop: Callable[[], bool] = lambda: False
         self.after_round: Callable[[], None] = lambda: None
         trainer = trainer_kind(cfg.client_execution, self.engine_path.path)
@@ -171,9 +162,21 @@ class Runner:
         load_global_model(self.model, {}, buffers)  # the hooks' functional_call(model, params) reads them
 
     @property
-    def global_tensors(self) -> Params:
-        """The global parameters and buffers in one dict, for ``functional_call`` (evaluation)."""
-        return {**self.params, **self.buffers} if self.buffers else self.params
+    def progress(self) -> Progress:
+        """The run's progress (rounds done, evaluations, accuracy matrix; checkpointed)."""
+        return self.state.progress
+
+    @progress.setter
+    def progress(self, progress: Progress) -> None:
+        self.state.progress = progress
+
+    @property
+    def observers(self) -> list[Observer]:
+        return self.state.observers
+
+    @observers.setter
+    def observers(self, observers: list[Observer]) -> None:
+        self.state.observers = observers
 
     @property
     def states(self) -> list[MethodState]:
@@ -204,16 +207,17 @@ class Runner:
 
     # ---- one round ----
     def run_round(self, task: int, rnd: int, groups: list[tuple[int, list[ClientJob]]] | None = None) -> dict[str, Any]:
-        """One round of ``task`` (the server's; under a schedule, the newest any client holds): ``groups``, each task's
-        sampled clients (None: the synchronous schedule's clients of ``(task, rnd)``)."""
-        groups = groups or [(task, self.schedule.round_jobs(task, rnd))]
+        """One round of ``task`` (the server's; under a schedule, the newest any client holds), ``rnd`` as the loop
+        names it (:meth:`Schedule.global_round`: the synchronous plan's round of the task, else the global round):
+        ``groups``, each task's sampled clients (None: the schedule's of that round)."""
+        groups = groups or self.schedule.groups(self.schedule.global_round(task, rnd))
         jobs = [j for _, group in groups for j in group]
         task_of = {j.cid: t for t, group in groups for j in group}
         hand_out(jobs, self.buffers, self.buffer_states, self.initial_buffers)
         each_round = [broadcast_of(m, "round", st.server) for m, st in zip(self.methods, self.states, strict=True)]
         round_down = sum(payload_size(m, "round", b) for m, b in zip(self.methods, each_round, strict=True))
         # "task_start" keys: sent to the clients new in the task (per method), kept by them for the task's rounds
-        newcomers = self.task_starts.newcomers(task, rnd, [j.cid for j in jobs])
+        newcomers = self.task_starts.newcomers(task, self.schedule.global_round(task, rnd), [j.cid for j in jobs])
         task_start = [self.task_starts.payload(i, st.server) for i, st in enumerate(self.states)]
         broadcasts = [{**r, **t} for r, t in zip(each_round, task_start, strict=True)]
         limit_epochs(jobs, self.methods, broadcasts)
@@ -246,7 +250,7 @@ class Runner:
         payloads = self._round_uploads(trained, kept_jobs, keep, task_of, broadcasts,
                                        {o.cid: o.steps for o in outcomes})
         weights = torch.tensor([float(len(j.indices)) for j in kept_jobs], device=self.device)
-        forgetting = client_forgetting.measure(self.model, self.global_tensors, self.stream, task,
+        forgetting = client_forgetting.measure(self.model, self.state.global_tensors, self.stream, task,
                                                self.progress.global_round + 1, self.cfg.client_forgetting_clients,
                                                kept_jobs, self._with_client_buffers(trained, outcomes),
                                                keep)  # None when off
@@ -272,7 +276,8 @@ class Runner:
         backbone_down = self.shared_backbone.download_bytes([j.cid for j in jobs], self.progress)
         up = round_upload(self.methods, len(kept_jobs), self.model_bytes, self.buffers, self.params, combined,
                           sent_sizes, payloads)
-        down = record_round(self.comm, self.methods, len(jobs), self.model_download_bytes + round_down, backbone_down,
+        down = record_round(self.comm, self.methods, len(jobs), self.state.model_download_bytes + round_down,
+                            backbone_down,
                             task_start, newcomers, up)
         losses = [o.mean_loss for o in outcomes if o.finite]
         record = {"task": task, "round": self.progress.global_round + 1, "clients": len(kept_jobs),
@@ -314,11 +319,6 @@ class Runner:
             return trained
         return {**trained, **{k: torch.stack([o.buffers[k] for o in outcomes]) for k in self.buffers}}
 
-    @property
-    def model_download_bytes(self) -> int:
-        """Bytes of the global model sent to one client: its parameters, and its buffers where they are sent."""
-        return self.model_bytes + download_bytes(self.buffers, self.buffer_states)
-
     def _keep_carries(self, outcomes: list[ClientOutcome]) -> None:
         """The step hooks' running values of the kept clients into their states (``Method.carry_start``)."""
         for outcome in outcomes:
@@ -343,38 +343,16 @@ class Runner:
                     cdata = ClientData(data.train_x, data.train_y, task_of[job.cid], rows=job.indices)
                     gen = torch.Generator().manual_seed(derive_seed(job.seed, 0xE0D + i))
                     training = LocalTraining(self.params, steps[job.cid], self.hyper.lr)
-                    self._client_end(i, "round", client_params, cdata, job.cid, broadcasts[i], gen, uploads, training)
+                    client_end(self.state, i, "round", client_params, cdata, job.cid, broadcasts[i], gen, uploads,
+                               training)
             out.append(uploads)
         return out
 
-    def _client_end(self, i: int, event: Event, params: Params, data: ClientData, cid: int, server: State,
-                    generator: torch.Generator, uploads: dict[int, Any], training: LocalTraining | None = None) -> None:
-        """Method ``i``'s ``client_end`` on client ``cid``: its state written back, its upload kept. The template
-        model is in eval mode (dropout off) for both events, whichever trainer or evaluation ran last."""
-        clients = self.states[i].clients
-        state = clients.get(cid)
-        self.model.eval()
-        more = {"training": training} if accepts(self.methods[i], "client_end", "training") else {}
-        with guarded(self.methods[i], "client_end"):
-            result = check_upload(self.methods[i].client_end(event, self.model, params, data, state, server,
-                                                             generator, **more))
-        clients.put(cid, state)
-        if result is not None:
-            uploads[cid] = result
-
     # ---- task boundaries and evaluation ----
     def evaluate(self, upto: int) -> list[float]:
-        """Each task's accuracy: the global model's, or with parameters kept per client the mean over the clients
-        of each one's own model (:meth:`ClientParams.evaluated`)."""
-        per_model = [[accuracy(self.model, params, t.test_x, t.test_y, j, self._eval_mask(upto))
-                      for j, t in enumerate(self.stream.tasks[: upto + 1])] for params in self._evaluated()]
-        return per_model[0] if len(per_model) == 1 else [float(np.mean(col)) for col in zip(*per_model, strict=True)]
-
-    def _evaluated(self) -> Iterable[Params]:
-        """The models evaluation averages over (the global one, or each client's own)."""
-        if not self.client_params.local_names:
-            return [self.global_tensors]
-        return ({**p, **self.buffers} for p in self.client_params.evaluated(self.params, self.states))
+        """Each of tasks 0..upto's accuracy (class-incremental: masked to their classes)."""
+        tasks = list(range(upto + 1))
+        return accuracies(self.state, tasks, self.schedule.class_mask(tasks))
 
     @property
     def measures_forward_transfer(self) -> bool:
@@ -382,83 +360,76 @@ class Runner:
         far, none of task i's, so GEM's ``a[i-1][i]`` would be 0 by construction."""
         return self.stream.scenario != "class"
 
-    def accuracy_of(self, task: int) -> float:
-        """The global model's accuracy on ``task`` with the task's head and no class mask (forward transfer)."""
-        t = self.stream.tasks[task]
-        return float(np.mean([accuracy(self.model, params, t.test_x, t.test_y, task) for params in self._evaluated()]))
-
-    def class_accuracy(self, upto: int) -> dict[str, float]:
-        """Per class (class-incremental): the accuracy over the test sets of tasks 0..upto, seen classes only."""
-        counts = [class_counts(self.model, params, t.test_x, t.test_y, j, self.stream.classes_per_head,
-                               self._eval_mask(upto)) for params in self._evaluated()
-                  for j, t in enumerate(self.stream.tasks[: upto + 1])]
-        return per_class_percent(torch.stack([c for c, _ in counts]).sum(0), torch.stack([n for _, n in counts]).sum(0))
-
-    def _eval_mask(self, upto: int) -> torch.Tensor | None:
-        mask = self.stream.class_mask(upto)
-        return None if mask is None else mask.to(self.device)
-
     def task_end(self, task: int) -> None:
-        """The synchronous schedule's end of ``task`` (:func:`cfl.engine.task_end.end_task`)."""
-        end_task(self, task)
-
-    def _emit(self, kind: str, *args: Any) -> None:
-        for obs in self.observers:
-            getattr(obs, kind)(*args)
-
-    def eval_record(self, task: int, final: bool) -> dict[str, Any]:
-        accs = self.evaluate(task)
-        record = {"task": task, "round": self.progress.global_round, "final": final,
-                  "acc": {str(j): a for j, a in enumerate(accs)}, "mean_acc": float(np.mean(accs)),
-                  "upload_bytes": self.comm.upload_bytes, "download_bytes": self.comm.download_bytes}
-        pending = client_forgetting.since_last_evaluation(self.progress.client_forgetting, self.progress.evaluations)
-        if pending:
-            record["client_forgetting"] = pending
-        self.progress.evaluations.append(record)
-        if final and self.stream.scenario == "class":
-            self.progress.class_acc = self.class_accuracy(task)
-        return record
+        """The task ends after ``task``'s last round under the synchronous plan (:func:`end_tasks`)."""
+        rnd = self.schedule.global_round(task, self.cfg.rounds_per_task - 1)
+        end_tasks(self.state, rnd, self.plan.switches().get(rnd, []),
+                  [t for t, r in self.plan.last_left().items() if r == rnd])
 
     # ---- the loop ----
     def run(self) -> Progress:
-        """Train from the current progress to the end (or until ``should_stop``)."""
-        if self.scheduled is not None:  # clients on their own tasks (cfl/engine/scheduled.py)
-            return run_scheduled(self)
-        cfg, prog = self.cfg, self.progress
+        """Train from the current progress to the plan's last round (or until ``should_stop``). After a round at
+        which clients switch: the task ends and an evaluation; also every ``eval_every`` rounds (the synchronous
+        plan: of the task) and after the last round. The synchronous plan tells a task's last round before its
+        final evaluation and task end, and fills the accuracy matrix row by row; any other plan ends the tasks
+        before the evaluation and makes the matrix from the evaluations at the end (cfl/metrics/schedule.py)."""
+        cfg, prog, plan, run = self.cfg, self.progress, self.plan, self.state
+        sync = plan.synchronous
         started = time.perf_counter() - prog.wall_seconds
         if self.measures_forward_transfer and prog.global_round == 0 and not prog.acc_init:  # GEM's b_i
-            prog.acc_init = [self.accuracy_of(j) for j in range(self.stream.num_tasks)]
-        while prog.task < self.stream.num_tasks:
-            t = prog.task
-            while prog.round_in_task < cfg.rounds_per_task:
-                record = self.run_round(t, prog.round_in_task)
+            prog.acc_init = [accuracy_of(run, j) for j in range(self.stream.num_tasks)]
+        switches, leaving_at = plan.switches(), {}
+        for task, rnd in plan.last_left().items():
+            leaving_at.setdefault(rnd, []).append(task)
+        while prog.global_round < plan.rounds:
+            rnd = prog.global_round
+            task = self.schedule.newest_task(rnd)
+            record = self.run_round(task, prog.round_in_task if sync else rnd)
+            prog.global_round += 1
+            if sync:
                 prog.round_in_task += 1
-                prog.global_round += 1
-                last = prog.round_in_task == cfg.rounds_per_task
-                if cfg.eval_every and prog.round_in_task % cfg.eval_every == 0 and not last:
-                    evaluation = self.eval_record(t, final=False)
-                    record["mean_acc"] = evaluation["mean_acc"]
-                    self._emit("evaluation", evaluation)
-                prog.wall_seconds = time.perf_counter() - started
-                self._emit("round_end", record)
-                if not last:
-                    self.after_round()
-                    if self.should_stop():
-                        return prog
-            evaluation = self.eval_record(t, final=True)
-            prog.acc_matrix[t] = [evaluation["acc"].get(str(j)) for j in range(self.stream.num_tasks)]
-            self._emit("evaluation", evaluation)
-            if t < self.stream.num_tasks - 1:
-                self.task_end(t)
-                if self.measures_forward_transfer:  # the model the next task starts from
-                    prog.acc_before_task[str(t + 1)] = self.accuracy_of(t + 1)
-            prog.task, prog.round_in_task = t + 1, 0
+            last = prog.global_round == plan.rounds
+            switched, leaving = switches.get(rnd, []), leaving_at.get(rnd, [])
+            ends = bool(switched) or last
+            told_first = sync and ends  # the round told before the task's final evaluation and task end
+            periodic = cfg.eval_every and (prog.round_in_task if sync else prog.global_round) % cfg.eval_every == 0
+            if switched and not sync:
+                self._end_tasks(rnd, switched, leaving)
+            if (ends or periodic) and not told_first:
+                evaluation = evaluate(run, rnd, switched, final=ends)
+                record["mean_acc"] = evaluation["mean_acc"]
+                run.emit("evaluation", evaluation)
             prog.wall_seconds = time.perf_counter() - started
-            self._emit("task_end", t, evaluation)
+            run.emit("round_end", record)
+            if told_first:
+                evaluation = evaluate(run, rnd, switched, final=True)
+                prog.acc_matrix[task] = [evaluation["acc"].get(str(j)) for j in range(self.stream.num_tasks)]
+                if self.stream.scenario == "class":
+                    prog.class_acc = class_accuracy(run, task)
+                run.emit("evaluation", evaluation)
+                if switched:
+                    self._end_tasks(rnd, switched, leaving)
+                    if self.measures_forward_transfer:  # the model the next task starts from
+                        prog.acc_before_task[str(task + 1)] = accuracy_of(run, task + 1)
+                prog.round_in_task = 0
+                prog.wall_seconds = time.perf_counter() - started
+                run.emit("task_end", task, evaluation)
+            if last:
+                prog.task = self.stream.num_tasks
+            if last and not sync:
+                prog.acc_matrix = scheduled_matrix(prog.evaluations, plan)
+                if self.stream.scenario == "class":
+                    prog.class_acc = class_accuracy(run, self.stream.num_tasks - 1)
+                run.emit("task_end", task, prog.evaluations[-1])
             self.after_round()
-            if self.should_stop():
+            if not last and self.should_stop():
                 return prog
         return prog
+
+    def _end_tasks(self, rnd: int, switched: list[tuple[int, int]], leaving: list[int]) -> None:
+        """The task ends after global round ``rnd``; ``progress.task``: the tasks all of whose holders have left."""
+        end_tasks(self.state, rnd, switched, leaving)
+        self.progress.task = sum(1 for r in self.plan.last_left().values() if r <= rnd)
 
 
 def built(cls: type[Method], hparams: Any, run_info: RunInfo) -> Method:

@@ -1,5 +1,5 @@
 """What a method's server state sends and holds, shared by the round loop (cfl/engine/runner.py), the
-asynchronous schedules' rounds (cfl/engine/scheduled.py) and the dry call (cfl/engine/preflight.py): the keys a
+task ends (cfl/engine/task_end.py) and the dry call (cfl/engine/preflight.py): the keys a
 method broadcasts at an event, a payload's bytes, and the check that a server state stays fit for a checkpoint."""
 
 from __future__ import annotations

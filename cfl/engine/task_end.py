@@ -1,21 +1,35 @@
-"""The synchronous schedule's task end (between two tasks, after the task's last round and evaluation), per
-method in the run's order: ``before_task_end`` on the task's final global model, ``client_end("task_end")`` on the
-participants (every joined client, or the method's own draw of ``task_end_clients``), ``server_end("task_end")``
-with their uploads, then ``backbone_update`` (a change of the shared frozen backbone). The scheduled round loop
-(cfl/engine/scheduled.py) runs the clients' and the server's task ends apart, and calls :func:`before_task_end`.
+"""The task ends after a round at which some clients switch task (cfl/schedules.py ``Plan.switches``), under
+every plan:
+
+* a client's task end is its own event: each method's ``client_end("task_end")`` on its rows of the task it
+  leaves, with the then-current global model (and the method's ``"task_end"`` broadcast); a method that draws
+  its own task-end clients (``task_end_clients``) draws them among the task's finishers (:func:`task_end_draws`).
+  The uploads go to ``server_end("task_end", uploads, task)`` at once (``Method.server_task_end: switch``), or
+  are held in the method's server state (:data:`HELD`) until the server's task end (``last_holder``);
+* the server's task end of a task comes when its last holder has switched away from it: ``before_task_end`` on
+  the global model of that moment (its classes those of every task all of whose holders have left it), a
+  ``last_holder`` method's ``server_end``, then ``backbone_update`` (a change of the shared frozen backbone).
+
+Under the synchronous plan every client leaves a task at once, and each method's whole task end runs in turn,
+``before_task_end`` first (its clients' hooks read what it made): ``before_task_end``, the clients',
+``server_end``, ``backbone_update``; under any other plan every method's client task ends come first, then each
+left task's server task end.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
 import torch
 
+from cfl.engine.client_end import client_end
 from cfl.engine.global_model import global_model
 from cfl.engine.hook_rules import BEFORE_TASK_END, check_none, check_some_params
 from cfl.engine.hooks import unwritten
 from cfl.engine.jobs import derive_seed
+from cfl.engine.run_state import RunState
 from cfl.engine.schedule import sample_clients
 from cfl.engine.server_state import broadcast_of, plain_server
 from cfl.engine.shared_backbone import BACKBONE_UPDATE
@@ -23,67 +37,134 @@ from cfl.engine.traffic import record_task_end
 from cfl.methods.base import Method, overrides, takes_part_at_task_end
 from cfl.methods.hook_guard import guarded
 from cfl.methods.hook_types import ClientData
+from cfl.records.client_states import MethodState
+from cfl.schedules import Plan
 from cfl.tensors import State
 
-#: the run's cfl.engine.runner.Runner, which calls into this module (so not imported here: no import circle)
-Runner = Any
+#: the server-state key under which the engine holds a ``server_task_end: last_holder`` method's task-end uploads
+#: (task -> client -> upload) from the clients' own task ends until the task's server-side end (checkpointed)
+HELD = "held_task_end_uploads"
 
 
-def end_task(runner: Runner, task: int) -> None:
-    """Per method: the server's ``before_task_end`` on the final global model, the client task-end hooks
-    (Fisher, memories, bases, GPSE) and the server's reduction."""
+def task_end_draws(plan: Plan, methods: list[Method], seed: int) -> dict[tuple[int, int], set[int]]:
+    """(method index, task) -> the clients a method that draws its own task-end clients (``task_end_clients``)
+    takes among those that finish the task (known from the plan: a pure function of the seed); fewer finishers
+    than its draw: all of them, said on stderr."""
+    out = {}
+    for i, m in enumerate(methods):
+        if m.task_end_clients is None or not takes_part_at_task_end(m):
+            continue
+        for task in range(plan.num_tasks):
+            finishers = plan.finishers(task)
+            if not finishers:
+                continue
+            k = min(m.task_end_clients, len(finishers))
+            if k < m.task_end_clients:
+                print(f"cfl: method {m.name} draws {m.task_end_clients} task-end clients, but under schedule "
+                      f"'{plan.name}' only {len(finishers)} finish task {task}: all of them take part",
+                      file=sys.stderr)
+            picks = sample_clients(seed, task, 2**32 + i, len(finishers), k)  # no real round has this index
+            out[(i, task)] = {finishers[j] for j in picks}
+    return out
+
+
+def end_tasks(run: RunState, rnd: int, switched: list[tuple[int, int]], leaving: list[int]) -> None:
+    """The task ends after global round ``rnd``: ``switched``, the (client, task) pairs switching; ``leaving``,
+    the tasks whose last holder has just left (module docstring for the order)."""
     start = time.perf_counter()
-    parts = runner.schedule.client_indices(task)
-    data = runner.stream.tasks[task]
-    for i, (m, st) in enumerate(zip(runner.methods, runner.states, strict=True)):
+    run.task_starts.before_task_ends([st.server for st in run.states])
+    left = [t for t, r in run.plan.last_left().items() if r <= rnd]
+    classes = torch.tensor(sorted({c for t in left for c in run.stream.tasks[t].classes}), dtype=torch.long)
+    pairs = list(enumerate(zip(run.methods, run.states, strict=True)))
+    if run.plan.synchronous:  # each method's whole task end in turn
+        for i, (m, st) in pairs:
+            server_task_end(run, m, st, leaving, classes, before=True)
+            client_task_ends(run, i, switched)
+            server_task_end(run, m, st, leaving, classes, before=False)
+    else:
+        for i, _ in pairs:
+            client_task_ends(run, i, switched)
+        for task in leaving:
+            for _, (m, st) in pairs:
+                server_task_end(run, m, st, [task], classes, before=True)
+                server_task_end(run, m, st, [task], classes, before=False)
+    run.task_starts.after_task_ends(rnd, [st.server for st in run.states])
+    run.progress.task_end_seconds += time.perf_counter() - start
+
+
+def client_task_ends(run: RunState, i: int, switched: list[tuple[int, int]]) -> None:
+    """Method ``i``'s ``client_end("task_end")`` on the clients switching (each on its rows of the task it leaves,
+    at the current global model; a method's own draw: its drawn clients only), then, per task left, its
+    ``server_end("task_end")`` with their uploads, or (``last_holder``) the uploads held in its server state."""
+    m, st = run.methods[i], run.states[i]
+    for task in sorted({t for _, t in switched}):
         uploads: dict[int, Any] = {}
-        if overrides(m, "before_task_end"):  # before the task-end broadcast is read
-            before_task_end(runner, m, st.server, task)
-        if takes_part_at_task_end(m):
-            joined = runner.schedule.joined(task)  # clients_join_per_task: those that have joined
-            if m.task_end_clients is None:
-                cids = list(range(joined))
-            else:  # a draw of its own: no real round has this index
-                cids = sample_clients(runner.cfg.seed, task, 2**32 + i, joined, m.task_end_clients)
+        drawn = run.task_end_draws.get((i, task))
+        cids = [c for c, t in switched if t == task and (drawn is None or c in drawn)]
+        if takes_part_at_task_end(m) and cids:
             broadcast = broadcast_of(m, "task_end", st.server)
+            data, rows = run.stream.tasks[task], run.schedule.client_indices(task)
             for c in cids:
-                gen = torch.Generator().manual_seed(derive_seed(runner.cfg.seed, task, c, 0x7E + i))
-                cdata = ClientData(data.train_x, data.train_y, task, rows=parts[c])
-                runner._client_end(i, "task_end", runner.params, cdata, c, broadcast, gen, uploads)
-            record_task_end(runner.comm, m, len(cids), runner.model_download_bytes, broadcast, uploads)
-        if overrides(m, "server_end"):
-            with guarded(m, "server_end"):
-                m.server_end("task_end", uploads, st.server, task)
-            plain_server(m, "server_end", st.server)
+                gen = torch.Generator().manual_seed(derive_seed(run.cfg.seed, task, c, 0x7E + i))
+                cdata = ClientData(data.train_x, data.train_y, task, rows=rows[c])
+                client_end(run, i, "task_end", run.params, cdata, c, broadcast, gen, uploads)
+            record_task_end(run.comm, m, len(cids), run.model_download_bytes, broadcast, uploads)
+        if m.server_task_end == "last_holder":
+            if uploads:  # a task some client holds to the run's end never uses them
+                st.server.setdefault(HELD, {}).setdefault(task, {}).update(uploads)
+        elif overrides(m, "server_end"):
+            server_end(m, st.server, uploads, task)
+
+
+def server_task_end(run: RunState, m: Method, st: MethodState, tasks: list[int], classes: torch.Tensor,
+                    before: bool) -> None:
+    """The server's task end of ``tasks`` for ``m``: ``before``, its ``before_task_end``; else a ``last_holder``
+    method's ``server_end("task_end")`` with the uploads held for the task, then ``backbone_update``."""
+    for task in tasks:
+        if before:
+            if overrides(m, "before_task_end"):
+                before_task_end(run, m, st.server, task, classes)
+            continue
+        if m.server_task_end == "last_holder":
+            held = st.server.get(HELD, {})
+            uploads = held.pop(task, {})
+            if not held:
+                st.server.pop(HELD, None)
+            if overrides(m, "server_end"):
+                server_end(m, st.server, uploads, task)
         if overrides(m, "backbone_update"):
-            backbone_update(runner, m, st.server, task)
-    runner.progress.task_end_seconds += time.perf_counter() - start
+            backbone_update(run, m, st.server, task)
 
 
-def backbone_update(runner: Runner, method: Method, server: State, task: int) -> None:
+def server_end(m: Method, server: State, uploads: dict[int, Any], task: int) -> None:
+    with guarded(m, "server_end"):
+        m.server_end("task_end", uploads, server, task)
+    plain_server(m, "server_end", server)
+
+
+def backbone_update(run: RunState, method: Method, server: State, task: int) -> None:
     """``method.backbone_update`` on a copy of the final global model: its deltas added into the one shared
     frozen backbone (cfl/engine/shared_backbone.py), its new parameter values set."""
-    model = global_model(runner.model, runner.params, runner.buffers)
-    with guarded(method, "backbone_update"), unwritten(method, "backbone_update", {"global_params": runner.params}):
-        update = runner.shared_backbone.check(method.backbone_update(model, runner.params, server, task))
-        new = {} if update is None else check_some_params(update.params, runner.params, BACKBONE_UPDATE)
+    model = global_model(run.model, run.params, run.buffers)
+    with guarded(method, "backbone_update"), unwritten(method, "backbone_update", {"global_params": run.params}):
+        update = run.shared_backbone.check(method.backbone_update(model, run.params, server, task))
+        new = {} if update is None else check_some_params(update.params, run.params, BACKBONE_UPDATE)
     plain_server(method, "backbone_update", server)
     if update is not None:
-        runner.shared_backbone.apply(update.deltas, method.name, task, runner.progress)
-        runner.params = {**runner.params, **new}
+        run.shared_backbone.apply(update.deltas, method.name, task, run.progress)
+        run.params = {**run.params, **new}
 
 
-def before_task_end(runner: Runner, method: Method, server: State, task: int,
-                    classes: torch.Tensor | None = None) -> None:
-    """``method.before_task_end`` on a copy of the final global model (``classes``: the finished tasks' classes,
-    None: those of tasks 0..task); its wall time into ``server["stats"]``."""
-    model = global_model(runner.model, runner.params, runner.buffers)
-    classes = (runner.stream.seen_classes(task) if classes is None else classes).to(runner.device)
+def before_task_end(run: RunState, method: Method, server: State, task: int, classes: torch.Tensor) -> None:
+    """``method.before_task_end`` on a copy of the current global model (``classes``: the finished tasks');
+    its wall time into ``server["stats"]``."""
+    model = global_model(run.model, run.params, run.buffers)
+    classes = classes.to(run.device)
     start = time.perf_counter()
     with guarded(method, "before_task_end"):
         check_none(method.before_task_end(model, classes, server, task), BEFORE_TASK_END)
     plain_server(method, "before_task_end", server)
-    if runner.device.type == "cuda":
-        torch.cuda.synchronize(runner.device)
+    if run.device.type == "cuda":
+        torch.cuda.synchronize(run.device)
     stats = server.setdefault("stats", {})
     stats["before_task_end_seconds"] = stats.get("before_task_end_seconds", 0.0) + time.perf_counter() - start

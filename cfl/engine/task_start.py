@@ -38,41 +38,6 @@ def _changed(before: list[tuple[str, Any, Any]], now: list[tuple[str, Any, Any]]
     return [p for (p, a, u), (_, b, v) in zip(before, now, strict=True) if a is not b or u != v]
 
 
-class TaskStarts:
-    """Per round: which sampled clients get the ``"task_start"`` keys (those sampled for the first time in the
-    task), and each method's keys, checked unchanged since the task's first round sent them."""
-
-    def __init__(self, methods: list[Method], sampled: Callable[[int, int], list[int]]) -> None:
-        """``sampled(task, round)``: the clients of that round (:meth:`cfl.engine.schedule.Schedule.sampled`)."""
-        self.methods, self.sampled = methods, sampled
-        self.active = any(m.broadcast.get("task_start") for m in methods)
-        self._task, self._next_round = -1, 0
-        self._seen: set[int] = set()
-        self._prints: dict[int, list[tuple[str, Any, Any]]] = {}
-
-    def newcomers(self, task: int, rnd: int, cids: list[int]) -> list[list[int]]:
-        """Per method, the clients of ``cids`` (round ``rnd`` of ``task``) not sampled in an earlier round of the
-        task (the same for every method)."""
-        return [self._newcomers(task, rnd, cids)] * len(self.methods)
-
-    def _newcomers(self, task: int, rnd: int, cids: list[int]) -> list[int]:
-        if not self.active:
-            return []
-        if (task, rnd) != (self._task, self._next_round):  # a new task, or a resumed run: from the schedule
-            self._task, self._prints = task, {}
-            self._seen = {c for r in range(rnd) for c in self.sampled(task, r)}
-        new = [c for c in cids if c not in self._seen]
-        self._seen.update(cids)
-        self._next_round = rnd + 1
-        return new
-
-    def payload(self, i: int, server: State) -> State:
-        """Method ``i``'s ``"task_start"`` keys (those the server holds), refused if changed during the task."""
-        return unchanged_payload(self.methods[i], server, self._prints, i,
-                                 f"changed during task {self._task} (0-based), after the task's first round sent "
-                                 "them: the clients keep what they downloaded first")
-
-
 def unchanged_payload(method: Method, server: State, prints: dict[int, Any], i: int, changed_when: str) -> State:
     """Method ``i``'s ``"task_start"`` keys (those the server holds), refused (naming ``changed_when``) where they
     differ from what ``prints`` recorded when they were last sent; ``prints`` then holds them."""
@@ -90,8 +55,8 @@ def unchanged_payload(method: Method, server: State, prints: dict[int, Any], i: 
     return payload
 
 
-class ScheduledTaskStarts:
-    """Under a schedule other than the synchronous one (cfl/schedules.py), per method: a sampled client gets the
+class TaskStarts:
+    """Under the run's plan (cfl/schedules.py), per method: a sampled client gets the
     ``"task_start"`` keys at its first sampled round of each of its own tasks, and again at its next sampled round
     after the server changed them (at a task end: a client's switch or a task's last holder leaving, the only
     moments they may change), so that its hooks always read what it was sent; each sending is counted. The
@@ -155,5 +120,5 @@ class ScheduledTaskStarts:
     def payload(self, i: int, server: State) -> State:
         """Method ``i``'s ``"task_start"`` keys, refused if a round (not a task end) changed them."""
         return unchanged_payload(self.methods[i], server, self._prints, i,
-                                 "changed in a round: under a schedule the clients are sent them at their task "
-                                 "starts and again after each task end that changed them")
+                                 "changed in a round, after a round sent them: the clients are sent them at their "
+                                 "task starts and again after each task end that changed them")

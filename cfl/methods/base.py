@@ -115,7 +115,7 @@ class Method:
     #: under a schedule other than the synchronous one, when ``server_end("task_end", uploads, task)`` runs: "switch"
     #: after each round at which clients leave ``task``, with their uploads; "last_holder": once, when the task's
     #: last holder has left it (after ``before_task_end``), with every upload held since the clients' own task ends
-    #: (cfl/engine/scheduled.py)
+    #: (cfl/engine/task_end.py)
     server_task_end: ClassVar[str] = "switch"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
