@@ -60,6 +60,9 @@ class ModelConfig:
                                    "required for them, refused for other models (docs/pretrained.md)")
     weights_sha256: Optional[str] = field(None, "the weights file's SHA-256 (hex): a file that differs is refused "
                                           "(null: not checked; the hash read is recorded in results.json)")
+    weights_trained: bool = field(False, "true: the weights file is trained although its statistics are an "
+                                  "initialisation's (every LayerNorm at weight 1 and bias 0), so it is not flagged "
+                                  "as a random backbone (docs/pretrained.md)")
     image_size: Optional[int] = field(None, "pretrained backbones: input size in pixels (null: the backbone's "
                                       "pretrained config, 224); a different size resamples a weights file's position "
                                       "embeddings (timm's filter)", min=16)

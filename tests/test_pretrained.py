@@ -19,6 +19,7 @@ from cfl.pretrained.backbones import build_backbone  # noqa: E402
 from cfl.pretrained.weights import sha256_of  # noqa: E402
 from cfl.validation import from_dict  # noqa: E402
 from tests.run_pairs import checkpointed_params, killed_and_resumed  # noqa: E402
+from tests.weights_files import as_trained  # noqa: E402
 
 SIZE = 32  # 2 x 2 patches of 16 pixels: a ViT-Ti/16 forward in milliseconds
 
@@ -27,7 +28,7 @@ SIZE = 32  # 2 x 2 patches of 16 pixels: a ViT-Ti/16 forward in milliseconds
 def weights(tmp_path_factory) -> Path:
     """A vit-ti16 at 32 px with random weights (and a 3-class classifier, which cfl drops), as .safetensors."""
     torch.manual_seed(1)
-    state = build_backbone("vit-ti16", SIZE).state_dict()
+    state = as_trained(build_backbone("vit-ti16", SIZE).state_dict())  # not flagged as a fresh initialisation
     state["head.weight"], state["head.bias"] = torch.zeros(3, 192), torch.zeros(3)
     path = tmp_path_factory.mktemp("weights") / "vit-ti16.safetensors"
     save_file({k: v.contiguous() for k, v in state.items()}, str(path))
@@ -60,7 +61,7 @@ def test_weights_file_loads_and_its_hash_is_checked(weights, tmp_path):
 
     loaded = loaded_backbone(cfg)
     torch.manual_seed(1)
-    expected = build_backbone("vit-ti16", SIZE).state_dict()
+    expected = as_trained(build_backbone("vit-ti16", SIZE).state_dict())
     assert all(torch.equal(v, expected[k]) for k, v in loaded.model.state_dict().items())
     assert loaded.weights.sha256 == sha256_of(weights) and not loaded.weights.random
     assert any("classifier" in n for n in loaded.weights.notes)  # the file's head is dropped, and said

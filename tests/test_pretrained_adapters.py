@@ -23,6 +23,7 @@ from cfl.tensors import nbytes  # noqa: E402
 from cfl.validation import from_dict  # noqa: E402
 from tests.conftest import make_stream  # noqa: E402
 from tests.run_pairs import assert_batched_equals_sequential, killed_and_resumed  # noqa: E402
+from tests.weights_files import as_trained  # noqa: E402
 
 SIZE = 32
 METHOD = {"prompts": "l2p", "lora": "lora"}
@@ -31,7 +32,7 @@ METHOD = {"prompts": "l2p", "lora": "lora"}
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory) -> Path:
     torch.manual_seed(2)
-    state = build_backbone("vit-ti16", SIZE).state_dict()
+    state = as_trained(build_backbone("vit-ti16", SIZE).state_dict())  # not flagged as a fresh initialisation
     path = tmp_path_factory.mktemp("weights") / "vit-ti16.safetensors"
     save_file({k: v.contiguous() for k, v in state.items()}, str(path))
     return path

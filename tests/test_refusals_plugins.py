@@ -104,6 +104,14 @@ PLUGINS = {
                                 "        return {'path': step.carry['path'] + 1}\n"
                                 "    def client_end(self, event, model, params, data, state, server, generator):\n"
                                 "        return None\n"),
+    "state_sizes": method("ssz", "    client_events = ('task_end',)\n"
+                                 "    calls = 0\n"
+                                 "    def client_end(self, event, model, params, data, state, server, generator):\n"
+                                 "        Bad.calls += 1  # each client keeps another size\n"
+                                 "        state['mem'] = torch.zeros(Bad.calls)\n"
+                                 "    def task_loss(self, params, logits, y, x, task, weight, allowed, server, "
+                                 "state):\n"
+                                 "        return torch.nn.functional.cross_entropy(logits, y, reduction='none')\n"),
     "loss_no_grad": method("ng", "    def task_loss(self, params, logits, y, x, task, weight, allowed, server, "
                                  "state):\n"
                                  "        return torch.zeros(logits.shape[0])\n"),
@@ -254,6 +262,10 @@ CASES = [
                                                               "--set", "method.name=cg", "--out", "{tmp}/cg"], 3,
      ["method 'cg'", "hook carry_start", "for one client and (2,) for another", "declare `ragged = {{'path': 0}}`",
       "round 2 of the task", "is kept"]),
+    ("mid-run: a client state whose size differs between clients, stacked for task_loss",
+     ["run", "{cfg}", "--plugin", "{tmp}/state_sizes.py", "--set", "method.name=ssz", "--out", "{tmp}/ssz"], 3,
+     ["method 'ssz'", "hook client_end", "tensors of the same shape under a key for every client",
+      "'mem' has shape (", "declare `ragged = {{'mem': 0}}`", "at task 1 (0-based)", "is kept"]),
     ("task_loss: no grad_fn", ["run", "{cfg}", "--plugin", "{tmp}/loss_no_grad.py", "--set", "method.name=ng",
                                "--out", "{tmp}/ng"], 2,
      ["method 'ng'", "hook task_loss", "got a tensor without grad_fn"]),

@@ -117,6 +117,7 @@ def capture(run: RunSnapshot, wandb_run_id: str | None, client_states: bool = Tr
         "rng": rng_state(),
         "wandb_run_id": wandb_run_id,
         "data": fingerprint(run.stream),
+        WEIGHTS: weights_sha256(run.stream),
     }
 
 
@@ -265,9 +266,37 @@ def _to(obj: Any, device: torch.device) -> Any:
     return obj
 
 
+WEIGHTS = "weights_sha256"  # the pretrained backbone's weights file the run trains on (None: none, or random)
+
+
+def weights_sha256(stream: Stream) -> str | None:
+    """The SHA-256 of the weights file of the stream's pretrained backbone (None: no backbone, or a random one)."""
+    return (stream.info.get("backbone") or {}).get("sha256")
+
+
+def check_weights(payload: dict[str, Any], stream: Stream) -> None:
+    """Refuse to resume on another weights file than the run trained on (the backbone trained through with
+    ``model.train: prompts | components | lora`` would change under the run); a checkpoint written before the
+    field existed is resumed with a printed warning (its weights cannot be checked)."""
+    now = weights_sha256(stream)
+    if WEIGHTS not in payload:
+        if now is not None:
+            print("cfl: warning: this checkpoint holds no weights SHA-256 (written by an older cfl); the weights file "
+                  f"(SHA-256 {now}) cannot be checked against the one the run was trained on", file=sys.stderr)
+        return
+    if payload[WEIGHTS] != now:
+        path = (stream.info.get("backbone") or {}).get("weights")
+        raise ConfigError(f"--resume: the weights file {path!r} has SHA-256 {now}, but the run was trained on a file "
+                          f"with SHA-256 {payload[WEIGHTS]}: the rest of the run would train on another backbone. "
+                          f"Put back the file the run started with (model.weights_sha256 pins it), or start a new "
+                          f"run with --out")
+
+
 def check_data(payload: dict[str, Any], stream: Stream, cfg: Config) -> None:
-    """Refuse to resume on data whose fingerprint differs from the checkpoint's; a checkpoint written before
-    fingerprints existed is resumed with a printed warning (its data cannot be checked)."""
+    """Refuse to resume on other weights (:func:`check_weights`, first: features of other weights are other data)
+    or on data whose fingerprint differs from the checkpoint's; a checkpoint written before fingerprints existed
+    is resumed with a printed warning (its data cannot be checked)."""
+    check_weights(payload, stream)
     saved = payload.get("data")
     if saved is None:
         print("cfl: warning: this checkpoint holds no data fingerprint (written by an older cfl); the data cannot "

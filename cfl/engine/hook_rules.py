@@ -24,6 +24,8 @@ REPLAY = "must return None or Samples(x, y, task): x shaped like the stream's in
 STEP_SAMPLES = "must return None or Samples(x, y, task): x shaped like the stream's inputs, y and task integer vectors"
 STEP_GRADIENT = "must return None or the step's gradient: {every parameter name: float tensor shaped like it}"
 CARRY_START = "must return a dict of tensors (nested dicts allowed), the same keys and shapes for every client"
+CLIENT_STATE = ("must keep, in a client state that hooks run under vmap read, tensors of the same shape under a key "
+                "for every client (the batched engine stacks them over the clients)")
 #: the part of a hook's rule that no check of one result can see (docs/plugins.md, "Rules that keep a method ...")
 READ_ONLY = "must not write into its arguments in place (return new tensors; only the arguments documented as " \
     "updated in place may change)"
@@ -170,6 +172,23 @@ def check_carry_start(result: Any) -> dict:
     return result
 
 
+def _differing_dims(first: torch.Tensor, v: torch.Tensor, dim: int | None) -> list[int]:
+    """The dims along which ``v``'s shape differs from ``first``'s, except the ``ragged`` one (all: another rank)."""
+    return [i for i in range(max(v.dim(), first.dim()))
+            if v.dim() != first.dim() or (v.shape[i] != first.shape[i] and i != dim)]
+
+
+def _ragged_dim(path: str, ragged: dict[str, int]) -> int | None:
+    return next((d for k, d in ragged.items() if path == k or path.startswith(f"{k}.")), None)
+
+
+def _refuse_shapes(rule: str, path: str, first: torch.Tensor, v: torch.Tensor, differ: list[int]) -> BrokenRule:
+    return BrokenRule(f"{rule}; '{path}' has shape {tuple(first.shape)} for one client and {tuple(v.shape)} for "
+                      f"another: give every client the same shape, or declare `ragged = {{{path!r}: {differ[0]}}}` "
+                      f"(zero-padded to the widest client in the batched engine's stack; each client keeps its own "
+                      f"size)")
+
+
 def check_carries(carries: list[dict], ragged: dict[str, int], prefix: str = "") -> None:
     """Refuse the clients' ``carry_start`` results (one dict per client, each checked by :func:`check_carry_start`)
     whose keys, or tensor shapes along other dims than the method's ``ragged`` declares, differ between clients:
@@ -184,15 +203,29 @@ def check_carries(carries: list[dict], ragged: dict[str, int], prefix: str = "")
                 raise BrokenRule(f"{CARRY_START}; '{path}' is a dict for one client, not for another")
             check_carries(leaves, ragged, f"{path}.")
             continue
-        dim = next((d for k, d in ragged.items() if path == k or path.startswith(f"{k}.")), None)
         for v in leaves[1:]:
-            differ = [i for i in range(max(v.dim(), first.dim()))
-                      if v.dim() != first.dim() or (v.shape[i] != first.shape[i] and i != dim)]
+            differ = _differing_dims(first, v, _ragged_dim(path, ragged))
             if differ:
-                raise BrokenRule(f"{CARRY_START}; '{path}' has shape {tuple(first.shape)} for one client and "
-                                 f"{tuple(v.shape)} for another: give every client the same shape, or declare "
-                                 f"`ragged = {{{path!r}: {differ[0]}}}` (zero-padded to the widest client in the "
-                                 f"batched engine's stack; each client keeps its own size)")
+                raise _refuse_shapes(CARRY_START, path, first, v, differ)
+
+
+def check_client_states(states: list[dict], ragged: dict[str, int], prefix: str = "") -> None:
+    """Refuse the clients' states (what ``client_end`` keeps) whose tensors under one key differ in shape between
+    clients along other dims than ``ragged`` declares, where the batched engine stacks them for the hooks it runs
+    under ``vmap`` (a client without the key gets zeros: allowed)."""
+    keys = list(dict.fromkeys(k for s in states for k in s))
+    for key in keys:
+        path, leaves = f"{prefix}{key}", [s[key] for s in states if key in s]
+        if any(isinstance(v, dict) for v in leaves):
+            if not all(isinstance(v, dict) for v in leaves):
+                raise BrokenRule(f"{CLIENT_STATE}; '{path}' is a dict for one client, not for another")
+            check_client_states(leaves, ragged, f"{path}.")
+            continue
+        tensors = [v for v in leaves if isinstance(v, torch.Tensor)]
+        for v in tensors[1:]:
+            differ = _differing_dims(tensors[0], v, _ragged_dim(path, ragged))
+            if differ:
+                raise _refuse_shapes(CLIENT_STATE, path, tensors[0], v, differ)
 
 
 def check_carry_step(result: Any, carry: dict, where: str = "") -> dict:

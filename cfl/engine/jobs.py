@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from cfl.engine.hook_rules import check_steps
+from cfl.engine.hook_rules import check_client_states, check_steps
 from cfl.methods.base import Method, overrides
 from cfl.methods.hook_guard import guarded
 from cfl.records.client_states import ClientStates, MethodState
@@ -71,7 +71,23 @@ class Plugins:
     frozen: frozenset[str] = frozenset()
 
     def client_states(self, i: int, cids: list[int]) -> list[State]:
-        return [self.states[i].clients.get(c) for c in cids]
+        """Method ``i``'s states of the clients ``cids`` (the batched trainer's block); where its hooks under
+        ``vmap`` read them stacked, tensors of differing shapes are refused, naming the method and ``client_end``
+        (the hook that keeps a client state)."""
+        states = [self.states[i].clients.get(c) for c in cids]
+        method = self.methods[i]
+        if len(states) > 1 and stacks_client_states(method):
+            with guarded(method, "client_end"):
+                check_client_states(states, method.ragged)
+        return states
+
+
+def stacks_client_states(method: Method) -> bool:
+    """Whether the batched trainer stacks ``method``'s client states: it overrides a hook run under ``vmap``."""
+    from cfl.engine.step_hooks import STEP_HOOKS  # it imports this module
+    from cfl.methods.hook_guard import VMAPPED_HOOKS
+
+    return any(overrides(method, hook) for hook in (*VMAPPED_HOOKS, *STEP_HOOKS))
 
 
 def derive_seed(*parts: int) -> int:

@@ -12,7 +12,7 @@ from torch import nn
 
 from cfl.pretrained.backbones import BACKBONES, build_backbone, is_backbone, require_timm
 from cfl.pretrained.preprocessing import Preprocessing, of_backbone
-from cfl.pretrained.weights import RANDOM, LoadedWeights, load_weights
+from cfl.pretrained.weights import RANDOM, LoadedWeights, load_weights, sha256_of
 from cfl.schema import ConfigError
 
 #: appended to the method in results.json, every table row and figure legend and the W&B names of a run whose
@@ -33,22 +33,34 @@ class LoadedBackbone:
 
     def describe(self) -> dict[str, Any]:
         """The backbone as results.json records it."""
+        untrained = {} if self.weights.untrained is None else {"untrained": self.weights.untrained}
         return {"name": self.name, "timm": BACKBONES[self.name].timm_name, "weights": self.weights.path or RANDOM,
                 "sha256": self.weights.sha256, "random": self.weights.random,
-                "preprocessing": self.preprocessing.as_dict(), "random_init_seed": self.seed}
+                "preprocessing": self.preprocessing.as_dict(), "random_init_seed": self.seed, **untrained}
 
 
 _LOADED: dict[tuple, LoadedBackbone] = {}
 
 
 def _key(cfg: Any) -> tuple:
+    """The memo's key: the file's SHA-256 (read in full: a file replaced by one of the same size and modification
+    time is another file), or a random backbone's seed."""
     model = cfg.model
-    stamp: tuple = ()
+    digest = None
     if model.weights not in (None, RANDOM) and Path(model.weights).expanduser().is_file():
-        st = Path(model.weights).expanduser().stat()
-        stamp = (st.st_size, st.st_mtime_ns)
+        digest = sha256_of(Path(model.weights).expanduser())
     seed = cfg.seed if model.weights == RANDOM else None
-    return (model.name, model.image_size, model.weights, model.weights_sha256, stamp, seed)
+    return (model.name, model.image_size, model.weights, model.weights_sha256, model.weights_trained, digest, seed)
+
+
+def untrained(cfg: Any) -> bool:
+    """Whether the run's backbone is untrained (``weights: random``, or a file flagged as freshly initialised)."""
+    weights = cfg.model.weights
+    if not is_backbone(cfg.model.name) or weights is None:
+        return False
+    if weights == RANDOM:
+        return True
+    return Path(weights).expanduser().is_file() and loaded_backbone(cfg).weights.random  # a missing file: refused
 
 
 def loaded_backbone(cfg: Any) -> LoadedBackbone:
@@ -67,7 +79,8 @@ def loaded_backbone(cfg: Any) -> LoadedBackbone:
         except (ValueError, AssertionError, RuntimeError) as err:
             raise ConfigError(f"model {model_cfg.name} cannot be built with model.image_size "
                               f"{model_cfg.image_size}: {err}") from None
-    weights = load_weights(model, model_cfg.weights, model_cfg.weights_sha256, quiet=True)  # notes: in the run output
+    weights = load_weights(model, model_cfg.weights, model_cfg.weights_sha256, quiet=True,  # notes: in the run output
+                           trained=model_cfg.weights_trained)
     model.eval().requires_grad_(False)
     loaded = LoadedBackbone(model_cfg.name, model, weights, of_backbone(model, model_cfg.image_size),
                             model_cfg.image_size, seed)
@@ -95,6 +108,11 @@ def check_adapter_keys(model: Any) -> None:
     if unread:
         raise ConfigError(f"{', '.join(f'model.{k}' for k in unread)} is read only under another model.train "
                           f"(model.train is {model.train}): remove it, or set model.train")
+    width = BACKBONES[model.name].features if is_backbone(model.name) else None
+    if model.train == "lora" and width is not None and model.lora_rank > width:
+        raise ConfigError(f"model.lora_rank {model.lora_rank} exceeds the width {width} of {model.name}'s attention "
+                          f"qkv projections ({width} -> {3 * width}): an update B A of that rank has rank at most "
+                          f"{width}, the extra factors only add parameters; set lora_rank at most {width}")
     if model.train == "prompts" and model.prompt_top_k > model.prompt_pool:
         raise ConfigError(f"model.prompt_top_k {model.prompt_top_k} selects more prompts than the pool holds "
                           f"(model.prompt_pool {model.prompt_pool}); lower prompt_top_k or raise prompt_pool")
@@ -124,6 +142,8 @@ def check_backbone(cfg: Any, trains: dict[str, str]) -> None:
     model = cfg.model
     if not is_backbone(model.name):
         given = [k for k in ("weights", "weights_sha256", "image_size") if getattr(model, k) is not None]
+        if model.weights_trained:
+            given.append("weights_trained")
         if model.train != "head":
             given.append("train")
         given += [k for keys in ADAPTER_KEYS.values() for k in keys if getattr(model, k) != _default(k)]

@@ -113,8 +113,10 @@ def default_group(cfg: Config, base: Config | None) -> str:
 
 def shown_method(cfg: Config) -> str:
     """The config's ``label`` (a sweep variant's), else its method label; "(random backbone)" appended for an
-    untrained pretrained backbone (``model.weights: random``)."""
-    return (cfg.label or cfg.method_label) + (" (random backbone)" if cfg.model.weights == "random" else "")
+    untrained pretrained backbone (``model.weights: random``, or a file flagged as freshly initialised)."""
+    from cfl.pretrained.loaded import untrained
+
+    return (cfg.label or cfg.method_label) + (" (random backbone)" if untrained(cfg) else "")
 
 
 def default_name(cfg: Config, base: Config | None) -> str:
