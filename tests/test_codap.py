@@ -69,3 +69,17 @@ def test_components_without_codap_and_codap_without_components_are_refused():
     with pytest.raises(ConfigError, match="method codap needs model.train: components"):
         check_method_train(cfg("prompts", "codap"), {n: METHODS[n].model_train for n in ("codap",)})
     check_method_train(cfg("components", "codap"), {n: METHODS[n].model_train for n in ("codap",)})
+
+
+def test_the_penalty_counts_the_prompt_components_with_keys_and_attention():
+    from types import SimpleNamespace
+
+    from cfl.methods.codap import CodaP, CodaPHyperparams
+
+    eye = torch.eye(2)
+    prompts = torch.tensor([[[1.0, 0.0], [0.0, 0.0]], [[1.0, 0.0], [0.0, 0.0]]])  # flattened: two equal rows
+    params = {"prompt.keys": eye, "prompt.attention": eye, "prompt.prompts": prompts}
+    method = CodaP(CodaPHyperparams(ortho=0.5), SimpleNamespace(model=None))
+    # keys and attention orthonormal: 0; the prompts' P P^T = [[1, 1], [1, 1]]: mean((P P^T - I)^2) = 2 / 4
+    loss = method.extra_loss(params, torch.zeros(3, 1), torch.zeros(3, dtype=torch.long), {}, {})
+    assert loss.tolist() == pytest.approx([0.25] * 3)

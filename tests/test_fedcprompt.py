@@ -66,10 +66,12 @@ def test_step_gradient_moves_only_the_current_tasks_components():
 
 
 def test_extra_loss_is_the_pull_then_the_triplet_after_a_task_end():
+    from cfl.methods.fedcprompt import FedCPromptHyperparams
     from cfl.ops.data_free_clients import logits_and_features
     from cfl.ops.distill import frozen
 
     method, model = _method()
+    method.hparams = FedCPromptHyperparams(reduction="sample")  # a hinge per sample (the default: the batch sum)
     params = dict(model.named_parameters())
     server: dict = {}
     method.server_start(server, params)
@@ -144,3 +146,43 @@ def test_resume_is_bit_identical(tmp_path, monkeypatch):
     assert resumed["download_bytes"] == full["download_bytes"]
     final, reference = checkpointed_params(tmp_path / "part"), checkpointed_params(tmp_path / "full")
     assert all(torch.equal(final[k], reference[k]) for k in reference)
+
+
+def test_the_official_reduction_is_one_hinge_of_the_batch_sum_by_hand():
+    from cfl.pretrained.contrastive_continual import batch_contrastive_continual_loss
+
+    # four samples, 1-d features: |a-p|^2 = 1, 0, 4, 1 and |a-n|^2 = 9, 4, 1, 0; pull 1, push 1, margin 1
+    anchor = torch.tensor([[1.0], [0.0], [2.0], [1.0]])
+    positive = torch.tensor([[0.0], [0.0], [0.0], [0.0]])
+    negative = torch.tensor([[4.0], [2.0], [1.0], [1.0]])
+    # per sample: max(0, d + 1) for d = -8, -4, 3, 1: 0, 0, 4, 2; their mean 1.5
+    per_sample = contrastive_continual_loss(anchor, positive, negative, 1.0, 1.0, 1.0)
+    assert per_sample.tolist() == [0.0, 0.0, 4.0, 2.0] and per_sample.mean().item() == 1.5
+    # the official TripletLoss: max(0, sum d + 1) = max(0, -8 + 1) = 0
+    ones = torch.ones(4)
+    assert batch_contrastive_continual_loss(anchor, positive, negative, 1.0, 1.0, 1.0, ones).item() == 0.0
+    # a padded sample (weight 0) counts nothing: without the first, max(0, -4 + 3 + 1 + 1) = 1
+    assert batch_contrastive_continual_loss(anchor, positive, negative, 1.0, 1.0, 1.0,
+                                            torch.tensor([0.0, 1.0, 1.0, 1.0])).item() == 1.0
+    # the first task (positive_loss): the pull summed over the batch, 1 + 0 + 4 + 1, not averaged (1.5)
+    assert batch_contrastive_continual_loss(anchor, positive, None, 1.0, 1.0, 1.0, ones).item() == 6.0
+
+
+def test_the_method_defaults_to_the_batch_sum_and_offers_the_per_sample_mean():
+    from cfl.methods.fedcprompt import FedCPromptHyperparams
+    from cfl.ops.data_free_clients import logits_and_features
+
+    assert FedCPromptHyperparams().reduction == "batch"
+    method, model = _method()
+    params = dict(model.named_parameters())
+    server: dict = {}
+    method.server_start(server, params)
+    x, task = torch.randn(4, 3, 8, 8), torch.zeros(4, dtype=torch.long)
+    moved = {k: v + 0.1 if k == "prompt.prompts" else v for k, v in params.items()}
+    z, z_glob = (logits_and_features(model, p, x, task)[1] for p in (moved, params))
+    pull = 1000.0 * (z - z_glob).pow(2).sum(-1)
+    weight = torch.tensor([1.0, 1.0, 1.0, 0.0])
+    batch = method.extra_loss(moved, x, task, server, {}, weight=weight)
+    assert torch.allclose(batch, pull[:3].sum().expand(4))
+    method.hparams = FedCPromptHyperparams(reduction="sample")
+    assert torch.allclose(method.extra_loss(moved, x, task, server, {}, weight=weight), pull)

@@ -291,3 +291,30 @@ def test_the_changed_backbone_is_downloaded_once_by_each_client_at_its_next_roun
     new = [j.cid for j in run.schedule.round_jobs(1, 1) if j.cid not in before]
     assert run.run_round(1, 1)["round_download_bytes"] == first + len(new) * changed  # those not sampled before
     assert run.comm.lines["shared_backbone"] == (3 + len(new)) * changed
+
+
+class _WithHead(_OneLayer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.Linear(2, 2).double()
+
+    def forward(self, x, task):
+        return self.head(self.qkv(x))
+
+
+def test_a_b_round_sends_the_full_gram_projected_on_a_by_hand():
+    """A ``B`` round's Gram is ``A G A^T`` of the whole input Gram ``G = X^T X`` (off-diagonal entries included)."""
+    from cfl.methods.base import ClientData, RunInfo
+    from cfl.methods.lorm import TRAIN_B, LoRM, LoRMHyperparams
+
+    model = _WithHead().double()
+    method = LoRM(LoRMHyperparams(alpha=1.0), RunInfo(num_tasks=2, scenario="class", num_clients=1,
+                                                        clients_per_round=1, seed=0, model=model))
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    params["qkv.lora_a"] = torch.tensor([[1.0, 1.0]], dtype=torch.float64)
+    x = torch.tensor([[1.0, 1.0], [0.0, 1.0]], dtype=torch.float64)  # G = [[1, 1], [1, 2]]
+    data = ClientData(x, torch.tensor([0, 1]), 0)
+    upload = method.client_end("round", model, params, data, {}, {TRAIN_B: torch.tensor(1.0)}, torch.Generator())
+    # A G A^T = 1 + 1 + 1 + 2 = 5 (from diag(G) alone: 3)
+    assert upload["grams"]["qkv"].tolist() == [[5.0]]
+    assert projected_gram(torch.tensor([[1.0, 1.0], [1.0, 2.0]]), torch.tensor([[1.0, 1.0]])).item() == 5.0

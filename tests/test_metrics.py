@@ -156,3 +156,16 @@ def test_the_new_metrics_reach_the_wandb_summary(tmp_path):
     logger.finish(results, tmp_path, [])
     assert {k: run.summary[k] for k in ("aia", "fwt", "class_acc/0", "class_acc/3")} == {
         "aia": 82.5, "fwt": None, "class_acc/0": 100.0, "class_acc/3": 40.0}
+
+
+def test_a_clients_acc_is_the_mean_over_every_task_it_held_the_last_included():
+    from cfl.metrics.schedule import scheduled_metrics
+    from cfl.schedules import ScheduleInput, staggered
+
+    plan = staggered(ScheduleInput(num_clients=4, num_tasks=2, rounds_per_task=2, seed=0), group=2, offset=1)
+    evaluations = [{"round": 2, "acc": {"0": 50.0, "1": 10.0}}, {"round": 3, "acc": {"0": 40.0, "1": 30.0}},
+                   {"round": 5, "acc": {"0": 20.0, "1": 70.0}}]
+    m = scheduled_metrics(evaluations, plan)
+    # every client holds tasks 0 then 1: its ACC is the final row's mean, (20 + 70) / 2, not task 0's 20 alone
+    assert [m["clients"][str(c)]["acc"] for c in range(4)] == [45.0] * 4
+    assert m["client_acc_mean"] == 45.0

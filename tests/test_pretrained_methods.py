@@ -3,6 +3,7 @@ data (float64, 1e-8), the class means are the classifier, and the statistics are
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from cfl.methods.afcl import AFCL, AFCLHyperparams, ridge, with_bias
@@ -84,3 +85,41 @@ def test_fedncm_classifier_is_the_class_means():
     cosine, _ = rounds(FedNCM(FedNCMHyperparams(), info), data, info)
     assert torch.allclose(cosine["head.weight"][0].norm(dim=1), torch.ones(K))
     assert torch.equal(cosine["head.bias"], torch.zeros(2, K))
+
+
+def _l2p(lam: float = 0.1):
+    pytest.importorskip("timm")
+    import timm
+
+    from cfl.methods.l2p import L2P, L2PHyperparams
+    from cfl.pretrained.adapted import AdaptedViT
+
+    torch.manual_seed(0)
+    vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=0, img_size=16)
+    model = AdaptedViT(vit, "prompts", 4, 2, False, 16, "bicubic", prompt=(4, 2, 2))
+    info = RunInfo(num_tasks=2, scenario="class", num_clients=1, clients_per_round=1, seed=0, model=model)
+    return L2P(L2PHyperparams(lam=lam), info), model
+
+
+def test_the_l2p_head_reads_the_mean_of_the_prompt_tokens_outputs():
+    _, model = _l2p()
+    outputs = []
+    handle = model.vit.norm.register_forward_hook(lambda _m, _i, out: outputs.append(out))
+    x = torch.randn(3, 3, 8, 8)
+    with torch.no_grad():
+        features = model.features(x)
+    handle.remove()
+    tokens = outputs[-1]  # the prompted forward's final norm: [CLS], 2 x 2 selected prompt tokens, patches
+    assert torch.allclose(features, tokens[:, 1:5].mean(1)) and not torch.allclose(features, tokens[:, 0])
+
+
+def test_the_l2p_surrogate_loss_scales_with_lam():
+    from cfl.pretrained.prompt_pool import key_distance
+
+    low, model = _l2p(0.1)
+    high, _ = _l2p(2.5)
+    params, x, task = dict(model.named_parameters()), torch.randn(3, 3, 8, 8), torch.zeros(3, dtype=torch.long)
+    distance = key_distance(model.query(x), params["prompt.keys"], 2)
+    assert distance.abs().min() > 0.1
+    assert torch.allclose(low.extra_loss(params, x, task, {}, {}), 0.1 * distance)
+    assert torch.allclose(high.extra_loss(params, x, task, {}, {}), 2.5 * distance)

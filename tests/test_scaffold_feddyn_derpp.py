@@ -119,3 +119,31 @@ def test_derpp_loss_is_alpha_mse_plus_beta_ce_by_hand():
     loss = m.extra_loss({"w": torch.eye(2)}, torch.zeros(3, 2), torch.zeros(3, dtype=torch.long), {}, {}, samples)
     # MSE of (1, 0) against (0, 2): (1 + 4) / 2 = 2.5; CE of logits (0, 0) at class 1: log 2
     assert loss.shape == (3,) and float(loss[0]) == pytest.approx(0.5 * 2.5 + 2.0 * float(torch.log(torch.tensor(2.0))))
+
+
+class _Highest:
+    """A step's random numbers that record each draw's bound and give its highest value, ``high - 1``."""
+
+    def __init__(self) -> None:
+        self.highs: list[list[int]] = []
+
+    def integers(self, high, n):
+        self.highs.append(torch.as_tensor(high).tolist())
+        return torch.as_tensor(high) - 1
+
+
+def test_derpp_reservoir_draws_sample_n_from_zero_to_n_inclusive():
+    """Algorithm R: the ``n``-th sample (from 0) draws its slot in ``[0, n]``; with ``n`` = the memory's size the
+    highest draw, ``n``, misses the memory (an off-by-one bound would put it in the last slot)."""
+    model = _Linear()
+    info = RunInfo(1, "domain", 1, 1, 0, model, input_shape=(2,), batch_size=2, num_classes=2)
+    m = DERpp(DERppHyperparams(mem_per_client=2), info)
+    carry = m.carry_start({"w": model.w.detach()}, {})
+    full = _derpp_step(m, carry, torch.tensor([[1.0, 1.0], [2.0, 2.0]]), torch.tensor([0, 1]), torch.ones(2), 7)
+    params = {"w": torch.tensor([[2.0, 0.0], [0.0, 3.0]])}
+    random = _Highest()
+    new = torch.tensor([[7.0, 7.0], [8.0, 8.0]])
+    later = m.carry_step(Step(params, {}, new, torch.tensor([0, 0]), torch.zeros(2, dtype=torch.long), torch.ones(2),
+                              None, params, {}, {}, full, 0.1, 0, None, random), {})
+    assert random.highs == [[3, 4]]  # samples 2 and 3: slots in [0, 2] and [0, 3]
+    assert later["x"].tolist() == [[1.0, 1.0], [2.0, 2.0]] and later["seen"] == 4  # draws 2 and 3: not kept

@@ -204,8 +204,10 @@ def differentiable(method: Method, loss: torch.Tensor) -> torch.Tensor:
 def extra_loss(method: Method, params: Params, x: torch.Tensor, task: torch.Tensor, weight: torch.Tensor,
                server: State, state: State, samples: Samples | None = None) -> torch.Tensor:
     """One client's extra loss averaged over its real samples (``weight`` 0 marks padding); ``samples`` (the
-    method's ``step_samples`` draw) reach an override that names the argument."""
+    method's ``step_samples`` draw) and ``weight`` reach an override that names the argument."""
     more = {"samples": samples} if accepts(method, "extra_loss", "samples") else {}
+    if accepts(method, "extra_loss", "weight"):
+        more["weight"] = weight
     with guarded(method, "extra_loss"):
         loss = check_extra_loss(method.extra_loss(params, x, task, server, state, **more), x)
         made_finite(loss, {"params": params, "x": x, "state": state})

@@ -210,7 +210,9 @@ class Method:
         ``samples``: this method's ``step_samples`` draw of the step (``weight`` 0 marks padding) or None; the
         engine passes it only to an override that names the argument. A loss on them needs a forward of its
         own (``functional_call(self.run_info.model, params, (samples.x, samples.task))``); a batch-mean term
-        (TARGET's KD on a synthetic batch) is added to every entry, so the mean over the real samples keeps it."""
+        (TARGET's KD on a synthetic batch) is added to every entry, so the mean over the real samples keeps it.
+        ``weight`` (``(B,)``, 0 on padding), passed only to an override that names it, lets a batch term sum over
+        the real samples (Fed-CPrompt's triplet on the batch sum)."""
         return x.new_zeros(x.shape[0])
 
     def layer_preconditioner(self, state: State) -> dict[str, torch.Tensor]:

@@ -10,13 +10,17 @@ federated by FedAvg over components, keys, attention vectors and head, with its 
   under an asynchronous schedule clients on different tasks train different slices in the same round;
 * the contrastive continual loss C2L on the head's input feature (the [CLS] output): the client's model is pulled
   towards the round's global model and pushed away from the global model of the client's previous task,
-  ``lam * max(0, pull |z - z_glob|^2 - push |z - z_prev|^2 + margin)`` per sample (``pull |z - z_glob|^2`` on the
-  client's first task), and, optionally, CODA-P's orthogonality penalty (``ortho``, 0 as in the official scripts).
+  ``lam * max(0, sum_b (pull |z_b - z_glob,b|^2 - push |z_b - z_prev,b|^2) + margin)``, one hinge of the batch
+  sum as the official ``TripletLoss`` (``sum_b pull |z_b - z_glob,b|^2`` on the client's first task;
+  ``reduction: sample`` averages a hinge per sample instead), and, optionally, CODA-P's orthogonality penalty
+  (``ortho``, 0 as in the official scripts).
 
 The round's global model reaches the loss as a broadcast (the server keeps a copy of the trainable parameters
 after each server step); it is the model the client downloads that round anyway, so it is counted as 0 bytes.
 The previous task's model is each client's own copy of the global model at its task end (state, one trainable
-subset per client). See docs/methods/fedcprompt.md for cfl's reading of the paper and code.
+subset per client). The cross-entropy's softmax runs over the client's current task's classes only
+(``class_mask: current``, the code's old logits set to ``-inf``); ``seen``: every class seen so far. See
+docs/methods/fedcprompt.md for cfl's reading of the paper and code.
 """
 
 from __future__ import annotations
@@ -29,10 +33,11 @@ from torch import nn
 
 from cfl.methods.base import ClientData, Event, Method, StateSizing, Step
 from cfl.methods.bounds import WEIGHT_MAX
+from cfl.methods.class_mask import ClassMasked, class_mask_field
 from cfl.ops.data_free_clients import logits_and_features
 from cfl.ops.distill import evaluating, frozen
 from cfl.pretrained.coda_prompt import orthogonality
-from cfl.pretrained.contrastive_continual import contrastive_continual_loss, task_rows
+from cfl.pretrained.contrastive_continual import batch_contrastive_continual_loss, contrastive_continual_loss, task_rows
 from cfl.schema import ConfigError, field
 from cfl.tensors import Params, State
 
@@ -49,11 +54,15 @@ class FedCPromptHyperparams:
                                 "official code's 1e3)", min=0, max=WEIGHT_MAX)
     push: float = field(10.0, "scale of the squared distance to the previous task's global model's feature (the "
                               "official code's 1e1)", min=0, max=WEIGHT_MAX)
+    reduction: str = field("batch", "C2L's reduction: batch (the official TripletLoss: one hinge of the batch's "
+                            "summed distances, the first task's pull summed over the batch) or sample (a hinge per "
+                            "sample, averaged)", choices=("batch", "sample"))
     ortho: float = field(0.0, "weight of CODA-P's orthogonality penalty on components, keys and attention vectors "
                               "(0: off, as the official Fed-CPrompt scripts run it)", min=0, max=WEIGHT_MAX)
+    class_mask: str = class_mask_field("current")
 
 
-class FedCPrompt(Method):
+class FedCPrompt(ClassMasked, Method):
     name = "fedcprompt"
     about = ("Fed-CPrompt: task-specific CODA-P prompt components and the contrastive continual loss C2L on a "
              "frozen pretrained ViT (Bagwe et al. 2023), FedAvg of components and head; model.train: components")
@@ -104,14 +113,19 @@ class FedCPrompt(Method):
 
     # ---- one client's loss and step ----
     def extra_loss(self, params: Params, x: torch.Tensor, task: torch.Tensor, server: State,
-                   state: State) -> torch.Tensor:
+                   state: State, weight: torch.Tensor | None = None) -> torch.Tensor:
         model = self.run_info.model
         anchor = logits_and_features(model, params, x, task)[1]
         with torch.no_grad(), evaluating(model):
             positive = logits_and_features(model, server["global"], x, task)[1]
             negative = logits_and_features(model, state["previous"], x, task)[1] if "previous" in state else None
         h = self.hparams
-        loss = h.lam * contrastive_continual_loss(anchor, positive, negative, h.margin, h.pull, h.push)
+        if h.reduction == "batch":  # a batch term on every entry: the engine's mean over the real samples keeps it
+            real = torch.ones(x.shape[0], dtype=x.dtype, device=x.device) if weight is None else weight
+            term = batch_contrastive_continual_loss(anchor, positive, negative, h.margin, h.pull, h.push, real)
+            loss = h.lam * term.expand(x.shape[0])
+        else:
+            loss = h.lam * contrastive_continual_loss(anchor, positive, negative, h.margin, h.pull, h.push)
         if h.ortho:
             loss = loss + h.ortho * sum(orthogonality(params[k]) for k in COMPONENTS)
         return loss

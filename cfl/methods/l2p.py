@@ -11,7 +11,9 @@ gradient).
 cfl's reading: selection is per input at training and evaluation (the port's ``batchwise_prompt``, a majority vote
 over a test batch, is not used: a sample's prediction never depends on its batch); no prompt-frequency penalty
 (the paper's optional diversity term); the prompts are prepended after the position embeddings, without positions
-of their own; classes of other tasks are masked in the cross-entropy as cfl does for every method. The query
+of their own. The cross-entropy's softmax runs over the current task's classes only (``class_mask: current``, the
+port's ``train_mask``, default True: the other classes' logits set to ``-inf``); ``class_mask: seen`` runs it over
+every class seen so far, as cfl's ``loss: ce`` for the non-prompt methods. The query
 needs a forward of the frozen backbone without prompts, and this loss computes it again (one more inference pass
 per step: the selection of the forward is not passed to the loss)."""
 
@@ -24,6 +26,7 @@ import torch
 
 from cfl.methods.base import Method, Params, State
 from cfl.methods.bounds import WEIGHT_MAX
+from cfl.methods.class_mask import ClassMasked, class_mask_field
 from cfl.pretrained.prompt_pool import key_distance
 from cfl.schema import field
 
@@ -32,9 +35,10 @@ from cfl.schema import field
 class L2PHyperparams:
     lam: float = field(0.1, "weight of the surrogate key-query loss (the official code's pull_constraint_coeff)",
                        min=0, max=WEIGHT_MAX)
+    class_mask: str = class_mask_field("current")
 
 
-class L2P(Method):
+class L2P(ClassMasked, Method):
     name = "l2p"
     about = ("L2P: a prompt pool with key-query selection on a frozen pretrained ViT (Wang et al. 2022), FedAvg of "
              "prompts, keys and head; model.train: prompts")

@@ -26,7 +26,9 @@ for training and evaluation, so a task trains on the merged backbone ``W0 + Delt
 task's weight change is ``D_t = Delta_{t-1} + (alpha / r) B_t A_t``; LoRA on ``qkv`` only (cfl's
 ``model.train: lora``; the official code also adapts the MLP and the attention's output projection); Grams
 computed and sent in float64 (the official code's default is float32); the frozen factor gets no gradient (so
-``weight_decay`` and a kept optimiser state, which would still move it, are refused)."""
+``weight_decay`` and a kept optimiser state, which would still move it, are refused). The cross-entropy's softmax
+runs over the current task's classes only (``class_mask: current``, the official ``observe``'s
+``outputs[:, cur_offset:cur_offset + cpt]``); ``seen``: every class seen so far."""
 
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ from torch import nn
 from torch.func import functional_call
 
 from cfl.methods.base import BackboneUpdate, ClientData, Event, Method, Params, State, Step
+from cfl.methods.class_mask import ClassMasked, class_mask_field
 from cfl.pretrained.lora import LoRALinear
 from cfl.pretrained.regmean import projected_gram, regmean, shrunk
 from cfl.schema import ConfigError, field
@@ -53,9 +56,10 @@ GRAM_BATCH = 128
 class LoRMHyperparams:
     alpha: float = field(0.5, "RegMean's Gram regularisation: off-diagonal entries scaled by alpha, the diagonal "
                          "kept (1: the plain Gram; the official alpha_regmean_head/backbone, 0.5)", gt=0, max=1)
+    class_mask: str = class_mask_field("current")
 
 
-class LoRM(Method):
+class LoRM(ClassMasked, Method):
     name = "lorm"
     about = ("LoRM: LoRA on a frozen pretrained ViT, one factor trained per round and merged in closed form "
              "(RegMean on the clients' Grams, float64; Salami et al. 2025), each task merged into the backbone at "

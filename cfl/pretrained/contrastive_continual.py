@@ -27,6 +27,18 @@ def contrastive_continual_loss(anchor: torch.Tensor, positive: torch.Tensor, neg
     return torch.relu(near - push * (anchor - negative).pow(2).sum(-1) + margin)
 
 
+def batch_contrastive_continual_loss(anchor: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor | None,
+                                     margin: float, pull: float, push: float, weight: torch.Tensor) -> torch.Tensor:
+    """C2L as the official ``TripletLoss`` reduces it: one hinge of the batch sum,
+    ``max(0, sum_b w_b (pull |a_b - p_b|^2 - push |a_b - n_b|^2) + margin)`` (``weight`` ``(B,)``: 1 for a real
+    sample, 0 for padding); without a negative the official ``positive_loss``, ``sum_b w_b pull |a_b - p_b|^2``.
+    A scalar."""
+    near = pull * (anchor - positive).pow(2).sum(-1)
+    if negative is None:
+        return (weight * near).sum()
+    return torch.relu((weight * (near - push * (anchor - negative).pow(2).sum(-1))).sum() + margin)
+
+
 def task_rows(pool: int, num_tasks: int) -> torch.Tensor:
     """The task that owns each of ``pool`` components ``(pool,)`` long: task ``t`` owns rows
     ``t * pool // num_tasks`` to ``(t + 1) * pool // num_tasks`` (every row owned, slices differing by one at most)."""

@@ -1,0 +1,45 @@
+"""``method.class_mask`` of the pretrained-backbone methods: which classes the class-incremental cross-entropy's
+softmax runs over. ``current``: the sample's own task's classes (the official code of L2P, the PyTorch port's
+``train_mask``; CODA-P and Fed-CPrompt, ``logits[:, :last_valid_out_dim] = -inf``; LoRM in fed-mammoth,
+``outputs[:, cur_offset:cur_offset + cpt]``): the old classes' logits get no push down from the new task's data.
+``seen``: every class seen so far (cfl's ``loss: ce`` for every other method). Under the task- and
+domain-incremental scenarios the two are one (a task's head, or every task's classes, are the sample's task's)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from cfl.ops.losses import CLASS_MASKS, current_task_cross_entropy, masked_cross_entropy, task_class_table
+from cfl.schema import field
+from cfl.tensors import Params, State
+
+
+def class_mask_field(default: str = "current") -> Any:
+    """The ``class_mask`` hyperparameter, ``default`` the method's official code's."""
+    return field(default, "classes the class-incremental cross-entropy's softmax runs over: current (the sample's "
+                          "task's classes, the official code's) or seen (every class seen so far)",
+                 choices=CLASS_MASKS)
+
+
+class ClassMasked:
+    """Mixin (before :class:`cfl.methods.base.Method`) whose ``task_loss`` is the cross-entropy under
+    ``hparams.class_mask``; needs ``self.run_info`` and ``self.hparams``."""
+
+    run_info: Any
+    hparams: Any
+
+    def task_loss(self, params: Params, logits: torch.Tensor, y: torch.Tensor, x: torch.Tensor, task: torch.Tensor,
+                  weight: torch.Tensor, allowed: torch.Tensor | None, server: State, state: State) -> torch.Tensor:
+        """Per sample, the cross-entropy over the sample's task's classes (``current``) or the seen ones."""
+        info = self.run_info
+        if self.hparams.class_mask == "seen" or info.scenario != "class":
+            return masked_cross_entropy(logits, y, allowed)
+        return current_task_cross_entropy(logits, y, task, weight, _table(info.task_classes, logits.shape[-1]))
+
+
+@functools.cache
+def _table(task_classes: tuple[tuple[int, ...], ...], num_classes: int) -> torch.Tensor:
+    return task_class_table(task_classes, num_classes)
