@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import campaign  # noqa: E402
+from campaign_record_checks import FROM_MATRIX  # noqa: E402
 from campaign_plan import RESULTS_ROOT, load_tables  # noqa: E402
 from campaign_tuning import main as tuning_main  # noqa: E402
 from campaign_tuning import method_grids, paste_lines, selection_note, tuned_sweep_problems  # noqa: E402
@@ -47,11 +48,23 @@ def _record(label: str, seed: int = 10, acc: float | None = None) -> dict[str, A
     record = copy.deepcopy(_TEMPLATE)
     method = label.split()[0]
     record["config"].update(label=label, seed=seed, method={**_DEFAULTS[method], "lam": PARAMS[label]})
-    record["acc"], record["fgt"] = RESULTS[label]
-    if acc is not None:
-        record["acc"] = acc
+    final, forgetting = RESULTS[label]
+    _set_matrix(record, final if acc is None else acc, forgetting)
     record["record"]["run"] = f"{label}__seed={seed}"
     return record
+
+
+def _set_matrix(record: dict[str, Any], acc: float, fgt: float) -> None:
+    """An accuracy matrix whose final ACC and FGT are ``acc`` and ``fgt`` (each old task peaks at ``q + fgt`` when
+    learned and reads ``q`` after; the last task reads ``r``), and every figure the record derives from it."""
+    tasks = record["num_tasks"]
+    q = min(acc, 100.0 - fgt)
+    r = tasks * acc - (tasks - 1) * q
+    matrix = [[(q + fgt if j == i else q) if j <= i else 0.0 for j in range(tasks)] for i in range(tasks)]
+    matrix[-1] = [q] * (tasks - 1) + [r]
+    record["acc_matrix"], record["tasks_completed"] = matrix, tasks
+    for key, formula in FROM_MATRIX.items():
+        record[key] = formula(matrix, tasks - 1)
 
 
 _TEMPLATE = json.loads((RESULTS_ROOT / "split-fmnist-class-il" / "ewc__seed=0" / "results.json").read_text())

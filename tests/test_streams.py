@@ -265,7 +265,7 @@ class RecordingAugment:
 
 @pytest.mark.parametrize("execution", ["batched", "sequential"])
 def test_augmentation_changes_training_inputs_and_never_evaluation_inputs(tmp_path, monkeypatch, execution):
-    import cfl.engine.runner as runner_module
+    import cfl.engine.evaluation as runner_module  # the one evaluation of the round loop
 
     config = cfg(tmp_path, "split-digits", 2, client_execution=execution, rounds_per_task=2)
     plain = Runner(config, load_stream(**config.stream_fields()))
