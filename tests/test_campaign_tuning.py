@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import campaign  # noqa: E402
-from campaign_record_checks import FROM_MATRIX  # noqa: E402
 from campaign_plan import RESULTS_ROOT, load_tables  # noqa: E402
+from campaign_record_checks import FROM_MATRIX  # noqa: E402
 from campaign_tuning import main as tuning_main  # noqa: E402
 from campaign_tuning import method_grids, paste_lines, selection_note, tuned_sweep_problems  # noqa: E402
 
