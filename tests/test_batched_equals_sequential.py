@@ -182,6 +182,9 @@ def _round_and_states_with(runner: Runner, trainer: object, task: int, path: str
     after the round."""
     saved = copy.deepcopy((runner.params, runner.states, runner.comm, runner.progress, runner.hyper, runner.buffers,
                            runner.buffer_states))
+    # the task-start sender's record of what it sent: each replay of the round starts from the same record
+    starts = runner.task_starts
+    sent = copy.deepcopy((starts._sent, starts._prints, starts._next_round))
     runner.trainer, runner.hyper.path = trainer, path
     runner.run_round(task, 0)
     if task_end:
@@ -191,6 +194,7 @@ def _round_and_states_with(runner: Runner, trainer: object, task: int, path: str
     out = {**runner.params, **runner.buffers}, runner.evaluate(task), copy.deepcopy(states)
     runner.params, runner.states, runner.comm, runner.progress, runner.hyper, runner.buffers, \
         runner.buffer_states = saved
+    starts._sent, starts._prints, starts._next_round = sent
     return out
 
 
