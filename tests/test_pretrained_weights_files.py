@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("timm", reason="the pretrained backbones need the extra cfl[pretrained] (timm, safetensors)")
-pytest.importorskip("safetensors", reason="the pretrained backbones need the extra cfl[pretrained]")
+pytest.importorskip("timm", reason="the pretrained backbones need the extra pretrained (timm, safetensors)")
+pytest.importorskip("safetensors", reason="the pretrained backbones need the extra pretrained")
 
 from safetensors.torch import save_file  # noqa: E402
 
