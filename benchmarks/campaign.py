@@ -144,6 +144,9 @@ def campaign(runs: list[PlannedRun], minutes: float, jobs: int, device: str,
     """Run the ``runs`` not done in order, ``jobs`` at a time, until done or ``minutes`` have passed; the runs
     recorded (failure records included). Ctrl-C cuts off the running ones as the deadline does."""
     deadline = time.monotonic() + minutes * 60
+    # a campaign started in the background of a non-interactive shell inherits SIGINT ignored: Ctrl-C (kill -INT)
+    # then neither cut the runs off nor packed, and a run stopped by hand was followed by the next one
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     queue = [r for r in runs if not r.done]
     running: dict[PlannedRun, subprocess.Popen] = {}
     recorded: list[PlannedRun] = []
