@@ -84,8 +84,7 @@ class Plugins:
 
 def stacks_client_states(method: Method) -> bool:
     """Whether the batched trainer stacks ``method``'s client states: it overrides a hook run under ``vmap``."""
-    from cfl.engine.step_hooks import STEP_HOOKS  # it imports this module
-    from cfl.methods.hook_guard import VMAPPED_HOOKS
+    from cfl.methods.hook_guard import STEP_HOOKS, VMAPPED_HOOKS
 
     return any(overrides(method, hook) for hook in (*VMAPPED_HOOKS, *STEP_HOOKS))
 

@@ -29,7 +29,10 @@ from cfl.engine.jobs import ClientJob, derive_seed
 from cfl.engine.precision import autocast, to_float
 from cfl.engine.stacking import stack_states
 from cfl.methods.base import Method, overrides
-from cfl.methods.hook_guard import guarded
+from cfl.methods.hook_guard import (
+    STEP_HOOKS,  # noqa: F401 - the engine's name for them
+    guarded,
+)
 from cfl.methods.hook_signatures import accepts
 from cfl.methods.hook_types import Samples, Step
 from cfl.ops.counter_random import StepRandom, key_of
@@ -37,7 +40,6 @@ from cfl.ops.losses import masked_cross_entropy, weighted_mean
 from cfl.tensors import Params, State
 
 #: the hooks of a local step, besides the loss's (penalty, extra_loss, replay) and the optimiser's projection
-STEP_HOOKS = ("step_samples", "step_gradient", "carry_start", "carry_step")
 
 SampleBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # x, y, task, weight
 #: a ``step_samples`` draw: x, y, task, weight and the named per-sample extras

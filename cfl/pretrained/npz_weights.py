@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from cfl.pretrained.weights_messages import mismatch, resampled_note, wrong_shape
 from cfl.schema import ConfigError
 
 #: the file's own classifier (ImageNet's classes; the pre-logits layer of older files): not loaded, and said
@@ -56,8 +57,6 @@ def _prefix(files: list[str]) -> str:
 def load_npz(model: nn.Module, path: Path) -> tuple[str, ...]:
     """Load the ``.npz`` file into ``model`` with timm's reader, refusing (``ConfigError``) what it would take
     silently; the notes for stderr."""
-    from cfl.pretrained.weights import mismatch, resampled_note, wrong_shape
-
     opened: list[_Recording] = []
     original = np.load
 

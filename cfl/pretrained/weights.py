@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from cfl.pretrained.weights_messages import mismatch, resampled_note, wrong_shape
 from cfl.schema import ConfigError
 
 RANDOM = "random"
@@ -164,23 +165,6 @@ def load_into(model: nn.Module, path: Path) -> tuple[str, ...]:
     model.load_state_dict(filtered, strict=True)
     check_finite(path, model)
     return tuple(notes)
-
-
-def resampled_note(before: tuple[int, ...], after: tuple[int, ...]) -> str:
-    return f"position embeddings resampled from {before} to {after} (model.image_size)"
-
-
-def mismatch(path: Path, missing: list[str], unexpected: list[str]) -> str:
-    parts = ([f"missing key(s) {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"] if missing else []) \
-        + ([f"unexpected key(s) {', '.join(unexpected[:5])}{' ...' if len(unexpected) > 5 else ''}"]
-           if unexpected else [])
-    return (f"'model.weights': '{path}' does not match the backbone: {'; '.join(parts)}; is it the weights of this "
-            f"architecture (model.name)?")
-
-
-def wrong_shape(path: Path, key: str, got: tuple[int, ...], own: tuple[int, ...]) -> str:
-    return (f"'model.weights': '{path}': key '{key}' has shape {got}, the backbone's is {own}; is it the weights of "
-            f"this architecture (model.name, model.image_size)?")
 
 
 def untrained_evidence(model: nn.Module) -> str | None:
