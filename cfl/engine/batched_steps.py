@@ -8,11 +8,11 @@ import torch
 from torch.func import vmap
 
 from cfl.engine import hooks
+from cfl.engine.hook_call import refuse
 from cfl.engine.jobs import Plugins
 from cfl.engine.stacking import Batch, client_rows, pad_samples, sample_counts
 from cfl.engine.step_hooks import StepStage
 from cfl.methods.base import Method, overrides
-from cfl.methods.hook_guard import BrokenRule, guarded
 from cfl.methods.hook_signatures import accepts
 from cfl.tensors import Params, State
 
@@ -46,8 +46,7 @@ def drawn_samples(stage: StepStage, n: int, raw: list[list[State]], generators: 
         try:
             padded = pad_samples([d[i] for d in draws])
         except ValueError as err:  # extras named differently by two clients: the method's rule, named
-            with guarded(stage.methods[i], "step_samples"):
-                raise BrokenRule(str(err)) from None
+            refuse(stage.methods[i], "step_samples", str(err))
         if padded is not None:
             drawn[i] = (padded.x, padded.y, padded.task, padded.weight, padded.extra)
     return counts, drawn

@@ -8,10 +8,9 @@ from typing import Any
 
 import torch
 
+from cfl.engine.hook_call import call
 from cfl.engine.hook_rules import check_upload
 from cfl.engine.run_state import RunState
-from cfl.methods.hook_guard import guarded
-from cfl.methods.hook_signatures import accepts
 from cfl.methods.hook_types import ClientData, Event, LocalTraining
 from cfl.tensors import Params, State
 
@@ -23,9 +22,8 @@ def client_end(run: RunState, i: int, event: Event, params: Params, data: Client
     method, clients = run.methods[i], run.states[i].clients
     state = clients.get(cid)
     run.model.eval()
-    more = {"training": training} if accepts(method, "client_end", "training") else {}
-    with guarded(method, "client_end"):
-        result = check_upload(method.client_end(event, run.model, params, data, state, server, generator, **more))
+    result = call(method, "client_end", event, run.model, params, data, state, server, generator,
+                  optional={"training": training}, use=check_upload)
     clients.put(cid, state)
     if result is not None:
         uploads[cid] = result

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import torch
 
+from cfl.engine.hook_call import call
 from cfl.engine.hook_rules import (
     check_bytes,
     check_client_start,
@@ -23,7 +24,6 @@ from cfl.engine.hook_rules import (
 )
 from cfl.engine.jobs import ClientJob
 from cfl.methods.base import Method, overrides
-from cfl.methods.hook_guard import guarded
 from cfl.records.client_states import MethodState
 from cfl.schema import ConfigError
 from cfl.tensors import Params, State
@@ -39,12 +39,12 @@ class ClientParams:
         self.methods = methods
         self.local: list[list[str]] = []
         for m in methods:
-            with guarded(m, "local_params"):
-                self.local.append(check_names(m.local_params(list(names)), names, "local_params"))
+            self.local.append(call(m, "local_params", list(names),
+                                   use=lambda own: check_names(own, names, "local_params")))
         self.frozen: frozenset[str] = frozenset()
         for m in methods:
-            with guarded(m, "frozen_params"):
-                self.frozen |= set(check_names(m.frozen_params(list(names)), names, "frozen_params"))
+            self.frozen |= set(call(m, "frozen_params", list(names),
+                                    use=lambda frozen: check_names(frozen, names, "frozen_params")))
         taken: dict[str, str] = {}
         for m, own in zip(methods, self.local, strict=True):
             for n in own:
@@ -76,9 +76,8 @@ class ClientParams:
             for own, state in zip(self.local, client, strict=True):
                 start.update({k: state[LOCAL][k] for k in own if k in state.get(LOCAL, {})})
             for i in self.starting:
-                with guarded(self.methods[i], "client_start"):
-                    start = check_client_start(self.methods[i].client_start(start, client[i], servers[i], task),
-                                               params)
+                start = call(self.methods[i], "client_start", start, client[i], servers[i], task,
+                             use=lambda start: check_client_start(start, params))
             for i in sorted({*self.starting, *(i for i, own in enumerate(self.local) if own)}):
                 if self.local[i]:
                     client[i][LOCAL] = {k: start[k].detach().clone() for k in self.local[i]}
@@ -113,18 +112,16 @@ class ClientParams:
         sent, info, sizes = [], [], []
         for job, row in zip(kept, rows, strict=True):
             state = clients.get(job.cid)
-            with guarded(method, "client_upload"):
-                s, n = check_client_upload(method.client_upload({k: v[row] for k, v in trained.items()}, state),
-                                           params, self.local_names)
-            with guarded(method, "upload_bytes"):
-                sizes.append(check_bytes(method.upload_bytes(s, n)))
+            s, n = call(method, "client_upload", {k: v[row] for k, v in trained.items()}, state,
+                        use=lambda upload: check_client_upload(upload, params, self.local_names))
+            sizes.append(call(method, "upload_bytes", s, n, use=check_bytes))
             clients.put(job.cid, state)
             sent.append(s)
             info.append(n)
         stacked_sent = {k: torch.stack([s[k] for s in sent]) for k in sent[0]}
         stacked_info = {k: torch.stack([n[k] for n in info]) for k in info[0]}
-        with guarded(method, "server_aggregate"):
-            combined = check_server_aggregate(method.server_aggregate(stacked_sent, stacked_info), sent[0], params)
+        combined = call(method, "server_aggregate", stacked_sent, stacked_info,
+                        use=lambda combined: check_server_aggregate(combined, sent[0], params))
         return combined, sizes
 
     def evaluated(self, params: Params, states: list[MethodState]) -> Iterator[Params]:

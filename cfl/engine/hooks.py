@@ -1,21 +1,18 @@
 """The engine's side of the one-client training hooks: a declared quadratic penalty as a loss and as the
 ``A * w - B`` terms of its gradient, the per-sample extra loss averaged over real samples, and the
 gradient projection. Each function takes one client; the batched trainer ``vmap``s them over clients.
-Each calls its hook and uses the result inside ``guarded`` (a failure names the method and the hook) and
+Each calls its hook through :func:`cfl.engine.hook_call.call` (a failure names the method and the hook) and
 checks the result against the hook's rule (:mod:`cfl.engine.hook_rules`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from types import TracebackType
 from typing import Any
 
 import torch
 from torch.func import vmap
 
+from cfl.engine.hook_call import call, made_finite, refuse
 from cfl.engine.hook_rules import (
-    FINITE,
-    READ_ONLY,
     TASK_LOSS,
     check_carry_start,
     check_carry_step,
@@ -28,8 +25,6 @@ from cfl.engine.hook_rules import (
     check_step_samples,
 )
 from cfl.methods.base import Method
-from cfl.methods.hook_guard import BrokenRule, guarded, hook_error
-from cfl.methods.hook_signatures import accepts
 from cfl.methods.hook_types import Linear, Quadratic, Samples, Step
 from cfl.ops.losses import weighted_mean
 from cfl.ops.subspace import project_out
@@ -37,78 +32,6 @@ from cfl.tensors import Params, State
 
 #: name -> (A, B) of the gradient A * w - B; A is None for a linear term alone (gradient -B)
 PenaltyTerms = dict[str, tuple[torch.Tensor | None, torch.Tensor]]
-
-
-def _tensors(tree: Any, name: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor in ``tree`` (nested dicts, lists, tuples, ``Samples``) with its path from ``name``."""
-    if isinstance(tree, torch.Tensor):
-        if not tree.is_inference():  # an inference tensor keeps no version counter
-            yield name, tree
-    elif isinstance(tree, dict):
-        for k, v in tree.items():
-            yield from _tensors(v, f"{name}[{k!r}]")
-    elif isinstance(tree, (list, tuple)):
-        fields = getattr(tree, "_fields", None)
-        for i, v in enumerate(tree):
-            yield from _tensors(v, f"{name}.{fields[i]}" if fields else f"{name}[{i}]")
-    elif isinstance(tree, Samples):
-        for k in ("x", "y", "task", "weight", "extra"):
-            yield from _tensors(getattr(tree, k, None), f"{name}.{k}")
-
-
-class unwritten:  # noqa: N801 -- used as ``with unwritten(...)``, like :class:`guarded`
-    """Refuse in-place writes by ``method.hook`` into its read-only ``arguments`` ({name: tensors}), seen by the
-    tensors' version counters (``tensor._version``, bumped by every in-place op, also one made under ``vmap`` on
-    the tensor it maps over). Used around the dry call and a round's first call only (a few attribute reads per
-    argument tensor, no device work)."""
-
-    __slots__ = ("hook", "method", "seen")
-
-    def __init__(self, method: Method, hook: str, arguments: dict[str, Any]) -> None:
-        self.method, self.hook = method, hook
-        first = {id(t): (n, t) for name, tree in reversed(arguments.items()) for n, t in _tensors(tree, name)}
-        self.seen = [(n, t, t._version) for n, t in reversed(first.values())]  # each tensor once, by its first name
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> bool:
-        if err is not None:
-            return False
-        written = [n for n, t, version in self.seen if t._version != version]
-        if written:
-            raise hook_error(self.method, self.hook, BrokenRule(f"{READ_ONLY}; it wrote into {written[0]}"
-                                                                + (" and more" if len(written) > 1 else "")))
-        return False
-
-
-class finite_checks:  # noqa: N801 -- used as ``with finite_checks():``
-    """While active, the hooks below refuse a result holding NaN or inf made from finite arguments (naming the hook).
-    Off during training (each check would synchronise the device); the round engine turns it on to re-run the
-    clients a non-finite round stopped on, so the message names the hook that made the values, not lr."""
-
-    on = False
-
-    def __enter__(self) -> None:
-        finite_checks.on = True
-
-    def __exit__(self, *exc: object) -> None:
-        finite_checks.on = False
-
-
-def _nonfinite(tree: Any, name: str) -> str | None:
-    """The path of the first float tensor of ``tree`` holding NaN or inf, or None."""
-    return next((n for n, t in _tensors(tree, name) if t.is_floating_point() and not bool(torch.isfinite(t).all())),
-                None)
-
-
-def made_finite(result: Any, arguments: dict[str, Any]) -> None:
-    """Under :class:`finite_checks`: refuse a hook's ``result`` holding NaN or inf where its ``arguments`` hold none."""
-    if not finite_checks.on:
-        return
-    bad = _nonfinite(result, "the result")
-    if bad is not None and all(_nonfinite(v, k) is None for k, v in arguments.items()):
-        raise BrokenRule(f"{FINITE}; in {bad}")
 
 
 def quadratic_loss(params: Params, quadratics: dict[str, Quadratic | Linear] | None,
@@ -138,18 +61,19 @@ def penalty_loss(method: Method, params: Params, global_params: Params, server: 
                  linear_terms: bool = True) -> torch.Tensor | None:
     """One client's penalty, derived from its declared terms (``linear_terms`` False: the quadratic part alone, None
     where the method declares linear terms only)."""
-    with guarded(method, "penalty"):
-        quadratics = check_penalty(method.penalty(global_params, server, state), params)
+    def use(result: Any) -> torch.Tensor | None:
+        quadratics = check_penalty(result, params)
         made_finite({k: _numbers(q) for k, q in quadratics.items()}, {"global_params": global_params, "state": state})
         if not linear_terms and quadratics and all(isinstance(q, Linear) for q in quadratics.values()):
             return None
         return quadratic_loss(params, quadratics, linear_terms)
+    return call(method, "penalty", global_params, server, state, use=use)
 
 
 def _terms(method: Method, global_params: Params, server: State, state: State) -> PenaltyTerms:
-    out = {}
-    with guarded(method, "penalty"):
-        for k, q in check_penalty(method.penalty(global_params, server, state), global_params).items():
+    def use(result: Any) -> PenaltyTerms:
+        out = {}
+        for k, q in check_penalty(result, global_params).items():
             if isinstance(q, Linear):  # gradient coef: A none, B = -coef
                 out[k] = (None, -q.coef)
                 continue
@@ -158,7 +82,8 @@ def _terms(method: Method, global_params: Params, server: State, state: State) -
                                                                                        device=like.device)
             b = q.anchor * q.weight
             out[k] = (weight, b if q.linear is None else b - q.linear)
-    return out
+        return out
+    return call(method, "penalty", global_params, server, state, use=use)
 
 
 def penalty_terms(method: Method, global_params: Params, server: State, stacked: State) -> PenaltyTerms:
@@ -184,20 +109,17 @@ def task_loss(method: Method, params: Params, logits: torch.Tensor, y: torch.Ten
               task: torch.Tensor, weight: torch.Tensor, allowed: torch.Tensor | None, server: State,
               state: State) -> torch.Tensor:
     """One client's per-sample task loss ``(B,)`` from ``method.task_loss`` (not yet averaged)."""
-    with guarded(method, "task_loss"):
-        loss = check_extra_loss(method.task_loss(params, logits, y, x, task, weight, allowed, server, state),
-                                logits, TASK_LOSS)
-        made_finite(loss, {"params": params, "logits": logits, "x": x, "state": state})
-        return loss
+    return call(method, "task_loss", params, logits, y, x, task, weight, allowed, server, state,
+                use=lambda loss: check_extra_loss(loss, logits, TASK_LOSS),
+                finite={"params": params, "logits": logits, "x": x, "state": state})
 
 
 def differentiable(method: Method, loss: torch.Tensor) -> torch.Tensor:
     """``loss`` (``method.task_loss``'s, outside ``vmap``, where ``requires_grad`` is seen) when it carries a
     gradient: the step's gradient is its gradient, so a constant would train nothing."""
     if torch.is_grad_enabled() and not loss.requires_grad:
-        with guarded(method, "task_loss"):
-            raise BrokenRule(f"{TASK_LOSS}; got a tensor without grad_fn: it is not computed from logits or params, "
-                             "so no step would train the model")
+        refuse(method, "task_loss", f"{TASK_LOSS}; got a tensor without grad_fn: it is not computed from logits or "
+               "params, so no step would train the model")
     return loss
 
 
@@ -205,13 +127,9 @@ def extra_loss(method: Method, params: Params, x: torch.Tensor, task: torch.Tens
                server: State, state: State, samples: Samples | None = None) -> torch.Tensor:
     """One client's extra loss averaged over its real samples (``weight`` 0 marks padding); ``samples`` (the
     method's ``step_samples`` draw) and ``weight`` reach an override that names the argument."""
-    more = {"samples": samples} if accepts(method, "extra_loss", "samples") else {}
-    if accepts(method, "extra_loss", "weight"):
-        more["weight"] = weight
-    with guarded(method, "extra_loss"):
-        loss = check_extra_loss(method.extra_loss(params, x, task, server, state, **more), x)
-        made_finite(loss, {"params": params, "x": x, "state": state})
-        return weighted_mean(loss, weight)
+    loss = call(method, "extra_loss", params, x, task, server, state, optional={"samples": samples, "weight": weight},
+                use=lambda loss: check_extra_loss(loss, x), finite={"params": params, "x": x, "state": state})
+    return weighted_mean(loss, weight)
 
 
 def project(grads: Params, bases: dict[str, torch.Tensor]) -> Params:
@@ -221,65 +139,54 @@ def project(grads: Params, bases: dict[str, torch.Tensor]) -> Params:
 
 def projected(method: Method, grads: Params, state: State) -> Params:
     """One client's gradients projected off ``method.gradient_projection``."""
-    with guarded(method, "gradient_projection"):
-        bases = check_projection(method.gradient_projection(state), grads)
-        made_finite(bases, {"state": state})
-        return project(grads, bases)
+    bases = call(method, "gradient_projection", state, use=lambda bases: check_projection(bases, grads),
+                 finite={"state": state})
+    return project(grads, bases)
 
 
 def state_free_bases(method: Method, grads: Params) -> dict[str, torch.Tensor]:
     """``method.gradient_projection({})``, checked against one client's ``grads``: the bases of every client of
     a stack in which none holds state."""
-    with guarded(method, "gradient_projection"):
-        return check_projection(method.gradient_projection({}), grads)
+    return call(method, "gradient_projection", {}, use=lambda bases: check_projection(bases, grads))
 
 
 def replayed(method: Method, state: State, generator: torch.Generator, like: torch.Tensor,
              server: State | None = None) -> Samples | None:
     """One client's replay samples for a step (``like``: the stream's inputs, whose shape they must have);
     ``server`` (the method's broadcast) reaches an override that names the argument."""
-    more = {"server": server} if accepts(method, "replay", "server") else {}
-    with guarded(method, "replay"):
-        return check_replay(method.replay(state, generator, **more), like)
+    return call(method, "replay", state, generator, optional={"server": server},
+                use=lambda samples: check_replay(samples, like))
 
 
 def step_samples(method: Method, state: State, generator: torch.Generator, like: torch.Tensor,
                  server: State, carry: State | None = None) -> Samples | None:
     """One client's ``step_samples`` draw for a step; ``server`` (the method's broadcast) and ``carry`` (the client's
     running values before the step) reach an override that names the argument."""
-    more = {"server": server} if accepts(method, "step_samples", "server") else {}
-    if accepts(method, "step_samples", "carry"):
-        more["carry"] = carry if carry is not None else {}
-    with guarded(method, "step_samples"):
-        return check_step_samples(method.step_samples(state, generator, **more), like)
+    return call(method, "step_samples", state, generator,
+                optional={"server": server, "carry": carry if carry is not None else {}},
+                use=lambda samples: check_step_samples(samples, like))
 
 
 def step_gradient(method: Method, step: Step) -> Params:
     """One client's step gradient after ``method.step_gradient`` (``step.grads`` where it returns None)."""
-    with guarded(method, "step_gradient"):
-        result = check_step_gradient(method.step_gradient(step), step.grads)
-        made_finite(result, {"step.params": step.params, "step.grads": step.grads, "step.state": step.state})
+    result = call(method, "step_gradient", step, use=lambda grads: check_step_gradient(grads, step.grads),
+                  finite={"step.params": step.params, "step.grads": step.grads, "step.state": step.state})
     return step.grads if result is None else {k: result[k] for k in step.grads}
 
 
 def carry_start(method: Method, global_params: Params, state: State) -> State:
-    with guarded(method, "carry_start"):
-        return check_carry_start(method.carry_start(global_params, state))
+    return call(method, "carry_start", global_params, state, use=check_carry_start)
 
 
 def carry_step(method: Method, step: Step, moved: Params) -> State:
-    with guarded(method, "carry_step"):
-        carry = check_carry_step(method.carry_step(step, moved), step.carry)
-        made_finite(carry, {"step.carry": step.carry, "step.grads": step.grads, "moved": moved})
-        return carry
+    return call(method, "carry_step", step, moved, use=lambda carry: check_carry_step(carry, step.carry),
+                finite={"step.carry": step.carry, "step.grads": step.grads, "moved": moved})
 
 
 def preconditioners(method: Method, params: Params, state: State) -> dict[str, torch.Tensor]:
     """One client's ``method.layer_preconditioner`` matrices, checked against the parameters (one client's)."""
-    with guarded(method, "layer_preconditioner"):
-        matrices = check_preconditioner(method.layer_preconditioner(state), params)
-        made_finite(matrices, {"state": state})
-        return matrices
+    return call(method, "layer_preconditioner", state, use=lambda matrices: check_preconditioner(matrices, params),
+                finite={"state": state})
 
 
 def stacked_preconditioners(method: Method, params: Params, stacked: State) -> dict[str, torch.Tensor]:

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from cfl.engine.hook_call import blamed, call
 from cfl.engine.hook_rules import check_client_states, check_steps
 from cfl.methods.base import Method, overrides
-from cfl.methods.hook_guard import guarded
 from cfl.records.client_states import ClientStates, MethodState
 from cfl.tensors import Params, State
 
@@ -77,8 +77,7 @@ class Plugins:
         states = [self.states[i].clients.get(c) for c in cids]
         method = self.methods[i]
         if len(states) > 1 and stacks_client_states(method):
-            with guarded(method, "client_end"):
-                check_client_states(states, method.ragged)
+            blamed(method, "client_end", check_client_states, states, method.ragged)
         return states
 
 
@@ -123,8 +122,7 @@ def limit_epochs(jobs: list[ClientJob], methods: list[Method], broadcasts: list[
     for job in jobs:
         counts = []
         for method, broadcast in limiting:
-            with guarded(method, "local_steps_per_epoch"):
-                counts.append(check_steps(method.local_steps_per_epoch(len(job.indices), broadcast)))
+            counts.append(call(method, "local_steps_per_epoch", len(job.indices), broadcast, use=check_steps))
         job.steps_per_epoch = min((c for c in counts if c is not None), default=None)
 
 

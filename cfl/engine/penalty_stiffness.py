@@ -12,6 +12,7 @@ from dataclasses import fields
 import torch
 
 from cfl.config import Config
+from cfl.engine.hook_call import call
 from cfl.methods.base import Method, overrides
 from cfl.records.client_states import MethodState
 from cfl.tensors import Params, State
@@ -46,7 +47,7 @@ def _heaviest(method: Method, state: MethodState, broadcast: State, params: Para
     worst: tuple[float, str, int] | None = None
     for cid in cids:
         try:
-            quadratics = method.penalty(params, broadcast, state.clients.get(cid)) or {}
+            quadratics = call(method, "penalty", params, broadcast, state.clients.get(cid), use=lambda q: q or {})
         except Exception:  # noqa: BLE001 - a diagnosis of a stopped run: the run's own error is what is raised
             return worst
         for name, q in quadratics.items():

@@ -2,7 +2,7 @@
 or returns the wrong shapes, keys or types on a fresh client is refused (exit code 2) instead of stopping the
 run at its first round. Each hook is called once, as the engine calls it, on the first two training samples,
 an empty client state and copies of the server state, its read-only arguments watched for in-place writes
-(:class:`cfl.engine.hooks.unwritten`); then a dry round trains two fresh clients one local step each through the
+(:class:`cfl.engine.hook_call.unwritten`); then a dry round trains two fresh clients one local step each through the
 run's own trainer, so the batched engine runs the hooks it maps over clients (``VMAPPED_HOOKS``) under
 ``torch.func.vmap`` over both, where ``.item()`` or a Python branch on a tensor fails. torch's generators are
 restored afterwards, so the run draws what it would have drawn. ``client_end`` and ``server_end`` are not called
@@ -17,6 +17,7 @@ import torch
 from torch.func import functional_call
 
 from cfl.engine import hooks
+from cfl.engine.hook_call import call, unwritten
 from cfl.engine.hook_rules import (
     AFTER_SERVER_STEP,
     check_bytes,
@@ -25,17 +26,15 @@ from cfl.engine.hook_rules import (
     check_server_aggregate,
     check_some_params,
 )
-from cfl.engine.hooks import unwritten
 from cfl.engine.jobs import ClientJob, Plugins, limit_epochs
 from cfl.engine.local_batched import train_batched
 from cfl.engine.local_sequential import train_sequential
 from cfl.engine.path import trainer_kind
 from cfl.engine.runner import Runner
 from cfl.engine.server import transformed, updated
-from cfl.engine.server_state import broadcast_of, plain_server
+from cfl.engine.server_state import broadcast_of
 from cfl.engine.step_hooks import StepStage, as_batch, gradient_function, takes_steps
 from cfl.methods.base import Method, overrides
-from cfl.methods.hook_guard import guarded
 from cfl.methods.hook_types import Samples
 from cfl.models.buffers import load_global_model
 from cfl.records.client_states import ClientStates, MethodState
@@ -91,11 +90,9 @@ def dry_run_hooks(runner: Runner) -> None:
             if overrides(m, "transform_update"):
                 with unwritten(m, "transform_update", {"delta": delta}):
                     transformed(m, delta, server, 0, params)
-            if overrides(m, "after_server_step"):
-                with guarded(m, "after_server_step"), unwritten(m, "after_server_step", {"global_params": params}):
-                    check_some_params(m.after_server_step(runner.model, params, server, 0), params,
-                                      AFTER_SERVER_STEP)
-                plain_server(m, "after_server_step", server)
+            call(m, "after_server_step", runner.model, params, server, 0,
+                 use=lambda new, params=params: check_some_params(new, params, AFTER_SERVER_STEP),
+                 read_only={"global_params": params}, server=server, default=None)
     _dry_round(runner)
 
 
@@ -148,9 +145,8 @@ def _dry_start(runner: Runner, method: Method, broadcast: State) -> tuple[Params
     state: State = {}
     if not overrides(method, "client_start"):
         return runner.params, state
-    with guarded(method, "client_start"):
-        start = method.client_start(dict(runner.params), state, broadcast, 0)
-        return check_client_start(start, runner.params), state
+    return call(method, "client_start", dict(runner.params), state, broadcast, 0,
+                use=lambda start: check_client_start(start, runner.params)), state
 
 
 def _dry_upload(runner: Runner, method: Method, params: Params, state: State) -> None:
@@ -158,10 +154,9 @@ def _dry_upload(runner: Runner, method: Method, params: Params, state: State) ->
     if not overrides(method, "client_upload"):
         return
     local = runner.client_params.local_names
-    with guarded(method, "client_upload"):
-        sent, info = check_client_upload(method.client_upload(dict(params), state), runner.params, local)
-    with guarded(method, "upload_bytes"):
-        check_bytes(method.upload_bytes(sent, info))
+    sent, info = call(method, "client_upload", dict(params), state,
+                      use=lambda upload: check_client_upload(upload, runner.params, local))
+    call(method, "upload_bytes", sent, info, use=check_bytes)
     stacked = ({k: v.unsqueeze(0) for k, v in sent.items()}, {k: v.unsqueeze(0) for k, v in info.items()})
-    with guarded(method, "server_aggregate"):
-        check_server_aggregate(method.server_aggregate(*stacked), sent, runner.params)
+    call(method, "server_aggregate", *stacked, use=lambda combined: check_server_aggregate(combined, sent,
+                                                                                            runner.params))

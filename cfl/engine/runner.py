@@ -26,8 +26,8 @@ from cfl.engine import penalty_share
 from cfl.engine.client_end import client_end
 from cfl.engine.client_params import ClientParams
 from cfl.engine.evaluation import accuracies, accuracy_of, class_accuracy, evaluate
+from cfl.engine.hook_call import call, finite_checks
 from cfl.engine.hook_rules import AFTER_SERVER_STEP, check_some_params
-from cfl.engine.hooks import finite_checks, unwritten
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, derive_seed, limit_epochs
 from cfl.engine.local_batched import BatchedTrainer
 from cfl.engine.local_sequential import train_sequential
@@ -36,7 +36,7 @@ from cfl.engine.path import choose_path, trainer_kind
 from cfl.engine.run_state import Observer, RunState
 from cfl.engine.schedule import Schedule
 from cfl.engine.server import NonFiniteError, Server
-from cfl.engine.server_state import broadcast_of, payload_size, plain_server
+from cfl.engine.server_state import broadcast_of, payload_size
 from cfl.engine.shared_backbone import SharedBackbone
 from cfl.engine.state_stores import build_stores, sizing_of
 from cfl.engine.task_end import end_tasks, task_end_draws
@@ -44,7 +44,7 @@ from cfl.engine.task_start import TaskStarts
 from cfl.engine.traffic import record_round, round_upload
 from cfl.methods import METHODS
 from cfl.methods.base import Method, acts_after_rounds, overrides
-from cfl.methods.hook_guard import VMAPPED_HOOKS, guarded
+from cfl.methods.hook_guard import VMAPPED_HOOKS
 from cfl.methods.hook_types import ClientData, LocalTraining, RunInfo
 from cfl.metrics import client_forgetting
 from cfl.metrics.matrix import empty_matrix
@@ -92,9 +92,7 @@ class Runner:
                              running_stats(self.model))
         for m, st in zip(self.methods, self.states, strict=True):  # server state before round 1 (SCAFFOLD's c)
             if overrides(m, "server_start"):
-                with guarded(m, "server_start"):
-                    m.server_start(st.server, {k: v.clone() for k, v in self.params.items()})
-                plain_server(m, "server_start", st.server)
+                call(m, "server_start", st.server, {k: v.clone() for k, v in self.params.items()}, server=st.server)
         # model.buffers: local (FedBN): each client's own BatchNorm running statistics between its rounds
         self.buffer_states = ClientStates() if cfg.model.buffers == "local" and self.buffers else None
         self.initial_buffers = {k: v.clone() for k, v in self.buffers.items()}  # a local client's first start
@@ -260,18 +258,14 @@ class Runner:
             self.buffers = collect([o for o, ok in zip(outcomes, keep.tolist(), strict=True) if ok], weights,
                                    self.buffer_states)
         for m, st, pl in zip(self.methods, self.states, payloads, strict=True):
-            if overrides(m, "server_end"):
-                with guarded(m, "server_end"):
-                    m.server_end("round", pl, st.server, task)
-                plain_server(m, "server_end", st.server)
+            call(m, "server_end", "round", pl, st.server, task, server=st.server, default=None)
         for m, st in zip(self.methods, self.states, strict=True):
             if overrides(m, "after_server_step"):
                 self.model.eval()
                 # may set global parameters (a closed-form classifier), never write into them in place
-                with guarded(m, "after_server_step"), unwritten(m, "after_server_step", {"global_params": self.params}):
-                    new = check_some_params(m.after_server_step(self.model, self.params, st.server, task),
-                                            self.params, AFTER_SERVER_STEP)
-                plain_server(m, "after_server_step", st.server)
+                new = call(m, "after_server_step", self.model, self.params, st.server, task,
+                           use=lambda new: check_some_params(new, self.params, AFTER_SERVER_STEP),
+                           read_only={"global_params": self.params}, server=st.server)
                 self.params = {**self.params, **new}
         backbone_down = self.shared_backbone.download_bytes([j.cid for j in jobs], self.progress)
         up = round_upload(self.methods, len(kept_jobs), self.model_bytes, self.buffers, self.params, combined,
@@ -300,7 +294,7 @@ class Runner:
 
     def _blame_hooks(self, jobs: list[ClientJob], task: int, plugins: Plugins) -> None:
         """After a non-finite round: train the clients it stopped on again, one after another, with every hook's
-        result checked (:class:`cfl.engine.hooks.finite_checks`), so a hook that made NaN or inf from finite
+        result checked (:class:`cfl.engine.hook_call.finite_checks`), so a hook that made NaN or inf from finite
         arguments is named (``HookError``, exit code 3) in place of the advice to lower lr. Nothing on the way:
         only methods that make values in local training, only after such a stop."""
         if not jobs or not any(overrides(m, h) for m in self.methods for h in VMAPPED_HOOKS):
@@ -434,5 +428,4 @@ class Runner:
 
 def built(cls: type[Method], hparams: Any, run_info: RunInfo) -> Method:
     """``cls(hparams, run_info)``; what its ``__init__`` raises names the method and its file."""
-    with guarded(cls, "__init__"):
-        return cls(hparams, run_info)
+    return call(cls, "__init__", hparams, run_info)

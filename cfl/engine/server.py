@@ -14,12 +14,11 @@ import warnings
 import torch
 
 from cfl.config import Config
+from cfl.engine.hook_call import call, finite_checks
 from cfl.engine.hook_rules import SERVER_UPDATE, TRANSFORM, check_params
-from cfl.engine.hooks import finite_checks, made_finite
 from cfl.engine.jobs import ClientOutcome
 from cfl.engine.penalty_stiffness import stiffness_hint
 from cfl.methods.base import Method, overrides
-from cfl.methods.hook_guard import guarded
 from cfl.ops.aggregate import aggregate
 from cfl.records.client_states import MethodState
 from cfl.tensors import Params, State
@@ -122,18 +121,12 @@ class Server:
 
 def updated(method: Method, params: Params, delta: Params, server: State, lr: float) -> Params | None:
     """``method.server_update``: the new global parameters, or None for the default step."""
-    if not overrides(method, "server_update"):
-        return None
-    with guarded(method, "server_update"):
-        new = method.server_update(params, delta, server, lr)
-        new = None if new is None else check_params(new, params, SERVER_UPDATE)
-        made_finite(new, {"global_params": params, "delta": delta})
-        return new
+    return call(method, "server_update", params, delta, server, lr,
+                use=lambda new: None if new is None else check_params(new, params, SERVER_UPDATE),
+                finite={"global_params": params, "delta": delta}, default=None)
 
 
 def transformed(method: Method, step: Params, server: State, task: int, params: Params) -> Params:
     """``method.transform_update`` of the server ``step`` (the step of each of ``params``)."""
-    with guarded(method, "transform_update"):
-        new = check_params(method.transform_update(step, server, task), params, TRANSFORM)
-        made_finite(new, {"delta": step})
-        return new
+    return call(method, "transform_update", step, server, task, use=lambda new: check_params(new, params, TRANSFORM),
+                finite={"delta": step})

@@ -24,8 +24,9 @@ from cfl.config import Config
 from cfl.data.stream import Stream
 from cfl.engine import state_budget
 from cfl.engine.disk_states import DiskClientStates
+from cfl.engine.hook_call import call
 from cfl.engine.state_budget import StateSizing
-from cfl.methods.hook_guard import BrokenRule, guarded
+from cfl.methods.hook_guard import BrokenRule
 from cfl.records.client_states import ClientStates
 
 if TYPE_CHECKING:
@@ -63,11 +64,13 @@ class ClientStores:
 
 
 def _estimate(method: Method, sizing: StateSizing) -> int | None:
-    with guarded(method, "client_state_bytes"):
-        estimate = method.client_state_bytes(sizing)
-        if estimate is not None and (isinstance(estimate, bool) or not isinstance(estimate, int) or estimate < 0):
-            raise BrokenRule(f"must return None or a number of bytes (an int >= 0); got {estimate!r}")
-        return estimate
+    return call(method, "client_state_bytes", sizing, use=_bytes_or_none)
+
+
+def _bytes_or_none(estimate: object) -> int | None:
+    if estimate is not None and (isinstance(estimate, bool) or not isinstance(estimate, int) or estimate < 0):
+        raise BrokenRule(f"must return None or a number of bytes (an int >= 0); got {estimate!r}")
+    return estimate
 
 
 def build_stores(cfg: Config, sizing: StateSizing, methods: list[Method], state_dir: Path | None,

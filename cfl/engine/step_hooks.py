@@ -24,15 +24,13 @@ from torch import nn
 from torch.func import functional_call
 
 from cfl.engine import hooks
+from cfl.engine.hook_call import blamed, unwritten
 from cfl.engine.hook_rules import check_carries
 from cfl.engine.jobs import ClientJob, derive_seed
 from cfl.engine.precision import autocast, to_float
 from cfl.engine.stacking import stack_states
 from cfl.methods.base import Method, overrides
-from cfl.methods.hook_guard import (
-    STEP_HOOKS,  # noqa: F401 - the engine's name for them
-    guarded,
-)
+from cfl.methods.hook_guard import STEP_HOOKS  # noqa: F401 - the engine's name for them
 from cfl.methods.hook_signatures import accepts
 from cfl.methods.hook_types import Samples, Step
 from cfl.ops.counter_random import StepRandom, key_of
@@ -125,8 +123,7 @@ class StepStage:
         out = {}
         for i in self.carrying:
             method = self.methods[i]
-            with guarded(method, "carry_start"):
-                check_carries([s[i] for s in starts], method.ragged)
+            blamed(method, "carry_start", check_carries, [s[i] for s in starts], method.ragged)
             out[i] = stack_states([s[i] for s in starts], method.ragged)
         return out
 
@@ -146,15 +143,15 @@ class StepStage:
                 samples: dict[int, SampleBatch], states: list[State], carry: dict[int, State],
                 moved: Params | None = None) -> contextlib.AbstractContextManager:
         """At a round's first step (``index`` 0), a context refusing in-place writes of the methods' ``hook``
-        (``step_gradient`` or ``carry_step``) into the step's arguments (:class:`cfl.engine.hooks.unwritten`); outside
-        ``vmap`` (version counters are read on the tensors it maps over). Later steps: nothing."""
+        (``step_gradient`` or ``carry_step``) into the step's arguments (:class:`cfl.engine.hook_call.unwritten`);
+        outside ``vmap`` (version counters are read on the tensors it maps over). Later steps: nothing."""
         which = self.rewriting if hook == "step_gradient" else self.carry_stepping
         if index != 0 or not which:
             return contextlib.nullcontext()
         x, y, task, weight = batch
         stack = contextlib.ExitStack()
         for i in which:
-            stack.enter_context(hooks.unwritten(self.methods[i], hook, {
+            stack.enter_context(unwritten(self.methods[i], hook, {
                 "step.params": params, "step.grads": grads, "step.x": x, "step.y": y, "step.task": task,
                 "step.weight": weight, "step.samples": samples.get(i), "step.global_params": self.global_params,
                 "step.server": self.broadcasts[i], "step.state": states[i], "step.carry": carry.get(i),

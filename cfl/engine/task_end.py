@@ -26,20 +26,19 @@ import torch
 
 from cfl.engine.client_end import client_end
 from cfl.engine.global_model import global_model
+from cfl.engine.hook_call import call
 from cfl.engine.hook_rules import BEFORE_TASK_END, check_none, check_some_params
-from cfl.engine.hooks import unwritten
 from cfl.engine.jobs import derive_seed
 from cfl.engine.run_state import RunState
 from cfl.engine.schedule import sample_clients
-from cfl.engine.server_state import broadcast_of, plain_server
+from cfl.engine.server_state import broadcast_of
 from cfl.engine.shared_backbone import BACKBONE_UPDATE
 from cfl.engine.traffic import record_task_end
 from cfl.methods.base import Method, overrides, takes_part_at_task_end
-from cfl.methods.hook_guard import guarded
-from cfl.methods.hook_types import ClientData
+from cfl.methods.hook_types import BackboneUpdate, ClientData
 from cfl.records.client_states import MethodState
 from cfl.schedules import Plan
-from cfl.tensors import State
+from cfl.tensors import Params, State
 
 #: the server-state key under which the engine holds a ``server_task_end: last_holder`` method's task-end uploads
 #: (task -> client -> upload) from the clients' own task ends until the task's server-side end (checkpointed)
@@ -137,22 +136,24 @@ def server_task_end(run: RunState, m: Method, st: MethodState, tasks: list[int],
 
 
 def server_end(m: Method, server: State, uploads: dict[int, Any], task: int) -> None:
-    with guarded(m, "server_end"):
-        m.server_end("task_end", uploads, server, task)
-    plain_server(m, "server_end", server)
+    call(m, "server_end", "task_end", uploads, server, task, server=server)
 
 
 def backbone_update(run: RunState, method: Method, server: State, task: int) -> None:
     """``method.backbone_update`` on a copy of the final global model: its deltas added into the one shared
     frozen backbone (cfl/engine/shared_backbone.py), its new parameter values set."""
     model = global_model(run.model, run.params, run.buffers)
-    with guarded(method, "backbone_update"), unwritten(method, "backbone_update", {"global_params": run.params}):
-        update = run.shared_backbone.check(method.backbone_update(model, run.params, server, task))
-        new = {} if update is None else check_some_params(update.params, run.params, BACKBONE_UPDATE)
-    plain_server(method, "backbone_update", server)
+    update, new = call(method, "backbone_update", model, run.params, server, task,
+                       use=lambda update: _checked_backbone_update(run, update),
+                       read_only={"global_params": run.params}, server=server)
     if update is not None:
         run.shared_backbone.apply(update.deltas, method.name, task, run.progress)
         run.params = {**run.params, **new}
+
+
+def _checked_backbone_update(run: RunState, update: Any) -> tuple[BackboneUpdate | None, Params]:
+    update = run.shared_backbone.check(update)
+    return update, {} if update is None else check_some_params(update.params, run.params, BACKBONE_UPDATE)
 
 
 def before_task_end(run: RunState, method: Method, server: State, task: int, classes: torch.Tensor) -> None:
@@ -161,9 +162,8 @@ def before_task_end(run: RunState, method: Method, server: State, task: int, cla
     model = global_model(run.model, run.params, run.buffers)
     classes = classes.to(run.device)
     start = time.perf_counter()
-    with guarded(method, "before_task_end"):
-        check_none(method.before_task_end(model, classes, server, task), BEFORE_TASK_END)
-    plain_server(method, "before_task_end", server)
+    call(method, "before_task_end", model, classes, server, task, use=lambda r: check_none(r, BEFORE_TASK_END),
+         server=server)
     if run.device.type == "cuda":
         torch.cuda.synchronize(run.device)
     stats = server.setdefault("stats", {})

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
+from cfl.engine.hook_call import refuse
 from cfl.methods.base import Method
-from cfl.methods.hook_guard import BrokenRule, guarded
 from cfl.tensors import State
 
 
@@ -47,10 +47,9 @@ def unchanged_payload(method: Method, server: State, prints: dict[int, Any], i: 
     now = _fingerprint(payload, "")
     changed = _changed(prints.setdefault(i, now), now)
     if changed:
-        with guarded(method, "broadcast"):
-            raise BrokenRule(f"the server-state key(s) {', '.join(p.lstrip('.') for p in changed)} listed under "
-                             f"broadcast['task_start'] {changed_when}; change these keys only at a task end "
-                             "(before_task_end, server_end('task_end')), or list them under 'round'")
+        refuse(method, "broadcast", f"the server-state key(s) {', '.join(p.lstrip('.') for p in changed)} listed under "
+               f"broadcast['task_start'] {changed_when}; change these keys only at a task end "
+               "(before_task_end, server_end('task_end')), or list them under 'round'")
     prints[i] = now
     return payload
 
