@@ -142,6 +142,11 @@ class ScheduleConfig:
     join_round: int = field(0, "global round (0-based) at which the late clients join", min=0)
     leave_clients: int = field(0, "the first N clients leave the federation at leave_round", min=0)
     leave_round: int = field(0, "global round (0-based) from which the leaving clients take no part", min=0)
+    forgetting: str = field("last_finisher", "every schedule but synchronous: the evaluation a task's FGT and the "
+                            "schedule's AIA count from: last_finisher, after the round its last holder left it "
+                            "(Powder's and Fed-CPrompt's reading), or first_finisher, after the round some client "
+                            "first finished it (cfl's earlier reading); docs/concepts.md, Metrics under a schedule",
+                            choices=("last_finisher", "first_finisher"))
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,9 @@ import numpy as np
 from cfl.registry import Registry
 from cfl.schema import ConfigError
 
+#: ``schedule.forgetting``: when a task counts as learned under a schedule (cfl/metrics/schedule.py)
+FORGETTING = ("last_finisher", "first_finisher")
+
 #: the derived seed stream of schedule draws (task orders, durations): apart from sampling's and partitions'
 _SCHEDULE_SALT = 0x5C4ED
 
@@ -122,6 +125,23 @@ class Plan:
         for _, task, _, end in self.intervals():
             last[task] = max(last.get(task, 0), end - 1)
         return {task: rnd for task, rnd in sorted(last.items()) if rnd < self.rounds - 1}
+
+    def first_started(self) -> dict[int, int]:
+        """Task -> the global round at which some client first trains on it."""
+        out: dict[int, int] = {}
+        for _, task, start, _ in self.intervals():
+            out[task] = min(out.get(task, start), start)
+        return dict(sorted(out.items()))
+
+    def learned(self, forgetting: str = "last_finisher") -> dict[int, int]:
+        """Task -> the global round after which it counts as learned (``schedule.forgetting``): its last holder left
+        it (:meth:`last_left`, the server's task end) or some client first finished it (:meth:`first_finished`).
+        A task with no such round (held to the run's end) is left out."""
+        if forgetting == "first_finisher":
+            return self.first_finished()
+        if forgetting == "last_finisher":
+            return self.last_left()
+        raise ConfigError(f"'schedule.forgetting' must be one of {list(FORGETTING)}, got {forgetting!r}")
 
     def rounds_in_task(self, client: int, rnd: int) -> int:
         """Rounds ``client`` has spent on its current task before round ``rnd``."""
@@ -363,7 +383,8 @@ def check_schedule_keys(cfg: Any) -> None:
     def reads(name: str) -> set[str]:
         params = set(inspect.signature(SCHEDULES[name]).parameters) - {"inp"}
         drawn = params & {"order", "spread"}  # a builder with a draw reads the seed
-        return params | ({"seed"} if drawn else set())
+        metrics = {"forgetting"} if name != "synchronous" else set()  # where FGT counts from; sync: one moment
+        return params | ({"seed"} if drawn else set()) | metrics
 
     for f in dataclasses.fields(section):
         value = getattr(section, f.name)

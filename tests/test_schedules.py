@@ -111,9 +111,10 @@ def test_the_metrics_of_a_staggered_run_by_hand():
     plan = staggered(ScheduleInput(num_clients=4, num_tasks=2, rounds_per_task=2, seed=0), group=2, offset=1)
     evaluations = [{"round": 2, "acc": {"0": 50.0, "1": 10.0}}, {"round": 3, "acc": {"0": 40.0, "1": 30.0}},
                    {"round": 5, "acc": {"0": 20.0, "1": 70.0}}]
-    m = scheduled_metrics(evaluations, plan)
+    m = scheduled_metrics(evaluations, plan, "first_finisher")
     assert m["acc"] == 45.0
     assert m["fgt_per_task"] == {"0": 30.0} and m["fgt"] == 30.0 and m["bwt"] == -30.0  # from round 2: 50 -> 20
+    assert scheduled_metrics(evaluations, plan)["fgt_per_task"] == {"0": 20.0}  # default: its last holders', 40
     assert m["clients"]["0"]["fgt"] == 30.0 and m["clients"]["2"]["fgt"] == 20.0  # from each own switch: 50, 40
     assert m["clients"]["2"]["acc_matrix"] == [[40.0, None], [20.0, 70.0]]
     assert m["client_fgt_mean"] == 25.0
@@ -138,7 +139,8 @@ def test_a_scheduled_run_trains_each_client_on_its_own_task():
     assert any(len({t for r, t, _ in seen if r == rnd}) == 2 for rnd in range(8))  # a round of two tasks
     results = build_results(runner.snapshot(), 0.0)
     assert results["complete"] and results["schedule"]["name"] == "staggered"
-    assert results["acc"] == results["schedule"]["acc"] and results["aia"] is None
+    assert results["acc"] == results["schedule"]["acc"] and results["aia"] == results["schedule"]["aia"] is not None
+    assert results["fwt"] is None  # class-incremental: not measured
 
 
 def test_a_run_from_before_schedules_resumes_and_groups_as_a_synchronous_one():
@@ -175,7 +177,8 @@ def test_a_large_synchronous_config_validates_without_forming_the_grid():
 def test_a_per_client_order_run_with_a_task_finished_before_another_started_writes_its_results():
     """3 tasks, 3 clients switching every round, orders [1, 2, 0], [1, 2, 0], [1, 0, 2] (seed 0): task 1 is first
     finished before any client has started task 0, so ``acc_matrix[1][0]`` is None; the synchronous matrix
-    metrics (AIA reads that cell) are not computed under a schedule, whose own metrics replace them."""
+    metrics (AIA reads that cell) are not computed under a schedule, whose own metrics (AIA over its task-end
+    evaluations, FWT over the tasks first started after round 0) replace them."""
     cfg = tiny_config(num_clients=3, clients_per_round=3, seed=0, stream={"name": "split-digits", "num_tasks": 3},
                       schedule={"name": "per_client_order", "every": 1})
     runner = Runner(cfg, make_stream("task", num_tasks=3))
@@ -184,7 +187,11 @@ def test_a_per_client_order_run_with_a_task_finished_before_another_started_writ
     assert runner.progress.acc_matrix[1][0] is None
     results = build_results(runner.snapshot(), 0.0)
     assert results["complete"] and results["acc"] == results["schedule"]["acc"]
-    assert results["aia"] is None and results["fwt"] is None
+    assert results["aia"] == results["schedule"]["aia"] is not None
+    # task 1 starts at round 0, tasks 2 and 0 at round 1: FWT is the mean of their terms
+    before, init = results["acc_before_task"], results["acc_init"]
+    assert before[1] is None and results["fwt"] == pytest.approx((before[0] - init[0] + before[2] - init[2]) / 2,
+                                                                 abs=1e-12)
 
 
 def test_a_staggered_run_of_hundreds_of_thousands_of_rounds_is_said():

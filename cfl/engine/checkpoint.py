@@ -242,7 +242,10 @@ def config_changes(saved: dict[str, Any], cfg: Config) -> str:
     """``key: old in the checkpoint, new now`` for each key that would change results ('' when none)."""
     saved = {"schedule": to_dict(ScheduleConfig()), **saved}  # a checkpoint from before schedules: synchronous
     old, new = _flat(resolve_saved_model(saved)), _flat(cfg.to_dict())
-    changed = sorted(k for k in old.keys() | new.keys() if not is_resume_safe(k) and old.get(k) != new.get(k))
+    # schedule.forgetting trains nothing: it says how results.json reads the evaluations, which the resumed run
+    # computes at its end with the config it resumes with (a checkpoint from before the key lacks it)
+    changed = sorted(k for k in old.keys() | new.keys() if not is_resume_safe(k) and k != "schedule.forgetting"
+                     and old.get(k) != new.get(k))
     return "; ".join(f"{k}: {old.get(k)!r} in the checkpoint, {new.get(k)!r} now" for k in changed)
 
 

@@ -373,6 +373,10 @@ class Runner:
         if self.measures_forward_transfer and prog.global_round == 0 and not prog.acc_init:  # GEM's b_i
             prog.acc_init = [accuracy_of(run, j) for j in range(self.stream.num_tasks)]
         switches, leaving_at = plan.switches(), {}
+        starting_at: dict[int, list[int]] = {}  # 0-based round -> the tasks first started at it (after round 0)
+        for j, first in plan.first_started().items():
+            if first > 0:
+                starting_at.setdefault(first, []).append(j)
         for task, rnd in plan.last_left().items():
             leaving_at.setdefault(rnd, []).append(task)
         while prog.global_round < plan.rounds:
@@ -389,6 +393,9 @@ class Runner:
             periodic = cfg.eval_every and (prog.round_in_task if sync else prog.global_round) % cfg.eval_every == 0
             if switched and not sync:
                 self._end_tasks(rnd, switched, leaving)
+            if not sync and self.measures_forward_transfer:  # the model a task first started next round starts from
+                for j in starting_at.get(prog.global_round, []):
+                    prog.acc_before_task.setdefault(str(j), accuracy_of(run, j))
             if (ends or periodic) and not told_first:
                 evaluation = evaluate(run, rnd, switched, final=ends)
                 record["mean_acc"] = evaluation["mean_acc"]
@@ -411,7 +418,7 @@ class Runner:
             if last:
                 prog.task = self.stream.num_tasks
             if last and not sync:
-                prog.acc_matrix = scheduled_matrix(prog.evaluations, plan)
+                prog.acc_matrix = scheduled_matrix(prog.evaluations, plan, cfg.schedule.forgetting)
                 if self.stream.scenario == "class":
                     prog.class_acc = class_accuracy(run, self.stream.num_tasks - 1)
                 run.emit("task_end", task, prog.evaluations[-1])

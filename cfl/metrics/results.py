@@ -52,25 +52,27 @@ def method_stats(comm: CommLedger, method: Method, state: MethodState) -> dict[s
     return stats
 
 
-def scheduled_results(cfg: Any, num_tasks: int, evaluations: list[dict[str, Any]], complete: bool) -> dict[str, Any]:
-    """ACC, FGT and BWT under a schedule (from the evaluations, global and per client) in place of the matrix's;
-    AIA and FWT (which need every client on one task) are not measured. An unfinished run has none."""
+def scheduled_results(cfg: Any, num_tasks: int, evaluations: list[dict[str, Any]], complete: bool,
+                      before: dict[str, float] | None = None, init: list[float] | None = None) -> dict[str, Any]:
+    """ACC, FGT, BWT, AIA and FWT under a schedule (from the evaluations, global and per client; FGT and AIA
+    from the evaluations ``schedule.forgetting`` names; FWT from ``before``, ``acc_before_task``, and ``init``,
+    ``acc_init``) in place of the matrix's. An unfinished run has none."""
     from cfl.metrics.schedule import scheduled_metrics
     from cfl.schedules import build_plan
 
     plan = build_plan(cfg, num_tasks)
     if not complete or not evaluations:
         return {"acc": None, "fgt": None, "bwt": None, "aia": None, "fwt": None, "schedule": {"name": plan.name}}
-    metrics = scheduled_metrics(evaluations, plan)
-    return {"acc": metrics["acc"], "fgt": metrics["fgt"], "bwt": metrics["bwt"], "aia": None, "fwt": None,
-            "schedule": metrics}
+    metrics = scheduled_metrics(evaluations, plan, cfg.schedule.forgetting, before, init)
+    return {"acc": metrics["acc"], "fgt": metrics["fgt"], "bwt": metrics["bwt"], "aia": metrics["aia"],
+            "fwt": metrics["fwt"], "schedule": metrics}
 
 
 def build_results(run: RunSnapshot, wall_seconds: float) -> dict[str, Any]:
     cfg, stream, prog = run.cfg, run.stream, run.progress
     done = prog.task  # tasks completed
     matrix = prog.acc_matrix
-    # under a schedule the matrix's rows are evaluations at each task's first finish, which may precede another
+    # under a schedule the matrix's rows are evaluations at each task's learned moment, which may precede another
     # task's start (a None cell): its metrics are scheduled_results' own (below), not the matrix's
     measured = done if cfg.schedule.name == "synchronous" else 0
     before = [prog.acc_before_task.get(str(i)) for i in range(stream.num_tasks)]
@@ -105,7 +107,8 @@ def build_results(run: RunSnapshot, wall_seconds: float) -> dict[str, Any]:
         "method_info": method_info([m.name for m in run.methods]),
     }
     if not cfg.schedule.name == "synchronous":  # clients on their own tasks: cfl/metrics/schedule.py
-        results.update(scheduled_results(cfg, stream.num_tasks, prog.evaluations, done == stream.num_tasks))
+        results.update(scheduled_results(cfg, stream.num_tasks, prog.evaluations, done == stream.num_tasks,
+                                         prog.acc_before_task, prog.acc_init))
     if stream.scenario == "class":
         results["class_acc"] = prog.class_acc
     if prog.backbone_changes:  # a method changed the shared frozen backbone (Method.backbone_update)

@@ -230,6 +230,11 @@ def compared_keys(run: Run) -> dict[str, Any]:
     config = dict(run.config)
     if "schedule" not in config:  # a run from before schedules: the synchronous one, as a run at its default
         config["schedule"] = to_dict(ScheduleConfig())
+    if isinstance(config["schedule"], dict) and "forgetting" not in config["schedule"]:
+        # a run from before schedule.forgetting: a synchronous one reads as both (the default), another's FGT
+        # counted from the first finisher
+        sync = config["schedule"].get("name", "synchronous") == "synchronous"
+        config["schedule"] = {**config["schedule"], "forgetting": "last_finisher" if sync else "first_finisher"}
     if isinstance(config.get("method"), dict):
         config["method"] = with_defaults(config["method"], run.method_info)
     if isinstance(config.get("plugins"), list):
