@@ -7,7 +7,9 @@
 Each run is made with ``python -m cfl run`` in each checkout (its own ``cfl`` on ``PYTHONPATH``, one thread), into
 ``OUT/base/<i>`` and ``OUT/branch/<i>``; the two results.json must be equal after dropping what measures the
 machine and not the run (wall and train seconds, the record's provenance). A record's config is written out from
-its results.json and run as it is. Prints one line per run and exits 1 if any differ (the differing keys named).
+its results.json and run as it is. ``--only-base`` makes the base's runs alone, ``--reuse-base`` then compares a
+branch against them (the same OUT and RUN list). Prints one line per run and exits 1 if any differ (the differing
+keys named).
 """
 
 from __future__ import annotations
@@ -55,7 +57,10 @@ def _config_args(run: str, out: Path) -> list[str]:
     return args
 
 
-def run_at(checkout: Path, run: str, out: Path) -> dict[str, Any]:
+def run_at(checkout: Path, run: str, out: Path, reuse: bool = False) -> dict[str, Any]:
+    """``run`` made at ``checkout`` into ``out`` (``reuse``: the results.json an earlier call left there, if any)."""
+    if reuse and (out / "run" / "results.json").is_file():
+        return json.loads((out / "run" / "results.json").read_text())
     env = {**os.environ, "PYTHONPATH": str(checkout), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "cfl", "run", *_config_args(run, out), "--out", str(out / "run"), "--overwrite",
            "--set", "wandb.mode=disabled"]
@@ -70,17 +75,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base", type=Path, required=True)
     parser.add_argument("--branch", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--reuse-base", action="store_true",
+                        help="take the base's results.json that an earlier call left under OUT/base (the base's "
+                             "checkout unchanged), so a base run is made once for several branches")
+    parser.add_argument("--only-base", action="store_true", help="make the base's runs only (for a later --reuse-base)")
     parser.add_argument("runs", nargs="+")
     args = parser.parse_args(argv)
     failed = 0
     for i, run in enumerate(args.runs):
-        base = run_at(args.base.resolve(), run, args.out / "base" / str(i))
+        base = run_at(args.base.resolve(), run, args.out / "base" / str(i), args.reuse_base)
+        if args.only_base:
+            print(f"base  {run}  ACC {base.get('acc')}", flush=True)
+            continue
         branch = run_at(args.branch.resolve(), run, args.out / "branch" / str(i))
         keys = differing_keys(base, branch)
         failed += bool(keys)
         print(f"{'DIFFERS' if keys else 'same'}  {run}  ACC {base.get('acc')} / {branch.get('acc')}"
               + (f"  keys: {', '.join(keys)}" if keys else ""), flush=True)
-    print(f"{len(args.runs) - failed} of {len(args.runs)} runs bit for bit")
+    if not args.only_base:
+        print(f"{len(args.runs) - failed} of {len(args.runs)} runs bit for bit")
     return 1 if failed else 0
 
 
