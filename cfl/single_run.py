@@ -243,6 +243,7 @@ def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quie
     if saved is not None:
         runner.resume(checkpoint.restore(runner.snapshot(), saved))
         attempt.saved_round = runner.progress.global_round
+        runner.progress.resumed_after_rounds.append(runner.progress.global_round)  # in results.json, and kept
         keep_metrics_lines(out / "metrics.jsonl", runner.progress.global_round, runner.progress.evaluations)
         if not quiet:
             print(f"cfl: resumed {out} from its checkpoint after global round {runner.progress.global_round} "
