@@ -6,10 +6,10 @@
 
 Each run is made with ``python -m cfl run`` in each checkout (its own ``cfl`` on ``PYTHONPATH``, one thread), into
 ``OUT/base/<i>`` and ``OUT/branch/<i>``; the two results.json must be equal after dropping what measures the
-machine and not the run (wall and train seconds, the record's provenance). A record's config is written out from
-its results.json and run as it is. ``--only-base`` makes the base's runs alone, ``--reuse-base`` then compares a
-branch against them (the same OUT and RUN list). Prints one line per run and exits 1 if any differ (the differing
-keys named).
+machine and not the run (wall and train seconds, the record's provenance, the rounds a run was resumed after).
+A record's config is written out from its results.json and run as it is. ``--only-base`` makes the base's runs
+alone, ``--reuse-base`` then compares a branch against them (the same OUT and RUN list). Prints one line per run and
+exits 1 if any differ (the differing keys named).
 """
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ from typing import Any
 
 import yaml
 
-#: keys that measure the machine or the moment, not the run
-TIMING_KEYS = {"wall_seconds", "train_seconds", "task_end_seconds", "record", "wandb_run_id", "seconds"}
+#: keys that measure the machine or the moment, not the run (``resumed_after_rounds``: where a run was resumed,
+#: which a resumed run and an uninterrupted one differ in while every number agrees)
+TIMING_KEYS = {"wall_seconds", "train_seconds", "task_end_seconds", "record", "wandb_run_id", "seconds",
+               "resumed_after_rounds"}
 
 
 def _strip(value: Any) -> Any:

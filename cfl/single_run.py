@@ -243,6 +243,7 @@ def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quie
     if saved is not None:
         runner.resume(checkpoint.restore(runner.snapshot(), saved))
         attempt.saved_round = runner.progress.global_round
+        runner.progress.resumed_after_rounds.append(runner.progress.global_round)  # in results.json, and kept
         keep_metrics_lines(out / "metrics.jsonl", runner.progress.global_round, runner.progress.evaluations)
         if not quiet:
             print(f"cfl: resumed {out} from its checkpoint after global round {runner.progress.global_round} "
@@ -294,11 +295,14 @@ def keep_metrics_lines(path: Path, rounds: int, evaluations: list[dict[str, Any]
 
 
 def summary(results: dict[str, Any], out: Path) -> str:
+    """The run's last lines: its metrics, then its outputs, the feature cache it read or wrote among them (a file
+    outside the run directory, under data_root: results.json's ``backbone.features.cache``)."""
     mb = 1024 * 1024
+    cache = (results.get("backbone") or {}).get("features", {}).get("cache")
     return (f"{results['method']} on {results['stream']} ({results['partition']}, seed {results['seed']}): "
             f"ACC {results['acc']:.2f}%  FGT {results['fgt']:.2f}%  BWT {results['bwt']:.2f}%  "
             f"{results['rounds']} rounds, {results['wall_seconds']:.1f}s, "
             f"up {results['upload_bytes'] / mb:.1f} MiB, down {results['download_bytes'] / mb:.1f} MiB\n"
             f"outputs: {out}/ (results.json, metrics.jsonl, config.yaml, acc_matrix.png, accuracy_curve.png, "
-            "task_accuracy.png)")
+            "task_accuracy.png)" + (f"; feature cache: {cache}" if cache else ""))
 

@@ -2,7 +2,8 @@
 
 A sweep file::
 
-    base: configs/quickstart.yaml        # a path (relative to the sweep file) or an inline mapping
+    base: configs/quickstart.yaml        # a path (relative to the sweep file, then the working directory) or an
+                                         # inline mapping; the config's own paths: the working directory's
     out: runs/sweep                      # where the run directories go (default: runs/<sweep file stem>)
     set: {rounds_per_task: 10}           # optional overrides applied to every run
     grid:
@@ -80,6 +81,12 @@ def load_sweep(path: str | Path, out: str | Path | None = None) -> list[SweepRun
         base_path = (path.parent / base) if not Path(base).is_absolute() else Path(base)
         if not base_path.is_file() and Path(base).is_file():
             base_path = Path(base)
+        if not base_path.exists():
+            raise ConfigError(f"sweep 'base' in '{path}': '{base}' is in neither the sweep file's folder "
+                              f"('{path.parent / base}': a relative base: is resolved against it first) nor the "
+                              f"working directory ('{Path.cwd() / base}'); the config's own paths (model.weights, "
+                              "data_root) and out: are resolved against the working directory: fix the path, or "
+                              "give an absolute one")
         base = read_yaml(base_path)
     if not isinstance(base, dict):
         raise ConfigError(f"sweep 'base' in '{path}' must be a config path or a mapping")

@@ -76,3 +76,14 @@ class Records:
 
     def evaluation(self, record: dict) -> None: ...
     def task_end(self, task: int, record: dict) -> None: ...
+
+
+def metrics_values(path: Path) -> list[str]:
+    """A ``metrics.jsonl``'s lines, each less its timings (``seconds``, ``wall_seconds``) and written again as
+    JSON text (NaN compares equal as text): a resumed run's lines equal an uninterrupted run's in every other
+    value, to the last digit."""
+    import json
+
+    from cfl.report.jsonl import without_timing
+
+    return [json.dumps(without_timing(json.loads(line))) for line in path.read_text().splitlines()]

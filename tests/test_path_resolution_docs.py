@@ -30,3 +30,37 @@ def test_a_sweeps_base_resolves_against_the_sweep_file_and_out_against_the_worki
     monkeypatch.chdir(tmp_path)
     runs = load_sweep(folder / "s.yaml")
     assert [Path(r.out).parent for r in runs] == [Path("here")]
+
+
+def test_a_missing_relative_weights_file_is_said_to_resolve_against_the_working_directory(tmp_path, monkeypatch):
+    import pytest
+
+    from cfl.pretrained.weights import weights_path
+    from cfl.schema import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        weights_path("weights/vit.safetensors")
+    message = str(err.value)
+    assert f"resolved against the working directory, {tmp_path}, not against the config or sweep file" in message
+    assert "only a sweep's base: is resolved against the sweep file" in message and "does not exist" in message
+    with pytest.raises(ConfigError) as err:  # an absolute path: nothing to resolve, nothing said about it
+        weights_path(str(tmp_path / "none.safetensors"))
+    assert "working directory" not in str(err.value)
+
+
+def test_a_missing_sweep_base_names_both_places_it_was_looked_for(tmp_path, monkeypatch):
+    import pytest
+
+    from cfl.schema import ConfigError
+
+    folder = tmp_path / "sweeps"
+    folder.mkdir()
+    (folder / "s.yaml").write_text(yaml.safe_dump({"base": "base.yaml", "grid": {"seed": [0]}}))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        load_sweep(folder / "s.yaml")
+    message = str(err.value)
+    assert f"'{folder / 'base.yaml'}': a relative base: is resolved against it first" in message
+    assert f"working directory ('{tmp_path / 'base.yaml'}')" in message
+    assert "(model.weights, data_root) and out: are resolved against the working directory" in message

@@ -104,3 +104,14 @@ def test_temporaries_of_a_killed_run_are_removed(files, tmp_path, capsys):
     stale.write_bytes(b"x" * 1000)
     _, err, _ = features(cfg_of(tmp_path, files[0]), capsys)
     assert not stale.exists() and f"removed 1 temporary file(s) a killed run left in {folder}" in err
+
+
+def test_the_runs_outputs_name_the_feature_cache(files, tmp_path, capsys):
+    """The cache lies outside the run directory (under data_root): the outputs line and results.json name it."""
+    from cfl.single_run import execute
+
+    results = execute(cfg_of(tmp_path, files[0]), tmp_path / "run")
+    path = Path(results["backbone"]["features"]["cache"])
+    assert path.is_file() and path.parent == tmp_path / "data" / "cache" / "features"
+    out = capsys.readouterr().out
+    assert f"outputs: {tmp_path / 'run'}/ (" in out and f"; feature cache: {path}" in out, out

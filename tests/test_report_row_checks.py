@@ -38,11 +38,23 @@ def test_a_mark_on_two_seeds_is_warned_about(tmp_path, capsys):
     assert "cfl: warning: † on ewc ACC (%) rests on 2 seeds" in err and "1 degree(s) of freedom" in err, err
 
 
+def test_a_mark_on_two_seeds_is_footnoted_in_the_table_itself(tmp_path):
+    """The warning on stderr does not travel with a table pasted into a document: its note says it too."""
+    for name, accs in (("fedavg", [70.0, 72.0]), ("ewc", [71.0, 73.0001])):
+        for seed, acc in enumerate(accs):
+            write_results(tmp_path / f"{name}-{seed}", seed, acc, 1.0, method=name,
+                          config={"method": {"name": name}})
+    table = report([tmp_path], options=TableOptions(columns=("method", "acc")))
+    note = [line for line in table.splitlines() if line.startswith("† differs")]
+    assert len(note) == 1 and "a mark on 2 seeds rests on a test of 1 degree(s) of freedom" in note[0], table
+
+
 def test_a_mark_on_four_seeds_is_not_warned_about(tmp_path, capsys):
     from tests.test_report_paper import four_seeds
 
     four_seeds(tmp_path)
-    assert "†" in report([tmp_path], options=TableOptions(columns=("method", "acc")))
+    table = report([tmp_path], options=TableOptions(columns=("method", "acc")))
+    assert "†" in table and "degree(s) of freedom" not in table
     assert "degree(s) of freedom" not in capsys.readouterr().err
 
 

@@ -17,6 +17,7 @@ from cfl.cli import main
 from cfl.engine.runner import Runner
 from cfl.methods import METHODS
 from cfl.methods.base import Method
+from tests.helpers import metrics_values
 
 # the FOT MLP (dropout 0.2/0.5/0.5) on digits: resuming must restore torch's generator too
 TINY = {"stream": {"name": "split-digits", "num_tasks": 2}, "model": {"name": "mlp"}, "num_clients": 4,
@@ -65,14 +66,14 @@ def slow_registered():
 def outputs(run_dir: Path) -> tuple:
     results = json.loads((run_dir / "results.json").read_text())
     params = torch.load(run_dir / "checkpoint.pt", weights_only=True)["params"]
-    return results["acc_matrix"], (run_dir / "metrics.jsonl").read_text(), params
+    return results["acc_matrix"], metrics_values(run_dir / "metrics.jsonl"), params
 
 
 def assert_same_outputs(run_dir: Path, reference: Path) -> None:
     matrix, metrics, params = outputs(run_dir)
     ref_matrix, ref_metrics, ref_params = outputs(reference)
     assert matrix == ref_matrix  # floats compared exactly
-    assert metrics == ref_metrics  # every evaluation once, in order, identical
+    assert metrics == ref_metrics  # every line once, in order, identical but for its timings
     assert all(torch.equal(params[k], ref_params[k]) for k in ref_params)
 
 
@@ -222,4 +223,23 @@ def test_a_resumed_run_says_it_resumed_and_from_which_round(setup, monkeypatch, 
     assert main(["run", "--resume", str(out)]) == 0
     err = capsys.readouterr().err
     assert f"cfl: resumed {out} from its checkpoint after global round 2 (" in err, err
+    assert_same_outputs(out, setup / "reference")
+
+
+@pytest.mark.usefixtures("slow_registered")
+def test_results_json_names_the_round_of_each_resume_and_none_for_a_run_never_stopped(setup, monkeypatch):
+    """``resumed_after_rounds``: the checkpoints' global rounds, kept through a second stop; the run's history, not
+    its results (benchmarks/bit_for_bit.py drops it), so the twice-resumed run still equals the reference."""
+    out = setup / "resumed-twice"
+    stop_with(monkeypatch, signal.SIGINT, 2)
+    assert main(["run", str(setup / "tiny.yaml"), "--out", str(out), "--quiet"]) == 130
+    monkeypatch.undo()
+    stop_with(monkeypatch, signal.SIGINT, 4)
+    assert main(["run", "--resume", str(out), "--quiet"]) == 130
+    monkeypatch.undo()
+    assert main(["run", "--resume", str(out), "--quiet"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["resumed_after_rounds"] == [2, 4]
+    # the bf16 reference: never resumed ("reference" is, by the test of a finished run's resume)
+    assert json.loads((setup / "reference-bf16" / "results.json").read_text())["resumed_after_rounds"] == []
     assert_same_outputs(out, setup / "reference")

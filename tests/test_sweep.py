@@ -7,6 +7,7 @@ import yaml
 
 from cfl.schema import ConfigError
 from cfl.sweep import is_complete, load_sweep, load_sweeps, run_local, run_parallel
+from tests.helpers import metrics_values
 
 BASE = {"stream": {"name": "split-digits", "num_tasks": 2}, "num_clients": 4, "clients_per_round": 2,
         "rounds_per_task": 1, "batch_size": 32, "wandb": {"mode": "disabled"}}
@@ -167,7 +168,7 @@ def test_an_interrupted_sweep_resumes_the_cut_off_run_and_skips_finished_ones(tm
     assert "seed=0: already complete, skipped" in out and "seed=1: resuming from its checkpoint.pt" in out
     assert trained == [(1, 4)]
     for name in ("seed=0", "seed=1"):
-        metrics = [(d / name / "metrics.jsonl").read_text() for d in (tmp_path / "runs", tmp_path / "reference")]
+        metrics = [metrics_values(d / name / "metrics.jsonl") for d in (tmp_path / "runs", tmp_path / "reference")]
         assert metrics[0] == metrics[1]
         matrices = [json.loads((d / name / "results.json").read_text())["acc_matrix"]
                     for d in (tmp_path / "runs", tmp_path / "reference")]

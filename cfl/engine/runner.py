@@ -380,6 +380,7 @@ class Runner:
         for task, rnd in plan.last_left().items():
             leaving_at.setdefault(rnd, []).append(task)
         while prog.global_round < plan.rounds:
+            round_started = time.perf_counter()
             rnd = prog.global_round
             task = self.schedule.newest_task(rnd)
             record = self.run_round(task, prog.round_in_task if sync else rnd)
@@ -401,6 +402,10 @@ class Runner:
                 record["mean_acc"] = evaluation["mean_acc"]
                 run.emit("evaluation", evaluation)
             prog.wall_seconds = time.perf_counter() - started
+            # timings (metrics.jsonl only; never in results or checkpoints): the round with the evaluation made in
+            # it before its line, and the run's wall time so far (a resumed run's earlier part included)
+            record["seconds"] = time.perf_counter() - round_started
+            record["wall_seconds"] = prog.wall_seconds
             run.emit("round_end", record)
             if told_first:
                 evaluation = evaluate(run, rnd, switched, final=True)

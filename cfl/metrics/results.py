@@ -94,6 +94,7 @@ def build_results(run: RunSnapshot, wall_seconds: float) -> dict[str, Any]:
         "acc_init": prog.acc_init or None,
         "acc_before_task": before if prog.acc_before_task else None,
         "rounds": prog.global_round,
+        "resumed_after_rounds": list(prog.resumed_after_rounds),  # the run's history, not its results
         "wall_seconds": wall_seconds,
         "train_seconds": prog.train_seconds,
         "task_end_seconds": prog.task_end_seconds,

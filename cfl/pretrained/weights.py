@@ -65,8 +65,12 @@ def weights_path(weights: str) -> Path:
                               f"file, or give the file's own path") from None
     if not path.is_file():
         state = "does not exist" if not path.exists() else "is not a regular file"
-        raise ConfigError(f"'model.weights': the file '{path}' {state}; give a .safetensors, .pth or .npz file of "
-                          f"the backbone's weights (docs/pretrained.md says how to get one), or 'random'")
+        where = "" if path.is_absolute() else (
+            f" (a relative model.weights is resolved against the working directory, {Path.cwd()}, not against the "
+            "config or sweep file: only a sweep's base: is resolved against the sweep file; run from the folder "
+            "the path assumes, or give an absolute path)")
+        raise ConfigError(f"'model.weights': the file '{path}' {state}{where}; give a .safetensors, .pth or .npz "
+                          f"file of the backbone's weights (docs/pretrained.md says how to get one), or 'random'")
     if path.suffix not in SUFFIXES:
         raise ConfigError(f"'model.weights': '{path}' has the suffix '{path.suffix}'; cfl reads "
                           f"{', '.join(SUFFIXES)}")

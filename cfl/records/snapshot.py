@@ -49,6 +49,8 @@ class Progress:
     train_seconds: float = 0.0
     task_end_seconds: float = 0.0
     wall_seconds: float = 0.0
+    # the global round of the checkpoint each resume of the run started from, in order ([]: never resumed)
+    resumed_after_rounds: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

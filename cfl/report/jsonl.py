@@ -4,8 +4,13 @@ Each line has a ``kind``: ``"round"`` (``task``, ``round``, ``clients``, ``train
 client's mean over its steps of the step's cross-entropy, averaged over the kept clients; no penalty or extra
 loss, in every engine path: docs/concepts.md), this round's
 ``round_upload_bytes`` / ``round_download_bytes`` and the running ``upload_bytes`` / ``download_bytes``, as
-W&B receives them) or ``"evaluation"`` (``acc`` per seen task, ``mean_acc``, ``final``). An evaluation
-made in a round comes just before that round's line.
+W&B receives them, and two timings: ``seconds``, the round's wall time (its training, aggregation and an
+evaluation made in it), and ``wall_seconds``, the run's wall time at the line, the part before a resume
+included) or ``"evaluation"`` (``acc`` per seen task, ``mean_acc``, ``final``). An evaluation made in a round
+comes just before that round's line.
+
+The timings (:data:`TIMING_KEYS`) measure the machine, not the run: a resumed run's lines equal an uninterrupted
+run's in every other value (:func:`without_timing`), as ``benchmarks/bit_for_bit.py`` compares results.
 """
 
 from __future__ import annotations
@@ -19,6 +24,13 @@ from typing import Any
 from cfl.report.files import json_line
 
 ROUND, EVALUATION = "round", "evaluation"
+#: the keys of a line that measure the machine (a round's seconds, the run's wall seconds), not the run
+TIMING_KEYS = ("seconds", "wall_seconds")
+
+
+def without_timing(obj: dict[str, Any]) -> dict[str, Any]:
+    """A line's object less its :data:`TIMING_KEYS`: what two runs of one config must agree on."""
+    return {k: v for k, v in obj.items() if k not in TIMING_KEYS}
 
 
 def line_kind(obj: dict[str, Any]) -> str:

@@ -81,7 +81,7 @@ def note_tex(sig: Significance | None) -> list[str]:
         return []
     return [rf"\par\smallskip{{\footnotesize {DAGGER_TEX} differs from the {latex_escape(sig.reference)} row "
             rf"of its stream and partition at $p < {ALPHA:g}$: two-sided {latex_escape(TESTS[sig.test])}, "
-            r"paired by seed.\par}"]
+            rf"paired by seed{latex_escape(sig.few_pairs_note())}.\par}}"]
 
 
 def rows_layout(cols: list[Column], groups: list[Group], sig: Significance | None) -> list[str]:

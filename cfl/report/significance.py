@@ -96,7 +96,16 @@ class Significance:
 
     def note(self) -> str:
         return (f"{DAGGER} differs from the {self.reference} row of its stream and partition at p < {ALPHA:g}: "
-                f"two-sided {TESTS[self.test]}, paired by seed")
+                f"two-sided {TESTS[self.test]}, paired by seed{self.few_pairs_note()}")
+
+    def few_pairs_note(self) -> str:
+        """What the table's note adds when a mark rests on fewer than :data:`FEW_PAIRS` seed pairs (the warning
+        on stderr names each; the note travels with a table pasted elsewhere), else ""."""
+        few = sorted({p.n for p in self.results.values() if p.marked and p.n < FEW_PAIRS})
+        if not few:
+            return ""
+        return (f"; a mark on {' or '.join(map(str, few))} seeds rests on a test of {few[0] - 1} degree(s) of "
+                "freedom, which a near-constant difference passes whatever its size: weak evidence, add seeds")
 
 
 def reference_rows(groups: list[Group], reference: str | None) -> dict[tuple[str, str], int]:
