@@ -78,7 +78,7 @@ class Plugins:
         method = self.methods[i]
         if len(states) > 1 and stacks_client_states(method):
             with guarded(method, "client_end"):
-                check_client_states(states, method.ragged)
+                check_client_states(states, method.batching.ragged)
         return states
 
 

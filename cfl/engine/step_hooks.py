@@ -126,8 +126,8 @@ class StepStage:
         for i in self.carrying:
             method = self.methods[i]
             with guarded(method, "carry_start"):
-                check_carries([s[i] for s in starts], method.ragged)
-            out[i] = stack_states([s[i] for s in starts], method.ragged)
+                check_carries([s[i] for s in starts], method.batching.ragged)
+            out[i] = stack_states([s[i] for s in starts], method.batching.ragged)
         return out
 
     def draw(self, states: list[State], generator: torch.Generator, like: torch.Tensor,
