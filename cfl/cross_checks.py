@@ -33,41 +33,41 @@ def stream_entry(name: str) -> Any:
 
 
 def resolve_model(stream_name: str, model_name: str, method_name: str = "") -> str:
-    """``auto`` -> the first of the method's own models (``Method.models``) where it has some, else the stream's
-    reference model; any other name is returned unchanged."""
+    """``auto`` -> the first of the method's own models (``Method.requires.models``) where it has some, else the
+    stream's reference model; any other name is returned unchanged."""
     if model_name != "auto":
         return model_name
     from cfl.methods import METHODS
 
     cls = METHODS[method_name] if method_name in METHODS else None
-    own = cls.models if cls is not None else ()
+    own = cls.requires.models if cls is not None else ()
     if own:
         return own[0]
-    return (cls.running_stats_model if cls is not None else "") or stream_entry(stream_name).default_model
+    return (cls.requires.running_stats_model if cls is not None else "") or stream_entry(stream_name).default_model
 
 
 def model_family_error(model_name: str, method_names: list[str]) -> str | None:
     """Why ``model_name`` cannot be trained by the run's methods (None if it can): a method with models of its own
-    (``Method.models``) trains only those, and those are trained by it alone; a method that reads BatchNorm running
-    statistics (``Method.running_stats_model``) needs a model that keeps them."""
+    (``Method.requires.models``) trains only those, and those are trained by it alone; a method that reads BatchNorm
+    running statistics (``Method.requires.running_stats_model``) needs a model that keeps them."""
     from cfl.methods import METHODS
     from cfl.models import ModelShape
     from cfl.pretrained.backbones import BACKBONES, is_backbone
 
     for name in method_names:
-        needed = METHODS[name].running_stats_model
+        needed = METHODS[name].requires.running_stats_model
         if needed and not _keeps_running_stats(model_name, ModelShape(RUNNING_STATS_PROBE_INPUT, 2, 1, False)):
             return (f"method {name} matches its synthetic images to the model's BatchNorm running statistics; model "
                     f"{model_name} keeps none: set model.name: {needed} (or auto)")
-        if METHODS[name].backbone_only and not is_backbone(model_name):
+        if METHODS[name].requires.backbone_only and not is_backbone(model_name):
             return (f"method {name} runs on a frozen pretrained backbone; the run's model is "
                     f"{model_name}: set model.name to a pretrained backbone ({', '.join(BACKBONES)}) and "
                     f"model.weights (docs/pretrained.md)")
-        own = METHODS[name].models
+        own = METHODS[name].requires.models
         if own and model_name not in own:
             return (f"method {name} trains its own networks only ({', '.join(own)}); the run's model is {model_name}: "
                     f"set model.name: {own[0]} (or auto)")
-    owners = [name for name, cls in METHODS.items() if model_name in cls.models]
+    owners = [name for name, cls in METHODS.items() if model_name in cls.requires.models]
     if owners and owners[0] not in method_names:
         return (f"model {model_name} is method {owners[0]}'s own network: another method would average all of its "
                 f"per-client parts; set method.name: {owners[0]}, or another model")
@@ -154,11 +154,11 @@ def _keeps_running_stats(model_name: str, shape: Any) -> bool:
 
 
 def check_methods(cfg: Any, specs: list[dict[str, Any]]) -> None:
-    """Each method's scenarios (``Method.scenarios``; ``auto``: the stream's default) and own constraints against
-    the rest of the config (``Method.check``)."""
+    """Each method's scenarios (``Method.requires.scenarios``; ``auto``: the stream's default) and own constraints
+    against the rest of the config (``Method.check``)."""
     from cfl.data.streams import STREAMS
     from cfl.methods import METHODS
-    from cfl.methods.declaration_checks import refuse_scenario
+    from cfl.methods.declarations import refuse_scenario
 
     scenario = cfg.stream.scenario
     if scenario == "auto" and cfg.stream.name in STREAMS:

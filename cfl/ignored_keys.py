@@ -9,7 +9,7 @@ local``, ``client_block`` with ``client_execution: sequential``, ``momentum`` wi
 default (as every resolved ``config.yaml`` holds it) such a key is accepted; set to another value it is refused
 (exit 2), naming the key, the component that ignores it and the fix, just as an unknown method parameter is.
 What a partitioner or aggregator reads is the keys its function names as parameters; what a method makes
-unread, its ``Method.unread_keys``. ``wandb.*`` under ``wandb.mode: disabled`` is exempt: that one switch turns
+unread, its ``Method.requires.unread_keys``. ``wandb.*`` under ``wandb.mode: disabled`` is exempt: that one switch turns
 W&B off and on without editing the rest (docs/configuration.md).
 """
 
@@ -105,10 +105,11 @@ def _check_methods(cfg: Any, specs: list[dict[str, Any]]) -> None:
     from cfl.methods import METHODS
 
     for i, spec in enumerate(specs):
-        for key, why in METHODS[spec["name"]].unread_keys.items():
+        for key, why in METHODS[spec["name"]].requires.unread_keys.items():
             if key not in (f.name for f in dataclasses.fields(cfg)):
-                raise ConfigError(f"method '{spec['name']}' declares unread_keys '{key}', which is not a top-level "
-                                  "config key (cfl config-reference lists them); fix the method's unread_keys")
+                raise ConfigError(f"method '{spec['name']}' declares requires.unread_keys '{key}', which is not a "
+                                  "top-level config key (cfl config-reference lists them); fix the method's "
+                                  "requires.unread_keys")
             if _changed(cfg, key):
                 chooser = "method.name" if i == 0 else f"plugins[{i - 1}].name"
                 raise IgnoredKey(key, getattr(cfg, key), chooser, spec["name"], why, f"remove {key}")

@@ -405,9 +405,10 @@ def check_schedule_keys(cfg: Any) -> None:
 
 
 def check_methods_schedule(name: str, methods: list[Any]) -> None:
-    """Refuse a method that declares the schedules it runs under (``Method.schedules``) and not ``name``."""
+    """Refuse a method that declares the schedules it runs under (``Method.requires.schedules``) and not ``name``."""
     for cls in methods:
-        if cls.schedules and name not in cls.schedules:
-            why = f": {cls.schedules_why}" if cls.schedules_why else ""
-            raise ConfigError(f"method {cls.name} runs under schedule {' or '.join(cls.schedules)} only{why}; the "
-                              f"run's schedule is {name}: set schedule.name: {cls.schedules[0]}")
+        req = cls.requires
+        if req.schedules and name not in req.schedules:
+            why = f": {req.schedules_why}" if req.schedules_why else ""
+            raise ConfigError(f"method {cls.name} runs under schedule {' or '.join(req.schedules)} only{why}; the "
+                              f"run's schedule is {name}: set schedule.name: {req.schedules[0]}")

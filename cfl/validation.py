@@ -176,7 +176,7 @@ def _validate_names(cfg: Config) -> Config:
     check_model_family(cfg)
     check_model_fits(cfg)
     check_model_buffers(cfg)
-    trains = {s["name"]: METHODS[s["name"]].model_train for s in [method, *plugins] if s["name"] in METHODS}
+    trains = {s["name"]: METHODS[s["name"]].requires.model_train for s in [method, *plugins] if s["name"] in METHODS}
     check_backbone_changes(cfg, [METHODS[s["name"]] for s in [method, *plugins] if s["name"] in METHODS])
     check_backbone(cfg, trains)  # a weights file checked and loaded (model.weights), before any data
     return cfg

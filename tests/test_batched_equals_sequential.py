@@ -30,7 +30,7 @@ from cfl.engine.path import choose_path
 from cfl.engine.runner import Runner
 from cfl.engine.stacking import couples_samples
 from cfl.methods import METHODS
-from cfl.methods.base import PER_CLIENT_HOOKS, Method, Quadratic, RunInfo, Samples
+from cfl.methods.base import PER_CLIENT_HOOKS, Method, Quadratic, RunInfo, Samples, Sends
 from cfl.methods.fedavg import FedAvg
 from cfl.models import MODELS, ModelShape, build_model
 from cfl.models.buffers import running_stats
@@ -433,7 +433,7 @@ TASK_END_HOOKS = ("before_task_end",)
 VARIANTS["local_steps_per_epoch"] = (
     lambda _self, _num_samples, _server: 1,
     {"local_steps_per_epoch": lambda _self, _num_samples, server: 1 if float(server["scale"]) < 0.7 else 2,
-     "broadcast": {"round": ("scale",)}},
+     "sends": Sends(broadcast={"round": ("scale",)})},
 )
 
 
@@ -459,12 +459,12 @@ def _drawn_with_server(self, _state, generator, server):
 ARGUMENT_VARIANTS = {
     "extra_loss(samples)": (
         {"step_samples": VARIANTS["step_samples"][0]["step_samples"], "extra_loss": _synthetic_loss},
-        {"broadcast": {"task_start": ("scale",)}, "step_samples": VARIANTS["step_samples"][1]["step_samples"],
-         "extra_loss": _synthetic_loss},
+        {"sends": Sends(broadcast={"task_start": ("scale",)}),
+         "step_samples": VARIANTS["step_samples"][1]["step_samples"], "extra_loss": _synthetic_loss},
     ),
     "step_samples(server)": (
         {"step_samples": _drawn_with_server, "extra_loss": _synthetic_loss},
-        {"broadcast": {"task_start": ("scale",)}, "step_samples": _drawn_with_server,
+        {"sends": Sends(broadcast={"task_start": ("scale",)}), "step_samples": _drawn_with_server,
          "step_gradient": _nudged_by("samples")},
     ),
 }

@@ -10,7 +10,7 @@ from cfl.engine import runner as runner_module
 from cfl.engine.runner import Runner
 from cfl.engine.task_end import end_tasks
 from cfl.methods import METHODS
-from cfl.methods.base import Method
+from cfl.methods.base import Method, Sends
 from cfl.metrics.results import method_stats
 from cfl.validation import from_dict
 from tests.conftest import make_stream
@@ -20,8 +20,7 @@ class Teacher(Method):
     """Keeps the task's final model and classes; task-end participants read ``mark`` from the broadcast."""
 
     name = "teacher-probe"
-    broadcast = {"task_end": ("mark",)}
-    client_events = ("task_end",)
+    sends = Sends(broadcast={"task_end": ("mark",)}, client_events=("task_end",))
 
     def __init__(self, hparams, run_info) -> None:
         super().__init__(hparams, run_info)

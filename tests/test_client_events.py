@@ -1,11 +1,11 @@
-"""``Method.client_events``: the engine calls ``client_end`` for the declared events only."""
+"""``Method.sends.client_events``: the engine calls ``client_end`` for the declared events only."""
 
 from __future__ import annotations
 
 import pytest
 
 from cfl.engine.runner import Runner
-from cfl.methods.base import Method
+from cfl.methods.base import Method, Sends
 from cfl.validation import from_dict
 from tests.conftest import METHOD_CONFIGS, method_spec, stream_for
 from tests.test_comm_lines import CLIENT_END_METHODS
@@ -26,11 +26,12 @@ def test_client_end_runs_for_the_declared_events_only(method):
 
     m.client_end = recording
     runner.run()
-    assert set(seen) == set(m.client_events)  # every declared event is reached in 2 tasks x 2 rounds
-    rounds = 2 * 2 * 2 if "round" in m.client_events else 0  # 2 tasks x 2 rounds x 2 kept clients
+    assert set(seen) == set(m.sends.client_events)  # every declared event is reached in 2 tasks x 2 rounds
+    rounds = 2 * 2 * 2 if "round" in m.sends.client_events else 0  # 2 tasks x 2 rounds x 2 kept clients
     assert seen.count("round") == rounds
 
 
 def test_an_unknown_client_event_is_refused_when_the_class_is_defined():
-    with pytest.raises(TypeError, match=r"client_events lists \['epoch'\]; the events are \['round', 'task_end'\]"):
-        type("Bad", (Method,), {"name": "bad", "client_events": ("round", "epoch")})
+    with pytest.raises(TypeError, match=r"client_events names the event\(s\) \['epoch'\]; they are "
+                                        r"\['round', 'task_end'\]"):
+        type("Bad", (Method,), {"name": "bad", "sends": Sends(client_events=("round", "epoch"))})

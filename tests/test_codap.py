@@ -65,10 +65,10 @@ def test_components_without_codap_and_codap_without_components_are_refused():
         return SimpleNamespace(model=SimpleNamespace(train=train), method={"name": method}, plugins=[])
 
     with pytest.raises(ConfigError, match="components trains CODA-P.s prompt components; use method codap"):
-        check_method_train(cfg("components", "fedavg"), {n: METHODS[n].model_train for n in ("fedavg",)})
+        check_method_train(cfg("components", "fedavg"), {n: METHODS[n].requires.model_train for n in ("fedavg",)})
     with pytest.raises(ConfigError, match="method codap needs model.train: components"):
-        check_method_train(cfg("prompts", "codap"), {n: METHODS[n].model_train for n in ("codap",)})
-    check_method_train(cfg("components", "codap"), {n: METHODS[n].model_train for n in ("codap",)})
+        check_method_train(cfg("prompts", "codap"), {n: METHODS[n].requires.model_train for n in ("codap",)})
+    check_method_train(cfg("components", "codap"), {n: METHODS[n].requires.model_train for n in ("codap",)})
 
 
 def test_the_penalty_counts_the_prompt_components_with_keys_and_attention():

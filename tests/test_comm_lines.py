@@ -25,11 +25,12 @@ def test_task_end_model_downloads_are_a_line_of_their_own(method):
     runner, results = _run(method)
     m = runner.methods[0]
     if not takes_part_at_task_end(m):  # FedCurv: client_end at rounds only, no task-end line
-        assert "task_end" not in m.client_events
+        assert "task_end" not in m.sends.client_events
         assert "task_end_model_download_bytes" not in results["method_stats"][method]
         return
     participants = 5 if m.task_end_clients is None else m.task_end_clients
-    expected = 2 * participants * runner.model_bytes if m.downloads_model_at_task_end else 0  # 2 task ends of 3 tasks
+    # 2 task ends of 3 tasks
+    expected = 2 * participants * runner.model_bytes if m.sends.downloads_model_at_task_end else 0
     line = results["method_stats"][method]["task_end_model_download_bytes"]
     assert line == expected
     rounds = 3 * 3 * runner.model_bytes  # 3 rounds, 3 clients, nothing else broadcast before the task ends

@@ -12,7 +12,7 @@ from torch.func import functional_call
 from cfl.engine import checkpoint
 from cfl.engine.runner import Runner
 from cfl.methods import METHODS
-from cfl.methods.base import Method, Samples
+from cfl.methods.base import Method, Samples, Sends
 from cfl.validation import from_dict
 from tests.conftest import make_stream
 
@@ -21,7 +21,7 @@ class DataFree(Method):
     """A toy TARGET: a pool of random inputs pushed along the teacher's first layer, KD toward its logits."""
 
     name = "data-free-toy"
-    broadcast = {"task_start": ("pool", "targets")}
+    sends = Sends(broadcast={"task_start": ("pool", "targets")})
 
     def before_task_end(self, model, classes, server, task):
         with torch.no_grad():

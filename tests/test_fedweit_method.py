@@ -116,7 +116,7 @@ def test_refusals():
         FedWeIT.check(FedWeITHyperparams(), SimpleNamespace(weight_decay=0.1, stream=SimpleNamespace(scenario="task")))
     info = RunInfo(num_tasks=2, scenario="task", num_clients=3, clients_per_round=2, seed=0,
                    model=MLP(4, [3], 2, 2, True))
-    with pytest.raises(ConfigError, match="task-incremental"):  # Method.scenarios, when the method is built
+    with pytest.raises(ConfigError, match="task-incremental"):  # Method.requires.scenarios, when the method is built
         FedWeIT(FedWeITHyperparams(), replace(info, scenario="class"))
     with pytest.raises(ConfigError, match="FedWeIT's networks"):
         FedWeIT(FedWeITHyperparams(), info)

@@ -116,7 +116,7 @@ def test_a_task_end_records_the_old_models_classes():
     method.before_task_end(model, torch.tensor([0, 1, 2]), server, 1)
     method.server_end("task_end", {}, server, 1)
     assert server["old_classes"].tolist() == [True, True, True, False] and "old_model" in server
-    assert "old_classes" in method.broadcast["round"]
+    assert "old_classes" in method.sends.broadcast["round"]
 
 
 def test_the_memory_over_two_tasks():

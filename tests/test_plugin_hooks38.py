@@ -12,7 +12,7 @@ from cfl.engine.stacking import pad_samples
 from cfl.engine.state_stores import sizing_of
 from cfl.methods import METHODS
 from cfl.ops.counter_random import StepRandom
-from cfl.plugin import Linear, Method, Quadratic, Samples, register
+from cfl.plugin import Linear, Method, Quadratic, Samples, Sends, register
 from cfl.validation import from_dict
 from tests.conftest import make_stream
 
@@ -63,7 +63,7 @@ class Recorder(Method):
     """Records what the new hooks and arguments hand it, in its states."""
 
     name = "recorder38"
-    client_events = ("round",)
+    sends = Sends(client_events=("round",))
 
     def server_start(self, server, global_params):
         server["started"] = torch.ones(())
@@ -100,7 +100,7 @@ class CarryReader(Method):
     """step_samples sees the carry of the step (a counter the carry_step raises) and hands an extra through."""
 
     name = "carry-reader38"
-    client_events = ()
+    sends = Sends(client_events=())
 
     def carry_start(self, global_params, state):
         return {"n": torch.zeros(())}

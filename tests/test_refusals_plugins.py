@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cfl.methods.old_interface import OLD_DECLARATIONS
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {"stream": {"name": "split-digits", "num_tasks": 2}, "num_clients": 4, "clients_per_round": 2,
         "rounds_per_task": 2, "batch_size": 32, "threads": 1, "wandb": {"mode": "disabled"}}
 HEAD = ("import sys\nimport torch\nfrom cfl.methods import register\n"
-        "from cfl.methods.base import Method, Quadratic, Samples\n")
+        "from cfl.methods.base import Method, Quadratic, Samples, Sends\n")
 
 
 def method(name: str, body: str, cls: str = "Bad") -> str:
@@ -22,14 +24,20 @@ def method(name: str, body: str, cls: str = "Bad") -> str:
     return f"{HEAD}\n@register\nclass {cls}(Method):\n    name = {name!r}\n{body}"
 
 
-TASK_END_MARK = ("    client_events = ('task_end',)\n"
+#: a value of each old declaration (cfl/methods/old_interface.py), as a plugin of the old interface wrote it
+OLD_VALUES = {"broadcast": {"round": ("c",)}, "ragged": {"bases": 1}, "downloads_model_at_task_end": False,
+              "client_events": ("task_end",), "sequential_reason": "scipy", "unread_keys": {"server_lr": "own"},
+              "models": ("mlp",), "running_stats_model": "resnet18-reduced-running-bn", "backbone_only": True,
+              "model_train": "head", "scenarios": ("class",), "scenarios_why": "one head",
+              "schedules": ("synchronous",), "schedules_why": "one task", "server_task_end": "last_holder"}
+TASK_END_MARK = ("    sends = Sends(client_events=('task_end',))\n"
                  "    def client_end(self, event, model, params, data, state, server, generator):\n"
                  "        state['seen'] = torch.ones(1)\n")
 PLUGINS = {
     "raises": "x = 1\nraise RuntimeError('boom at import')\n",
     "imports": "import cfl_no_such_module_xyz\n",
     "exits": "import sys\nsys.exit(0)\n",
-    "events": method("ev", "    client_events = ('rounds',)\n"),
+    "events": method("ev", "    sends = Sends(client_events=('rounds',))\n"),
     "dotdot": method("../evil", ""),
     "slash": method("x/y", ""),
     "escaped": method("x/../../../escaped", ""),
@@ -47,7 +55,7 @@ PLUGINS = {
                               "        if 'seen' in state and state['seen'].sum().item() > 0:\n"
                               "            return x.new_zeros(x.shape[0])\n"
                               "        return x.new_zeros(x.shape[0])\n"),
-    "late_client_end": method("lc", "    client_events = ('task_end',)\n"
+    "late_client_end": method("lc", "    sends = Sends(client_events=('task_end',))\n"
                                     "    def client_end(self, event, model, params, data, state, server, generator):\n"
                                     "        raise KeyError('fisher')\n"),
     # issue 28 item 6: a taken name, by another definition (the same definition registered again replaces)
@@ -77,7 +85,9 @@ PLUGINS = {
                                "            return None\n"
                                "        return None\n"),
     # issue 31: the task-end server hook, the task_start broadcast, synthetic samples reaching extra_loss
-    "broadcast_event": method("be", "    broadcast = {'task_begin': ('pool',)}\n"),
+    "broadcast_event": method("be", "    sends = Sends(broadcast={'task_begin': ('pool',)})\n"),
+    # issue 45 item 5: the declarations of the interface before Requires, Sends and Batching
+    "old_declarations": method("od", "".join(f"    {name} = {value!r}\n" for name, value in OLD_VALUES.items())),
     "samples_shape": method("sx", "    def step_samples(self, state, generator, server):\n"
                                   "        n = torch.zeros(2).long()\n"
                                   "        return Samples(torch.zeros(2, 5), n, n)\n"),
@@ -88,7 +98,7 @@ PLUGINS = {
                                        "        return samples.x.flatten(1).sum(1)\n"),
     "task_end_returns": method("tr", "    def before_task_end(self, model, classes, server, task):\n"
                                      "        return {'pool': torch.zeros(1)}\n"),
-    "task_start_changed": method("tc", "    broadcast = {'task_start': ('pool',)}\n"
+    "task_start_changed": method("tc", "    sends = Sends(broadcast={'task_start': ('pool',)})\n"
                                        "    def server_end(self, event, uploads, server, task):\n"
                                        "        server['pool'] = torch.ones(1)  # a new tensor each round\n"),
     # issue 37 items 4-8: failures that escaped as tracebacks or went unnoticed
@@ -96,7 +106,7 @@ PLUGINS = {
                                   "    def carry_start(self, global_params, state):\n"
                                   "        Bad.calls += 1  # module-level state: each client gets another size\n"
                                   "        return {'path': torch.zeros(Bad.calls)}\n"),
-    "carry_grows": method("cg", "    client_events = ('round',)\n"
+    "carry_grows": method("cg", "    sends = Sends(client_events=('round',))\n"
                                 "    def carry_start(self, global_params, state):\n"
                                 "        n = state['path'].shape[0] + 1 if 'path' in state else 1\n"
                                 "        return {'path': torch.zeros(n)}\n"
@@ -104,7 +114,7 @@ PLUGINS = {
                                 "        return {'path': step.carry['path'] + 1}\n"
                                 "    def client_end(self, event, model, params, data, state, server, generator):\n"
                                 "        return None\n"),
-    "state_sizes": method("ssz", "    client_events = ('task_end',)\n"
+    "state_sizes": method("ssz", "    sends = Sends(client_events=('task_end',))\n"
                                  "    calls = 0\n"
                                  "    def client_end(self, event, model, params, data, state, server, generator):\n"
                                  "        Bad.calls += 1  # each client keeps another size\n"
@@ -161,7 +171,7 @@ CASES = [
     ("ImportError in a plugin", ["run", "{cfg}", "--plugin", "{tmp}/imports.py"], 2,
      ["imports.py", "ModuleNotFoundError: No module named 'cfl_no_such_module_xyz'", "install the missing module"]),
     ("unknown client_events entry", ["list", "--plugin", "{tmp}/events.py"], 2,
-     ["events.py", "client_events lists ['rounds']", "the events are ['round', 'task_end']"]),
+     ["events.py", "client_events names the event(s) ['rounds']", "they are ['round', 'task_end']"]),
     ("sys.exit(0) in a plugin file", ["run", "{cfg}", "--plugin", "{tmp}/exits.py"], 2,
      ["exits.py", "at line 2", "sys.exit(0)"]),
     ("sys.exit(0) in a stream.benchmark callable",
@@ -242,7 +252,11 @@ CASES = [
     # issue 31: the task-end server hook, the task_start broadcast, synthetic samples reaching extra_loss
     ("an unknown broadcast event", ["list", "--plugin", "{tmp}/broadcast_event.py"], 2,
      ["broadcast_event.py", "broadcast names the event(s) ['task_begin']",
-      "the events are ['round', 'task_start', 'task_end']"]),
+      "they are ['round', 'task_start', 'task_end']"]),
+    ("old declarations, each named with what replaces it", ["run", "{cfg}", "--plugin", "{tmp}/old_declarations.py",
+                                                            "--set", "method.name=od", "--out", "{tmp}/od"], 2,
+     ["old_declarations.py", "uses the old declaration interface", 'docs/plugins.md, "Declarations"',
+      *(f"{old} -> {new}" for old, new in OLD_DECLARATIONS.items())]),
     ("step_samples(server): x of the wrong shape", ["run", "{cfg}", "--plugin", "{tmp}/samples_shape.py", "--set",
                                                     "method.name=sx", "--out", "{tmp}/sx"], 2,
      ["method 'sx'", "hook step_samples", "x must be of shape (n, 1, 8, 8)", "shape (2, 5)"]),
@@ -257,15 +271,16 @@ CASES = [
     ("carry_start: sizes differing between clients", ["run", "{cfg}", "--plugin", "{tmp}/carry_counter.py", "--set",
                                                       "method.name=cc", "--out", "{tmp}/cc"], 2,
      ["method 'cc'", "hook carry_start", "the same keys and shapes for every client",
-      "'path' has shape (2,) for one client and (3,) for another", "declare `ragged = {{'path': 0}}`"]),
+      "'path' has shape (2,) for one client and (3,) for another",
+      "declare `batching = Batching(ragged={{'path': 0}})`"]),
     ("mid-run: carry_start sizes differing between clients", ["run", "{cfg}", "--plugin", "{tmp}/carry_grows.py",
                                                               "--set", "method.name=cg", "--out", "{tmp}/cg"], 3,
-     ["method 'cg'", "hook carry_start", "for one client and (2,) for another", "declare `ragged = {{'path': 0}}`",
-      "round 2 of the task", "is kept"]),
+     ["method 'cg'", "hook carry_start", "for one client and (2,) for another",
+      "declare `batching = Batching(ragged={{'path': 0}})`", "round 2 of the task", "is kept"]),
     ("mid-run: a client state whose size differs between clients, stacked for task_loss",
      ["run", "{cfg}", "--plugin", "{tmp}/state_sizes.py", "--set", "method.name=ssz", "--out", "{tmp}/ssz"], 3,
      ["method 'ssz'", "hook client_end", "tensors of the same shape under a key for every client",
-      "'mem' has shape (", "declare `ragged = {{'mem': 0}}`", "at task 1 (0-based)", "is kept"]),
+      "'mem' has shape (", "declare `batching = Batching(ragged={{'mem': 0}})`", "at task 1 (0-based)", "is kept"]),
     ("task_loss: no grad_fn", ["run", "{cfg}", "--plugin", "{tmp}/loss_no_grad.py", "--set", "method.name=ng",
                                "--out", "{tmp}/ng"], 2,
      ["method 'ng'", "hook task_loss", "got a tensor without grad_fn"]),

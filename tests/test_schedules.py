@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from cfl.engine.runner import Runner
+from cfl.methods.base import Requires
 from cfl.metrics.matrix import backward_transfer, forgetting
 from cfl.metrics.results import build_results
 from cfl.metrics.schedule import scheduled_metrics
@@ -74,8 +75,8 @@ def test_a_method_refuses_the_schedules_it_cannot_run_under():
 
     class OneTask(Method):
         name = "one-task"
-        schedules = ("synchronous",)
-        schedules_why = "it solves the head of the server's one current task"
+        requires = Requires(schedules=("synchronous",),
+                            schedules_why="it solves the head of the server's one current task")
 
     with METHODS.temporarily("one-task", OneTask), pytest.raises(
             ConfigError, match="method one-task runs under schedule synchronous only: it solves the head"):

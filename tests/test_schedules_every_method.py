@@ -27,11 +27,11 @@ def test_every_method_runs_or_refuses_each_schedule(name, schedule, tmp_path):
     try:
         cfg, stream = _config(name, SCHEDULES_RUN[schedule])
     except ConfigError as err:  # refused at validation, with the method's reason
-        assert METHODS[name].schedules and schedule not in METHODS[name].schedules
-        allowed = " or ".join(METHODS[name].schedules)
-        assert f"method {name} runs under schedule {allowed} only: {METHODS[name].schedules_why}" in str(err)
+        assert METHODS[name].requires.schedules and schedule not in METHODS[name].requires.schedules
+        allowed = " or ".join(METHODS[name].requires.schedules)
+        assert f"method {name} runs under schedule {allowed} only: {METHODS[name].requires.schedules_why}" in str(err)
         return
-    assert not METHODS[name].schedules or schedule in METHODS[name].schedules
+    assert not METHODS[name].requires.schedules or schedule in METHODS[name].requires.schedules
     whole = run_to_end(cfg, stream)
     assert whole.progress.global_round == whole.plan.rounds
     if schedule == "staggered":  # after round 2 clients 0-1 have switched, clients 2-3 not yet

@@ -5,6 +5,8 @@ a method's own task-end draw among the clients that finish the task."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -12,7 +14,7 @@ from cfl.engine import checkpoint
 from cfl.engine.runner import Runner
 from cfl.engine.schedule import sample_clients
 from cfl.methods import METHODS
-from cfl.methods.base import Method
+from cfl.methods.base import Method, Sends
 from cfl.methods.hook_guard import HookError
 from cfl.validation import from_dict
 from tests.conftest import make_stream
@@ -27,8 +29,7 @@ class Pool(Method):
     """A pool from the start, replaced when a task's last holder has left it; records what each client's hooks see."""
 
     name = "pool-staggered"
-    broadcast = {"task_start": ("pool",)}
-    client_events = ("round",)
+    sends = Sends(broadcast={"task_start": ("pool",)}, client_events=("round",))
 
     def __init__(self, hparams, run_info) -> None:
         super().__init__(hparams, run_info)
@@ -99,8 +100,7 @@ class Held(Method):
     """Uploads its client id at each client's task end; records the server's task ends."""
 
     name = "held-probe"
-    client_events = ("task_end",)
-    server_task_end = "last_holder"
+    sends = Sends(client_events=("task_end",), server_task_end="last_holder")
 
     def __init__(self, hparams, run_info) -> None:
         super().__init__(hparams, run_info)
@@ -117,7 +117,7 @@ class Held(Method):
 
 class Switch(Held):
     name = "switch-probe"
-    server_task_end = "switch"
+    sends = dataclasses.replace(Held.sends, server_task_end="switch")
 
 
 class Drawn(Held):

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from cfl.engine.shared_backbone import SharedBackbone
-from cfl.methods.base import BackboneUpdate, Method
+from cfl.methods.base import BackboneUpdate, Method, Requires
 from cfl.methods.hook_guard import BrokenRule
 from cfl.records.snapshot import Progress
 from cfl.schema import ConfigError
@@ -19,17 +19,18 @@ from cfl.schema import ConfigError
 
 class _Merger(Method):
     name = "merger"
-    schedules = ("synchronous",)
+    requires = Requires(schedules=("synchronous",))
 
     def backbone_update(self, model, global_params, server, task):  # noqa: ARG002
         return None
 
 
 def test_a_method_that_changes_the_backbone_must_declare_the_synchronous_schedule():
-    with pytest.raises(TypeError, match="declare schedules = \\('synchronous',\\)"):
+    with pytest.raises(TypeError, match="declare requires = Requires\\(schedules=\\('synchronous',\\)"):
         type("Merger", (Method,), {"backbone_update": _Merger.backbone_update})
-    declared = type("Merger", (Method,), {"backbone_update": _Merger.backbone_update, "schedules": ("synchronous",)})
-    assert declared.schedules == ("synchronous",)
+    declared = type("Merger", (Method,), {"backbone_update": _Merger.backbone_update,
+                                          "requires": Requires(schedules=("synchronous",))})
+    assert declared.requires.schedules == ("synchronous",)
 
 
 @pytest.mark.parametrize(("model", "words"), [

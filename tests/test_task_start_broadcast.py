@@ -9,7 +9,7 @@ import torch
 
 from cfl.engine.runner import Runner
 from cfl.methods import METHODS
-from cfl.methods.base import Method
+from cfl.methods.base import Method, Sends
 from cfl.methods.hook_guard import HookError
 from cfl.metrics.results import method_stats
 from cfl.validation import from_dict
@@ -22,8 +22,7 @@ class Pool(Method):
     """Makes a pool at each task end; records, per round, the broadcast its clients' hooks see."""
 
     name = "pool-probe"
-    broadcast = {"task_start": ("pool",)}
-    client_events = ("round",)
+    sends = Sends(broadcast={"task_start": ("pool",)}, client_events=("round",))
 
     def __init__(self, hparams, run_info) -> None:
         super().__init__(hparams, run_info)
@@ -38,7 +37,7 @@ class Pool(Method):
 
 class PoolOnly(Pool):
     name = "pool-only"
-    broadcast = {}
+    sends = Sends(client_events=("round",))
 
 
 def _run(name: str, clients: int, per_round: int, rounds: int = 3) -> Runner:
@@ -90,8 +89,8 @@ def test_a_key_changed_during_its_task_is_refused():
 
 
 def test_an_unknown_broadcast_event_or_a_key_sent_both_ways_is_refused_when_the_class_is_defined():
-    with pytest.raises(TypeError, match=r"broadcast names the event\(s\) \['task_begin'\]; the events are "
+    with pytest.raises(TypeError, match=r"broadcast names the event\(s\) \['task_begin'\]; they are "
                                         r"\['round', 'task_start', 'task_end'\]"):
-        type("Bad", (Method,), {"name": "bad", "broadcast": {"task_begin": ("pool",)}})
+        type("Bad", (Method,), {"name": "bad", "sends": Sends(broadcast={"task_begin": ("pool",)})})
     with pytest.raises(TypeError, match=r"lists \['pool'\] under both 'round' and 'task_start'"):
-        type("Bad", (Method,), {"name": "bad", "broadcast": {"round": ("pool",), "task_start": ("pool",)}})
+        type("Bad", (Method,), {"name": "bad", "sends": Sends(broadcast={"round": ("pool",), "task_start": ("pool",)})})

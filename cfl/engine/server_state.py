@@ -12,7 +12,7 @@ from cfl.tensors import State, nbytes
 
 def broadcast_of(method: Method, event: str, server: State) -> State:
     """The server-state keys ``method`` declares it sends at ``event`` (those the server holds)."""
-    return {k: server[k] for k in method.broadcast.get(event, ()) if k in server}
+    return {k: server[k] for k in method.sends.broadcast.get(event, ()) if k in server}
 
 
 def payload_size(method: Method, kind: str, payload: State) -> int:

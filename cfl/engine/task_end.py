@@ -4,7 +4,7 @@ every plan:
 * a client's task end is its own event: each method's ``client_end("task_end")`` on its rows of the task it
   leaves, with the then-current global model (and the method's ``"task_end"`` broadcast); a method that draws
   its own task-end clients (``task_end_clients``) draws them among the task's finishers (:func:`task_end_draws`).
-  The uploads go to ``server_end("task_end", uploads, task)`` at once (``Method.server_task_end: switch``), or
+  The uploads go to ``server_end("task_end", uploads, task)`` at once (``Method.sends.server_task_end: switch``), or
   are held in the method's server state (:data:`HELD`) until the server's task end (``last_holder``);
 * the server's task end of a task comes when its last holder has switched away from it: ``before_task_end`` on
   the global model of that moment (its classes those of every task all of whose holders have left it), a
@@ -108,7 +108,7 @@ def client_task_ends(run: RunState, i: int, switched: list[tuple[int, int]]) -> 
                 cdata = ClientData(data.train_x, data.train_y, task, rows=rows[c])
                 client_end(run, i, "task_end", run.params, cdata, c, broadcast, gen, uploads)
             record_task_end(run.comm, m, len(cids), run.model_download_bytes, broadcast, uploads)
-        if m.server_task_end == "last_holder":
+        if m.sends.server_task_end == "last_holder":
             if uploads:  # a task some client holds to the run's end never uses them
                 st.server.setdefault(HELD, {}).setdefault(task, {}).update(uploads)
         elif overrides(m, "server_end"):
@@ -124,7 +124,7 @@ def server_task_end(run: RunState, m: Method, st: MethodState, tasks: list[int],
             if overrides(m, "before_task_end"):
                 before_task_end(run, m, st.server, task, classes)
             continue
-        if m.server_task_end == "last_holder":
+        if m.sends.server_task_end == "last_holder":
             held = st.server.get(HELD, {})
             uploads = held.pop(task, {})
             if not held:

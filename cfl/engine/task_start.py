@@ -1,4 +1,4 @@
-"""The ``"task_start"`` broadcast (``Method.broadcast``): server-state keys a client downloads once per task, at
+"""The ``"task_start"`` broadcast (``Method.sends.broadcast``): server-state keys a client downloads once per task, at
 its first sampled round of the task, and keeps for the task's later rounds.
 
 The engine hands the keys to the hooks of every round of the task with the round's keys (the client's kept
@@ -41,8 +41,8 @@ def _changed(before: list[tuple[str, Any, Any]], now: list[tuple[str, Any, Any]]
 def unchanged_payload(method: Method, server: State, prints: dict[int, Any], i: int, changed_when: str) -> State:
     """Method ``i``'s ``"task_start"`` keys (those the server holds), refused (naming ``changed_when``) where they
     differ from what ``prints`` recorded when they were last sent; ``prints`` then holds them."""
-    payload = {k: server[k] for k in method.broadcast.get("task_start", ()) if k in server}
-    if not method.broadcast.get("task_start"):
+    payload = {k: server[k] for k in method.sends.broadcast.get("task_start", ()) if k in server}
+    if not method.sends.broadcast.get("task_start"):
         return payload
     now = _fingerprint(payload, "")
     changed = _changed(prints.setdefault(i, now), now)
@@ -68,7 +68,7 @@ class TaskStarts:
         began; ``changes()``: method index (str) -> the first rounds after each change of its keys (in the run's
         progress)."""
         self.methods, self.sampled, self.starts, self._changes = methods, sampled, starts, changes
-        self.active = any(m.broadcast.get("task_start") for m in methods)
+        self.active = any(m.sends.broadcast.get("task_start") for m in methods)
         self._next_round = -1
         self._sent: list[dict[int, int]] = [{} for _ in methods]  # per method: client -> round it was last sent
         self._prints: dict[int, list[tuple[str, Any, Any]]] = {}
@@ -82,7 +82,7 @@ class TaskStarts:
     def _send(self, rnd: int, cids: list[int]) -> list[list[int]]:
         out = []
         for i, sent in enumerate(self._sent):
-            if not self.methods[i].broadcast.get("task_start"):
+            if not self.methods[i].sends.broadcast.get("task_start"):
                 out.append([])
                 continue
             changed = max((r for r in self._changes().get(str(i), []) if r <= rnd), default=0)
@@ -114,7 +114,7 @@ class TaskStarts:
             self._prints[i] = now
 
     def _keys(self, i: int, server: State) -> State:
-        return {k: server[k] for k in self.methods[i].broadcast.get("task_start", ()) if k in server}
+        return {k: server[k] for k in self.methods[i].sends.broadcast.get("task_start", ()) if k in server}
 
     def payload(self, i: int, server: State) -> State:
         """Method ``i``'s ``"task_start"`` keys, refused if a round (not a task end) changed them."""

@@ -38,7 +38,7 @@ def record_round(comm: CommLedger, methods: list[Method], clients: int, per_clie
         down += backbone
     comm.down(down)
     for m, payload, new in zip(methods, task_start, newcomers, strict=True):
-        if m.broadcast.get("task_start"):
+        if m.sends.broadcast.get("task_start"):
             comm.down(len(new) * payload_size(m, "task_start", payload), line=task_start_line(m.name))
             down += len(new) * payload_size(m, "task_start", payload)
     comm.up(up)
@@ -50,7 +50,7 @@ def record_task_end(comm: CommLedger, method: Method, clients: int, model_downlo
     """A task end's bytes of ``method`` on ``comm``: the final global model (``model_download`` bytes, on the
     method's line, where it ``downloads_model_at_task_end``) and its ``"task_end"`` broadcast to each of its
     ``clients``, and their ``uploads``."""
-    if method.downloads_model_at_task_end:
+    if method.sends.downloads_model_at_task_end:
         comm.down(clients * model_download, line=task_end_model_line(method.name))
     comm.down(clients * payload_size(method, "task_end", broadcast))
     comm.up(sum(payload_size(method, "task_end_upload", u) for u in uploads.values()))

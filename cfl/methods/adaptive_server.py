@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cfl.methods.base import Method
+from cfl.methods.base import Method, Requires
 from cfl.methods.bounds import LR_MAX
 from cfl.schema import field
 from cfl.tensors import Params, State
@@ -34,7 +34,7 @@ class AdaptiveServer(Method):
     """Shared server step of FedAdam and FedYogi; subclasses define the second moment."""
 
     Hyperparams = AdaptiveServerHyperparams
-    unread_keys = {"server_lr": "its adaptive step uses the method's own server_lr; set that one instead"}
+    requires = Requires(unread_keys={"server_lr": "its adaptive step uses the method's own server_lr; set it instead"})
 
     def second_moment(self, v: torch.Tensor, d2: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError  # abstract

@@ -1,5 +1,6 @@
 """The method plugin interface: nineteen optional hooks, written for ONE client, seven more for parameters kept
-per client (FedWeIT: ``local_params`` ... ``payload_bytes``), and a few declarations.
+per client (FedWeIT: ``local_params`` ... ``payload_bytes``), and three declarations (``requires``, ``sends``,
+``batching``: cfl/methods/declarations.py).
 
 A method is a small class with a ``Hyperparams`` dataclass and whichever hooks it overrides (the engine
 detects them by override). Client hooks see one client's state (a nested dict) and return one client's
@@ -28,9 +29,12 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from cfl.methods.declaration_checks import (
+from cfl.methods.declarations import (
     BROADCAST_EVENTS,
-    check_broadcast,
+    DECLARATIONS,
+    Batching,
+    Requires,
+    Sends,
     refuse_model_without_running_stats,
     refuse_scenario,
 )
@@ -49,7 +53,9 @@ from cfl.methods.hook_types import (
     StateSizing,
     Step,
 )
+from cfl.methods.old_interface import old_names_message
 from cfl.ops.losses import masked_cross_entropy
+from cfl.schema import ConfigError
 from cfl.tensors import Params, State
 
 __all__ = [
@@ -58,9 +64,10 @@ __all__ = [
     # handed on: the values the hooks receive and return (cfl/methods/hook_types.py)
     "Event", "EVENTS", "NoHyperparams", "Quadratic", "BackboneUpdate", "Linear", "Samples", "Step", "LocalTraining",
     "RunInfo", "StateSizing", "ClientData",
-    # handed on: the checks of a method's declarations (cfl/methods/declaration_checks.py) and of which arguments
-    # its hooks take (cfl/methods/hook_signatures.py)
-    "BROADCAST_EVENTS", "check_broadcast", "refuse_model_without_running_stats", "refuse_scenario", "accepts",
+    # handed on: a method's declarations and their checks (cfl/methods/declarations.py) and the check of which
+    # arguments its hooks take (cfl/methods/hook_signatures.py)
+    "Requires", "Sends", "Batching", "BROADCAST_EVENTS", "refuse_model_without_running_stats", "refuse_scenario",
+    "accepts",
     # handed on: the tensor types of the hooks (cfl/tensors.py)
     "Params", "State",
 ]
@@ -72,69 +79,29 @@ class Method:
     name: ClassVar[str] = "base"
     about: ClassVar[str] = ""
     Hyperparams: ClassVar[type] = NoHyperparams
-    #: server-state keys sent to the clients, per event ("round": with the model each round; "task_start": to a
-    #: client at its first sampled round of each task, once, and the client's hooks see them in all of the task's
-    #: rounds; "task_end": to the task-end participants); counted as download bytes
-    broadcast: ClassVar[dict[str, tuple[str, ...]]] = {}
-    #: client-state tensors whose size differs between clients: key (a nested key's dotted path, or the
-    #: path of a dict holding them) -> dim; the engine zero-pads that dim to the widest client
-    ragged: ClassVar[dict[str, int]] = {}
-    #: whether the task-end participants download the task's final global model (counted in
-    #: ``download_bytes`` and on the line ``method_stats.<name>.task_end_model_download_bytes``)
-    downloads_model_at_task_end: ClassVar[bool] = True
-    #: the events whose ``client_end`` the method acts on; the engine calls it for those only (a method that
-    #: acts at task ends only costs its rounds nothing: no state read, no call per client)
-    client_events: ClassVar[tuple[Event, ...]] = ("round", "task_end")
-    #: why the method's hooks cannot run under ``torch.func.vmap`` (e.g. a step hook that calls a solver outside
-    #: torch), or "": a non-empty reason sends the run to the sequential path, said on stderr
-    sequential_reason: ClassVar[str] = ""
-    #: top-level config keys the method makes unread -> why (a run setting one away from its default is refused,
-    #: cfl/ignored_keys.py), e.g. an adaptive server's ``{"server_lr": "..."}``
-    unread_keys: ClassVar[dict[str, str]] = {}
-    #: the models only this method can train (a model family of its own, e.g. FedWeIT's decomposed networks): the
-    #: run's model must be one of them, and no other method may train them (refused when the config is validated)
-    models: ClassVar[tuple[str, ...]] = ()
-    #: a model with BatchNorm running statistics, for a method that reads them (TARGET's and MFCL's synthesis match
-    #: them): the run's model must keep running statistics (refused when the config is validated); ``model.name:
-    #: auto`` is it
-    running_stats_model: ClassVar[str] = ""
-    #: the method trains a classifier on a frozen pretrained backbone's features (docs/pretrained.md): the run's
-    #: model must be a backbone (refused when the config is validated)
-    backbone_only: ClassVar[bool] = False
-    #: the ``model.train`` a backbone method needs (``head``: cached features; ``prompts``, ``lora``: its adapter;
-    #: "": any), refused otherwise when the config is validated (cfl/pretrained/loaded.py)
-    model_train: ClassVar[str] = ""
-    #: the scenarios the method runs in (empty: every one), and why (a clause for the refusal): a run in another is
-    #: refused when the config is validated (``auto``: the stream's default) and when the method is built
-    scenarios: ClassVar[tuple[str, ...]] = ()
-    scenarios_why: ClassVar[str] = ""
-    #: the schedules (``schedule.name``, cfl/schedules.py) the method runs under (empty: every one), and why (a
-    #: clause for the refusal): a run under another is refused when the config is validated
-    schedules: ClassVar[tuple[str, ...]] = ()
-    schedules_why: ClassVar[str] = ""
-    #: under a schedule other than the synchronous one, when ``server_end("task_end", uploads, task)`` runs: "switch"
-    #: after each round at which clients leave ``task``, with their uploads; "last_holder": once, when the task's
-    #: last holder has left it (after ``before_task_end``), with every upload held since the clients' own task ends
-    #: (cfl/engine/task_end.py)
-    server_task_end: ClassVar[str] = "switch"
+    #: the declarations (cfl/methods/declarations.py): what the method requires of the run, what it sends and when,
+    #: how its client states batch
+    requires: ClassVar[Requires] = Requires()
+    sends: ClassVar[Sends] = Sends()
+    batching: ClassVar[Batching] = Batching()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        unknown = [e for e in cls.client_events if e not in EVENTS]
-        if unknown:
-            raise TypeError(f"{cls.__name__}.client_events lists {unknown}; the events are {list(EVENTS)}")
-        check_broadcast(cls)
-        if cls.backbone_update is not Method.backbone_update and tuple(cls.schedules) != ("synchronous",):
+        old = old_names_message(cls, Method)
+        if old:
+            raise ConfigError(old)
+        for attr, kind in DECLARATIONS.items():
+            value = getattr(cls, attr)
+            if not isinstance(value, kind):
+                raise TypeError(f"{cls.__name__}.{attr} is {value!r}; declare {attr} = {kind.__name__}(...)")
+        if cls.backbone_update is not Method.backbone_update and cls.requires.schedules != ("synchronous",):
             raise TypeError(f"{cls.__name__} overrides backbone_update, which runs at the synchronous schedule's task "
-                            "ends only: declare schedules = ('synchronous',) and say why in schedules_why")
-        if cls.server_task_end not in ("switch", "last_holder"):
-            raise TypeError(f"{cls.__name__}.server_task_end is {cls.server_task_end!r}; it is 'switch' or "
-                            "'last_holder'")
+                            "ends only: declare requires = Requires(schedules=('synchronous',), schedules_why=...)")
 
     def __init__(self, hparams: Any, run_info: RunInfo) -> None:
-        if self.scenarios:  # declared: checked here too (a method built directly, a stream whose scenario was auto)
+        if self.requires.scenarios:  # checked here too (a method built directly, a stream whose scenario was auto)
             refuse_scenario(type(self), run_info.scenario)
-        if self.running_stats_model:
+        if self.requires.running_stats_model:
             refuse_model_without_running_stats(type(self), run_info.model)
         self.hparams = hparams
         self.run_info = run_info
@@ -319,8 +286,9 @@ class Method:
         """At the end of every task but the last, after ``server_end("task_end")``: change the SHARED frozen
         backbone of a pretrained model (``model.train: prompts | components | lora``, whose frozen weights are
         buffers), e.g. merge what trained into it (LoRM). ``model`` is a copy of the task's final global model (in
-        eval mode). Synchronous schedule only (a class that overrides it must declare ``schedules =
-        ("synchronous",)``: under the others clients hold different tasks and one backbone cannot serve both);
+        eval mode). Synchronous schedule only (a class that overrides it must declare ``requires =
+        Requires(schedules=("synchronous",))``: under the others clients hold different tasks and one backbone
+        cannot serve both);
         never with the feature cache (refused when the config is validated). The engine says each change on stderr
         and in ``results.json`` (``backbone_changes``), checkpoints the changed tensors, and counts them once in
         the download of each client at its next round. None: unchanged."""
@@ -348,9 +316,9 @@ def per_client_hooks(cls: type[Method]) -> list[str]:
 
 def takes_part_at_task_end(method: Method) -> bool:
     """Whether any client runs ``client_end("task_end")`` for ``method``."""
-    return overrides(method, "client_end") and "task_end" in method.client_events and method.task_end_clients != 0
+    return overrides(method, "client_end") and "task_end" in method.sends.client_events and method.task_end_clients != 0
 
 
 def acts_after_rounds(method: Method) -> bool:
     """Whether the round's kept clients run ``client_end("round")`` for ``method``."""
-    return overrides(method, "client_end") and "round" in method.client_events
+    return overrides(method, "client_end") and "round" in method.sends.client_events

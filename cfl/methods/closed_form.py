@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Params, State
+from cfl.methods.base import ClientData, Event, Method, Params, Requires, Sends, State
 
 UNREAD = "a closed-form classifier takes no gradient step (its parameters are frozen: docs/pretrained.md)"
 
@@ -25,15 +25,12 @@ UNREAD = "a closed-form classifier takes no gradient step (its parameters are fr
 class ClosedFormHead(Method, ABC):
     """The shared mechanics; a subclass gives ``statistics`` (one client's upload) and ``solve`` (the head)."""
 
-    unread_keys: ClassVar[dict[str, str]] = {"lr": UNREAD, "momentum": UNREAD, "weight_decay": UNREAD,
-                                             "server_lr": UNREAD}
-    client_events: ClassVar[tuple[Event, ...]] = ("round",)
-    downloads_model_at_task_end: ClassVar[bool] = False
-    schedules: ClassVar[tuple[str, ...]] = ("synchronous",)
-    schedules_why: ClassVar[str] = ("after each round it solves the head of the server's one current task from the "
-                                     "statistics uploaded so far")
-    backbone_only: ClassVar[bool] = True  # refused on any other model by cfl.cross_checks.model_family_error
-    model_train: ClassVar[str] = "head"  # on the cached features
+    requires = Requires(  # model_train head: on a backbone's cached features (cfl.cross_checks.model_family_error)
+        model_train="head", unread_keys={"lr": UNREAD, "momentum": UNREAD, "weight_decay": UNREAD, "server_lr": UNREAD},
+        schedules=("synchronous",),
+        schedules_why="after each round it solves the head of the server's one current task from the statistics "
+                      "uploaded so far")
+    sends = Sends(client_events=("round",), downloads_model_at_task_end=False)
 
     def __init__(self, hparams: Any, run_info: Any) -> None:
         super().__init__(hparams, run_info)

@@ -27,11 +27,10 @@ seen so far."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
-from cfl.methods.base import Method, Params, State
+from cfl.methods.base import Method, Params, Requires, State
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.methods.class_mask import ClassMasked, class_mask_field
 from cfl.pretrained.coda_prompt import orthogonality
@@ -55,8 +54,7 @@ class CodaP(ClassMasked, Method):
     about = ("CODA-Prompt: attention-weighted prompt components on a frozen pretrained ViT (Smith et al. 2023), "
              "FedAvg of components, keys, attention vectors and head; model.train: components")
     Hyperparams = CodaPHyperparams
-    backbone_only: ClassVar[bool] = True
-    model_train: ClassVar[str] = "components"
+    requires = Requires(model_train="components")
 
     def extra_loss(self, params: Params, x: torch.Tensor, task: torch.Tensor, server: State,
                    state: State) -> torch.Tensor:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Samples, StateSizing
+from cfl.methods.base import ClientData, Event, Method, Samples, Sends, StateSizing
 from cfl.tensors import Params, State
 
 
@@ -37,8 +37,8 @@ def balanced_quota(total: int, caps: list[int]) -> list[int]:
 class EpisodicMemory(Method):
     """A method holding each client's episodic memory (``hparams.mem_per_client`` slots), refilled at task ends."""
 
-    downloads_model_at_task_end = False  # memories come from local data only: nothing is downloaded
-    client_events = ("task_end",)
+    # memories come from local data only: nothing is downloaded
+    sends = Sends(downloads_model_at_task_end=False, client_events=("task_end",))
 
     def client_state_bytes(self, sizing: StateSizing) -> int:
         """Every client keeps ``mem_per_client`` slots: an input, a label and a task id (int64), a valid flag."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Quadratic, StateSizing
+from cfl.methods.base import ClientData, Event, Method, Quadratic, Sends, StateSizing
 from cfl.methods.bounds import SAMPLES_MAX, WEIGHT_MAX
 from cfl.ops.fisher import diagonal_fisher
 from cfl.schema import field
@@ -44,7 +44,7 @@ class EWC(Method):
     name = "ewc"
     about = "EWC+FL: per-client diagonal-Fisher penalty lambda/2 sum F (w - w*)^2 on finished tasks"
     Hyperparams = EWCHyperparams
-    client_events = ("task_end",)
+    sends = Sends(client_events=("task_end",))
 
     def penalty(self, global_params: Params, server: State, state: State) -> dict[str, Quadratic] | None:
         if "fisher" not in state:  # no finished task yet

@@ -26,12 +26,12 @@ docs/methods/fedcprompt.md for cfl's reading of the paper and code.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, StateSizing, Step
+from cfl.methods.base import ClientData, Event, Method, Requires, Sends, StateSizing, Step
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.methods.class_mask import ClassMasked, class_mask_field
 from cfl.ops.data_free_clients import logits_and_features
@@ -67,10 +67,8 @@ class FedCPrompt(ClassMasked, Method):
     about = ("Fed-CPrompt: task-specific CODA-P prompt components and the contrastive continual loss C2L on a "
              "frozen pretrained ViT (Bagwe et al. 2023), FedAvg of components and head; model.train: components")
     Hyperparams = FedCPromptHyperparams
-    backbone_only: ClassVar[bool] = True
-    model_train: ClassVar[str] = "components"
-    broadcast: ClassVar[dict[str, tuple[str, ...]]] = {"round": ("global",)}
-    client_events = ("task_end",)
+    requires = Requires(model_train="components")
+    sends = Sends(broadcast={"round": ("global",)}, client_events=("task_end",))
 
     def __init__(self, hparams: Any, run_info: Any) -> None:
         super().__init__(hparams, run_info)

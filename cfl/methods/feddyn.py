@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, LocalTraining, Method, Quadratic, StateSizing
+from cfl.methods.base import ClientData, Event, LocalTraining, Method, Quadratic, Requires, Sends, StateSizing
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.schema import field
 from cfl.tensors import Params, State
@@ -31,8 +31,8 @@ class FedDyn(Method):
     name = "feddyn"
     about = "FedDyn: a dynamic linear + quadratic regulariser per client, the server corrects by h/alpha"
     Hyperparams = FedDynHyperparams
-    client_events = ("round",)
-    unread_keys = {"server_lr": "FedDyn's server sets w = mean(w_k) - h/alpha itself"}
+    sends = Sends(client_events=("round",))
+    requires = Requires(unread_keys={"server_lr": "FedDyn's server sets w = mean(w_k) - h/alpha itself"})
 
     def server_start(self, server: State, global_params: Params) -> None:
         server["h"] = {k: torch.zeros_like(v) for k, v in global_params.items()}

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from cfl.methods.base import ClientData, Event, Method, Samples, StateSizing
+from cfl.methods.base import ClientData, Event, Method, Requires, Samples, Sends, StateSizing
 from cfl.methods.bounds import SAMPLES_MAX
 from cfl.methods.episodic_memory import draw_memory
 from cfl.ops.distill import evaluating, frozen
@@ -57,9 +57,9 @@ class FediCaRL(Method):
     name = "fedicarl"
     about = "FediCaRL: iCaRL on each client: herding exemplars replayed, sigmoid/BCE distillation of the old model"
     Hyperparams = FediCaRLHyperparams
-    client_events = ("task_end",)
-    scenarios = ("class",)
-    scenarios_why = "iCaRL distils the old classes' columns of one head and herds exemplars per class"
+    sends = Sends(client_events=("task_end",))
+    requires = Requires(scenarios=("class",), scenarios_why="iCaRL distils the old classes' columns of one head and "
+                                                            "herds exemplars per class")
 
     def client_state_bytes(self, sizing: StateSizing) -> int:
         """Every client: the memory (an input, a label and a task id (int64), a valid flag per slot), one model-sized

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, StateSizing
+from cfl.methods.base import ClientData, Event, Method, Sends, StateSizing
 from cfl.methods.bounds import TEMPERATURE_MAX, WEIGHT_MAX
 from cfl.ops.distill import Teacher, distillation, frozen, head_weights
 from cfl.schema import field
@@ -35,7 +35,7 @@ class FedLwF(Method):
     name = "fedlwf"
     about = "FedLwF: each client distils the previous task's global model on its old heads (LwF)"
     Hyperparams = FedLwFHyperparams
-    client_events = ("task_end",)
+    sends = Sends(client_events=("task_end",))
 
     def client_state_bytes(self, sizing: StateSizing) -> int:
         """Every client keeps one model-sized teacher and a float per head."""

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, StateSizing
+from cfl.methods.base import ClientData, Event, Method, Requires, Sends, StateSizing
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.models.fedweit_net import FROZEN, SHARED
 from cfl.models.fedweit_weight import fold_knowledge, hard_threshold
@@ -63,13 +63,9 @@ class FedWeIT(Method):
                             "other clients' task-adaptive parts; task-incremental")
     Hyperparams: ClassVar[type] = FedWeITHyperparams
     #: the knowledge base goes to each client once per task, with its first round of the task
-    broadcast: ClassVar[dict[str, tuple[str, ...]]] = {"task_start": ("kb",)}
-    models: ClassVar[tuple[str, ...]] = ("fedweit-mlp", "fedweit-lenet")
-    scenarios: ClassVar[tuple[str, ...]] = ("task",)
-    scenarios_why: ClassVar[str] = "one head per task"
-    client_events: ClassVar[tuple[Event, ...]] = ("task_end",)
+    requires = Requires(models=("fedweit-mlp", "fedweit-lenet"), scenarios=("task",), scenarios_why="one head per task")
     #: the task-end participants send their own A; the final global model is of no use to them
-    downloads_model_at_task_end: ClassVar[bool] = False
+    sends = Sends(broadcast={"task_start": ("kb",)}, client_events=("task_end",), downloads_model_at_task_end=False)
 
     def __init__(self, hparams: FedWeITHyperparams, run_info: Any) -> None:
         super().__init__(hparams, run_info)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, StateSizing
+from cfl.methods.base import ClientData, Event, Method, Sends, StateSizing
 from cfl.methods.bounds import TEMPERATURE_MAX
 from cfl.ops.distill import Teacher, distillation, frozen, head_weights
 from cfl.schema import ConfigError, field
@@ -44,7 +44,7 @@ class FLwF2T(Method):
     name = "flwf2t"
     about = "FLwF-2T: each client distils its own previous-task model and the server's model (two teachers)"
     Hyperparams = FLwF2THyperparams
-    client_events = ("round", "task_end")
+    sends = Sends(client_events=("round", "task_end"))
 
     @classmethod
     def check(cls, hparams: FLwF2THyperparams, cfg: object) -> None:  # noqa: ARG003

@@ -19,7 +19,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, RunInfo, StateSizing
+from cfl.methods.base import ClientData, Event, Method, RunInfo, Sends, StateSizing
 from cfl.methods.bounds import SAMPLES_MAX
 from cfl.models.alexnet import AlexNetLike
 from cfl.models.mlp import MLP
@@ -65,10 +65,8 @@ class FOT(Method):
     #: under a schedule: the GPSE participants (drawn among the clients that finish the task) sketch at their own
     #: switch; the server extends the basis when the task's last holder has left it (a subspace still trained by
     #: some client is not projected out)
-    server_task_end = "last_holder"
+    sends = Sends(broadcast={"task_end": ("basis",)}, client_events=("task_end",), server_task_end="last_holder")
     Hyperparams = FOTHyperparams
-    broadcast = {"task_end": ("basis",)}
-    client_events = ("task_end",)
 
     @classmethod
     def check(cls, hparams: FOTHyperparams, cfg: Any) -> None:

@@ -2,10 +2,9 @@
 NeurIPS 2017, arXiv 1706.08840) on each client, with its episodic memory of earlier tasks
 (:class:`~cfl.methods.episodic_memory.EpisodicMemory`).
 
-Each local step takes the loss gradient ``g_k`` of each earlier task's memory samples at the step's parameters.
-Where the step's gradient ``g`` conflicts with any (``g . g_k < 0``), the step takes the projection of the
-paper's Eq. 10-13 instead: with ``M`` the (tasks x parameters) matrix of the ``g_k``, the dual quadratic
-programme
+Each local step takes the loss gradient ``g_k`` of each earlier task's memory samples at the step's parameters. Where
+the step's gradient ``g`` conflicts with any (``g . g_k < 0``), the step takes the projection of the paper's Eq. 10-13
+instead: with ``M`` the (tasks x parameters) matrix of the ``g_k``, the dual quadratic programme
 
     minimise_v  1/2 v^T (M M^T + eps I) v + (M g)^T v   subject to  v >= margin,
 
@@ -23,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from cfl.methods.base import Step
+from cfl.methods.base import Batching, Step
 from cfl.methods.bounds import SAMPLES_MAX
 from cfl.methods.episodic_memory import EpisodicMemory
 from cfl.schema import field
@@ -57,7 +56,8 @@ class GEM(EpisodicMemory):
     name = "gem"
     about = "GEM+FL: each client projects its step by a QP over its memory's per-task gradients (2017)"
     Hyperparams = GEMHyperparams
-    sequential_reason = "its step_gradient solves GEM's quadratic programme with scipy, outside torch"
+    batching = Batching(sequential_reason="its step_gradient solves GEM's quadratic programme with scipy, outside "
+                                          "torch")
 
     def step_gradient(self, step: Step) -> Params | None:
         if "valid" not in step.state:

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from cfl.methods.base import ClientData, Event, Method, Samples, StateSizing
+from cfl.methods.base import ClientData, Event, Method, Samples, Sends, StateSizing
 from cfl.methods.bounds import LR_MAX, SAMPLES_MAX, STEPS_MAX
 from cfl.methods.episodic_memory import draw_memory
 from cfl.models.lenet import GradientLeNet, uniform_init_
@@ -75,10 +75,9 @@ class GLFC(Method):
     about = "GLFC: gradient-compensation and relation-distillation losses, herding memory, proxy server"
     #: under a schedule: each client herds its memory at its own switch; the old model (the proxy's best) is made
     #: when a task's last holder has left it, and the prototypes are uploaded in the first round after that moment
-    server_task_end = "last_holder"
     Hyperparams = GLFCHyperparams
     #: ``old_classes`` (class-incremental): the old model's classes, those of the tasks finished when it was made
-    broadcast = {"round": ("old_model", "old_classes", "round_in_task")}
+    sends = Sends(broadcast={"round": ("old_model", "old_classes", "round_in_task")}, server_task_end="last_holder")
 
     def __init__(self, hparams: GLFCHyperparams, run_info: Any) -> None:
         super().__init__(hparams, run_info)

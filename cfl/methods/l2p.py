@@ -20,11 +20,10 @@ per step: the selection of the forward is not passed to the loss)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
-from cfl.methods.base import Method, Params, State
+from cfl.methods.base import Method, Params, Requires, State
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.methods.class_mask import ClassMasked, class_mask_field
 from cfl.pretrained.prompt_pool import key_distance
@@ -43,8 +42,7 @@ class L2P(ClassMasked, Method):
     about = ("L2P: a prompt pool with key-query selection on a frozen pretrained ViT (Wang et al. 2022), FedAvg of "
              "prompts, keys and head; model.train: prompts")
     Hyperparams = L2PHyperparams
-    backbone_only: ClassVar[bool] = True
-    model_train: ClassVar[str] = "prompts"
+    requires = Requires(model_train="prompts")
 
     def extra_loss(self, params: Params, x: torch.Tensor, task: torch.Tensor, server: State,
                    state: State) -> torch.Tensor:

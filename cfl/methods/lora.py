@@ -10,14 +10,11 @@ and ``model.lora_alpha``; one set of factors for every task (no per-task LoRA, n
 
 from __future__ import annotations
 
-from typing import ClassVar
-
-from cfl.methods.base import Method
+from cfl.methods.base import Method, Requires
 
 
 class LoRA(Method):
     name = "lora"
     about = ("LoRA: low-rank factors of every attention qkv projection of a frozen pretrained ViT (Hu et al. 2022), "
              "FedAvg of the factors and head; model.train: lora")
-    backbone_only: ClassVar[bool] = True
-    model_train: ClassVar[str] = "lora"
+    requires = Requires(model_train="lora")

@@ -34,13 +34,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import nn
 from torch.func import functional_call
 
-from cfl.methods.base import BackboneUpdate, ClientData, Event, Method, Params, State, Step
+from cfl.methods.base import BackboneUpdate, ClientData, Event, Method, Params, Requires, Sends, State, Step
 from cfl.methods.class_mask import ClassMasked, class_mask_field
 from cfl.pretrained.lora import LoRALinear
 from cfl.pretrained.regmean import projected_gram, regmean, shrunk
@@ -65,13 +65,10 @@ class LoRM(ClassMasked, Method):
              "(RegMean on the clients' Grams, float64; Salami et al. 2025), each task merged into the backbone at "
              "its end; model.train: lora")
     Hyperparams = LoRMHyperparams
-    backbone_only: ClassVar[bool] = True
-    model_train: ClassVar[str] = "lora"
-    broadcast: ClassVar[dict[str, tuple[str, ...]]] = {"round": (TRAIN_B,)}
-    client_events: ClassVar[tuple[Event, ...]] = ("round", "task_end")
-    schedules: ClassVar[tuple[str, ...]] = ("synchronous",)
-    schedules_why: ClassVar[str] = ("at each task end it merges the task's LoRA update into the backbone that every "
-                                    "client runs, and under the other schedules clients hold different tasks")
+    requires = Requires(model_train="lora", schedules=("synchronous",),
+                        schedules_why="at each task end it merges the task's LoRA update into the backbone that "
+                                      "every client runs, and under the other schedules clients hold different tasks")
+    sends = Sends(broadcast={"round": (TRAIN_B,)}, client_events=("round", "task_end"))
 
     @classmethod
     def check(cls, hparams: Any, cfg: Any) -> None:  # noqa: ARG003

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Quadratic, StateSizing
+from cfl.methods.base import ClientData, Event, Method, Quadratic, Sends, StateSizing
 from cfl.methods.bounds import SAMPLES_MAX, WEIGHT_MAX
 from cfl.ops.fisher import output_norm_importance
 from cfl.schema import field
@@ -40,7 +40,7 @@ class MAS(Method):
     name = "mas"
     about = "MAS+FL: per-client importance |d||f(x)||^2/dw| penalty lambda sum Omega (w - w*)^2 on finished tasks"
     Hyperparams = MASHyperparams
-    client_events = ("task_end",)
+    sends = Sends(client_events=("task_end",))
 
     def penalty(self, global_params: Params, server: State, state: State) -> dict[str, Quadratic] | None:
         if "omega" not in state:  # no finished task yet

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from cfl.methods.base import Method, RunInfo, Samples
+from cfl.methods.base import Batching, Method, Requires, RunInfo, Samples, Sends
 from cfl.methods.bounds import GENERATED_BATCH_MAX, LR_MAX, NOISE_MAX, STEPS_MAX, WEIGHT_MAX, WIDTH_MAX
 from cfl.models.buffers import RUNNING_BN_MODEL, running_stats
 from cfl.models.generator import MfclGenerator
@@ -69,15 +69,14 @@ class MFCL(Method):
     name = "mfcl"
     about = "MFCL: server-trained data-free generator, clients' CE + detached-feature CE + feature distillation"
     Hyperparams = MFCLHyperparams
-    broadcast = {"task_start": ("generator", "old_model", "old_classes")}
-    running_stats_model = RUNNING_BN_MODEL
-    scenarios = ("class",)
-    scenarios_why = "its generator replays the earlier classes into one head"
+    sends = Sends(broadcast={"task_start": ("generator", "old_model", "old_classes")})
+    requires = Requires(running_stats_model=RUNNING_BN_MODEL, scenarios=("class",),
+                        scenarios_why="its generator replays the earlier classes into one head")
     # under a schedule: the generator is trained when a task's last holder has left it (on the global model of that
     # moment, the old classes those of every task all holders have left) and sent to each client at its next
     # sampled round (cfl/engine/task_start.py)
-    sequential_reason = ("its loss's own forward of a model with BatchNorm running statistics updates them in place, "
-                         "which vmap cannot")
+    batching = Batching(sequential_reason="its loss's own forward of a model with BatchNorm running statistics "
+                                          "updates them in place, which vmap cannot")
 
     def __init__(self, hparams: MFCLHyperparams, run_info: RunInfo) -> None:
         super().__init__(hparams, run_info)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, StateSizing
+from cfl.methods.base import ClientData, Event, Method, Sends, StateSizing
 from cfl.methods.bounds import SAMPLES_MAX, WEIGHT_MAX
 from cfl.ops.rgo import absorb_held, preconditioner_of, task_inputs
 from cfl.schema import ConfigError, field
@@ -42,7 +42,7 @@ class RGO(Method):
     name = "rgo"
     about = "RGO+FL: each client preconditions its local gradients with (alpha I + G)^-1 of its old-task inputs"
     Hyperparams = RGOHyperparams
-    client_events = ("task_end",)
+    sends = Sends(client_events=("task_end",))
 
     @classmethod
     def check(cls, hparams: RGOHyperparams, cfg: Any) -> None:  # noqa: ARG003

@@ -13,15 +13,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Linear, LocalTraining, Method, StateSizing
+from cfl.methods.base import ClientData, Event, Linear, LocalTraining, Method, Sends, StateSizing
 from cfl.tensors import Params, State
 
 
 class Scaffold(Method):
     name = "scaffold"
     about = "SCAFFOLD: local steps corrected by the control variates c - c_i (option II)"
-    broadcast = {"round": ("c",)}  # the server's control variate travels with every round's model
-    client_events = ("round",)
+    # the server's control variate travels with every round's model
+    sends = Sends(broadcast={"round": ("c",)}, client_events=("round",))
 
     def server_start(self, server: State, global_params: Params) -> None:
         server["c"] = {k: torch.zeros_like(v) for k, v in global_params.items()}

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Quadratic, StateSizing, Step
+from cfl.methods.base import ClientData, Event, Method, Quadratic, Sends, StateSizing, Step
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.schema import field
 from cfl.tensors import Params, State
@@ -48,7 +48,7 @@ class SI(Method):
     name = "si"
     about = "SI+FL: per-client path-integral importance (Synaptic Intelligence), penalty c sum Omega (w - w*)^2"
     Hyperparams = SIHyperparams
-    client_events = ("task_end",)
+    sends = Sends(client_events=("task_end",))
 
     def penalty(self, global_params: Params, server: State, state: State) -> dict[str, Quadratic] | None:
         if "omega" not in state:  # no finished task yet

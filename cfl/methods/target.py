@@ -23,7 +23,7 @@ from torch import nn
 from torch.func import functional_call
 
 from cfl.data.augment import CropFlip
-from cfl.methods.base import Method, Samples
+from cfl.methods.base import Method, Requires, Samples, Sends
 from cfl.methods.bounds import (
     GENERATED_BATCH_MAX,
     LR_MAX,
@@ -91,11 +91,9 @@ class Target(Method):
     name = "target"
     about = "TARGET: server generator (BN statistics, CE, adversarial), synthetic pool, clients' KD on it"
     Hyperparams = TargetHyperparams
-    broadcast = {"task_start": ("pool", "old_model", "old_classes")}
-    client_events = ()
-    running_stats_model = RUNNING_BN_MODEL
-    scenarios = ("class",)
-    scenarios_why = "its synthetic images distil the old classes of one head"
+    sends = Sends(broadcast={"task_start": ("pool", "old_model", "old_classes")}, client_events=())
+    requires = Requires(running_stats_model=RUNNING_BN_MODEL, scenarios=("class",),
+                        scenarios_why="its synthetic images distil the old classes of one head")
     # under a schedule: the pool is synthesised when a task's last holder has left it (on the global model of that
     # moment, the old classes those of every task all holders have left) and sent to each client at its next
     # sampled round (cfl/engine/task_start.py)

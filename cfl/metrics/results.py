@@ -47,7 +47,7 @@ def method_stats(comm: CommLedger, method: Method, state: MethodState) -> dict[s
     stats = {**client_state_bytes(state), **state.server.get("stats", {})}
     if takes_part_at_task_end(method):
         stats["task_end_model_download_bytes"] = comm.lines.get(task_end_model_line(method.name), 0)
-    if method.broadcast.get("task_start"):
+    if method.sends.broadcast.get("task_start"):
         stats["task_start_download_bytes"] = comm.lines.get(task_start_line(method.name), 0)
     return stats
 

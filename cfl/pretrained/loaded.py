@@ -119,8 +119,8 @@ def check_adapter_keys(model: Any) -> None:
 
 
 def check_method_train(cfg: Any, trains: dict[str, str]) -> None:
-    """Each method's ``model_train`` (``trains``: method name -> its ``Method.model_train``, "" for any) against
-    ``model.train``; the prompt pool's keys train only through L2P's surrogate loss, so ``model.train: prompts``
+    """Each method's ``model_train`` (``trains``: method name -> its ``Method.requires.model_train``, "" for any)
+    against ``model.train``; the prompt pool's keys train only through L2P's surrogate loss, so ``model.train: prompts``
     needs a method that declares it."""
     names = [cfg.method["name"], *[p["name"] for p in cfg.plugins]]
     train = cfg.model.train

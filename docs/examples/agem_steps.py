@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cfl.plugin import Method, Samples, Step, field, register
+from cfl.plugin import Method, Samples, Sends, Step, field, register
 
 
 @dataclass(frozen=True)
@@ -18,8 +18,7 @@ class MyAGEM(Method):
     name = "my-agem"
     about = "A-GEM written from docs/plugins.md"
     Hyperparams = Hyperparams
-    client_events = ("task_end",)
-    downloads_model_at_task_end = False  # the memory is local data
+    sends = Sends(client_events=("task_end",), downloads_model_at_task_end=False)  # the memory is local data
 
     def client_end(self, event, model, params, data, state, server, generator):
         # fixed-size slots for every task, so all clients' memories stack: filled ones are marked valid

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from cfl.plugin import ClientData, Event, Method, Params, State, field, register
+from cfl.plugin import ClientData, Event, Method, Params, Sends, State, field, register
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class LwF(Method):
     name = "lwf"
     about = "LwF: distil the previous task's global model on current data (example plugin)"
     Hyperparams = LwFHyperparams
-    client_events = ("task_end",)  # nothing to do after rounds
+    sends = Sends(client_events=("task_end",))  # nothing to do after rounds
 
     def client_end(self, event: Event, model: torch.nn.Module, params: Params, data: ClientData, state: State,
                    server: State, generator: torch.Generator) -> None:

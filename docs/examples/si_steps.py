@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cfl.plugin import Method, Quadratic, Step, field, register
+from cfl.plugin import Method, Quadratic, Sends, Step, field, register
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,7 @@ class MySI(Method):
     name = "my-si"
     about = "SI written from docs/plugins.md"
     Hyperparams = Hyperparams
-    client_events = ("task_end",)
+    sends = Sends(client_events=("task_end",))
 
     def penalty(self, global_params, server, state):
         if "omega" not in state:
