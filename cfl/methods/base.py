@@ -53,7 +53,7 @@ from cfl.methods.hook_types import (
     StateSizing,
     Step,
 )
-from cfl.methods.old_interface import old_names_message
+from cfl.methods.old_interface import old_hooks_message, old_names_message
 from cfl.ops.losses import masked_cross_entropy
 from cfl.schema import ConfigError
 from cfl.tensors import Params, State
@@ -87,7 +87,7 @@ class Method:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        old = old_names_message(cls, Method)
+        old = old_names_message(cls, Method) or old_hooks_message(cls, Method)
         if old:
             raise ConfigError(old)
         for attr, kind in DECLARATIONS.items():
