@@ -6,7 +6,8 @@
 
 Each run is made with ``python -m cfl run`` in each checkout (its own ``cfl`` on ``PYTHONPATH``, one thread), into
 ``OUT/base/<i>`` and ``OUT/branch/<i>``; the two results.json must be equal after dropping what measures the
-machine and not the run (wall and train seconds, the record's provenance, the rounds a run was resumed after).
+machine and not the run (wall and train seconds, the record's provenance, the rounds a run was resumed after); of
+``engine_path`` the path taken is compared, and a reason that reads differently (its prose names hooks) is said.
 A record's config is written out from its results.json and run as it is. ``--only-base`` makes the base's runs
 alone, ``--reuse-base`` then compares a branch against them (the same OUT and RUN list). Prints one line per run and
 exits 1 if any differ (the differing keys named).
@@ -38,9 +39,21 @@ def _strip(value: Any) -> Any:
     return value
 
 
+def _path_only(results: dict[str, Any]) -> dict[str, Any]:
+    """``results`` with ``engine_path`` reduced to the path taken: its ``reason`` is prose naming the hooks (said apart
+    by :func:`reason_differs`)."""
+    path = results.get("engine_path")
+    return {**results, "engine_path": path.get("path")} if isinstance(path, dict) else results
+
+
+def reason_differs(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether the engine path's stated reason reads differently (the same path taken)."""
+    return (a.get("engine_path") or {}).get("reason") != (b.get("engine_path") or {}).get("reason")
+
+
 def differing_keys(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    """Top-level keys whose values differ once the timing keys are dropped."""
-    a, b = _strip(a), _strip(b)
+    """Top-level keys whose values differ once the timing keys are dropped (``engine_path``: the path taken)."""
+    a, b = _strip(_path_only(a)), _strip(_path_only(b))
     return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
 
 
@@ -93,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         keys = differing_keys(base, branch)
         failed += bool(keys)
         print(f"{'DIFFERS' if keys else 'same'}  {run}  ACC {base.get('acc')} / {branch.get('acc')}"
-              + (f"  keys: {', '.join(keys)}" if keys else ""), flush=True)
+              + (f"  keys: {', '.join(keys)}" if keys else "")
+              + ("  (engine_path.reason reads differently)" if reason_differs(base, branch) else ""), flush=True)
     if not args.only_base:
         print(f"{len(args.runs) - failed} of {len(args.runs)} runs bit for bit")
     return 1 if failed else 0

@@ -16,3 +16,13 @@ def test_timing_and_provenance_are_dropped_and_a_last_digit_is_not() -> None:
     assert differing_keys(a, b) == []
     assert differing_keys(a, {**b, "acc": 76.85900000000001}) == ["acc"]
     assert differing_keys(a, {**b, "extra": 1}) == ["extra"]
+
+
+def test_the_engine_path_taken_is_compared_and_its_reason_text_said_apart() -> None:
+    from bit_for_bit import reason_differs
+
+    a = {"acc": 1.0, "engine_path": {"path": "vmap", "reason": "method m overrides extra_loss"}}
+    b = {"acc": 1.0, "engine_path": {"path": "vmap", "reason": "method m declares losses 'extra'"}}
+    assert differing_keys(a, b) == [] and reason_differs(a, b)
+    assert differing_keys(a, {**b, "engine_path": {"path": "stacked", "reason": "x"}}) == ["engine_path"]
+    assert not reason_differs(a, a)
