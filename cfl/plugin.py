@@ -1,7 +1,7 @@
 """Every name a plugin file uses, in one import: ``from cfl.plugin import Method, Quadratic, register, ...``.
 
 A method plugin subclasses :class:`Method` (the hooks and their arguments: ``docs/plugins.md``), declares what it
-requires, sends and how it batches (:class:`Requires`, :class:`Sends`, :class:`Batching`) and registers it with
+requires, sends and how it batches (:class:`Requires`, :class:`Sends`, :class:`Computes`) and registers it with
 ``@register``; a stream plugin registers a builder with :func:`register_stream` (``docs/own-dataset.md``);
 models, partitioners, aggregators and losses are registered on their registries (``MODELS.register(name,
 builder)``). This module only hands names on: the interface lives in :mod:`cfl.methods.base`, the values
@@ -17,7 +17,7 @@ from cfl.data.partition import PARTITIONERS
 from cfl.data.stream import Stream, Task
 from cfl.methods import METHODS, register
 from cfl.methods.base import Method
-from cfl.methods.declarations import Batching, BroadcastEvent, ModelTrain, Requires, Scenario, Sends, ServerTaskEnd
+from cfl.methods.declarations import BroadcastEvent, Computes, ModelTrain, Requires, Scenario, Sends, ServerTaskEnd
 from cfl.methods.hook_types import (
     EVENTS,
     BackboneUpdate,
@@ -47,7 +47,7 @@ __all__ = [
     "Method", "NoHyperparams", "Quadratic", "Linear", "Samples", "ClientData", "RunInfo", "StateSizing", "Step",
     "LocalTraining", "Event", "EVENTS", "BackboneUpdate",
     # its declarations (cfl/methods/declarations.py) and their kinds
-    "Requires", "Sends", "Batching", "BroadcastEvent", "Scenario", "ModelTrain", "ServerTaskEnd",
+    "Requires", "Sends", "Computes", "BroadcastEvent", "Scenario", "ModelTrain", "ServerTaskEnd",
     # types and helpers of hooks
     "Params", "State", "nbytes", "field", "ConfigError",
     "diagonal_fisher", "output_norm_importance", "layer_grams",

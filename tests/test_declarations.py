@@ -11,7 +11,7 @@ import pytest
 
 from cfl.methods import METHODS
 from cfl.methods.base import Method
-from cfl.methods.declarations import DECLARATIONS, Batching, Requires, Sends
+from cfl.methods.declarations import DECLARATIONS, Computes, Requires, Sends
 from cfl.methods.old_interface import OLD_DECLARATIONS
 from cfl.schema import ConfigError
 
@@ -47,7 +47,7 @@ def test_the_declarations_are_frozen_through_and_through_and_pickle():
     with pytest.raises(TypeError):
         requires.unread_keys["lr"] = "x"
     assert requires.backbone_only and not Requires().backbone_only
-    for value in (sends, requires, Batching(ragged={"bases": 1})):
+    for value in (sends, requires, Computes(ragged={"bases": 1})):
         assert pickle.loads(pickle.dumps(value)) == value == copy.deepcopy(value)
 
 
@@ -58,7 +58,7 @@ def test_the_declarations_are_frozen_through_and_through_and_pickle():
     (lambda: Sends(server_task_end="never"), "Sends.server_task_end names the value ['never']"),
     (lambda: Requires(scenarios=("online",)), "Requires.scenarios names the scenario(s) ['online']"),
     (lambda: Requires(model_train="adapters"), "Requires.model_train names the training mode ['adapters']"),
-    (lambda: Batching(ragged={"bases": "1"}), "Batching.ragged maps ['bases'] to no dimension"),
+    (lambda: Computes(ragged={"bases": "1"}), "Computes.ragged maps ['bases'] to no dimension"),
 ])
 def test_a_bad_declaration_is_refused_when_made(make, words):
     with pytest.raises(TypeError) as err:

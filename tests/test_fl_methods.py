@@ -99,7 +99,7 @@ def test_fedcurv_penalty_vmapped_over_stacked_states_matches_each_client():
     clients, states, server = _fedcurv_round(method, gen)
     broadcast = _broadcast(method, server)
     per_client = [states[0], {}, states[2]]  # a newcomer in the middle gets zeros (engine's padding)
-    stacked = stack_states(per_client, method.batching.ragged)
+    stacked = stack_states(per_client, method.computes.ragged)
     params = {"w": torch.randn(3, 2, 3, generator=gen), "b": torch.randn(3, 3, generator=gen)}
     batched = vmap(lambda p, st: penalty_loss(method, p, p, broadcast, st))(params, stacked)
     for i, st in enumerate(per_client):

@@ -74,7 +74,7 @@ def test_stack_states_zero_pads_ragged_bases():
     b2 = torch.linalg.qr(torch.randn(8, 2))[0]
     b3 = torch.linalg.qr(torch.randn(8, 3))[0]
     states = [{"bases": {"fc1.weight": b2}}, {"bases": {"fc1.weight": b3}}, {}]
-    stacked = stack_states(states, gpm.batching.ragged)["bases"]
+    stacked = stack_states(states, gpm.computes.ragged)["bases"]
     assert stacked["fc1.weight"].shape == (3, 8, 3)
     assert torch.equal(stacked["fc1.weight"][0, :, 2], torch.zeros(8)) and stacked["fc1.weight"][2].abs().sum() == 0
     g = torch.randn(6, 8)

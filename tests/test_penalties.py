@@ -31,7 +31,7 @@ def test_derived_loss_gradient_equals_the_fused_terms(name):
     server = broadcast_of(method, "round", state.server)
     cids = list(range(cfg.num_clients))  # every client, with state or without
     states = [state.clients.get(c) for c in cids]
-    stacked = stack_states(states, method.batching.ragged)
+    stacked = stack_states(states, method.computes.ragged)
     terms = penalty_terms(method, runner.params, server, stacked)
     assert terms, "the penalty is empty after a run: nothing compared"
     gen = torch.Generator().manual_seed(1)

@@ -86,7 +86,7 @@ PLUGINS = {
                                "        return None\n"),
     # issue 31: the task-end server hook, the task_start broadcast, synthetic samples reaching extra_loss
     "broadcast_event": method("be", "    sends = Sends(broadcast={'task_begin': ('pool',)})\n"),
-    # issue 45 item 5: the declarations of the interface before Requires, Sends and Batching
+    # issue 45 item 5: the declarations of the interface before Requires, Sends and Computes
     "old_declarations": method("od", "".join(f"    {name} = {value!r}\n" for name, value in OLD_VALUES.items())),
     "samples_shape": method("sx", "    def step_samples(self, state, generator, server):\n"
                                   "        n = torch.zeros(2).long()\n"
@@ -272,15 +272,15 @@ CASES = [
                                                       "method.name=cc", "--out", "{tmp}/cc"], 2,
      ["method 'cc'", "hook carry_start", "the same keys and shapes for every client",
       "'path' has shape (2,) for one client and (3,) for another",
-      "declare `batching = Batching(ragged={{'path': 0}})`"]),
+      "declare `computes = Computes(ragged={{'path': 0}})`"]),
     ("mid-run: carry_start sizes differing between clients", ["run", "{cfg}", "--plugin", "{tmp}/carry_grows.py",
                                                               "--set", "method.name=cg", "--out", "{tmp}/cg"], 3,
      ["method 'cg'", "hook carry_start", "for one client and (2,) for another",
-      "declare `batching = Batching(ragged={{'path': 0}})`", "round 2 of the task", "is kept"]),
+      "declare `computes = Computes(ragged={{'path': 0}})`", "round 2 of the task", "is kept"]),
     ("mid-run: a client state whose size differs between clients, stacked for task_loss",
      ["run", "{cfg}", "--plugin", "{tmp}/state_sizes.py", "--set", "method.name=ssz", "--out", "{tmp}/ssz"], 3,
      ["method 'ssz'", "hook client_end", "tensors of the same shape under a key for every client",
-      "'mem' has shape (", "declare `batching = Batching(ragged={{'mem': 0}})`", "at task 1 (0-based)", "is kept"]),
+      "'mem' has shape (", "declare `computes = Computes(ragged={{'mem': 0}})`", "at task 1 (0-based)", "is kept"]),
     ("task_loss: no grad_fn", ["run", "{cfg}", "--plugin", "{tmp}/loss_no_grad.py", "--set", "method.name=ng",
                                "--out", "{tmp}/ng"], 2,
      ["method 'ng'", "hook task_loss", "got a tensor without grad_fn"]),

@@ -184,4 +184,4 @@ def _stacked_states(method: Method, states: list[State]) -> State:
     """The clients' states stacked for the hooks that run under ``vmap`` ({} when the method has none)."""
     if not any(overrides(method, hook) for hook in _VMAPPED):
         return {}
-    return stack_states(states, method.batching.ragged)
+    return stack_states(states, method.computes.ragged)

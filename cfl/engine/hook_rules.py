@@ -185,7 +185,7 @@ def _ragged_dim(path: str, ragged: dict[str, int]) -> int | None:
 def _refuse_shapes(rule: str, path: str, first: torch.Tensor, v: torch.Tensor, differ: list[int]) -> BrokenRule:
     return BrokenRule(f"{rule}; '{path}' has shape {tuple(first.shape)} for one client and {tuple(v.shape)} for "
                       f"another: give every client the same shape, or declare "
-                      f"`batching = Batching(ragged={{{path!r}: {differ[0]}}})` (zero-padded to the widest client in "
+                      f"`computes = Computes(ragged={{{path!r}: {differ[0]}}})` (zero-padded to the widest client in "
                       "the batched engine's stack; each client keeps its own size)")
 
 

@@ -77,7 +77,7 @@ class Plugins:
         states = [self.states[i].clients.get(c) for c in cids]
         method = self.methods[i]
         if len(states) > 1 and stacks_client_states(method):
-            blamed(method, "client_end", check_client_states, states, method.batching.ragged)
+            blamed(method, "client_end", check_client_states, states, method.computes.ragged)
         return states
 
 

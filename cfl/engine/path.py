@@ -72,8 +72,8 @@ def stacked_refusal(model: nn.Module, hp: Hyper, methods: list[Method]) -> str |
 def sequential_refusal(model: nn.Module, methods: list[Method]) -> str | None:
     """Why the run must train one client after another whatever ``client_execution`` says, or None."""
     for m in methods:
-        if m.batching.sequential_reason:
-            return f"method {m.name}: {m.batching.sequential_reason}"
+        if m.computes.sequential_reason:
+            return f"method {m.name}: {m.computes.sequential_reason}"
     for m in methods:
         hooks = per_client_hooks(type(m))
         if hooks:

@@ -2,7 +2,7 @@
 
 Method hooks see one client; the batched trainer runs them under ``torch.func.vmap`` over a stack of
 clients, so the clients' states are stacked here leaf by leaf (a nested dict keeps its nesting). A client
-without a leaf gets zeros of the leaf's shape; a leaf a method declares ragged (``Method.batching.ragged``) is
+without a leaf gets zeros of the leaf's shape; a leaf a method declares ragged (``Method.computes.ragged``) is
 zero-padded along its dim to the widest client. Replay samples are padded to the client with the most,
 with weight 0.
 """

@@ -123,8 +123,8 @@ class StepStage:
         out = {}
         for i in self.carrying:
             method = self.methods[i]
-            blamed(method, "carry_start", check_carries, [s[i] for s in starts], method.batching.ragged)
-            out[i] = stack_states([s[i] for s in starts], method.batching.ragged)
+            blamed(method, "carry_start", check_carries, [s[i] for s in starts], method.computes.ragged)
+            out[i] = stack_states([s[i] for s in starts], method.computes.ragged)
         return out
 
     def draw(self, states: list[State], generator: torch.Generator, like: torch.Tensor,

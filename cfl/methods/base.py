@@ -1,6 +1,6 @@
 """The method plugin interface: nineteen optional hooks, written for ONE client, seven more for parameters kept
 per client (FedWeIT: ``local_params`` ... ``payload_bytes``), and three declarations (``requires``, ``sends``,
-``batching``: cfl/methods/declarations.py).
+``computes``: cfl/methods/declarations.py).
 
 A method is a small class with a ``Hyperparams`` dataclass and whichever hooks it overrides (the engine
 detects them by override). Client hooks see one client's state (a nested dict) and return one client's
@@ -32,7 +32,7 @@ from torch import nn
 from cfl.methods.declarations import (
     BROADCAST_EVENTS,
     DECLARATIONS,
-    Batching,
+    Computes,
     Requires,
     Sends,
     refuse_model_without_running_stats,
@@ -66,7 +66,7 @@ __all__ = [
     "RunInfo", "StateSizing", "ClientData",
     # handed on: a method's declarations and their checks (cfl/methods/declarations.py) and the check of which
     # arguments its hooks take (cfl/methods/hook_signatures.py)
-    "Requires", "Sends", "Batching", "BROADCAST_EVENTS", "refuse_model_without_running_stats", "refuse_scenario",
+    "Requires", "Sends", "Computes", "BROADCAST_EVENTS", "refuse_model_without_running_stats", "refuse_scenario",
     "accepts",
     # handed on: the tensor types of the hooks (cfl/tensors.py)
     "Params", "State",
@@ -83,7 +83,7 @@ class Method:
     #: how its client states batch
     requires: ClassVar[Requires] = Requires()
     sends: ClassVar[Sends] = Sends()
-    batching: ClassVar[Batching] = Batching()
+    computes: ClassVar[Computes] = Computes()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -5,7 +5,9 @@
   scenarios, schedules, the config keys it leaves unread), refused when the config is validated;
 - ``sends = Sends(...)``: what it sends and when (broadcast keys, the task-end model download, the events whose
   ``client_end`` it acts on, when its server reduces task-end uploads);
-- ``batching = Batching(...)``: how its clients' states batch (ragged tensors, a reason to train sequentially).
+- ``computes = Computes(...)``: what its client side computes, the parts it gives of the hooks asked by part
+  (``loss``, ``samples``, ``round_terms``, ``client_start``), and how its clients' states batch (ragged tensors, a
+  reason to train sequentially).
 
 Their kinds are the ``Literal`` types below, shared by the engine and the docs. The checks of a built method and
 of a config against these declarations are here too (``refuse_scenario``, ``refuse_model_without_running_stats``).
@@ -39,6 +41,19 @@ BROADCAST_EVENTS: tuple[BroadcastEvent, ...] = get_args(BroadcastEvent)
 SCENARIOS: tuple[Scenario, ...] = get_args(Scenario)
 MODEL_TRAINS: tuple[ModelTrain, ...] = get_args(ModelTrain)
 SERVER_TASK_ENDS: tuple[ServerTaskEnd, ...] = get_args(ServerTaskEnd)
+
+#: the parts of the hooks the engine asks by part, each at its own moment (``ctx.part``): ``loss`` "task" (in place
+#: of the cross-entropy) and "extra" (added); ``samples`` "replay" (trained on) and "step" (for the step hooks);
+#: ``round_terms`` "penalty", "preconditioner", "projection"; ``client_start`` "steps", "params", "carry"
+LossPart = Literal["task", "extra"]
+DrawPart = Literal["replay", "step"]
+TermPart = Literal["penalty", "preconditioner", "projection"]
+StartPart = Literal["steps", "params", "carry"]
+#: hook -> (the Computes field listing its parts, the parts)
+HOOK_PARTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "loss": ("losses", get_args(LossPart)), "samples": ("draws", get_args(DrawPart)),
+    "round_terms": ("terms", get_args(TermPart)), "client_start": ("starts", get_args(StartPart)),
+}
 
 
 class _Frozen:
@@ -134,8 +149,20 @@ class Sends(_Frozen):
 
 
 @dataclass(frozen=True)
-class Batching(_Frozen):
-    """How a method's client states batch in the engine's stacked paths (docs/plugins.md, "The engine's path")."""
+class Computes(_Frozen):
+    """What a method's client side computes: the parts it gives of the hooks the engine asks by part (each asked at
+    its moment, only of the methods that declare it: what decides the engine's path), and how its client states
+    batch in the engine's stacked paths (docs/plugins.md, "The engine's path")."""
+
+    #: the parts of ``loss`` it gives: "task" (in place of the cross-entropy; one method of a run at most), "extra"
+    losses: tuple[LossPart, ...] = ()
+    #: the parts of ``samples`` it gives: "replay" (appended to the step's batch), "step" (for the step hooks)
+    draws: tuple[DrawPart, ...] = ()
+    #: the parts of ``round_terms`` it gives: "penalty", "preconditioner", "projection"
+    terms: tuple[TermPart, ...] = ()
+    #: the parts of ``client_start`` it gives: "steps" (local steps per epoch), "params" (starting parameters),
+    #: "carry" (the step hooks' running values)
+    starts: tuple[StartPart, ...] = ()
 
     #: client-state tensors whose size differs between clients: key (a nested key's dotted path, or the path of a
     #: dict holding them) -> dim; the engine zero-pads that dim to the widest client
@@ -146,13 +173,40 @@ class Batching(_Frozen):
 
     def __post_init__(self) -> None:
         self._freeze("ragged", self.ragged)
+        for field_name, parts in HOOK_PARTS.values():
+            self._freeze(field_name, getattr(self, field_name))
+            given = getattr(self, field_name)
+            _refuse_unknown(f"Computes.{field_name}", given, parts, "part(s)")
+            if len(set(given)) != len(given):
+                raise TypeError(f"Computes.{field_name} lists a part twice: {list(given)}")
         bad = [k for k, dim in self.ragged.items() if not isinstance(dim, int) or isinstance(dim, bool)]
         if bad:
-            raise TypeError(f"Batching.ragged maps {bad} to no dimension; each key maps to the int dim that differs")
+            raise TypeError(f"Computes.ragged maps {bad} to no dimension; each key maps to the int dim that differs")
+
+
+def gives(method: Any, part: str) -> bool:
+    """Whether ``method`` (a method or its class) declares ``part`` of a hook asked by part (:data:`HOOK_PARTS`)."""
+    computes = method.computes
+    return any(part in getattr(computes, field_name) for field_name, _ in HOOK_PARTS.values())
+
+
+def check_parts(cls: Any, base: Any) -> None:
+    """At class creation: a class that declares parts of a hook overrides it, and one that overrides such a hook
+    declares the parts it gives."""
+    for hook, (field_name, _) in HOOK_PARTS.items():
+        if not hasattr(base, hook):
+            continue
+        declared, overridden = getattr(cls.computes, field_name), getattr(cls, hook) is not getattr(base, hook)
+        if declared and not overridden:
+            raise TypeError(f"{cls.__name__} declares computes=Computes({field_name}={list(declared)}) but does not "
+                            f"override {hook}")
+        if overridden and not declared:
+            raise TypeError(f"{cls.__name__} overrides {hook}, which the engine asks by part: declare the parts it "
+                            f"gives, computes=Computes({field_name}=(...)) (docs/plugins.md, \"Declarations\")")
 
 
 #: the three declarations' class attributes on a method, and their types
-DECLARATIONS: dict[str, type] = {"requires": Requires, "sends": Sends, "batching": Batching}
+DECLARATIONS: dict[str, type] = {"requires": Requires, "sends": Sends, "computes": Computes}
 
 
 def refuse_model_without_running_stats(cls: Any, model: nn.Module) -> None:

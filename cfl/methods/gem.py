@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from cfl.methods.base import Batching, Step
+from cfl.methods.base import Computes, Step
 from cfl.methods.bounds import SAMPLES_MAX
 from cfl.methods.episodic_memory import EpisodicMemory
 from cfl.schema import field
@@ -56,7 +56,7 @@ class GEM(EpisodicMemory):
     name = "gem"
     about = "GEM+FL: each client projects its step by a QP over its memory's per-task gradients (2017)"
     Hyperparams = GEMHyperparams
-    batching = Batching(sequential_reason="its step_gradient solves GEM's quadratic programme with scipy, outside "
+    computes = Computes(sequential_reason="its step_gradient solves GEM's quadratic programme with scipy, outside "
                                           "torch")
 
     def step_gradient(self, step: Step) -> Params | None:

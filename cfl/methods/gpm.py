@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cfl.methods.base import Batching, ClientData, Event, Method, Sends, StateSizing
+from cfl.methods.base import ClientData, Computes, Event, Method, Sends, StateSizing
 from cfl.methods.bounds import SAMPLES_MAX
 from cfl.ops.layer_inputs import HeldInputs, layer_inputs_or_grams
 from cfl.ops.subspace import energy_rank, extend_basis, gram_residual_spectrum, thin_residual_spectrum
@@ -62,7 +62,7 @@ class GPM(Method):
     name = "gpm"
     about = "GPM+FL: each client projects its local gradients off its own old-task input bases"
     Hyperparams = GPMHyperparams
-    batching = Batching(ragged={"bases": 1})  # k differs between clients
+    computes = Computes(ragged={"bases": 1})  # k differs between clients
     sends = Sends(client_events=("task_end",))
 
     def gradient_projection(self, state: State) -> dict[str, torch.Tensor]:

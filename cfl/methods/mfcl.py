@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from cfl.methods.base import Batching, Method, Requires, RunInfo, Samples, Sends
+from cfl.methods.base import Computes, Method, Requires, RunInfo, Samples, Sends
 from cfl.methods.bounds import GENERATED_BATCH_MAX, LR_MAX, NOISE_MAX, STEPS_MAX, WEIGHT_MAX, WIDTH_MAX
 from cfl.models.buffers import RUNNING_BN_MODEL, running_stats
 from cfl.models.generator import MfclGenerator
@@ -75,7 +75,7 @@ class MFCL(Method):
     # under a schedule: the generator is trained when a task's last holder has left it (on the global model of that
     # moment, the old classes those of every task all holders have left) and sent to each client at its next
     # sampled round (cfl/engine/task_start.py)
-    batching = Batching(sequential_reason="its loss's own forward of a model with BatchNorm running statistics "
+    computes = Computes(sequential_reason="its loss's own forward of a model with BatchNorm running statistics "
                                           "updates them in place, which vmap cannot")
 
     def __init__(self, hparams: MFCLHyperparams, run_info: RunInfo) -> None:

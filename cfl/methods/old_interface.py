@@ -17,8 +17,8 @@ OLD_DECLARATIONS: dict[str, str] = {
     "downloads_model_at_task_end": "sends=Sends(downloads_model_at_task_end=...)",
     "client_events": "sends=Sends(client_events=...)",
     "server_task_end": "sends=Sends(server_task_end=...)",
-    "ragged": "batching=Batching(ragged=...)",
-    "sequential_reason": "batching=Batching(sequential_reason=...)",
+    "ragged": "computes=Computes(ragged=...)",
+    "sequential_reason": "computes=Computes(sequential_reason=...)",
     "models": "requires=Requires(models=...)",
     "running_stats_model": "requires=Requires(running_stats_model=...)",
     "backbone_only": "requires=Requires(model_train=...) (a backbone method is one with a model_train)",
@@ -86,4 +86,4 @@ def old_names_message(cls: type, base: type) -> str | None:
         return None
     fixes = "; ".join(f"{name} -> {OLD_DECLARATIONS[name]}" for name in found)
     return (f"method class {cls.__name__} uses the old declaration interface of {base.__name__}: {fixes} "
-            f"(from cfl.plugin import Requires, Sends, Batching; {DOCS})")
+            f"(from cfl.plugin import Requires, Sends, Computes; {DOCS})")

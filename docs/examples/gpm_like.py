@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cfl.plugin import Batching, ClientData, Event, Method, Params, Sends, State, field, layer_grams, register
+from cfl.plugin import Computes, ClientData, Event, Method, Params, Sends, State, field, layer_grams, register
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class GPMLike(Method):
     name = "gpm-like"
     about = "GPM-like: project local gradients off each client's old-task input directions (example plugin)"
     Hyperparams = GPMLikeHyperparams
-    batching = Batching(ragged={"bases": 1})  # (d, k): k differs between clients
+    computes = Computes(ragged={"bases": 1})  # (d, k): k differs between clients
     sends = Sends(client_events=("task_end",))  # nothing to do after rounds
 
     def gradient_projection(self, state: State) -> dict[str, torch.Tensor]:
