@@ -30,6 +30,14 @@ from cfl.methods.hook_types import (
     StateSizing,
     Step,
 )
+from cfl.methods.server_hooks import (
+    SERVER_EVENTS,
+    ServerChange,
+    ServerEvent,
+    ServerMoment,
+    ServerUpdate,
+    TransformUpdate,
+)
 from cfl.models import MODELS, ModelShape
 from cfl.ops.aggregate import AGGREGATORS
 from cfl.ops.fisher import diagonal_fisher, output_norm_importance
@@ -44,6 +52,8 @@ __all__ = [
     # the method interface (cfl/methods/base.py) and its hooks' values (cfl/methods/hook_types.py)
     "Method", "NoHyperparams", "Quadratic", "Linear", "Samples", "ClientData", "RunInfo", "StateSizing", "Step",
     "LocalTraining", "Event", "EVENTS", "BackboneUpdate",
+    # the server hooks' values (cfl/methods/server_hooks.py)
+    "ServerEvent", "ServerChange", "ServerMoment", "SERVER_EVENTS", "ServerUpdate", "TransformUpdate",
     # types and helpers of hooks
     "Params", "State", "nbytes", "field", "ConfigError",
     "diagonal_fisher", "output_norm_importance", "layer_grams",

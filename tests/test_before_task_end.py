@@ -1,5 +1,5 @@
-"""``Method.before_task_end`` (issue 31): the server's hook at a task end sees the task's final global model (the
-last round's aggregate) and the classes seen so far, runs once per task end before the task-end broadcast is
+"""``server_event("before_task_end")`` (issue 31): the server's hook at a task end sees the task's final global
+model (the last round's aggregate) and the classes seen so far, runs once per task end before the task-end broadcast is
 read, writes the server state, and its wall time goes to ``method_stats``."""
 
 from __future__ import annotations
@@ -28,7 +28,10 @@ class Teacher(Method):
         self.calls: list[tuple[int, dict, torch.Tensor, bool]] = []
         self.marks: list[float] = []
 
-    def before_task_end(self, model, classes, server, task):
+    server_events = ("before_task_end",)
+
+    def server_event(self, ctx):
+        model, classes, server, task = ctx.model, ctx.classes, ctx.server, ctx.task  # noqa: F841
         self.calls.append((task, {k: v.detach().clone() for k, v in model.named_parameters()}, classes,
                            model.training))
         server["mark"] = torch.tensor(float(task + 1))

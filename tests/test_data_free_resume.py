@@ -1,4 +1,4 @@
-"""Resume across a task end (issue 31): a method whose ``before_task_end`` writes a synthetic pool into its server
+"""Resume across a task end (issue 31): a method whose ``server_event`` writes a synthetic pool into its server
 state (from the final global model and torch's generator), ships it as ``"task_start"`` and trains on it with
 ``step_samples`` and ``extra_loss`` ends bit for bit like an uninterrupted run, bytes included, whether it stopped
 just after the task end or in the next task."""
@@ -23,7 +23,10 @@ class DataFree(Method):
     name = "data-free-toy"
     broadcast = {"task_start": ("pool", "targets")}
 
-    def before_task_end(self, model, classes, server, task):
+    server_events = ("before_task_end",)
+
+    def server_event(self, ctx):
+        model, classes, server, task = ctx.model, ctx.classes, ctx.server, ctx.task  # noqa: F841
         with torch.no_grad():
             pool = torch.randn(6, model.body[1].in_features) + model.body[1].weight[:1].detach()
             server["pool"], server["targets"] = pool, model(pool, torch.zeros(6, dtype=torch.long))

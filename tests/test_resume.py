@@ -34,7 +34,9 @@ class Slow(Method):
     name = "slow"
     about = "test helper: FedAvg that sleeps $CFL_TEST_ROUND_SLEEP seconds per round (a window to kill in)"
 
-    def server_end(self, event, uploads, server, task):
+    server_events = ("round", "task_end")
+
+    def server_event(self, ctx):
         time.sleep(float(os.environ.get("CFL_TEST_ROUND_SLEEP", "0")))
 '''
 

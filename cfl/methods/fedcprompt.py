@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, StateSizing, Step
+from cfl.methods.base import ClientData, Event, Method, ServerEvent, StateSizing, Step
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.methods.class_mask import ClassMasked, class_mask_field
 from cfl.ops.data_free_clients import logits_and_features
@@ -71,6 +71,7 @@ class FedCPrompt(ClassMasked, Method):
     model_train: ClassVar[str] = "components"
     broadcast: ClassVar[dict[str, tuple[str, ...]]] = {"round": ("global",)}
     client_events = ("task_end",)
+    server_events = ("start", "round")
 
     def __init__(self, hparams: Any, run_info: Any) -> None:
         super().__init__(hparams, run_info)
@@ -91,11 +92,8 @@ class FedCPrompt(ClassMasked, Method):
                               f"{cfg.model.prompt_pool} is fewer than stream.num_tasks {tasks}; raise prompt_pool")
 
     # ---- the round's global model, kept by the server and broadcast ----
-    def server_start(self, server: State, global_params: Params) -> None:
-        server["global"] = frozen(global_params)
-
-    def after_server_step(self, model: nn.Module, global_params: Params, server: State, task: int) -> None:
-        server["global"] = frozen(global_params)
+    def server_event(self, ctx: ServerEvent) -> None:
+        ctx.server["global"] = frozen(ctx.global_params)
 
     def payload_bytes(self, event: str, payload: State) -> int | None:
         """The round's broadcast is the global model the client downloads that round anyway: 0 more bytes."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Quadratic, StateSizing
+from cfl.methods.base import ClientData, Event, Method, Quadratic, ServerEvent, StateSizing
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.ops.fisher import diagonal_fisher
 from cfl.schema import field
@@ -36,11 +36,11 @@ class FedCurv(Method):
     Hyperparams = FedCurvHyperparams
     broadcast = {"round": ("u", "v", "round")}
     client_events = ("round",)  # nothing happens at task ends
+    server_events = ("round",)
 
     # ---- server ----
-    def server_end(self, event: Event, uploads: dict[int, State], server: State, task: int) -> None:
-        if event != "round":
-            return
+    def server_event(self, ctx: ServerEvent) -> None:
+        server, uploads = ctx.server, ctx.uploads
         server["round"] = torch.tensor(int(server.get("round", 0)) + 1, dtype=torch.int32)
         if not uploads:
             server.pop("u", None)
