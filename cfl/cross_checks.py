@@ -178,7 +178,7 @@ def check_client_params(cfg: Any, specs: list[dict[str, Any]]) -> None:
     """Parameters kept per client (``Method.local_params`` and its kin) run on the sequential trainer of the local
     backend; one method at most aggregates with its own ``server_aggregate``, beside the plain mean only."""
     from cfl.methods import METHODS
-    from cfl.methods.base import Method, per_client_hooks
+    from cfl.methods.base import per_client_hooks
 
     keeping = [s["name"] for s in specs if per_client_hooks(METHODS[s["name"]])]
     if keeping and cfg.backend == "ray":
@@ -208,7 +208,6 @@ def check_task_losses(cfg: Any, specs: list[dict[str, Any]]) -> None:
     """At most one method replaces the cross-entropy (``Method.task_loss``), and none beside ``loss: tce``
     (which changes the cross-entropy such a method replaces)."""
     from cfl.methods import METHODS
-    from cfl.methods.base import Method
 
     own = [s["name"] for s in specs if METHODS[s["name"]].task_loss is not Method.task_loss]
     if len(own) > 1:
@@ -224,7 +223,6 @@ def check_optimizer(cfg: Any, specs: list[dict[str, Any]]) -> None:
     (not plain SGD) and off Ray; AdamW's decoupled weight decay with a gradient projection, which would shrink the
     protected directions."""
     from cfl.methods import METHODS
-    from cfl.methods.base import Method
 
     optimizer = cfg.optimizer
     projecting = [s["name"] for s in specs
@@ -254,10 +252,10 @@ def check_threads(threads: int) -> None:
 
 
 def check_backbone_changes(cfg: Any, classes: list[Any]) -> None:
-    """A method that changes the shared frozen backbone at task ends (``Method.backbone_update``) needs one: a
+    """A method that changes the shared frozen backbone at task ends (``changes_backbone``) needs one: a
     pretrained backbone run at every step through its adapter (``model.train: prompts | components | lora``). The
     feature cache (``head``) holds the unchanged backbone's features, and ``all`` has no shared frozen part."""
-    changers = [c.name for c in classes if c.backbone_update is not Method.backbone_update]
+    changers = [c.name for c in classes if c.changes_backbone]
     if not changers:
         return
     model, who = cfg.model, f"method {', '.join(changers)} changes the shared frozen backbone at task ends"

@@ -32,6 +32,14 @@ from cfl.methods.hook_types import (
     StateSizing,
     Step,
 )
+from cfl.methods.server_hooks import (
+    SERVER_EVENTS,
+    ServerChange,
+    ServerEvent,
+    ServerMoment,
+    ServerUpdate,
+    TransformUpdate,
+)
 from cfl.models import MODELS, ModelShape
 from cfl.ops.aggregate import AGGREGATORS
 from cfl.ops.fisher import diagonal_fisher, output_norm_importance
@@ -48,6 +56,8 @@ __all__ = [
     "LocalTraining", "Event", "EVENTS", "BackboneUpdate",
     # its declarations (cfl/methods/declarations.py) and their kinds
     "Requires", "Sends", "Computes", "BroadcastEvent", "Scenario", "ModelTrain", "ServerTaskEnd",
+    # the server hooks' values (cfl/methods/server_hooks.py)
+    "ServerEvent", "ServerChange", "ServerMoment", "SERVER_EVENTS", "ServerUpdate", "TransformUpdate",
     # types and helpers of hooks
     "Params", "State", "nbytes", "field", "ConfigError",
     "diagonal_fisher", "output_norm_importance", "layer_grams",

@@ -272,11 +272,11 @@ def _assert_rounds_alike(runner: Runner) -> None:
 #: ``upload_bytes``/``payload_bytes`` count bytes outside local training: tests/test_fedweit_engine.py)
 HOOKS = sorted(name for name, v in vars(Method).items()
                if inspect.isfunction(v) and not name.startswith("_") and name != "client_state_bytes"
-               and name not in PER_CLIENT_HOOKS + ("upload_bytes", "payload_bytes", "server_start", "backbone_update"))
-# (``server_start`` runs once when the runner is built, before any round, on the server alone: one round cannot
-# show it; tests/test_plugin_hooks38.py runs it through both engines. ``backbone_update`` changes a pretrained
-# backbone's shared frozen part, which this test's MLP does not have (validation refuses it there); it runs on the
-# server alone at a task end, after both engines' rounds, and tests/test_lorm.py runs LoRM through both engines)
+               and name not in PER_CLIENT_HOOKS + ("upload_bytes", "payload_bytes"))
+# (``server_event("start")`` runs once when the runner is built, before any round, on the server alone: one round
+# cannot show it; tests/test_plugin_hooks38.py runs it through both engines. A backbone change at
+# ``server_event("task_end")`` changes a pretrained backbone's shared frozen part, which this test's MLP does not
+# have (validation refuses it there); tests/test_lorm.py runs LoRM through both engines)
 
 #: what the state-dependent variants read: client 0's state (client 1 has none, so the batched trainer
 #: stacks zeros for it where the sequential one hands over ``{}``), and the server state of every variant;
@@ -335,19 +335,13 @@ VARIANTS = {
         lambda self, _event, _model, params, _data, state, _server, _generator:
             _accumulate(state, params[_first_weight(self)[0]].sum().reshape(1)),
     ),
-    "server_end": (
-        lambda _self, _event, uploads, server, _task: server.update(count=torch.tensor(float(len(uploads)))),
-        lambda _self, _event, _uploads, server, _task: server.update(scale=server["scale"] * 0.5),
-    ),
     "server_update": (
-        lambda _self, global_params, delta, _server, server_lr: {k: w + 0.5 * server_lr * delta[k]
-                                                                 for k, w in global_params.items()},
-        lambda _self, global_params, delta, server, server_lr: {k: w + server["scale"] * server_lr * delta[k]
-                                                                for k, w in global_params.items()},
+        lambda _self, c: {k: w + 0.5 * c.server_lr * c.delta[k] for k, w in c.global_params.items()},
+        lambda _self, c: {k: w + c.server["scale"] * c.server_lr * c.delta[k] for k, w in c.global_params.items()},
     ),
     "transform_update": (
-        lambda _self, delta, _server, _task: {k: 0.5 * d for k, d in delta.items()},
-        lambda _self, delta, server, _task: {k: server["scale"] * d for k, d in delta.items()},
+        lambda _self, c: {k: 0.5 * d for k, d in c.delta.items()},
+        lambda _self, c: {k: c.server["scale"] * d for k, d in c.delta.items()},
     ),
 }
 
@@ -374,12 +368,6 @@ VARIANTS.update({
             1.5 * torch.nn.functional.cross_entropy(logits, y, reduction="none"),
         lambda _self, _params, logits, y, _x, _task, _weight, _allowed, _server, state:
             (1 + state.get("w", _zero())) * torch.nn.functional.cross_entropy(logits, y, reduction="none"),
-    ),
-    "after_server_step": (
-        lambda _self, _model, global_params, server, _task: server.update(norm=sum(v.norm() for v in
-                                                                                   global_params.values())),
-        lambda _self, _model, global_params, server, _task: server.update(
-            norm=server["scale"] * sum(v.norm() for v in global_params.values())),
     ),
 })
 
@@ -420,14 +408,30 @@ VARIANTS.update({
 })
 
 
-#: issue 31: a server hook at a task end (the test runs the task end after the round)
-VARIANTS["before_task_end"] = (
-    lambda _self, model, classes, server, _task: server.update(
-        teacher=(sum(p.norm() for p in model.parameters()) + classes.sum()).detach()),
-    lambda self, model, _classes, server, _task: server.update(teacher=server["scale"] * model(
-        torch.ones(1, _input_dim(self)), torch.zeros(1, dtype=torch.long)).detach().sum()),
+def _server_event(self, ctx, reads: bool) -> None:
+    """After the round: the uploads counted and the new model's norm (``reads``: scaled by the server's ``scale``,
+    then halved); before the task end (issue 31: the test runs the task end after the round), the teacher."""
+    server, model = ctx.server, ctx.model
+    if ctx.event not in ("round", "before_task_end"):  # "start": before the states are seeded
+        return
+    scale = server["scale"] if reads else 1.0
+    if ctx.event == "round":
+        server.update(count=torch.tensor(float(len(ctx.uploads))),
+                      norm=scale * sum(v.norm() for v in ctx.global_params.values()))
+        if reads:
+            server.update(scale=server["scale"] * 0.5)
+    elif ctx.event == "before_task_end" and not reads:
+        server.update(teacher=(sum(p.norm() for p in model.parameters()) + ctx.classes.sum()).detach())
+    elif ctx.event == "before_task_end":
+        server.update(teacher=scale * model(torch.ones(1, _input_dim(self)),
+                                            torch.zeros(1, dtype=torch.long)).detach().sum())
+
+
+VARIANTS["server_event"] = (
+    lambda self, ctx: _server_event(self, ctx, False),
+    lambda self, ctx: _server_event(self, ctx, True),
 )
-TASK_END_HOOKS = ("before_task_end",)
+TASK_END_HOOKS = ("server_event",)
 
 #: each local epoch cut to its first batches; the state-dependent variant reads the broadcast ``scale``
 VARIANTS["local_steps_per_epoch"] = (
@@ -479,7 +483,7 @@ def _accumulate(state: dict, value: torch.Tensor) -> dict:
 
 def test_every_hook_has_both_variants():
     assert sorted(set(VARIANTS) - set(ARGUMENT_VARIANTS)) == HOOKS
-    assert len(HOOKS) == 17  # the base class's docstring says seventeen
+    assert len(HOOKS) == 15
 
 
 def _assert_states_close(a: object, b: object, where: str) -> None:

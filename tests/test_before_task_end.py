@@ -1,5 +1,5 @@
-"""``Method.before_task_end`` (issue 31): the server's hook at a task end sees the task's final global model (the
-last round's aggregate) and the classes seen so far, runs once per task end before the task-end broadcast is
+"""``server_event("before_task_end")`` (issue 31): the server's hook at a task end sees the task's final global
+model (the last round's aggregate) and the classes seen so far, runs once per task end before the task-end broadcast is
 read, writes the server state, and its wall time goes to ``method_stats``."""
 
 from __future__ import annotations
@@ -20,14 +20,16 @@ class Teacher(Method):
     """Keeps the task's final model and classes; task-end participants read ``mark`` from the broadcast."""
 
     name = "teacher-probe"
-    sends = Sends(broadcast={"task_end": ("mark",)}, client_events=("task_end",))
+    sends = Sends(server_events=("before_task_end",), broadcast={"task_end": ("mark",)}, client_events=("task_end",))
 
     def __init__(self, hparams, run_info) -> None:
         super().__init__(hparams, run_info)
         self.calls: list[tuple[int, dict, torch.Tensor, bool]] = []
         self.marks: list[float] = []
 
-    def before_task_end(self, model, classes, server, task):
+
+    def server_event(self, ctx):
+        model, classes, server, task = ctx.model, ctx.classes, ctx.server, ctx.task  # noqa: F841
         self.calls.append((task, {k: v.detach().clone() for k, v in model.named_parameters()}, classes,
                            model.training))
         server["mark"] = torch.tensor(float(task + 1))

@@ -1,4 +1,4 @@
-"""Resume across a task end (issue 31): a method whose ``before_task_end`` writes a synthetic pool into its server
+"""Resume across a task end (issue 31): a method whose ``server_event`` writes a synthetic pool into its server
 state (from the final global model and torch's generator), ships it as ``"task_start"`` and trains on it with
 ``step_samples`` and ``extra_loss`` ends bit for bit like an uninterrupted run, bytes included, whether it stopped
 just after the task end or in the next task."""
@@ -21,9 +21,11 @@ class DataFree(Method):
     """A toy TARGET: a pool of random inputs pushed along the teacher's first layer, KD toward its logits."""
 
     name = "data-free-toy"
-    sends = Sends(broadcast={"task_start": ("pool", "targets")})
+    sends = Sends(server_events=("before_task_end",), broadcast={"task_start": ("pool", "targets")})
 
-    def before_task_end(self, model, classes, server, task):
+
+    def server_event(self, ctx):
+        model, classes, server, task = ctx.model, ctx.classes, ctx.server, ctx.task  # noqa: F841
         with torch.no_grad():
             pool = torch.randn(6, model.body[1].in_features) + model.body[1].weight[:1].detach()
             server["pool"], server["targets"] = pool, model(pool, torch.zeros(6, dtype=torch.long))

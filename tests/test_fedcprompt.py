@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cfl.methods.server_hooks import ServerEvent
 from cfl.pretrained.contrastive_continual import contrastive_continual_loss, task_rows
 from tests.run_pairs import assert_batched_equals_sequential, checkpointed_params, killed_and_resumed
 
@@ -74,7 +75,7 @@ def test_extra_loss_is_the_pull_then_the_triplet_after_a_task_end():
     method.hparams = FedCPromptHyperparams(reduction="sample")  # a hinge per sample (the default: the batch sum)
     params = dict(model.named_parameters())
     server: dict = {}
-    method.server_start(server, params)
+    method.server_event(ServerEvent("start", server, 0, params))
     x, task = torch.randn(3, 3, 8, 8), torch.zeros(3, dtype=torch.long)
     # at the global model itself: no pull, no previous task: 0
     assert torch.allclose(method.extra_loss(params, x, task, server, {}), torch.zeros(3), atol=1e-6)
@@ -176,7 +177,7 @@ def test_the_method_defaults_to_the_batch_sum_and_offers_the_per_sample_mean():
     method, model = _method()
     params = dict(model.named_parameters())
     server: dict = {}
-    method.server_start(server, params)
+    method.server_event(ServerEvent("start", server, 0, params))
     x, task = torch.randn(4, 3, 8, 8), torch.zeros(4, dtype=torch.long)
     moved = {k: v + 0.1 if k == "prompt.prompts" else v for k, v in params.items()}
     z, z_glob = (logits_and_features(model, p, x, task)[1] for p in (moved, params))

@@ -14,6 +14,7 @@ from torch.func import functional_call
 
 from cfl.methods.base import ClientData, RunInfo
 from cfl.methods.fedweit import FedWeIT, FedWeITHyperparams
+from cfl.methods.server_hooks import ServerEvent
 from cfl.models.fedweit_net import FedWeITMLP
 from cfl.models.mlp import MLP
 from cfl.ops.fedweit_losses import RegulariserWeights, regulariser
@@ -79,7 +80,7 @@ def test_task_end_builds_a_padded_knowledge_base_and_counts_it():
     assert torch.count_nonzero(upload["adaptive"]["body.1"]) == 1
     assert method.payload_bytes("task_end_upload", upload) == 2 + 4  # a 12-bit bitmap, one float32
     server: dict = {}
-    method.server_end("task_end", {7: upload}, server, 0)
+    method.server_event(ServerEvent("task_end", server, 0, params, {7: upload}))
     kb = server["kb"]["body.1"]
     assert kb.shape == (2, 3, 4) and kb[0, 0, 0] == 0.5 and kb[1].abs().sum() == 0
     assert method.payload_bytes("task_start", server) == (2 + 4) + 2

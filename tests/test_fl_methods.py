@@ -13,6 +13,7 @@ from cfl.engine.runner import Runner
 from cfl.engine.stacking import stack_states
 from cfl.methods import METHODS
 from cfl.methods.base import RunInfo
+from cfl.methods.server_hooks import ServerEvent, ServerUpdate
 from cfl.metrics.client_forgetting import forgetting_matrix, label_distribution, mean_over_others
 from cfl.metrics.results import build_results
 from cfl.ops.aggregate import aggregate
@@ -56,8 +57,8 @@ def _fedcurv_round(method, gen):
     server, states = {}, {}
     for c, (fisher, w) in clients.items():
         states[c] = {"I": fisher, "Iw": {k: fisher[k] * w[k] for k in w}, "round": torch.tensor(0, dtype=torch.int32)}
-    method.server_end("round", {c: {"I": fisher, "Iw": {k: fisher[k] * w[k] for k in w}}
-                                for c, (fisher, w) in clients.items()}, server, 0)
+    method.server_event(ServerEvent("round", server, 0, {}, {c: {"I": fisher, "Iw": {k: fisher[k] * w[k] for k in w}}
+                                                             for c, (fisher, w) in clients.items()}))
     return clients, states, server
 
 
@@ -160,8 +161,8 @@ def test_adaptive_server_two_steps_match_hand_computation(name):
     w = {"x": torch.tensor([1.0, 1.0], dtype=torch.float64)}
     d1 = {"x": torch.tensor([0.5, -0.2], dtype=torch.float64)}
     d2 = {"x": torch.tensor([0.01, -0.2], dtype=torch.float64)}  # coord 0: v > d^2, so Yogi's v shrinks
-    w1 = method.server_update(w, d1, server, server_lr=123.0)  # the method's own server_lr wins
-    w2 = method.server_update(w1, d2, server, server_lr=123.0)
+    w1 = method.server_update(ServerUpdate(w, d1, server, server_lr=123.0))  # the method's own server_lr wins
+    w2 = method.server_update(ServerUpdate(w1, d2, server, server_lr=123.0))
     for j in range(2):
         m, v, x = 0.0, 1e-6, 1.0
         for d, got in ((d1, w1), (d2, w2)):

@@ -8,6 +8,7 @@ from torch import nn
 from cfl.engine.runner import Runner
 from cfl.methods.base import ClientData, RunInfo
 from cfl.methods.fot import FOT, FOTHyperparams
+from cfl.methods.server_hooks import ServerEvent, TransformUpdate
 from cfl.metrics.results import method_stats
 from cfl.models import ModelShape, build_model
 from cfl.models.layers import protected_layers
@@ -92,19 +93,20 @@ def test_conv_outputs_on_old_task_patches_stay_unchanged_after_a_projected_updat
     state = MethodState()
     payloads = {c: fot.client_end("task_end", model, params, ClientData(x, torch.zeros(len(x)), 0), {}, {},
                                   torch.Generator().manual_seed(c)) for c, x in enumerate(x_old.chunk(3))}
-    fot.server_end("task_end", payloads, state.server, task=0)
+    fot.server_event(ServerEvent("task_end", state.server, 0, params, payloads))
     assert state.server["basis"]["conv.weight"].shape == (18, 9)
     delta = {k: torch.randn_like(v) for k, v in params.items()}
-    projected = fot.transform_update(delta, state.server, task=1)
+    projected = fot.transform_update(TransformUpdate(delta, state.server, task=1))
     assert torch.equal(projected["conv.bias"], delta["conv.bias"])
     assert projected["conv.weight"].norm() > 0.3 * delta["conv.weight"].norm()  # not simply zeroed
     before = F.conv2d(x_old, params["conv.weight"], stride=2, padding=1)
     after = F.conv2d(x_old, params["conv.weight"] + projected["conv.weight"], stride=2, padding=1)
     changed = F.conv2d(x_old, params["conv.weight"] + delta["conv.weight"], stride=2, padding=1)
     assert (after - before).norm() / (changed - before).norm() < 1e-4
-    assert fot.transform_update(delta, {}, task=1) is delta  # no basis yet (task 0): plain FedAvg
+    assert fot.transform_update(TransformUpdate(delta, {}, task=1)) is delta  # no basis yet (task 0): plain FedAvg
     # under a schedule a round whose clients are all on task 0 may follow another task's GPSE: projected too
-    assert torch.equal(fot.transform_update(delta, state.server, task=0)["conv.weight"], projected["conv.weight"])
+    again = fot.transform_update(TransformUpdate(delta, state.server, 0))
+    assert torch.equal(again["conv.weight"], projected["conv.weight"])
 
 
 def test_gpse_clients_above_num_clients_is_a_config_error():
@@ -188,6 +190,6 @@ def test_eps_grows_by_eps_inc_after_each_task_and_stops_at_1():
     fot = FOT(hparams, _run_info(_ConvNet()))
     state = MethodState()
     for task in range(4):
-        fot.server_end("task_end", {}, state.server, task=task)
+        fot.server_event(ServerEvent("task_end", state.server, task, {}))
     assert [entry["eps"] for entry in state.server["log"]] == pytest.approx([0.998, 0.999, 1.0, 1.0], abs=1e-12)
     assert state.server["eps"] == 1.0

@@ -13,6 +13,7 @@ from torch.func import functional_call
 from cfl.engine.runner import Runner
 from cfl.methods.base import ClientData, RunInfo
 from cfl.methods.glfc import GLFC, GLFCHyperparams
+from cfl.methods.server_hooks import ServerEvent
 from cfl.models.mlp import MLP
 from cfl.ops.features import head_features
 from cfl.ops.glfc_losses import glfc_loss_by_task
@@ -91,13 +92,12 @@ def test_the_proxy_labels_by_global_id_and_scores_each_sample_on_its_tasks_head(
     upload = method.client_end("round", model, params, data(1), {}, {"round_in_task": 0}, torch.Generator())
     assert [infer_label(g[-2]) for g in upload["gradients"]] == [2, 3]
     server: dict = {}
-    method.server_end("round", {0: upload}, server, 1)
-    assert server["monitor_y"].tolist() == [2, 3]
     says_0 = {k: v.clone() for k, v in params.items()}
     says_0["head.bias"] = torch.tensor([[0.0, 100.0], [100.0, 0.0]]) if scenario == "task" else torch.tensor([100.0, 0])
-    method.after_server_step(model, says_0, server, 1)
+    method.server_event(ServerEvent("round", server, 1, says_0, {0: upload}, model))
+    assert server["monitor_y"].tolist() == [2, 3]
     assert server["best_score"] == 0.5
-    method.server_end("task_end", {}, server, 1)
+    method.server_event(ServerEvent("task_end", server, 1, params))
     assert torch.equal(server["old_model"]["head.bias"], says_0["head.bias"])
 
 
@@ -151,7 +151,7 @@ def test_the_loss_is_unchanged_by_the_class_incremental_distillation_of_every_fi
     model.double()
     params = {k: v.double() for k, v in params.items()}
     server: dict = {}
-    method.before_task_end(model, torch.tensor([0, 1]), server, 0)
+    method.server_event(ServerEvent("before_task_end", server, 0, params, model=model, classes=torch.tensor([0, 1])))
     assert server == {}
     gen = torch.Generator().manual_seed(3)
     x, y, task = torch.randn(5, 16, generator=gen, dtype=torch.float64), torch.tensor([0, 1, 0, 1, 1]), \

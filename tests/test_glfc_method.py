@@ -1,5 +1,5 @@
 """The GLFC method's hooks, called directly (the method is not registered until the engine calls ``task_loss`` and
-``after_server_step``): the loss in place of the cross-entropy, the herding memory over two tasks, the first-round
+``server_event("round")``): the loss in place of the cross-entropy, the herding memory over two tasks, the first-round
 upload, the proxy server's monitor set, best model and old model, and the ablation without the proxy."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from torch.func import functional_call
 
 from cfl.methods.base import ClientData, RunInfo
 from cfl.methods.glfc import GLFC, GLFCHyperparams
+from cfl.methods.server_hooks import ServerEvent
 from cfl.models.mlp import MLP
 from cfl.ops.features import head_features
 from cfl.ops.glfc_losses import glfc_loss
@@ -109,12 +110,13 @@ def test_a_task_end_records_the_old_models_classes():
     ablation's last global model here); none while no old model is made."""
     method, model, params = make(proxy=False)
     server: dict = {}
-    method.before_task_end(model, torch.tensor([0, 1]), server, 0)
-    method.server_end("task_end", {}, server, 0)  # no global model kept yet: no old model, no old classes
+    method.server_event(ServerEvent("before_task_end", server, 0, params, model=model, classes=torch.tensor([0, 1])))
+    method.server_event(ServerEvent("task_end", server, 0, params))  # no global model kept yet: no old model, classes
     assert "old_model" not in server and "old_classes" not in server
-    method.after_server_step(model, params, server, 1)
-    method.before_task_end(model, torch.tensor([0, 1, 2]), server, 1)
-    method.server_end("task_end", {}, server, 1)
+    method.server_event(ServerEvent("round", server, 1, params, {}, model))
+    method.server_event(ServerEvent("before_task_end", server, 1, params, model=model,
+                                    classes=torch.tensor([0, 1, 2])))
+    method.server_event(ServerEvent("task_end", server, 1, params))
     assert server["old_classes"].tolist() == [True, True, True, False] and "old_model" in server
     assert "old_classes" in method.sends.broadcast["round"]
 
@@ -155,21 +157,20 @@ def test_the_proxy_keeps_the_best_model_and_hands_it_over_at_the_task_end():
     method, model, params = make()
     upload = method.client_end("round", model, params, data([1, 3], 0), {}, {"round_in_task": 0}, torch.Generator())
     server: dict = {}
-    method.server_end("round", {0: upload}, server, 0)
-    assert server["monitor_x"].shape == (2, 16) and server["monitor_y"].tolist() == [1, 3]
-    assert server["round_in_task"] == 1 and server["stats"]["reconstructions"] == 2
-    assert server["stats"]["reconstruction_seconds"] > 0
 
     def always(c):  # a model predicting class c everywhere: a large bias on c
         p = {k: v.clone() for k, v in params.items()}
         p["head.bias"] = torch.where(torch.arange(4) == c, 100.0, 0.0)
         return p
 
-    method.after_server_step(model, always(1), server, 0)  # half the monitor set right
+    method.server_event(ServerEvent("round", server, 0, always(1), {0: upload}, model))  # half the monitor set right
+    assert server["monitor_x"].shape == (2, 16) and server["monitor_y"].tolist() == [1, 3]
+    assert server["round_in_task"] == 1 and server["stats"]["reconstructions"] == 2
+    assert server["stats"]["reconstruction_seconds"] > 0
     assert server["best_score"] == 0.5 and torch.equal(server["best"]["head.bias"], always(1)["head.bias"])
-    method.after_server_step(model, always(0), server, 0)  # none right: not kept
+    method.server_event(ServerEvent("round", server, 0, always(0), {}, model))  # none right: not kept
     assert server["best_score"] == 0.5 and server["best"]["head.bias"][1] == 100
-    method.server_end("task_end", {}, server, 0)
+    method.server_event(ServerEvent("task_end", server, 0, params))
     assert server["old_model"]["head.bias"][1] == 100 and server["round_in_task"] == 0
     assert server["best_score"] == -math.inf
 
@@ -177,9 +178,8 @@ def test_the_proxy_keeps_the_best_model_and_hands_it_over_at_the_task_end():
 def test_the_ablation_takes_the_tasks_final_global_model():
     method, model, params = make(proxy=False)
     server: dict = {}
-    method.server_end("round", {}, server, 0)
-    method.after_server_step(model, params, server, 0)
+    method.server_event(ServerEvent("round", server, 0, params, {}, model))
     later = {k: v + 1 for k, v in params.items()}
-    method.after_server_step(model, later, server, 0)
-    method.server_end("task_end", {}, server, 0)
+    method.server_event(ServerEvent("round", server, 0, later, {}, model))
+    method.server_event(ServerEvent("task_end", server, 0, params))
     assert torch.equal(server["old_model"]["head.bias"], later["head.bias"]) and "monitor_x" not in server

@@ -131,13 +131,16 @@ def test_a_task_end_resets_the_alternation_and_sums_the_clients_task_grams():
 
     from cfl.methods.base import RunInfo
     from cfl.methods.lorm import LoRM, LoRMHyperparams
+    from cfl.methods.server_hooks import ServerEvent
 
     info = RunInfo(num_tasks=2, scenario="class", num_clients=2, clients_per_round=2, seed=0, model=nn.Linear(1, 1))
     server = {"train_b": torch.tensor(0.0)}  # the next round would train A
     uploads = {0: {"task_grams": {"q": torch.eye(2)}}, 1: {"task_grams": {"q": 2 * torch.eye(2)}}}
-    LoRM(LoRMHyperparams(), info).server_end("task_end", uploads, server, 0)
+    method, seen = LoRM(LoRMHyperparams(), info), {}
+    method.task_merge = lambda *args: seen.update(args[3])  # the merge: the test below
+    method.server_event(ServerEvent("task_end", server, 0, {}, uploads))
     assert float(server["train_b"]) == 1.0
-    assert torch.equal(server["task_gram"]["q"], 3 * torch.eye(2, dtype=torch.float64))
+    assert torch.equal(seen["q"], 3 * torch.eye(2, dtype=torch.float64))
 
 
 def test_lorm_is_refused_under_the_other_schedules(tmp_path):
@@ -169,7 +172,7 @@ def test_the_task_merge_into_the_backbone_by_hand():
     d = torch.float64
     server: dict = {"task_gram": {"qkv": torch.diag(torch.tensor([1.0, 3.0], dtype=d))}}
     task0 = {"qkv.lora_a": torch.tensor([[1.0, 2.0]], dtype=d), "qkv.lora_b": torch.tensor([[1.0], [0.0]], dtype=d)}
-    update = method.backbone_update(model, task0, server, 0)
+    update = method.task_merge(model, task0, server, server.pop("task_gram"), 0)
     # one task, a full-rank Gram: the merge is the task's own B A
     assert torch.allclose(update.deltas["qkv.weight"], torch.tensor([[1.0, 2.0], [0.0, 0.0]], dtype=d), atol=1e-12)
     assert torch.equal(update.params["qkv.lora_b"], torch.zeros(2, 1, dtype=d))  # the official init_matrices
@@ -178,7 +181,7 @@ def test_the_task_merge_into_the_backbone_by_hand():
     # task 1 trained on W0 + Delta_0 with B A = [[0, 0], [0, 4]]: D_1 = [[1, 2], [0, 4]]; Grams diag(3, 1)
     server["task_gram"] = {"qkv": torch.diag(torch.tensor([3.0, 1.0], dtype=d))}
     task1 = {"qkv.lora_a": torch.tensor([[0.0, 4.0]], dtype=d), "qkv.lora_b": torch.tensor([[0.0], [1.0]], dtype=d)}
-    update = method.backbone_update(model, task1, server, 1)
+    update = method.task_merge(model, task1, server, server.pop("task_gram"), 1)
     # diagonal Grams: each input column is a weighted mean over the tasks, column 0 (1 D_0 + 3 D_1) / 4 = [1, 0],
     # column 1 (3 D_0 + 1 D_1) / 4 = [2, 1]: Delta_1 = [[1, 2], [0, 1]], added as Delta_1 - Delta_0
     assert torch.allclose(update.deltas["qkv.weight"], torch.tensor([[0.0, 0.0], [0.0, 1.0]], dtype=d), atol=1e-12)
@@ -190,17 +193,17 @@ def test_the_server_merge_is_regmean_of_the_clients_uploads(tmp_path):
 
     run = runner(config(tmp_path))
     seen = {}
-    original = LoRM.server_end
+    original = LoRM.server_event
 
-    def spy(self, event, uploads, server, task):
-        seen.update(uploads)
-        original(self, event, uploads, server, task)
+    def spy(self, ctx):
+        seen.update(ctx.uploads if ctx.event == "round" else {})
+        return original(self, ctx)
 
-    LoRM.server_end = spy
+    LoRM.server_event = spy
     try:
         run.run_round(0, 0)
     finally:
-        LoRM.server_end = original
+        LoRM.server_event = original
     layer = "vit.blocks.3.attn.qkv"
     ups = list(seen.values())
     assert len(ups) == 3 and ups[0]["grams"][layer].shape == (4, 4)  # B trained: Grams projected onto A (r = 4)

@@ -11,6 +11,7 @@ from torch.func import functional_call
 from cfl.engine.runner import Runner
 from cfl.methods.base import RunInfo
 from cfl.methods.mfcl import MFCL, MFCLHyperparams
+from cfl.methods.server_hooks import ServerEvent
 from cfl.metrics.results import method_stats
 from cfl.models import ModelShape, build_model
 from cfl.models.buffers import running_stats
@@ -42,7 +43,7 @@ def _method(model: torch.nn.Module, hparams: MFCLHyperparams = SMALL) -> MFCL:
 
 def _task_end(method: MFCL, old: torch.nn.Module) -> dict:
     server: dict = {}
-    method.before_task_end(old, torch.tensor([0, 1, 2]), server, 0)
+    method.server_event(ServerEvent("before_task_end", server, 0, {}, model=old, classes=torch.tensor([0, 1, 2])))
     return server
 
 

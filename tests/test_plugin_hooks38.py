@@ -1,6 +1,6 @@
-"""Issue 38's plugin interface: ``Samples.extra``, ``step.random``, a carry read by ``step_samples``, ``server_start``,
-``client_end``'s ``training``, ``Linear`` and ``Quadratic.linear`` penalties, ``num_classes`` in the sizing; with
-hand-computed values."""
+"""Issue 38's plugin interface: ``Samples.extra``, ``step.random``, a carry read by ``step_samples``,
+``server_event("start")``, ``client_end``'s ``training``, ``Linear`` and ``Quadratic.linear`` penalties,
+``num_classes`` in the sizing; with hand-computed values."""
 
 import pytest
 import torch
@@ -63,10 +63,11 @@ class Recorder(Method):
     """Records what the new hooks and arguments hand it, in its states."""
 
     name = "recorder38"
-    sends = Sends(client_events=("round",))
+    sends = Sends(server_events=("start",), client_events=("round",))
 
-    def server_start(self, server, global_params):
-        server["started"] = torch.ones(())
+
+    def server_event(self, ctx):
+        ctx.server["started"] = torch.ones(())
 
     def client_end(self, event, model, params, data, state, server, generator, training=None):
         state["steps"] = torch.tensor(training.steps)
@@ -78,7 +79,7 @@ class Recorder(Method):
         return sizing.num_clients * 64
 
 
-def test_server_start_and_client_end_training_reach_the_method():
+def test_server_event_start_and_client_end_training_reach_the_method():
     register(Recorder)
     stream = make_stream("task", num_tasks=2, n_train=60)
     runner = Runner(_cfg({"name": "recorder38"}, local_epochs=2), stream)

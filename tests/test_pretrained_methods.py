@@ -9,6 +9,7 @@ import torch
 from cfl.methods.afcl import AFCL, AFCLHyperparams, ridge, with_bias
 from cfl.methods.base import ClientData, RunInfo
 from cfl.methods.fedncm import FedNCM, FedNCMHyperparams
+from cfl.methods.server_hooks import ServerEvent
 from cfl.models.feature_head import FeatureHead
 
 D, K = 6, 3
@@ -29,7 +30,7 @@ def global_params(info: RunInfo) -> dict[str, torch.Tensor]:
 
 
 def rounds(method, data_per_task, info):
-    """Every client's client_end over the tasks, the server reduction and after_server_step: the final head."""
+    """Every client's client_end over the tasks, server_event("round"): the final head."""
     server, states, params = {}, [{} for _ in data_per_task[0]], global_params(info)
     for task, data in enumerate(data_per_task):
         for _ in range(2):  # two rounds: the second sends nothing
@@ -38,8 +39,8 @@ def rounds(method, data_per_task, info):
                 up = method.client_end("round", info.model, params, ClientData(x, y, task), states[c], {}, None)
                 if up is not None:
                     uploads[c] = up
-            method.server_end("round", uploads, server, task)
-            params.update(method.after_server_step(info.model, params, server, task) or {})
+            change = method.server_event(ServerEvent("round", server, task, params, uploads, info.model))
+            params.update(change.params if change is not None else {})
     return params, server
 
 

@@ -96,11 +96,12 @@ PLUGINS = {
                                        "        return Samples(torch.zeros(3, 1, 8, 8), n, n)\n"
                                        "    def extra_loss(self, params, x, task, server, state, samples=None):\n"
                                        "        return samples.x.flatten(1).sum(1)\n"),
-    "task_end_returns": method("tr", "    def before_task_end(self, model, classes, server, task):\n"
+    "task_end_returns": method("tr", "    sends = Sends(server_events=('before_task_end',))\n"
+                                     "    def server_event(self, ctx):\n"
                                      "        return {'pool': torch.zeros(1)}\n"),
-    "task_start_changed": method("tc", "    sends = Sends(broadcast={'task_start': ('pool',)})\n"
-                                       "    def server_end(self, event, uploads, server, task):\n"
-                                       "        server['pool'] = torch.ones(1)  # a new tensor each round\n"),
+    "task_start_changed": method("tc", "    sends = Sends(broadcast={'task_start': ('pool',)}, server_events=('round', 'task_end'))\n"
+                                       "    def server_event(self, ctx):\n"
+                                       "        ctx.server['pool'] = torch.ones(1)  # a new tensor each round\n"),
     # issue 37 items 4-8: failures that escaped as tracebacks or went unnoticed
     "carry_counter": method("cc", "    calls = 0\n"
                                   "    def carry_start(self, global_params, state):\n"
@@ -131,11 +132,13 @@ PLUGINS = {
                                                        "            return torch.zeros(logits.shape[0])\n"
                                                        "        return torch.nn.functional.cross_entropy(logits, y, "
                                                        "reduction='none')\n"),
-    "server_function": method("sf", "    def after_server_step(self, model, global_params, server, task):\n"
-                                    "        server['score'] = lambda: 1\n"),
-    "late_server_function": method("lsf", "    def after_server_step(self, model, global_params, server, task):\n"
-                                          "        if task == 1:\n"
-                                          "            server['score'] = lambda: 1\n"),
+    "server_function": method("sf", "    sends = Sends(server_events=('round',))\n"
+                                    "    def server_event(self, ctx):\n"
+                                    "        ctx.server['score'] = lambda: 1\n"),
+    "late_server_function": method("lsf", "    sends = Sends(server_events=('round',))\n"
+                                          "    def server_event(self, ctx):\n"
+                                          "        if ctx.task == 1:\n"
+                                          "            ctx.server['score'] = lambda: 1\n"),
     "step_branch": method("sbr", "    def step_gradient(self, step):\n"
                                  "        if step.grads['body.1.weight'].sum() > 0:\n"
                                  "            return None\n"
@@ -145,13 +148,14 @@ PLUGINS = {
                                          "        return {'body.1.weight': torch.eye(3)}\n"),
     "step_integer": method("sint", "    def step_gradient(self, step):\n"
                                    "        return {k: g.long() for k, g in step.grads.items()}\n"),
-    "update_integer": method("uint", "    def transform_update(self, delta, server, task):\n"
-                                     "        return {k: d.long() for k, d in delta.items()}\n"),
+    "update_integer": method("uint", "    def transform_update(self, ctx):\n"
+                                     "        return {k: d.long() for k, d in ctx.delta.items()}\n"),
     "step_writes": method("sw", "    def step_gradient(self, step):\n"
                                 "        step.params['body.1.weight'].mul_(0.5)\n"
                                 "        return None\n"),
-    "server_writes": method("aw", "    def after_server_step(self, model, global_params, server, task):\n"
-                                  "        global_params['body.1.weight'].mul_(0.5)\n"),
+    "server_writes": method("aw", "    sends = Sends(server_events=('round',))\n"
+                                  "    def server_event(self, ctx):\n"
+                                  "        ctx.global_params['body.1.weight'].mul_(0.5)\n"),
     "step_nan": method("sn", TASK_END_MARK + "    def step_gradient(self, step):\n"
                                              "        if 'seen' not in step.state:\n"
                                              "            return None\n"
@@ -265,7 +269,7 @@ CASES = [
      ["method 'sl'", "hook extra_loss", "tensor of shape (B,)", "(here 2)", "shape (3,)"]),
     ("mid-run: before_task_end returns a value", ["run", "{cfg}", "--plugin", "{tmp}/task_end_returns.py", "--set",
                                                   "method.name=tr", "--out", "{tmp}/tr"], 3,
-     ["method 'tr'", "hook before_task_end", "must return None", "got dict", "at the end of task 0 (0-based)",
+     ["method 'tr'", "hook server_event", "must return None", "got dict", "at the end of task 0 (0-based)",
       "is kept"]),
     # issue 37 items 4-8
     ("carry_start: sizes differing between clients", ["run", "{cfg}", "--plugin", "{tmp}/carry_counter.py", "--set",
@@ -287,13 +291,13 @@ CASES = [
     ("mid-run: task_loss without grad_fn", ["run", "{cfg}", "--plugin", "{tmp}/late_loss_no_grad.py", "--set",
                                             "method.name=lng", "--out", "{tmp}/lng"], 3,
      ["method 'lng'", "hook task_loss", "got a tensor without grad_fn", "at task 1 (0-based)", "is kept"]),
-    ("after_server_step: a function in server", ["run", "{cfg}", "--plugin", "{tmp}/server_function.py", "--set",
+    ("server_event(round): a function in server", ["run", "{cfg}", "--plugin", "{tmp}/server_function.py", "--set",
                                                  "method.name=sf", "--out", "{tmp}/sf"], 2,
-     ["method 'sf'", "hook after_server_step", "only tensors, numbers, strings", "server['score'] is a function"]),
-    ("mid-run: after_server_step puts a function in server", ["run", "{cfg}", "--plugin",
+     ["method 'sf'", "hook server_event", "only tensors, numbers, strings", "server['score'] is a function"]),
+    ("mid-run: server_event(round) puts a function in server", ["run", "{cfg}", "--plugin",
                                                               "{tmp}/late_server_function.py", "--set",
                                                               "method.name=lsf", "--out", "{tmp}/lsf"], 3,
-     ["method 'lsf'", "hook after_server_step", "server['score'] is a function", "at task 1 (0-based)", "is kept"]),
+     ["method 'lsf'", "hook server_event", "server['score'] is a function", "at task 1 (0-based)", "is kept"]),
     ("step_gradient: a branch on a tensor under vmap", ["run", "{cfg}", "--plugin", "{tmp}/step_branch.py", "--set",
                                                         "method.name=sbr", "--out", "{tmp}/sbr"], 2,
      ["method 'sbr'", "hook step_gradient raised RuntimeError", "vmap",
@@ -314,9 +318,9 @@ CASES = [
                                                 "method.name=sw", "--out", "{tmp}/sw"], 2,
      ["method 'sw'", "hook step_gradient", "must not write into its arguments in place",
       "it wrote into step.params['body.1.weight']"]),
-    ("after_server_step: scales global_params in place", ["run", "{cfg}", "--plugin", "{tmp}/server_writes.py",
+    ("server_event(round): scales global_params in place", ["run", "{cfg}", "--plugin", "{tmp}/server_writes.py",
                                                           "--set", "method.name=aw", "--out", "{tmp}/aw"], 2,
-     ["method 'aw'", "hook after_server_step", "must not write into its arguments in place",
+     ["method 'aw'", "hook server_event", "must not write into its arguments in place",
       "it wrote into global_params['body.1.weight']"]),
     ("mid-run: step_gradient makes NaN", ["run", "{cfg}", "--plugin", "{tmp}/step_nan.py", "--set", "method.name=sn",
                                           "--out", "{tmp}/sn"], 3,

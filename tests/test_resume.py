@@ -27,7 +27,7 @@ TINY = {"stream": {"name": "split-digits", "num_tasks": 2}, "model": {"name": "m
 SLOW_PLUGIN = '''
 import os, time
 from cfl.methods import register
-from cfl.methods.base import Method
+from cfl.methods.base import Method, Sends
 
 
 @register
@@ -35,7 +35,9 @@ class Slow(Method):
     name = "slow"
     about = "test helper: FedAvg that sleeps $CFL_TEST_ROUND_SLEEP seconds per round (a window to kill in)"
 
-    def server_end(self, event, uploads, server, task):
+    sends = Sends(server_events=("round", "task_end"))
+
+    def server_event(self, ctx):
         time.sleep(float(os.environ.get("CFL_TEST_ROUND_SLEEP", "0")))
 '''
 

@@ -10,6 +10,7 @@ from cfl.methods.base import LocalTraining, RunInfo, Step
 from cfl.methods.derpp import DERpp, DERppHyperparams
 from cfl.methods.feddyn import FedDyn, FedDynHyperparams
 from cfl.methods.scaffold import Scaffold
+from cfl.methods.server_hooks import ServerEvent, ServerUpdate
 from cfl.ops.counter_random import StepRandom
 from cfl.validation import from_dict
 from tests.conftest import make_stream
@@ -23,7 +24,7 @@ def _info(num_clients=4, clients_per_round=2, model=None):
 def test_scaffold_option_ii_control_variates_by_hand():
     m = Scaffold(None, _info())
     server = {}
-    m.server_start(server, {"w": torch.tensor([1.0, 2.0])})
+    m.server_event(ServerEvent("start", server, 0, {"w": torch.tensor([1.0, 2.0])}))
     assert server["c"]["w"].tolist() == [0.0, 0.0]
     server["c"] = {"w": torch.tensor([0.5, -1.0])}
     state = {"c": {"w": torch.tensor([0.25, 0.0])}}
@@ -34,14 +35,14 @@ def test_scaffold_option_ii_control_variates_by_hand():
                       LocalTraining({"w": torch.tensor([1.0, 2.0])}, 4, 0.5))
     assert state["c"]["w"].tolist() == [0.25, 0.5]
     assert up["dc"]["w"].tolist() == [0.0, 0.5]
-    m.server_end("round", {0: up, 1: {"dc": {"w": torch.tensor([4.0, 0.0])}}}, server, 0)
+    m.server_event(ServerEvent("round", server, 0, {}, {0: up, 1: {"dc": {"w": torch.tensor([4.0, 0.0])}}}))
     assert server["c"]["w"].tolist() == [1.5, -0.875]  # c + (dc_0 + dc_1) / N, N = 4
 
 
 def test_feddyn_client_and_server_updates_by_hand():
     m = FedDyn(FedDynHyperparams(alpha=0.5), _info(num_clients=4, clients_per_round=2))
     server = {}
-    m.server_start(server, {"w": torch.tensor([1.0])})
+    m.server_event(ServerEvent("start", server, 0, {"w": torch.tensor([1.0])}))
     state = {}
     assert m.penalty({"w": torch.tensor([1.0])}, server, state)["w"].linear is None
     m.client_end("round", None, {"w": torch.tensor([3.0])}, None, state, server, None,
@@ -50,7 +51,7 @@ def test_feddyn_client_and_server_updates_by_hand():
     q = m.penalty({"w": torch.tensor([1.0])}, server, state)["w"]
     assert (q.weight, q.anchor.tolist(), q.linear.tolist()) == (0.5, [1.0], [1.0])  # loss - <h_k, w>
     # mean client model 3 (delta 2): h = 0 - 0.5 * (2/4) * 2 = -0.5; w = 1 + 2 - (-0.5) / 0.5 = 4
-    new = m.server_update({"w": torch.tensor([1.0])}, {"w": torch.tensor([2.0])}, server, 1.0)
+    new = m.server_update(ServerUpdate({"w": torch.tensor([1.0])}, {"w": torch.tensor([2.0])}, server, 1.0))
     assert server["h"]["w"].tolist() == [-0.5] and new["w"].tolist() == [4.0]
 
 

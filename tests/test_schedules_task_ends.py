@@ -29,17 +29,15 @@ class Pool(Method):
     """A pool from the start, replaced when a task's last holder has left it; records what each client's hooks see."""
 
     name = "pool-staggered"
-    sends = Sends(broadcast={"task_start": ("pool",)}, client_events=("round",))
+    sends = Sends(server_events=("start", "before_task_end"), broadcast={"task_start": ("pool",)}, client_events=("round",))
 
     def __init__(self, hparams, run_info) -> None:
         super().__init__(hparams, run_info)
         self.seen: list[float] = []  # the pool's value each kept client's hooks saw, round after round
 
-    def server_start(self, server, params):
-        server["pool"] = POOL.clone()
 
-    def before_task_end(self, model, classes, server, task):
-        server["pool"] = POOL + task + 1
+    def server_event(self, ctx):
+        ctx.server["pool"] = POOL.clone() if ctx.event == "start" else POOL + ctx.task + 1
 
     def client_end(self, event, model, params, data, state, server, generator):
         self.seen.append(float(server["pool"][0]))
@@ -48,9 +46,13 @@ class Pool(Method):
 class PoolChangedInARound(Pool):
     name = "pool-round-change"
 
-    def server_end(self, event, uploads, server, task):
-        if event == "round":
-            server["pool"] = server["pool"] + 1
+    sends = Sends(server_events=("start", "round", "before_task_end"))
+
+    def server_event(self, ctx):
+        if ctx.event != "round":
+            return super().server_event(ctx)
+        ctx.server["pool"] = ctx.server["pool"] + 1
+        return None
 
 
 def _config(name: str, per_round: int = 4, **kw: object):
@@ -100,7 +102,7 @@ class Held(Method):
     """Uploads its client id at each client's task end; records the server's task ends."""
 
     name = "held-probe"
-    sends = Sends(client_events=("task_end",), server_task_end="last_holder")
+    sends = Sends(server_events=("task_end",), client_events=("task_end",), server_task_end="last_holder")
 
     def __init__(self, hparams, run_info) -> None:
         super().__init__(hparams, run_info)
@@ -110,9 +112,9 @@ class Held(Method):
         self.calls.append(("client", data.task, [data.x[0].clone()]))  # the client: by its first sample
         return {"n": torch.tensor(1.0)}
 
-    def server_end(self, event, uploads, server, task):
-        if event == "task_end":
-            self.calls.append(("server", task, sorted(uploads)))
+
+    def server_event(self, ctx):
+        self.calls.append(("server", ctx.task, sorted(ctx.uploads)))
 
 
 class Switch(Held):

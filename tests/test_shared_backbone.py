@@ -1,4 +1,4 @@
-"""The route by which a method changes the shared frozen backbone (``Method.backbone_update``,
+"""The route by which a method changes the shared frozen backbone (``ServerChange.backbone``,
 cfl/engine/shared_backbone.py): the declaration it needs, the models it is refused on, the checks of what it
 returns, the deltas added once into the one backbone, and the bytes each client downloads once."""
 
@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from cfl.engine.shared_backbone import SharedBackbone
-from cfl.methods.base import BackboneUpdate, Method, Requires
+from cfl.methods.base import BackboneUpdate, Method, Requires, Sends
 from cfl.methods.hook_guard import BrokenRule
 from cfl.records.snapshot import Progress
 from cfl.schema import ConfigError
@@ -20,15 +20,16 @@ from cfl.schema import ConfigError
 class _Merger(Method):
     name = "merger"
     requires = Requires(schedules=("synchronous",))
+    sends = Sends(changes_backbone=True, server_events=("task_end",))
 
-    def backbone_update(self, model, global_params, server, task):  # noqa: ARG002
+    def server_event(self, ctx):  # noqa: ARG002
         return None
 
 
 def test_a_method_that_changes_the_backbone_must_declare_the_synchronous_schedule():
     with pytest.raises(TypeError, match="declare requires = Requires\\(schedules=\\('synchronous',\\)"):
-        type("Merger", (Method,), {"backbone_update": _Merger.backbone_update})
-    declared = type("Merger", (Method,), {"backbone_update": _Merger.backbone_update,
+        type("Merger", (Method,), {"server_event": _Merger.server_event, "sends": Sends(changes_backbone=True)})
+    declared = type("Merger", (Method,), {"server_event": _Merger.server_event, "sends": Sends(changes_backbone=True),
                                           "requires": Requires(schedules=("synchronous",))})
     assert declared.requires.schedules == ("synchronous",)
 

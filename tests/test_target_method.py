@@ -12,6 +12,7 @@ import torch
 from cfl.engine.runner import Runner
 from cfl.methods import METHODS
 from cfl.methods.base import RunInfo, Samples
+from cfl.methods.server_hooks import ServerEvent
 from cfl.metrics.results import method_stats
 from cfl.models import ModelShape, build_model
 from cfl.models.buffers import running_stats
@@ -84,7 +85,7 @@ def test_the_task_end_leaves_a_pool_an_old_model_and_the_seen_classes(warmup, ad
     model = resnet().eval()
     target = method(model, warmup=warmup)
     server: dict = {}
-    target.before_task_end(model, torch.tensor([0, 1]), server, 0)
+    target.server_event(ServerEvent("before_task_end", server, 0, {}, model=model, classes=torch.tensor([0, 1])))
     pool = server["pool"]
     assert pool.dtype == torch.uint8 and pool.shape == (8, *IMAGE)  # 2 rounds of 4 images, capacity 8
     assert server["old_classes"].tolist() == [True, True, False, False]
@@ -94,7 +95,7 @@ def test_the_task_end_leaves_a_pool_an_old_model_and_the_seen_classes(warmup, ad
     assert stats["adversarial_rounds"] == adversarial and stats["distillation_rounds"] == distilled
     assert (stats["student_seconds"] > 0) == (distilled > 0)
     again: dict = {}
-    target.before_task_end(model, torch.tensor([0, 1]), again, 0)
+    target.server_event(ServerEvent("before_task_end", again, 0, {}, model=model, classes=torch.tensor([0, 1])))
     assert torch.equal(again["pool"], pool)  # the same draws (a resumed run's pool)
     drawn = target.step_samples({}, torch.Generator().manual_seed(0), server)
     assert drawn.x.shape == (3, *IMAGE)

@@ -22,13 +22,15 @@ class Pool(Method):
     """Makes a pool at each task end; records, per round, the broadcast its clients' hooks see."""
 
     name = "pool-probe"
-    sends = Sends(broadcast={"task_start": ("pool",)}, client_events=("round",))
+    sends = Sends(server_events=("before_task_end",), broadcast={"task_start": ("pool",)}, client_events=("round",))
 
     def __init__(self, hparams, run_info) -> None:
         super().__init__(hparams, run_info)
         self.seen: list[tuple[int, bool]] = []  # (task, pool in the broadcast) per kept client and round
 
-    def before_task_end(self, model, classes, server, task):
+
+    def server_event(self, ctx):
+        model, classes, server, task = ctx.model, ctx.classes, ctx.server, ctx.task  # noqa: F841
         server["pool"] = POOL + task
 
     def client_end(self, event, model, params, data, state, server, generator):
@@ -73,9 +75,14 @@ class Changing(Pool):
 
     name = "pool-changing"
 
-    def server_end(self, event, uploads, server, task):
-        if event == "round" and task == 1:
-            server["pool"] = server["pool"] + 1
+    sends = Sends(server_events=("round", "before_task_end"))
+
+    def server_event(self, ctx):
+        if ctx.event == "before_task_end":
+            return super().server_event(ctx)
+        if ctx.task == 1:
+            ctx.server["pool"] = ctx.server["pool"] + 1
+        return None
 
 
 def test_a_key_changed_during_its_task_is_refused():

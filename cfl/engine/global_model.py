@@ -1,4 +1,4 @@
-"""The global model as a module, for the server hooks that need one (``Method.before_task_end``): a copy of the
+"""The global model as a module, for the server hooks that need one (``Method.server_event``): a copy of the
 run's template holding the global parameters. Every such hook gets its model from :func:`global_model`, so what
 the global model holds besides its parameters (BatchNorm running statistics) is
 loaded in this one place."""

@@ -35,11 +35,14 @@ FINITE = ("made non-finite values (NaN or inf) from finite arguments (the run st
           "zero, log of 0 or overflow, not lr, is the cause)")
 CARRY_STEP = "must return a dict shaped like step.carry: the same keys, each tensor of the same shape and dtype"
 UPLOAD = "must return None or the client's upload, a dict"
-BEFORE_TASK_END = "must return None: it writes what it keeps into its server state (the argument server) in place"
+BEFORE_TASK_END = ("must return None at 'start' and 'before_task_end': it writes what it keeps into its server state "
+                   "(ctx.server) in place")
 SERVER_UPDATE = "must return None or the new global parameters: {every parameter name: float tensor shaped like it}"
 TRANSFORM = "must return the server step: {every parameter name: float tensor shaped like it}"
-AFTER_SERVER_STEP = ("must return None or new global values of some parameters: {parameter name: tensor shaped "
-                     "like it, of its dtype}")
+AFTER_SERVER_STEP = ("must return None or ServerChange(params): params new global values of some parameters: "
+                     "{parameter name: tensor shaped like it, of its dtype}")
+SERVER_CHANGE = ("must return None or ServerChange(params, backbone): backbone only at 'task_end' and for a method "
+                 "declaring changes_backbone")
 
 
 def _got(value: Any) -> str:

@@ -5,8 +5,9 @@ an empty client state and copies of the server state, its read-only arguments wa
 (:class:`cfl.engine.hook_call.unwritten`); then a dry round trains two fresh clients one local step each through the
 run's own trainer, so the batched engine runs the hooks it maps over clients (``VMAPPED_HOOKS``) under
 ``torch.func.vmap`` over both, where ``.item()`` or a Python branch on a tensor fails. torch's generators are
-restored afterwards, so the run draws what it would have drawn. ``client_end`` and ``server_end`` are not called
-here (they need a trained round): their failures stop the run with exit code 3 and its checkpoint kept."""
+restored afterwards, so the run draws what it would have drawn. ``client_end`` and ``server_event`` at the task
+ends are not called here (they need a trained task), ``server_event("round")`` only on a round without uploads:
+their failures stop the run with exit code 3 and its checkpoint kept."""
 
 from __future__ import annotations
 
@@ -18,24 +19,19 @@ from torch.func import functional_call
 
 from cfl.engine import hooks
 from cfl.engine.hook_call import call, unwritten
-from cfl.engine.hook_rules import (
-    AFTER_SERVER_STEP,
-    check_bytes,
-    check_client_start,
-    check_client_upload,
-    check_server_aggregate,
-    check_some_params,
-)
+from cfl.engine.hook_rules import check_bytes, check_client_start, check_client_upload, check_server_aggregate
 from cfl.engine.jobs import ClientJob, Plugins, limit_epochs
 from cfl.engine.local_batched import train_batched
 from cfl.engine.local_sequential import train_sequential
 from cfl.engine.path import trainer_kind
 from cfl.engine.runner import Runner
 from cfl.engine.server import transformed, updated
+from cfl.engine.server_events import acts, checked_change
 from cfl.engine.server_state import broadcast_of
 from cfl.engine.step_hooks import StepStage, as_batch, gradient_function, takes_steps
 from cfl.methods.base import Method, overrides
 from cfl.methods.hook_types import Samples
+from cfl.methods.server_hooks import ServerEvent
 from cfl.models.buffers import load_global_model
 from cfl.records.client_states import ClientStates, MethodState
 from cfl.tensors import Params, State
@@ -90,9 +86,10 @@ def dry_run_hooks(runner: Runner) -> None:
             if overrides(m, "transform_update"):
                 with unwritten(m, "transform_update", {"delta": delta}):
                     transformed(m, delta, server, 0, params)
-            call(m, "after_server_step", runner.model, params, server, 0,
-                 use=lambda new, params=params: check_some_params(new, params, AFTER_SERVER_STEP),
-                 read_only={"global_params": params}, server=server, default=None)
+            if acts(m, "round"):
+                call(m, "server_event", ServerEvent("round", server, 0, params, {}, runner.model),
+                     use=lambda r, m=m, params=params: checked_change(r, m, "round", params),
+                     read_only={"global_params": params}, server=server)
     _dry_round(runner)
 
 

@@ -22,12 +22,11 @@ from torch import nn
 
 from cfl.config import Config
 from cfl.data.stream import Stream
-from cfl.engine import penalty_share
+from cfl.engine import penalty_share, server_events
 from cfl.engine.client_end import client_end
 from cfl.engine.client_params import ClientParams
 from cfl.engine.evaluation import accuracies, accuracy_of, class_accuracy, evaluate
 from cfl.engine.hook_call import call, finite_checks
-from cfl.engine.hook_rules import AFTER_SERVER_STEP, check_some_params
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, derive_seed, limit_epochs
 from cfl.engine.local_batched import BatchedTrainer
 from cfl.engine.local_sequential import train_sequential
@@ -90,13 +89,11 @@ class Runner:
         self.server = Server(cfg, {k: v.detach().clone() for k, v in self.model.named_parameters()}, self.methods,
                              [MethodState(clients=s) for s in self.client_stores.stores],
                              running_stats(self.model))
-        for m, st in zip(self.methods, self.states, strict=True):  # server state before round 1 (SCAFFOLD's c)
-            if overrides(m, "server_start"):
-                call(m, "server_start", st.server, {k: v.clone() for k, v in self.params.items()}, server=st.server)
+        server_events.at_start(self.methods, self.states, self.params)  # server state before round 1 (SCAFFOLD's c)
         # model.buffers: local (FedBN): each client's own BatchNorm running statistics between its rounds
         self.buffer_states = ClientStates() if cfg.model.buffers == "local" and self.buffers else None
         self.initial_buffers = {k: v.clone() for k, v in self.buffers.items()}  # a local client's first start
-        self.shared_backbone = SharedBackbone(self.model, self.buffers)  # what backbone_update may change
+        self.shared_backbone = SharedBackbone(self.model, self.buffers)  # what server_event('task_end') may change
         self.comm = CommLedger()
         self.plan = build_plan(cfg, stream.num_tasks)  # the client x round grid (cfl/schedules.py)
         self.schedule = Schedule(cfg, stream, self.plan, self.device)  # checks the clients' shares before any round
@@ -257,16 +254,8 @@ class Runner:
         if self.buffers:
             self.buffers = collect([o for o, ok in zip(outcomes, keep.tolist(), strict=True) if ok], weights,
                                    self.buffer_states)
-        for m, st, pl in zip(self.methods, self.states, payloads, strict=True):
-            call(m, "server_end", "round", pl, st.server, task, server=st.server, default=None)
-        for m, st in zip(self.methods, self.states, strict=True):
-            if overrides(m, "after_server_step"):
-                self.model.eval()
-                # may set global parameters (a closed-form classifier), never write into them in place
-                new = call(m, "after_server_step", self.model, self.params, st.server, task,
-                           use=lambda new: check_some_params(new, self.params, AFTER_SERVER_STEP),
-                           read_only={"global_params": self.params}, server=st.server)
-                self.params = {**self.params, **new}
+        # may set global parameters (a closed-form classifier), never write into them in place
+        self.params = server_events.after_round(self.methods, self.states, payloads, self.model, self.params, task)
         backbone_down = self.shared_backbone.download_bytes([j.cid for j in jobs], self.progress)
         up = round_upload(self.methods, len(kept_jobs), self.model_bytes, self.buffers, self.params, combined,
                           sent_sizes, payloads)

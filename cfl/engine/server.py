@@ -19,6 +19,7 @@ from cfl.engine.hook_rules import SERVER_UPDATE, TRANSFORM, check_params
 from cfl.engine.jobs import ClientOutcome
 from cfl.engine.penalty_stiffness import stiffness_hint
 from cfl.methods.base import Method, overrides
+from cfl.methods.server_hooks import ServerUpdate, TransformUpdate
 from cfl.ops.aggregate import aggregate
 from cfl.records.client_states import MethodState
 from cfl.tensors import Params, State
@@ -121,12 +122,13 @@ class Server:
 
 def updated(method: Method, params: Params, delta: Params, server: State, lr: float) -> Params | None:
     """``method.server_update``: the new global parameters, or None for the default step."""
-    return call(method, "server_update", params, delta, server, lr,
+    return call(method, "server_update", ServerUpdate(params, delta, server, lr),
                 use=lambda new: None if new is None else check_params(new, params, SERVER_UPDATE),
                 finite={"global_params": params, "delta": delta}, default=None)
 
 
 def transformed(method: Method, step: Params, server: State, task: int, params: Params) -> Params:
     """``method.transform_update`` of the server ``step`` (the step of each of ``params``)."""
-    return call(method, "transform_update", step, server, task, use=lambda new: check_params(new, params, TRANSFORM),
+    return call(method, "transform_update", TransformUpdate(step, server, task),
+                use=lambda new: check_params(new, params, TRANSFORM),
                 finite={"delta": step})

@@ -4,16 +4,16 @@ every plan:
 * a client's task end is its own event: each method's ``client_end("task_end")`` on its rows of the task it
   leaves, with the then-current global model (and the method's ``"task_end"`` broadcast); a method that draws
   its own task-end clients (``task_end_clients``) draws them among the task's finishers (:func:`task_end_draws`).
-  The uploads go to ``server_end("task_end", uploads, task)`` at once (``Method.sends.server_task_end: switch``), or
+  The uploads go to ``server_event("task_end")`` at once (``Method.sends.server_task_end: switch``), or
   are held in the method's server state (:data:`HELD`) until the server's task end (``last_holder``);
-* the server's task end of a task comes when its last holder has switched away from it: ``before_task_end`` on
-  the global model of that moment (its classes those of every task all of whose holders have left it), a
-  ``last_holder`` method's ``server_end``, then ``backbone_update`` (a change of the shared frozen backbone).
+* the server's task end of a task comes when its last holder has switched away from it:
+  ``server_event("before_task_end")`` on the global model of that moment (its classes those of every task all of
+  whose holders have left it), then a ``last_holder`` method's ``server_event("task_end")``.
 
 Under the synchronous plan every client leaves a task at once, and each method's whole task end runs in turn,
 ``before_task_end`` first (its clients' hooks read what it made): ``before_task_end``, the clients',
-``server_end``, ``backbone_update``; under any other plan every method's client task ends come first, then each
-left task's server task end.
+``task_end`` (which may change the shared frozen backbone: synchronous only); under any other plan every method's
+client task ends come first, then each left task's server task end.
 """
 
 from __future__ import annotations
@@ -31,14 +31,16 @@ from cfl.engine.hook_rules import BEFORE_TASK_END, check_none, check_some_params
 from cfl.engine.jobs import derive_seed
 from cfl.engine.run_state import RunState
 from cfl.engine.schedule import sample_clients
+from cfl.engine.server_events import acts, checked_change
 from cfl.engine.server_state import broadcast_of
 from cfl.engine.shared_backbone import BACKBONE_UPDATE
 from cfl.engine.traffic import record_task_end
-from cfl.methods.base import Method, overrides, takes_part_at_task_end
-from cfl.methods.hook_types import BackboneUpdate, ClientData
+from cfl.methods.base import Method, takes_part_at_task_end
+from cfl.methods.hook_types import ClientData
+from cfl.methods.server_hooks import ServerChange, ServerEvent
 from cfl.records.client_states import MethodState
 from cfl.schedules import Plan
-from cfl.tensors import Params, State
+from cfl.tensors import State
 
 #: the server-state key under which the engine holds a ``server_task_end: last_holder`` method's task-end uploads
 #: (task -> client -> upload) from the clients' own task ends until the task's server-side end (checkpointed)
@@ -94,7 +96,7 @@ def end_tasks(run: RunState, rnd: int, switched: list[tuple[int, int]], leaving:
 def client_task_ends(run: RunState, i: int, switched: list[tuple[int, int]]) -> None:
     """Method ``i``'s ``client_end("task_end")`` on the clients switching (each on its rows of the task it leaves,
     at the current global model; a method's own draw: its drawn clients only), then, per task left, its
-    ``server_end("task_end")`` with their uploads, or (``last_holder``) the uploads held in its server state."""
+    ``server_event("task_end")`` with their uploads, or (``last_holder``) the uploads held in its server state."""
     m, st = run.methods[i], run.states[i]
     for task in sorted({t for _, t in switched}):
         uploads: dict[int, Any] = {}
@@ -111,17 +113,17 @@ def client_task_ends(run: RunState, i: int, switched: list[tuple[int, int]]) -> 
         if m.sends.server_task_end == "last_holder":
             if uploads:  # a task some client holds to the run's end never uses them
                 st.server.setdefault(HELD, {}).setdefault(task, {}).update(uploads)
-        elif overrides(m, "server_end"):
-            server_end(m, st.server, uploads, task)
+        elif acts(m, "task_end"):
+            task_end(run, m, st.server, uploads, task)
 
 
 def server_task_end(run: RunState, m: Method, st: MethodState, tasks: list[int], classes: torch.Tensor,
                     before: bool) -> None:
-    """The server's task end of ``tasks`` for ``m``: ``before``, its ``before_task_end``; else a ``last_holder``
-    method's ``server_end("task_end")`` with the uploads held for the task, then ``backbone_update``."""
+    """The server's task end of ``tasks`` for ``m``: ``before``, its ``server_event("before_task_end")``; else a
+    ``last_holder`` method's ``server_event("task_end")`` with the uploads held for the task."""
     for task in tasks:
         if before:
-            if overrides(m, "before_task_end"):
+            if acts(m, "before_task_end"):
                 before_task_end(run, m, st.server, task, classes)
             continue
         if m.sends.server_task_end == "last_holder":
@@ -129,41 +131,39 @@ def server_task_end(run: RunState, m: Method, st: MethodState, tasks: list[int],
             uploads = held.pop(task, {})
             if not held:
                 st.server.pop(HELD, None)
-            if overrides(m, "server_end"):
-                server_end(m, st.server, uploads, task)
-        if overrides(m, "backbone_update"):
-            backbone_update(run, m, st.server, task)
+            if acts(m, "task_end"):
+                task_end(run, m, st.server, uploads, task)
 
 
-def server_end(m: Method, server: State, uploads: dict[int, Any], task: int) -> None:
-    call(m, "server_end", "task_end", uploads, server, task, server=server)
+def task_end(run: RunState, method: Method, server: State, uploads: dict[int, Any], task: int) -> None:
+    """``method.server_event("task_end")`` (a method declaring ``changes_backbone``: on a copy of the final global
+    model): its backbone deltas added into the one shared frozen backbone (cfl/engine/shared_backbone.py), its new
+    parameter values set."""
+    model = global_model(run.model, run.params, run.buffers) if method.sends.changes_backbone else None
+    ctx = ServerEvent("task_end", server, task, run.params, uploads, model)
+    change = call(method, "server_event", ctx, use=lambda r: _checked_task_end(run, method, r),
+                  read_only={"global_params": run.params}, server=server)
+    if change.backbone is not None:
+        run.shared_backbone.apply(change.backbone.deltas, method.name, task, run.progress)
+    run.params = {**run.params, **change.params}
 
 
-def backbone_update(run: RunState, method: Method, server: State, task: int) -> None:
-    """``method.backbone_update`` on a copy of the final global model: its deltas added into the one shared
-    frozen backbone (cfl/engine/shared_backbone.py), its new parameter values set."""
-    model = global_model(run.model, run.params, run.buffers)
-    update, new = call(method, "backbone_update", model, run.params, server, task,
-                       use=lambda update: _checked_backbone_update(run, update),
-                       read_only={"global_params": run.params}, server=server)
-    if update is not None:
-        run.shared_backbone.apply(update.deltas, method.name, task, run.progress)
-        run.params = {**run.params, **new}
-
-
-def _checked_backbone_update(run: RunState, update: Any) -> tuple[BackboneUpdate | None, Params]:
-    update = run.shared_backbone.check(update)
-    return update, {} if update is None else check_some_params(update.params, run.params, BACKBONE_UPDATE)
+def _checked_task_end(run: RunState, method: Method, result: Any) -> ServerChange:
+    change = checked_change(result, method, "task_end", run.params)
+    update = run.shared_backbone.check(change.backbone)
+    new = {} if update is None else check_some_params(update.params, run.params, BACKBONE_UPDATE)
+    return ServerChange({**change.params, **new}, update)
 
 
 def before_task_end(run: RunState, method: Method, server: State, task: int, classes: torch.Tensor) -> None:
-    """``method.before_task_end`` on a copy of the current global model (``classes``: the finished tasks');
-    its wall time into ``server["stats"]``."""
+    """``method.server_event("before_task_end")`` on a copy of the current global model (``classes``: the finished
+    tasks'); its wall time into ``server["stats"]``."""
     model = global_model(run.model, run.params, run.buffers)
     classes = classes.to(run.device)
     start = time.perf_counter()
-    call(method, "before_task_end", model, classes, server, task, use=lambda r: check_none(r, BEFORE_TASK_END),
-         server=server)
+    ctx = ServerEvent("before_task_end", server, task, run.params, model=model, classes=classes)
+    call(method, "server_event", ctx, use=lambda r: check_none(r, BEFORE_TASK_END),
+         read_only={"global_params": run.params}, server=server)
     if run.device.type == "cuda":
         torch.cuda.synchronize(run.device)
     stats = server.setdefault("stats", {})

@@ -6,7 +6,7 @@ copy); their bytes count once per client and task, when the client is first samp
 clients were sampled before is derived from the schedule (a pure function of the seed), so a resumed run
 counts exactly as an uninterrupted one. A kept copy is only what the server holds if the server does not
 change the keys during the task: a key replaced or written in place after the task's first round sent it is
-refused (the method should change it at a task end: ``before_task_end`` or ``server_end("task_end")``).
+refused (the method should change it at a task end: ``server_event`` at "before_task_end" or "task_end").
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def unchanged_payload(method: Method, server: State, prints: dict[int, Any], i: 
     if changed:
         refuse(method, "broadcast", f"the server-state key(s) {', '.join(p.lstrip('.') for p in changed)} listed under "
                f"broadcast['task_start'] {changed_when}; change these keys only at a task end "
-               "(before_task_end, server_end('task_end')), or list them under 'round'")
+               "(server_event at 'before_task_end' or 'task_end'), or list them under 'round'")
     prints[i] = now
     return payload
 

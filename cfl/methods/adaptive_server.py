@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from cfl.methods.base import Method, Requires
+from cfl.methods.base import Method, Requires, ServerUpdate
 from cfl.methods.bounds import LR_MAX
 from cfl.schema import field
-from cfl.tensors import Params, State
+from cfl.tensors import Params
 
 
 @dataclass(frozen=True)
@@ -39,8 +39,8 @@ class AdaptiveServer(Method):
     def second_moment(self, v: torch.Tensor, d2: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError  # abstract
 
-    def server_update(self, global_params: Params, delta: Params, server: State, server_lr: float) -> Params:
-        lr = self.hparams.server_lr
+    def server_update(self, ctx: ServerUpdate) -> Params:
+        lr, global_params, delta, server = self.hparams.server_lr, ctx.global_params, ctx.delta, ctx.server
         if "m" not in server:
             server["m"] = {k: torch.zeros_like(d) for k, d in delta.items()}
             server["v"] = {k: torch.full_like(d, self.hparams.tau**2) for k, d in delta.items()}

@@ -54,6 +54,14 @@ from cfl.methods.hook_types import (
     Step,
 )
 from cfl.methods.old_interface import old_hooks_message, old_names_message
+from cfl.methods.server_hooks import (
+    SERVER_EVENTS,
+    ServerChange,
+    ServerEvent,
+    ServerMoment,
+    ServerUpdate,
+    TransformUpdate,
+)
 from cfl.ops.losses import masked_cross_entropy
 from cfl.schema import ConfigError
 from cfl.tensors import Params, State
@@ -68,6 +76,8 @@ __all__ = [
     # arguments its hooks take (cfl/methods/hook_signatures.py)
     "Requires", "Sends", "Computes", "BROADCAST_EVENTS", "refuse_model_without_running_stats", "refuse_scenario",
     "accepts",
+    # handed on: the server hooks' values (cfl/methods/server_hooks.py)
+    "ServerMoment", "SERVER_EVENTS", "ServerEvent", "ServerChange", "ServerUpdate", "TransformUpdate",
     # handed on: the tensor types of the hooks (cfl/tensors.py)
     "Params", "State",
 ]
@@ -94,9 +104,10 @@ class Method:
             value = getattr(cls, attr)
             if not isinstance(value, kind):
                 raise TypeError(f"{cls.__name__}.{attr} is {value!r}; declare {attr} = {kind.__name__}(...)")
-        if cls.backbone_update is not Method.backbone_update and cls.requires.schedules != ("synchronous",):
-            raise TypeError(f"{cls.__name__} overrides backbone_update, which runs at the synchronous schedule's task "
-                            "ends only: declare requires = Requires(schedules=('synchronous',), schedules_why=...)")
+        if cls.sends.changes_backbone and cls.requires.schedules != ("synchronous",):
+            raise TypeError(f"{cls.__name__} declares sends=Sends(changes_backbone=True), which its "
+                            "server_event('task_end') may do at the synchronous schedule's task ends only: declare "
+                            "requires = Requires(schedules=('synchronous',), schedules_why=...)")
 
     def __init__(self, hparams: Any, run_info: RunInfo) -> None:
         if self.requires.scenarios:  # checked here too (a method built directly, a stream whose scenario was auto)
@@ -254,50 +265,33 @@ class Method:
         return None
 
     # ---- server side ----
-    def server_start(self, server: State, global_params: Params) -> None:
-        """Once, before the first round (not again on resume: the server state is checkpointed): create the server
-        state the first broadcast sends (SCAFFOLD's ``c``), in place; ``global_params`` is the initial model. A
-        broadcast key missing from the server state is not sent (the hooks see no such key)."""
+    def server_event(self, ctx: ServerEvent) -> ServerChange | None:
+        """The server's moments the method declares in ``server_events`` (:class:`ServerEvent`; ``ctx.server``
+        changed in place). "start": once, before the first round (not again on resume: the server state is
+        checkpointed), create the server state the first broadcast sends (SCAFFOLD's ``c``; a broadcast key missing
+        from it is not sent). "round": after each round's server step, reduce the round's uploads and look at the
+        new global model (GLFC's proxy server scores it); may return new global values of some parameters
+        (a closed-form classifier: fedncm, afcl). "before_task_end": at the end of every task but the last, before
+        the task-end broadcast is sent and before ``client_end("task_end")``, on the task's final global model
+        (train a generator, keep a synthetic pool or the old model for the next task's ``"task_start"``
+        broadcast); must return None; its wall time adds to ``server["stats"]``'s ``before_task_end_seconds``.
+        "task_end": reduce the task-end uploads (``server_task_end``: when); may return new global values and, for
+        a method declaring ``changes_backbone`` (synchronous schedule only), a change of the SHARED frozen backbone
+        of a pretrained model (``model.train: prompts | components | lora``; never with the feature cache), e.g.
+        merge what trained into it (LoRM); the engine says each change on stderr and in ``results.json``
+        (``backbone_changes``), checkpoints the changed tensors and counts them once in each client's download at
+        its next round. ``ctx.global_params`` is never written into in place. Across a run's methods each moment
+        runs per method in the order of ``method`` then ``plugins``."""
+        return None
 
-    def before_task_end(self, model: nn.Module, classes: torch.Tensor, server: State, task: int) -> None:
-        """At the end of every task but the last, before the task-end broadcast is sent and before
-        ``client_end("task_end")``: ``model`` is the task's final global model (a copy of the template holding the
-        global parameters, in eval mode; the method may keep or change it), ``classes`` the class ids seen in tasks
-        ``0..task`` (long, sorted). Update ``server`` in place (a generator, a synthetic pool, the old model for
-        the next task's ``"task_start"`` broadcast). Its wall time adds to ``server["stats"]``'s
-        ``before_task_end_seconds``."""
-
-    def server_end(self, event: Event, uploads: dict[int, State], server: State, task: int) -> None:
-        """Reduce the clients' uploads of a round or a task end into the server state."""
-
-    def server_update(self, global_params: Params, delta: Params, server: State, server_lr: float) -> Params | None:
+    def server_update(self, ctx: ServerUpdate) -> Params | None:
         """Apply the update (server optimisers such as FedAdam); None: the default ``w + lr * delta``."""
         return None
 
-    def after_server_step(self, model: nn.Module, global_params: Params, server: State, task: int) -> Params | None:
-        """After each round's server step and ``server_end("round")``: look at the new global model (``model``, the
-        template, in eval mode) and update ``server`` in place (GLFC's proxy server scores it). May return new
-        global values of some parameters (``{name: tensor}``, each shaped like it), set from the server state
-        that ``server_end`` has just reduced: a closed-form classifier (fedncm, afcl); None: unchanged."""
-        return None
-
-    def backbone_update(self, model: nn.Module, global_params: Params, server: State,
-                        task: int) -> BackboneUpdate | None:
-        """At the end of every task but the last, after ``server_end("task_end")``: change the SHARED frozen
-        backbone of a pretrained model (``model.train: prompts | components | lora``, whose frozen weights are
-        buffers), e.g. merge what trained into it (LoRM). ``model`` is a copy of the task's final global model (in
-        eval mode). Synchronous schedule only (a class that overrides it must declare ``requires =
-        Requires(schedules=("synchronous",))``: under the others clients hold different tasks and one backbone
-        cannot serve both);
-        never with the feature cache (refused when the config is validated). The engine says each change on stderr
-        and in ``results.json`` (``backbone_changes``), checkpoints the changed tensors, and counts them once in
-        the download of each client at its next round. None: unchanged."""
-        return None
-
-    def transform_update(self, delta: Params, server: State, task: int) -> Params:
+    def transform_update(self, ctx: TransformUpdate) -> Params:
         """Rewrite the server step ``w_new - w`` before it is applied (FOT's projection). It runs last: after
         aggregation, the server optimiser and GMA's mask, so a projection constrains the step taken."""
-        return delta
+        return ctx.delta
 
 
 def overrides(method: Method, hook: str) -> bool:

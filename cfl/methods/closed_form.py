@@ -3,7 +3,7 @@ SGD. How the round loop treats them: every parameter is frozen (``frozen_params`
 forward passes only (its ``train_loss`` is the current classifier's) and its model comes back unchanged; it sends no
 parameters (``client_upload`` names them all at 0 bytes and the server keeps their global values); in
 ``client_end("round")`` it uploads its statistics of the task once, at its first sampled round of the task
-(counted as upload bytes); ``server_end`` adds them to the server's running sums and ``after_server_step`` sets the
+(counted as upload bytes); ``server_event("round")`` adds them to the server's running sums and sets the
 head from them, so evaluation at the task's end sees every statistic uploaded by then.
 
 The statistics are kept per head: one slot per task with one head per task (task-incremental), else one slot.
@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Params, Requires, Sends, State
+from cfl.methods.base import ClientData, Event, Method, Params, Requires, Sends, ServerChange, ServerEvent, State
 
 UNREAD = "a closed-form classifier takes no gradient step (its parameters are frozen: docs/pretrained.md)"
 
@@ -30,7 +30,7 @@ class ClosedFormHead(Method, ABC):
         schedules=("synchronous",),
         schedules_why="after each round it solves the head of the server's one current task from the statistics "
                       "uploaded so far")
-    sends = Sends(client_events=("round",), downloads_model_at_task_end=False)
+    sends = Sends(server_events=("round",), client_events=("round",), downloads_model_at_task_end=False)
 
     def __init__(self, hparams: Any, run_info: Any) -> None:
         super().__init__(hparams, run_info)
@@ -71,8 +71,9 @@ class ClosedFormHead(Method, ABC):
             return None
         return sum(v.numel() * v.element_size() for k, v in payload.items() if k != "slot")  # the slot: the task
 
-    def server_end(self, event: Event, uploads: dict[int, State], server: State, task: int) -> None:
-        for upload in uploads.values():
+    def server_event(self, ctx: ServerEvent) -> ServerChange | None:
+        server, global_params = ctx.server, ctx.global_params
+        for upload in ctx.uploads.values():
             s = int(upload["slot"])
             for key, value in upload.items():
                 if key == "slot":
@@ -80,8 +81,6 @@ class ClosedFormHead(Method, ABC):
                 if key not in server:
                     server[key] = torch.zeros(self.slots, *value.shape, dtype=value.dtype, device=value.device)
                 server[key][s] += value
-
-    def after_server_step(self, model: nn.Module, global_params: Params, server: State, task: int) -> Params | None:
         if not any(k in server for k in self.statistic_keys):
             return None
         weight, bias = global_params["head.weight"], global_params["head.bias"]
@@ -95,7 +94,7 @@ class ClosedFormHead(Method, ABC):
                 new_w[s], new_b[s] = w.to(weight.dtype), b.to(bias.dtype)
             else:
                 new_w, new_b = w.to(weight.dtype), b.to(bias.dtype)
-        return {"head.weight": new_w, "head.bias": new_b}
+        return ServerChange({"head.weight": new_w, "head.bias": new_b})
 
     statistic_keys: ClassVar[tuple[str, ...]] = ()
 

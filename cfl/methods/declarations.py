@@ -4,7 +4,8 @@
 - ``requires = Requires(...)``: what the method requires of the run (its models, the model's training mode,
   scenarios, schedules, the config keys it leaves unread), refused when the config is validated;
 - ``sends = Sends(...)``: what it sends and when (broadcast keys, the task-end model download, the events whose
-  ``client_end`` it acts on, when its server reduces task-end uploads);
+  ``client_end`` and the moments whose ``server_event`` it acts on, when its server reduces task-end uploads, whether
+  it changes the shared backbone);
 - ``computes = Computes(...)``: what its client side computes, the parts it gives of the hooks asked by part
   (``loss``, ``samples``, ``round_terms``, ``client_start``), and how its clients' states batch (ragged tensors, a
   reason to train sequentially).
@@ -24,6 +25,7 @@ from typing import Any, Literal, get_args
 from torch import nn
 
 from cfl.methods.hook_types import EVENTS, Event
+from cfl.methods.server_hooks import SERVER_EVENTS, ServerMoment
 from cfl.models.buffers import keeps_running_stats
 from cfl.schema import ConfigError
 
@@ -130,6 +132,13 @@ class Sends(_Frozen):
     #: the events whose ``client_end`` the method acts on; the engine calls it for those only (a method that acts
     #: at task ends only costs its rounds nothing: no state read, no call per client)
     client_events: tuple[Event, ...] = ("round", "task_end")
+    #: the server moments whose ``server_event`` the method acts on (cfl/methods/server_hooks.py); the engine calls
+    #: it at those only (no model copy, no call at the others)
+    server_events: tuple[ServerMoment, ...] = SERVER_EVENTS
+    #: the method's ``server_event("task_end")`` may change the shared frozen backbone (``ServerChange.backbone``):
+    #: synchronous schedule only (``requires = Requires(schedules=("synchronous",))``), a pretrained backbone run
+    #: through its adapter (refused when the config is validated)
+    changes_backbone: bool = False
     #: under a schedule other than the synchronous one, when ``server_end("task_end", uploads, task)`` runs:
     #: "switch" after each round at which clients leave ``task``, with their uploads; "last_holder": once, when the
     #: task's last holder has left it (after ``before_task_end``), with every upload held since the clients' own
@@ -139,6 +148,8 @@ class Sends(_Frozen):
     def __post_init__(self) -> None:
         self._freeze("broadcast", self.broadcast)
         self._freeze("client_events", self.client_events)
+        self._freeze("server_events", self.server_events)
+        _refuse_unknown("Sends.server_events", self.server_events, SERVER_EVENTS, "moment(s)")
         _refuse_unknown("Sends.broadcast", self.broadcast, BROADCAST_EVENTS, "event(s)")
         _refuse_unknown("Sends.client_events", self.client_events, EVENTS, "event(s)")
         _refuse_unknown("Sends.server_task_end", (self.server_task_end,), SERVER_TASK_ENDS, "value")

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Requires, Sends, StateSizing, Step
+from cfl.methods.base import ClientData, Event, Method, Requires, Sends, ServerEvent, StateSizing, Step
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.methods.class_mask import ClassMasked, class_mask_field
 from cfl.ops.data_free_clients import logits_and_features
@@ -68,7 +68,7 @@ class FedCPrompt(ClassMasked, Method):
              "frozen pretrained ViT (Bagwe et al. 2023), FedAvg of components and head; model.train: components")
     Hyperparams = FedCPromptHyperparams
     requires = Requires(model_train="components")
-    sends = Sends(broadcast={"round": ("global",)}, client_events=("task_end",))
+    sends = Sends(server_events=("start", "round"), broadcast={"round": ("global",)}, client_events=("task_end",))
 
     def __init__(self, hparams: Any, run_info: Any) -> None:
         super().__init__(hparams, run_info)
@@ -89,11 +89,8 @@ class FedCPrompt(ClassMasked, Method):
                               f"{cfg.model.prompt_pool} is fewer than stream.num_tasks {tasks}; raise prompt_pool")
 
     # ---- the round's global model, kept by the server and broadcast ----
-    def server_start(self, server: State, global_params: Params) -> None:
-        server["global"] = frozen(global_params)
-
-    def after_server_step(self, model: nn.Module, global_params: Params, server: State, task: int) -> None:
-        server["global"] = frozen(global_params)
+    def server_event(self, ctx: ServerEvent) -> None:
+        ctx.server["global"] = frozen(ctx.global_params)
 
     def payload_bytes(self, event: str, payload: State) -> int | None:
         """The round's broadcast is the global model the client downloads that round anyway: 0 more bytes."""

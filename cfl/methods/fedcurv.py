@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Quadratic, Sends, StateSizing
+from cfl.methods.base import ClientData, Event, Method, Quadratic, Sends, ServerEvent, StateSizing
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.ops.fisher import diagonal_fisher
 from cfl.schema import field
@@ -34,12 +34,11 @@ class FedCurv(Method):
     name = "fedcurv"
     about = "FedCurv: Fisher-weighted penalty towards the previous round's other clients (u, v broadcast)"
     Hyperparams = FedCurvHyperparams
-    sends = Sends(broadcast={"round": ("u", "v", "round")}, client_events=("round",))  # nothing at task ends
+    sends = Sends(server_events=("round",), broadcast={"round": ("u", "v", "round")}, client_events=("round",))  # nothing at task ends
 
     # ---- server ----
-    def server_end(self, event: Event, uploads: dict[int, State], server: State, task: int) -> None:
-        if event != "round":
-            return
+    def server_event(self, ctx: ServerEvent) -> None:
+        server, uploads = ctx.server, ctx.uploads
         server["round"] = torch.tensor(int(server.get("round", 0)) + 1, dtype=torch.int32)
         if not uploads:
             server.pop("u", None)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, LocalTraining, Method, Quadratic, Requires, Sends, StateSizing
+from cfl.methods.base import ClientData, Event, LocalTraining, Method, Quadratic, Requires, Sends, ServerEvent, ServerUpdate, StateSizing
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.schema import field
 from cfl.tensors import Params, State
@@ -31,11 +31,11 @@ class FedDyn(Method):
     name = "feddyn"
     about = "FedDyn: a dynamic linear + quadratic regulariser per client, the server corrects by h/alpha"
     Hyperparams = FedDynHyperparams
-    sends = Sends(client_events=("round",))
+    sends = Sends(server_events=("start",), client_events=("round",))
     requires = Requires(unread_keys={"server_lr": "FedDyn's server sets w = mean(w_k) - h/alpha itself"})
 
-    def server_start(self, server: State, global_params: Params) -> None:
-        server["h"] = {k: torch.zeros_like(v) for k, v in global_params.items()}
+    def server_event(self, ctx: ServerEvent) -> None:
+        ctx.server["h"] = {k: torch.zeros_like(v) for k, v in ctx.global_params.items()}
 
     def penalty(self, global_params: Params, server: State, state: State) -> dict[str, Quadratic]:
         h = state.get("h", {})
@@ -46,10 +46,10 @@ class FedDyn(Method):
         h, alpha = state.get("h", {}), self.hparams.alpha
         state["h"] = {k: (h[k] if k in h else 0.0) - alpha * (v - training.global_params[k]) for k, v in params.items()}
 
-    def server_update(self, global_params: Params, delta: Params, server: State, server_lr: float) -> Params:
+    def server_update(self, ctx: ServerUpdate) -> Params:
         alpha, share = self.hparams.alpha, self.run_info.clients_per_round / self.run_info.num_clients
-        server["h"] = {k: h - alpha * share * delta[k] for k, h in server["h"].items()}
-        return {k: w + delta[k] - server["h"][k] / alpha for k, w in global_params.items()}
+        ctx.server["h"] = {k: h - alpha * share * ctx.delta[k] for k, h in ctx.server["h"].items()}
+        return {k: w + ctx.delta[k] - ctx.server["h"][k] / alpha for k, w in ctx.global_params.items()}
 
     def client_state_bytes(self, sizing: StateSizing) -> int:
         """Each client that has trained keeps ``h_k``, a model's worth."""

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Requires, Sends, StateSizing
+from cfl.methods.base import ClientData, Event, Method, Requires, Sends, ServerEvent, StateSizing
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.models.fedweit_net import FROZEN, SHARED
 from cfl.models.fedweit_weight import fold_knowledge, hard_threshold
@@ -65,7 +65,7 @@ class FedWeIT(Method):
     #: the knowledge base goes to each client once per task, with its first round of the task
     requires = Requires(models=("fedweit-mlp", "fedweit-lenet"), scenarios=("task",), scenarios_why="one head per task")
     #: the task-end participants send their own A; the final global model is of no use to them
-    sends = Sends(broadcast={"task_start": ("kb",)}, client_events=("task_end",), downloads_model_at_task_end=False)
+    sends = Sends(server_events=("task_end",), broadcast={"task_start": ("kb",)}, client_events=("task_end",), downloads_model_at_task_end=False)
 
     def __init__(self, hparams: FedWeITHyperparams, run_info: Any) -> None:
         super().__init__(hparams, run_info)
@@ -194,23 +194,23 @@ class FedWeIT(Method):
         over the clients that sent it (unweighted, as the code), 0 where none did."""
         return {n: sparse.aggregate_bases(sent[n], keeps[n]) for n in sent}
 
-    def server_end(self, event: Event, uploads: dict[int, State], server: State, task: int) -> None:
+    def server_event(self, ctx: ServerEvent) -> None:
         """Task end: the knowledge base of the next task, the entries in client-id order, ``kb_size`` slots
         (zero-padded; the code's order is its threads' finishing order). Under a schedule other than the
         synchronous one, after each round at which drawn clients leave a task: their entries first, then the
         newest of the previous knowledge base (``kb_entries`` of them are real), ``kb_size`` in all."""
-        if event != "task_end" or not uploads:
+        if not ctx.uploads:
             return
-        entries = [uploads[c]["adaptive"] for c in sorted(uploads)]
+        entries = [ctx.uploads[c]["adaptive"] for c in sorted(ctx.uploads)]
         if self.run_info.schedule != "synchronous":  # clients end tasks at their own rounds: the newest entries
-            kb, kept = server.get("kb", {}), int(server.get("kb_entries", 0))
+            kb, kept = ctx.server.get("kb", {}), int(ctx.server.get("kb_entries", 0))
             entries += [{p: kb[p][k] for p in self.layers} for k in range(kept)]
-            server["kb_entries"] = min(len(entries), self.kb_size)
+            ctx.server["kb_entries"] = min(len(entries), self.kb_size)
         entries = entries[: self.kb_size]
         kb = {}
         for p in self.layers:
             stacked = torch.stack([e[p] for e in entries])
             pad = stacked.new_zeros(self.kb_size - len(entries), *stacked.shape[1:])
             kb[p] = torch.cat([stacked, pad])
-        server["kb"] = kb
+        ctx.server["kb"] = kb
 

@@ -19,7 +19,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, RunInfo, Sends, StateSizing
+from cfl.methods.base import ClientData, Event, Method, RunInfo, Sends, ServerEvent, StateSizing, TransformUpdate
 from cfl.methods.bounds import SAMPLES_MAX
 from cfl.models.alexnet import AlexNetLike
 from cfl.models.mlp import MLP
@@ -65,7 +65,7 @@ class FOT(Method):
     #: under a schedule: the GPSE participants (drawn among the clients that finish the task) sketch at their own
     #: switch; the server extends the basis when the task's last holder has left it (a subspace still trained by
     #: some client is not projected out)
-    sends = Sends(broadcast={"task_end": ("basis",)}, client_events=("task_end",), server_task_end="last_holder")
+    sends = Sends(server_events=("task_end",), broadcast={"task_end": ("basis",)}, client_events=("task_end",), server_task_end="last_holder")
     Hyperparams = FOTHyperparams
 
     @classmethod
@@ -104,8 +104,8 @@ class FOT(Method):
         return dict(self._widths)
 
     # ---- FedProject ----
-    def transform_update(self, delta: Params, server: State, task: int) -> Params:
-        basis = server.get("basis") or {}
+    def transform_update(self, ctx: TransformUpdate) -> Params:
+        basis, delta = ctx.server.get("basis") or {}, ctx.delta
         if not basis:  # none before the first GPSE (under a schedule a round whose highest task is 0 may have one)
             return delta
         return {k: project_out(v, basis[k]) if k in basis else v for k, v in delta.items()}
@@ -126,10 +126,8 @@ class FOT(Method):
         self._client_seconds.append(time.perf_counter() - start)
         return payload
 
-    def server_end(self, event: Event, uploads: dict[int, State], server: State, task: int) -> None:
-        if event != "task_end":
-            return
-        start = time.perf_counter()
+    def server_event(self, ctx: ServerEvent) -> None:
+        server, uploads, task, start = ctx.server, ctx.uploads, ctx.task, time.perf_counter()
         eps = server.get("eps", self.hparams.eps)
         basis = server.setdefault("basis", {})
         broadcast_bytes = nbytes(basis)  # what each participant received before this step

@@ -1,7 +1,7 @@
 """GLFC: Global-Local Forgetting Compensation (Dong et al., "Federated Class-Incremental Learning", CVPR 2022,
 arXiv 2203.11473), class-incremental; the official code ``conditionWang/FCIL`` is the reference where the paper
 is silent. GLFC's loss replaces the cross-entropy (``task_loss``); the proxy server scores each new global model
-(``after_server_step``).
+(``server_event("round")``).
 
 Client, every local step: ``L_GC`` (class-aware gradient compensation; old classes = those the client learned),
 plus ``L_RD`` (relation distillation from the old model, of every class of the finished tasks, as the official
@@ -32,7 +32,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from cfl.methods.base import ClientData, Event, Method, Samples, Sends, StateSizing
+from cfl.methods.base import ClientData, Event, Method, Samples, Sends, ServerEvent, StateSizing
 from cfl.methods.bounds import LR_MAX, SAMPLES_MAX, STEPS_MAX
 from cfl.methods.episodic_memory import draw_memory
 from cfl.models.lenet import GradientLeNet, uniform_init_
@@ -77,7 +77,7 @@ class GLFC(Method):
     #: when a task's last holder has left it, and the prototypes are uploaded in the first round after that moment
     Hyperparams = GLFCHyperparams
     #: ``old_classes`` (class-incremental): the old model's classes, those of the tasks finished when it was made
-    sends = Sends(broadcast={"round": ("old_model", "old_classes", "round_in_task")}, server_task_end="last_holder")
+    sends = Sends(server_events=("before_task_end", "round", "task_end"), broadcast={"round": ("old_model", "old_classes", "round_in_task")}, server_task_end="last_holder")
 
     def __init__(self, hparams: GLFCHyperparams, run_info: Any) -> None:
         super().__init__(hparams, run_info)
@@ -94,7 +94,7 @@ class GLFC(Method):
         self.by_task = run_info.scenario != "class"
         self.ids = self.classes * run_info.num_tasks if self.by_task else self.classes
         self._encoder: GradientLeNet | None = None
-        self._client_seconds: dict[str, float] = {}  # the clients' phases since the last server_end
+        self._client_seconds: dict[str, float] = {}  # the clients' phases since the last server_event
 
     def encoder(self, input_shape: tuple[int, ...], like: torch.Tensor) -> GradientLeNet:
         """The fixed random LeNet, the same for every client and the server (seeded by the run seed)."""
@@ -194,20 +194,22 @@ class GLFC(Method):
                                    encoder_labels=[int(self.global_ids(torch.tensor(c), data.task)) for c in classes])
 
     # ---- the proxy server ----
-    def before_task_end(self, model: nn.Module, classes: torch.Tensor, server: State, task: int) -> None:
-        """Class-incremental: the classes of the tasks finished now (``0..task``), the classes of the old model made
-        at this task end (``_finish_task``), which ``L_RD`` distils."""
-        if not self.by_task:
-            finished = torch.zeros(self.classes, dtype=torch.bool, device=classes.device)
-            finished[classes] = True
-            server["finished_classes"] = finished
-
-    def server_end(self, event: Event, uploads: dict[int, State], server: State, task: int) -> None:
+    def server_event(self, ctx: ServerEvent) -> None:
+        """Before a task end, class-incremental: the classes of the tasks finished now (``0..task``), the classes of
+        the old model made at this task end (``_finish_task``), which ``L_RD`` distils. After each round: the
+        monitor set reconstructed from the uploads, the new global model scored on it."""
+        server, uploads, task = ctx.server, ctx.uploads, ctx.task
+        if ctx.event == "before_task_end":
+            if not self.by_task:
+                finished = torch.zeros(self.classes, dtype=torch.bool, device=ctx.classes.device)
+                finished[ctx.classes] = True
+                server["finished_classes"] = finished
+            return
         stats = server.setdefault("stats", {})
         for phase, seconds in self._client_seconds.items():  # the clients' phases, summed over the clients
             stats[phase] = stats.get(phase, 0.0) + seconds
         self._client_seconds = {}
-        if event == "task_end":
+        if ctx.event == "task_end":
             self._finish_task(server)
             return
         gradients = [g for cid in sorted(uploads) for g in uploads[cid]["gradients"]]
@@ -221,11 +223,8 @@ class GLFC(Method):
             stats["reconstruction_seconds"] = stats.get("reconstruction_seconds", 0.0) + time.perf_counter() - start
             stats["reconstructions"] = stats.get("reconstructions", 0) + len(gradients)
         server["round_in_task"] = int(server.get("round_in_task", 0)) + 1
-
-    def after_server_step(self, model: nn.Module, global_params: Params, server: State, task: int) -> None:
-        """After each round's server step (the proposed engine hook): score the new global model on the monitor
-        set, keep the best (proxy), or keep the model itself (the ablation)."""
-        if not self.hparams.proxy:
+        model, global_params = ctx.model, ctx.global_params  # scored on the monitor set: the best kept (proxy)
+        if not self.hparams.proxy:  # the ablation: the model itself
             server["last_global"] = frozen(global_params)
             return
         if "monitor_x" not in server:

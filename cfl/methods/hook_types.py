@@ -1,5 +1,5 @@
 """The values a method's hooks receive and return (``docs/plugins.md``): the events of ``client_end`` and
-``server_end``, the penalty terms (:class:`Quadratic`, :class:`Linear`), samples (:class:`Samples`), one local
+``server_event``, the penalty terms (:class:`Quadratic`, :class:`Linear`), samples (:class:`Samples`), one local
 step as the step hooks see it (:class:`Step`), a round's training (:class:`LocalTraining`), the run's facts
 (:class:`RunInfo`, :class:`StateSizing`), a client's data (:class:`ClientData`) and a change of the shared
 backbone (:class:`BackboneUpdate`). The hooks themselves are :class:`cfl.methods.base.Method`'s, which hands
@@ -17,7 +17,7 @@ from torch import nn
 
 from cfl.tensors import Params, State
 
-#: the events of ``client_end`` and ``server_end``: a round's end, a task's end
+#: the events of ``client_end``: a round's end, a task's end
 Event = Literal["round", "task_end"]
 EVENTS: tuple[Event, ...] = ("round", "task_end")
 
@@ -41,10 +41,11 @@ class Quadratic:
 
 @dataclass
 class BackboneUpdate:
-    """What :meth:`Method.backbone_update` returns: ``deltas`` added into the SHARED frozen backbone (``{buffer
-    name: delta}``, each shaped like the frozen tensor; the engine adds it once, in the tensor's dtype, to the one
-    backbone every client runs), and ``params``: new global values of some parameters (``{name: tensor}``, each
-    shaped and typed like it), e.g. the adapter re-initialised on top of the changed backbone."""
+    """A change of the shared frozen backbone (``ServerChange.backbone``, at ``server_event("task_end")``):
+    ``deltas`` added into the SHARED frozen backbone (``{buffer name: delta}``, each shaped like the frozen tensor;
+    the engine adds it once, in the tensor's dtype, to the one backbone every client runs), and ``params``: new
+    global values of some parameters (``{name: tensor}``, each shaped and typed like it), e.g. the adapter
+    re-initialised on top of the changed backbone."""
 
     deltas: Params
     params: Params = field(default_factory=dict)

@@ -15,7 +15,7 @@ input; the Grams are counted in the upload bytes (``payload_bytes``), the factor
 are the model upload's values, counted there.
 
 At each task end (synchronous schedule only) the task's LoRA update merges into the shared frozen backbone
-(``backbone_update``), as the official ``end_task_server``: the task-end participants send the Grams ``G_i`` of
+(``server_event("task_end")``), as the official ``end_task_server``: the task-end participants send the Grams ``G_i`` of
 each LoRA layer's input at the task's final model, the server sums them into the task's ``G_t`` and merges the
 tasks' weight changes by RegMean over the tasks, ``Delta_t = (sum_s D_s G_s)(sum_s G_s)^+`` (float64, the sums
 kept in the server state), the backbone becomes ``W0 + Delta_t``, and the factors restart (``A`` Kaiming-uniform,
@@ -40,7 +40,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from cfl.methods.base import BackboneUpdate, ClientData, Event, Method, Params, Requires, Sends, State, Step
+from cfl.methods.base import BackboneUpdate, ClientData, Event, Method, Params, Requires, Sends, ServerChange, ServerEvent, State, Step
 from cfl.methods.class_mask import ClassMasked, class_mask_field
 from cfl.pretrained.lora import LoRALinear
 from cfl.pretrained.regmean import projected_gram, regmean, shrunk
@@ -68,7 +68,7 @@ class LoRM(ClassMasked, Method):
     requires = Requires(model_train="lora", schedules=("synchronous",),
                         schedules_why="at each task end it merges the task's LoRA update into the backbone that "
                                       "every client runs, and under the other schedules clients hold different tasks")
-    sends = Sends(broadcast={"round": (TRAIN_B,)}, client_events=("round", "task_end"))
+    sends = Sends(server_events=("start", "round", "task_end"), changes_backbone=True, broadcast={"round": (TRAIN_B,)}, client_events=("round", "task_end"))
 
     @classmethod
     def check(cls, hparams: Any, cfg: Any) -> None:  # noqa: ARG003
@@ -78,9 +78,6 @@ class LoRM(ClassMasked, Method):
         if cfg.optimizer.state != "fresh":
             raise ConfigError("method lorm freezes one LoRA factor each round by giving it no gradient; an optimiser "
                               "state kept from the previous round would still move it: set optimizer.state: fresh")
-
-    def server_start(self, server: State, global_params: Params) -> None:
-        server[TRAIN_B] = torch.tensor(1.0)
 
     def step_gradient(self, step: Step) -> Params | None:
         train_b = step.server[TRAIN_B]
@@ -116,29 +113,35 @@ class LoRM(ClassMasked, Method):
     def client_state_bytes(self, sizing: Any) -> int | None:
         return 0  # the Grams are sent at once, nothing is kept
 
-    def server_end(self, event: Event, uploads: dict[int, State], server: State, task: int) -> None:
-        if event == "task_end":
+    def server_event(self, ctx: ServerEvent) -> ServerChange | None:
+        server, uploads, task = ctx.server, ctx.uploads, ctx.task
+        if ctx.event == "start":
+            server[TRAIN_B] = torch.tensor(1.0)
+            return None
+        if ctx.event == "task_end":
             server[TRAIN_B] = torch.ones_like(server[TRAIN_B])  # each task starts by training B (begin_task)
             sent = [u["task_grams"] for u in uploads.values()]
             if not sent:
                 raise ValueError(f"no client sent the Grams of task {task} (all task-end participants had no "
                                  "samples): the task's LoRA update cannot be merged")
-            server["task_gram"] = {layer: sum_of([g[layer] for g in sent]) for layer in sent[0]}
-            return
-        if not uploads:
-            return
-        factor = "lora_b" if bool(server[TRAIN_B]) else "lora_a"
-        sent = list(uploads.values())
-        merged = {f"{layer}.{factor}": regmean([u["factors"][layer] for u in sent], [u["grams"][layer] for u in sent])
-                  for layer in sent[0]["factors"]}
-        merged["head.weight"] = regmean([u["head_weight"] for u in sent], [u["head_gram"] for u in sent])
-        server["merged"] = merged
+            task_gram = {layer: sum_of([g[layer] for g in sent]) for layer in sent[0]}
+            return ServerChange(backbone=self.task_merge(ctx.model, ctx.global_params, server, task_gram, task))
+        merged = None
+        if uploads:
+            factor = "lora_b" if bool(server[TRAIN_B]) else "lora_a"
+            sent = list(uploads.values())
+            merged = {f"{layer}.{factor}": regmean([u["factors"][layer] for u in sent],
+                                                   [u["grams"][layer] for u in sent]) for layer in sent[0]["factors"]}
+            merged["head.weight"] = regmean([u["head_weight"] for u in sent], [u["head_gram"] for u in sent])
+        server[TRAIN_B] = 1 - server[TRAIN_B]  # the next round trains the other factor
+        if merged is None:
+            return None
+        return ServerChange({k: v.to(ctx.global_params[k].dtype) for k, v in merged.items()})
 
-    def backbone_update(self, model: nn.Module, global_params: Params, server: State,
-                        task: int) -> BackboneUpdate:
+    def task_merge(self, model: nn.Module, global_params: Params, server: State, task_gram: dict[str, torch.Tensor],
+                   task: int) -> BackboneUpdate:
         """The task's LoRA update merged into the backbone by RegMean over the tasks (the official
         ``end_task_server``), and the factors re-initialised (the official ``init_matrices``)."""
-        task_gram = server.pop("task_gram")
         merge = server.setdefault("task_merge", {"weighted": {}, "gram": {}})
         modules = dict(model.named_modules())
         gen = torch.Generator().manual_seed(int(self.run_info.seed) * 10_007 + 7_919 * (task + 1))
@@ -157,13 +160,6 @@ class LoRM(ClassMasked, Method):
             nn.init.kaiming_uniform_(fresh, a=math.sqrt(5), generator=gen)
             params[f"{layer}.lora_a"], params[f"{layer}.lora_b"] = fresh, torch.zeros_like(b)
         return BackboneUpdate(deltas, params)
-
-    def after_server_step(self, model: nn.Module, global_params: Params, server: State, task: int) -> Params | None:
-        server[TRAIN_B] = 1 - server[TRAIN_B]  # the next round trains the other factor
-        merged = server.pop("merged", None)
-        if merged is None:
-            return None
-        return {k: v.to(global_params[k].dtype) for k, v in merged.items()}
 
 
 def sum_of(tensors: list[torch.Tensor]) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """MFCL (Babakniya et al., "A Data-Free Approach to Mitigate Catastrophic Forgetting in Federated Class Incremental
 Learning for Vision Tasks", NeurIPS 2023; official code ``SaraBabakN/MFCL-NeurIPS23`` at 8ab937b), class-incremental.
 
-Server, at each task end but the last (``before_task_end``): the generator (kept across tasks) is trained against
+Server, at each task end but the last (``server_event``): the generator (kept across tasks) is trained against
 the task's final global model, frozen, with its BatchNorm running statistics (cfl/ops/synthesis.py
 ``train_mfcl_generator``: content CE, information entropy, BN statistics, smoothness); the generator, that model
 (the old model) and the seen classes go to each client once per task (``"task_start"``, counted).
@@ -20,10 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 from torch.func import functional_call
 
-from cfl.methods.base import Computes, Method, Requires, RunInfo, Samples, Sends
+from cfl.methods.base import Computes, Method, Requires, RunInfo, Samples, Sends, ServerEvent
 from cfl.methods.bounds import GENERATED_BATCH_MAX, LR_MAX, NOISE_MAX, STEPS_MAX, WEIGHT_MAX, WIDTH_MAX
 from cfl.models.buffers import RUNNING_BN_MODEL, running_stats
 from cfl.models.generator import MfclGenerator
@@ -69,7 +68,7 @@ class MFCL(Method):
     name = "mfcl"
     about = "MFCL: server-trained data-free generator, clients' CE + detached-feature CE + feature distillation"
     Hyperparams = MFCLHyperparams
-    sends = Sends(broadcast={"task_start": ("generator", "old_model", "old_classes")})
+    sends = Sends(server_events=("before_task_end",), broadcast={"task_start": ("generator", "old_model", "old_classes")})
     requires = Requires(running_stats_model=RUNNING_BN_MODEL, scenarios=("class",),
                         scenarios_why="its generator replays the earlier classes into one head")
     # under a schedule: the generator is trained when a task's last holder has left it (on the global model of that
@@ -101,8 +100,9 @@ class MFCL(Method):
         return self._template
 
     # ---- the server's task end ----
-    def before_task_end(self, model: nn.Module, classes: torch.Tensor, server: State, task: int) -> None:
+    def server_event(self, ctx: ServerEvent) -> None:
         """Train the generator against the task's final global model; keep it, that model and the seen classes."""
+        model, classes, server, task = ctx.model, ctx.classes, ctx.server, ctx.task
         h, device = self.hparams, next(model.parameters()).device
         generator = self.new_generator().to(device=device, dtype=next(model.parameters()).dtype)
         if "generator" in server:  # kept across tasks (a new optimiser each task)

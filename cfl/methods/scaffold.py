@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Linear, LocalTraining, Method, Sends, StateSizing
+from cfl.methods.base import ClientData, Event, Linear, LocalTraining, Method, Sends, ServerEvent, StateSizing
 from cfl.tensors import Params, State
 
 
@@ -21,10 +21,7 @@ class Scaffold(Method):
     name = "scaffold"
     about = "SCAFFOLD: local steps corrected by the control variates c - c_i (option II)"
     # the server's control variate travels with every round's model
-    sends = Sends(broadcast={"round": ("c",)}, client_events=("round",))
-
-    def server_start(self, server: State, global_params: Params) -> None:
-        server["c"] = {k: torch.zeros_like(v) for k, v in global_params.items()}
+    sends = Sends(server_events=("start", "round"), broadcast={"round": ("c",)}, client_events=("round",))
 
     def penalty(self, global_params: Params, server: State, state: State) -> dict[str, Linear]:
         own = state.get("c", {})
@@ -40,9 +37,11 @@ class Scaffold(Method):
         state["c"] = new
         return {"dc": delta}
 
-    def server_end(self, event: Event, uploads: dict[int, State], server: State, task: int) -> None:
-        n = self.run_info.num_clients
-        for upload in uploads.values():
+    def server_event(self, ctx: ServerEvent) -> None:
+        server, n = ctx.server, self.run_info.num_clients
+        if ctx.event == "start":
+            server["c"] = {k: torch.zeros_like(v) for k, v in ctx.global_params.items()}
+        for upload in ctx.uploads.values():
             server["c"] = {k: c + upload["dc"][k] / n for k, c in server["c"].items()}
 
     def client_state_bytes(self, sizing: StateSizing) -> int:

@@ -1,7 +1,7 @@
 """TARGET (Zhang et al., "TARGET: Federated Class-Continual Learning via Exemplar-Free Distillation", ICCV 2023;
 official code ``zj-jayzhang/Federated-Class-Continual-Learning``), class-incremental, exemplar-free.
 
-Server, at every task end but the last (``before_task_end``): a new generator trained against the task's final
+Server, at every task end but the last (``server_event``): a new generator trained against the task's final
 global model (BN-statistics, CE and, from round ``warmup``, adversarial terms; slow/fast generator), the best batch
 of every synthesis round pooled as 8-bit images, a student distilled after the rounds past the warm-up
 (cfl/ops/target_task_end.py). The pool, the teacher (parameters and running statistics) and the seen classes go
@@ -23,7 +23,7 @@ from torch import nn
 from torch.func import functional_call
 
 from cfl.data.augment import CropFlip
-from cfl.methods.base import Method, Requires, Samples, Sends
+from cfl.methods.base import Method, Requires, Samples, Sends, ServerEvent
 from cfl.methods.bounds import (
     GENERATED_BATCH_MAX,
     LR_MAX,
@@ -91,7 +91,7 @@ class Target(Method):
     name = "target"
     about = "TARGET: server generator (BN statistics, CE, adversarial), synthetic pool, clients' KD on it"
     Hyperparams = TargetHyperparams
-    sends = Sends(broadcast={"task_start": ("pool", "old_model", "old_classes")}, client_events=())
+    sends = Sends(server_events=("before_task_end",), broadcast={"task_start": ("pool", "old_model", "old_classes")}, client_events=())
     requires = Requires(running_stats_model=RUNNING_BN_MODEL, scenarios=("class",),
                         scenarios_why="its synthetic images distil the old classes of one head")
     # under a schedule: the pool is synthesised when a task's last holder has left it (on the global model of that
@@ -156,9 +156,9 @@ class Target(Method):
         return x.new_zeros(x.shape[0]) + self.hparams.kd * (kd * weight).sum() / weight.sum()
 
     # ---- the server's task end ----
-    def before_task_end(self, model: nn.Module, classes: torch.Tensor, server: State, task: int) -> None:
+    def server_event(self, ctx: ServerEvent) -> None:
         """The pool of the finished task, the teacher and the seen classes for the next task's clients."""
-        h = self.hparams
+        h, model, classes, server, task = self.hparams, ctx.model, ctx.classes, ctx.server, ctx.task
         settings = TargetTaskEndSettings(
             synthesis=TargetSettings(h.synthesis_batch, h.g_steps, h.lr_g, h.lr_z, TargetWeights(h.bn, h.oh, h.adv),
                                      h.warmup, h.bn_momentum, h.meta),

@@ -112,7 +112,7 @@ def build_results(run: RunSnapshot, wall_seconds: float) -> dict[str, Any]:
                                          prog.acc_before_task, prog.acc_init))
     if stream.scenario == "class":
         results["class_acc"] = prog.class_acc
-    if prog.backbone_changes:  # a method changed the shared frozen backbone (Method.backbone_update)
+    if prog.backbone_changes:  # a method changed the shared frozen backbone (ServerChange.backbone)
         results["backbone_changes"] = prog.backbone_changes
         results["backbone_download_bytes"] = run.comm.lines.get("shared_backbone", 0)
     if cfg.target_accuracies:

@@ -75,5 +75,5 @@ class RunSnapshot:
     #: client's own (else None)
     buffers: Params = field(default_factory=dict)
     buffer_states: ClientStates | None = None
-    #: the tensors of the shared frozen backbone a method has changed (``Method.backbone_update``; {} none)
+    #: the tensors of the shared frozen backbone a method has changed (``ServerChange.backbone``; {} none)
     backbone: Params = field(default_factory=dict)
