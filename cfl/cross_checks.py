@@ -255,7 +255,7 @@ def check_backbone_changes(cfg: Any, classes: list[Any]) -> None:
     """A method that changes the shared frozen backbone at task ends (``changes_backbone``) needs one: a
     pretrained backbone run at every step through its adapter (``model.train: prompts | components | lora``). The
     feature cache (``head``) holds the unchanged backbone's features, and ``all`` has no shared frozen part."""
-    changers = [c.name for c in classes if c.changes_backbone]
+    changers = [c.name for c in classes if c.sends.changes_backbone]
     if not changers:
         return
     model, who = cfg.model, f"method {', '.join(changers)} changes the shared frozen backbone at task ends"

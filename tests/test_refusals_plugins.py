@@ -99,7 +99,8 @@ PLUGINS = {
     "task_end_returns": method("tr", "    sends = Sends(server_events=('before_task_end',))\n"
                                      "    def server_event(self, ctx):\n"
                                      "        return {'pool': torch.zeros(1)}\n"),
-    "task_start_changed": method("tc", "    sends = Sends(broadcast={'task_start': ('pool',)}, server_events=('round', 'task_end'))\n"
+    "task_start_changed": method("tc", "    sends = Sends(broadcast={'task_start': ('pool',)},\n"
+                                       "                  server_events=('round', 'task_end'))\n"
                                        "    def server_event(self, ctx):\n"
                                        "        ctx.server['pool'] = torch.ones(1)  # a new tensor each round\n"),
     # issue 37 items 4-8: failures that escaped as tracebacks or went unnoticed

@@ -29,7 +29,8 @@ class Pool(Method):
     """A pool from the start, replaced when a task's last holder has left it; records what each client's hooks see."""
 
     name = "pool-staggered"
-    sends = Sends(server_events=("start", "before_task_end"), broadcast={"task_start": ("pool",)}, client_events=("round",))
+    sends = Sends(server_events=("start", "before_task_end"), broadcast={"task_start": ("pool",)},
+                  client_events=("round",))
 
     def __init__(self, hparams, run_info) -> None:
         super().__init__(hparams, run_info)

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from cfl.methods.base import Method
+from cfl.methods.base import Method, Sends
 from cfl.methods.server_hooks import SERVER_EVENTS, ServerChange, ServerEvent, ServerUpdate, TransformUpdate
 
 #: the old hooks' arguments (issue 45) -> the context that carries them now
@@ -31,5 +31,5 @@ def test_a_context_carries_every_argument_of_the_hooks_it_replaced(context):
 def test_the_moments_and_the_change():
     assert SERVER_EVENTS == ("start", "round", "before_task_end", "task_end")
     assert ServerChange().params == {} and ServerChange().backbone is None
-    with pytest.raises(TypeError, match="server_events lists"):
-        type("Odd", (Method,), {"server_events": ("server_end",)})
+    with pytest.raises(TypeError, match=r"Sends.server_events names the moment\(s\) \['server_end'\]"):
+        Sends(server_events=("server_end",))

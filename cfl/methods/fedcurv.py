@@ -34,7 +34,8 @@ class FedCurv(Method):
     name = "fedcurv"
     about = "FedCurv: Fisher-weighted penalty towards the previous round's other clients (u, v broadcast)"
     Hyperparams = FedCurvHyperparams
-    sends = Sends(server_events=("round",), broadcast={"round": ("u", "v", "round")}, client_events=("round",))  # nothing at task ends
+    # nothing at task ends
+    sends = Sends(server_events=("round",), broadcast={"round": ("u", "v", "round")}, client_events=("round",))
 
     # ---- server ----
     def server_event(self, ctx: ServerEvent) -> None:

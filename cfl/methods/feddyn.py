@@ -15,7 +15,18 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, LocalTraining, Method, Quadratic, Requires, Sends, ServerEvent, ServerUpdate, StateSizing
+from cfl.methods.base import (
+    ClientData,
+    Event,
+    LocalTraining,
+    Method,
+    Quadratic,
+    Requires,
+    Sends,
+    ServerEvent,
+    ServerUpdate,
+    StateSizing,
+)
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.schema import field
 from cfl.tensors import Params, State

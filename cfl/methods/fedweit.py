@@ -65,7 +65,8 @@ class FedWeIT(Method):
     #: the knowledge base goes to each client once per task, with its first round of the task
     requires = Requires(models=("fedweit-mlp", "fedweit-lenet"), scenarios=("task",), scenarios_why="one head per task")
     #: the task-end participants send their own A; the final global model is of no use to them
-    sends = Sends(server_events=("task_end",), broadcast={"task_start": ("kb",)}, client_events=("task_end",), downloads_model_at_task_end=False)
+    sends = Sends(server_events=("task_end",), broadcast={"task_start": ("kb",)}, client_events=("task_end",),
+                  downloads_model_at_task_end=False)
 
     def __init__(self, hparams: FedWeITHyperparams, run_info: Any) -> None:
         super().__init__(hparams, run_info)

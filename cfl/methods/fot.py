@@ -65,7 +65,8 @@ class FOT(Method):
     #: under a schedule: the GPSE participants (drawn among the clients that finish the task) sketch at their own
     #: switch; the server extends the basis when the task's last holder has left it (a subspace still trained by
     #: some client is not projected out)
-    sends = Sends(server_events=("task_end",), broadcast={"task_end": ("basis",)}, client_events=("task_end",), server_task_end="last_holder")
+    sends = Sends(server_events=("task_end",), broadcast={"task_end": ("basis",)}, client_events=("task_end",),
+                  server_task_end="last_holder")
     Hyperparams = FOTHyperparams
 
     @classmethod

@@ -77,7 +77,8 @@ class GLFC(Method):
     #: when a task's last holder has left it, and the prototypes are uploaded in the first round after that moment
     Hyperparams = GLFCHyperparams
     #: ``old_classes`` (class-incremental): the old model's classes, those of the tasks finished when it was made
-    sends = Sends(server_events=("before_task_end", "round", "task_end"), broadcast={"round": ("old_model", "old_classes", "round_in_task")}, server_task_end="last_holder")
+    sends = Sends(server_events=("before_task_end", "round", "task_end"),
+                  broadcast={"round": ("old_model", "old_classes", "round_in_task")}, server_task_end="last_holder")
 
     def __init__(self, hparams: GLFCHyperparams, run_info: Any) -> None:
         super().__init__(hparams, run_info)

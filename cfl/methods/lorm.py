@@ -40,7 +40,19 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from cfl.methods.base import BackboneUpdate, ClientData, Event, Method, Params, Requires, Sends, ServerChange, ServerEvent, State, Step
+from cfl.methods.base import (
+    BackboneUpdate,
+    ClientData,
+    Event,
+    Method,
+    Params,
+    Requires,
+    Sends,
+    ServerChange,
+    ServerEvent,
+    State,
+    Step,
+)
 from cfl.methods.class_mask import ClassMasked, class_mask_field
 from cfl.pretrained.lora import LoRALinear
 from cfl.pretrained.regmean import projected_gram, regmean, shrunk
@@ -68,7 +80,8 @@ class LoRM(ClassMasked, Method):
     requires = Requires(model_train="lora", schedules=("synchronous",),
                         schedules_why="at each task end it merges the task's LoRA update into the backbone that "
                                       "every client runs, and under the other schedules clients hold different tasks")
-    sends = Sends(server_events=("start", "round", "task_end"), changes_backbone=True, broadcast={"round": (TRAIN_B,)}, client_events=("round", "task_end"))
+    sends = Sends(server_events=("start", "round", "task_end"), changes_backbone=True, broadcast={"round": (TRAIN_B,)},
+                  client_events=("round", "task_end"))
 
     @classmethod
     def check(cls, hparams: Any, cfg: Any) -> None:  # noqa: ARG003

@@ -68,7 +68,8 @@ class MFCL(Method):
     name = "mfcl"
     about = "MFCL: server-trained data-free generator, clients' CE + detached-feature CE + feature distillation"
     Hyperparams = MFCLHyperparams
-    sends = Sends(server_events=("before_task_end",), broadcast={"task_start": ("generator", "old_model", "old_classes")})
+    sends = Sends(server_events=("before_task_end",),
+                  broadcast={"task_start": ("generator", "old_model", "old_classes")})
     requires = Requires(running_stats_model=RUNNING_BN_MODEL, scenarios=("class",),
                         scenarios_why="its generator replays the earlier classes into one head")
     # under a schedule: the generator is trained when a task's last holder has left it (on the global model of that

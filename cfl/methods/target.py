@@ -91,7 +91,8 @@ class Target(Method):
     name = "target"
     about = "TARGET: server generator (BN statistics, CE, adversarial), synthetic pool, clients' KD on it"
     Hyperparams = TargetHyperparams
-    sends = Sends(server_events=("before_task_end",), broadcast={"task_start": ("pool", "old_model", "old_classes")}, client_events=())
+    sends = Sends(server_events=("before_task_end",), broadcast={"task_start": ("pool", "old_model", "old_classes")},
+                  client_events=())
     requires = Requires(running_stats_model=RUNNING_BN_MODEL, scenarios=("class",),
                         scenarios_why="its synthetic images distil the old classes of one head")
     # under a schedule: the pool is synthesised when a task's last holder has left it (on the global model of that
