@@ -30,6 +30,15 @@ from cfl.methods.hook_types import (
     StateSizing,
     Step,
 )
+from cfl.methods.traffic_hooks import (
+    PAYLOAD_KINDS,
+    ParamNames,
+    ParamRoles,
+    Payload,
+    PayloadKind,
+    StackedUploads,
+    TrainedClient,
+)
 from cfl.models import MODELS, ModelShape
 from cfl.ops.aggregate import AGGREGATORS
 from cfl.ops.fisher import diagonal_fisher, output_norm_importance
@@ -44,6 +53,8 @@ __all__ = [
     # the method interface (cfl/methods/base.py) and its hooks' values (cfl/methods/hook_types.py)
     "Method", "NoHyperparams", "Quadratic", "Linear", "Samples", "ClientData", "RunInfo", "StateSizing", "Step",
     "LocalTraining", "Event", "EVENTS", "BackboneUpdate",
+    # the contexts of the traffic and parameter-role hooks (cfl/methods/traffic_hooks.py)
+    "ParamNames", "ParamRoles", "TrainedClient", "StackedUploads", "Payload", "PayloadKind", "PAYLOAD_KINDS",
     # types and helpers of hooks
     "Params", "State", "nbytes", "field", "ConfigError",
     "diagonal_fisher", "output_norm_importance", "layer_grams",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, LocalTraining, Method, Quadratic, StateSizing
+from cfl.methods.base import ClientData, Event, LocalTraining, Method, Payload, Quadratic
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.schema import field
 from cfl.tensors import Params, State
@@ -51,6 +51,6 @@ class FedDyn(Method):
         server["h"] = {k: h - alpha * share * delta[k] for k, h in server["h"].items()}
         return {k: w + delta[k] - server["h"][k] / alpha for k, w in global_params.items()}
 
-    def client_state_bytes(self, sizing: StateSizing) -> int:
-        """Each client that has trained keeps ``h_k``, a model's worth."""
-        return min(sizing.num_clients, sizing.rounds * sizing.clients_per_round) * sizing.model_bytes
+    def count_bytes(self, ctx: Payload) -> int | None:
+        """The clients' state: each client that has trained keeps ``h_k``, a model's worth."""
+        return None if (s := ctx.sizing) is None else min(s.num_clients, s.rounds * s.clients_per_round) * s.model_bytes

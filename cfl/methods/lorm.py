@@ -40,7 +40,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from cfl.methods.base import BackboneUpdate, ClientData, Event, Method, Params, State, Step
+from cfl.methods.base import BackboneUpdate, ClientData, Event, Method, Params, Payload, State, Step
 from cfl.methods.class_mask import ClassMasked, class_mask_field
 from cfl.pretrained.lora import LoRALinear
 from cfl.pretrained.regmean import projected_gram, regmean, shrunk
@@ -110,14 +110,13 @@ class LoRM(ClassMasked, Method):
         upload["head_gram"] = shrunk(grams["head"], self.hparams.alpha)
         return upload
 
-    def payload_bytes(self, event: str, payload: State) -> int | None:
-        if event != "round_upload":
+    def count_bytes(self, ctx: Payload) -> int | None:
+        if ctx.kind == "client_state":
+            return 0  # the Grams are sent at once, nothing is kept
+        if ctx.kind != "round_upload":
             return None
-        grams = [*payload["grams"].values(), payload["head_gram"]]  # the factor and head: the model upload's values
+        grams = [*ctx.payload["grams"].values(), ctx.payload["head_gram"]]  # the factor and head: the model upload's
         return sum(g.numel() * g.element_size() for g in grams)
-
-    def client_state_bytes(self, sizing: Any) -> int | None:
-        return 0  # the Grams are sent at once, nothing is kept
 
     def server_end(self, event: Event, uploads: dict[int, State], server: State, task: int) -> None:
         if event == "task_end":
