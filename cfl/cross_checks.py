@@ -175,7 +175,7 @@ def check_methods(cfg: Any, specs: list[dict[str, Any]]) -> None:
 
 
 def check_client_params(cfg: Any, specs: list[dict[str, Any]]) -> None:
-    """Parameters kept per client (``Method.local_params`` and its kin) run on the sequential trainer of the local
+    """Parameters kept per client (``Method.param_roles`` and its kin) run on the sequential trainer of the local
     backend; one method at most aggregates with its own ``server_aggregate``, beside the plain mean only."""
     from cfl.methods import METHODS
     from cfl.methods.base import per_client_hooks

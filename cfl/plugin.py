@@ -40,6 +40,15 @@ from cfl.methods.server_hooks import (
     ServerUpdate,
     TransformUpdate,
 )
+from cfl.methods.traffic_hooks import (
+    PAYLOAD_KINDS,
+    ParamNames,
+    ParamRoles,
+    Payload,
+    PayloadKind,
+    StackedUploads,
+    TrainedClient,
+)
 from cfl.models import MODELS, ModelShape
 from cfl.ops.aggregate import AGGREGATORS
 from cfl.ops.fisher import diagonal_fisher, output_norm_importance
@@ -58,6 +67,8 @@ __all__ = [
     "Requires", "Sends", "Computes", "BroadcastEvent", "Scenario", "ModelTrain", "ServerTaskEnd",
     # the server hooks' values (cfl/methods/server_hooks.py)
     "ServerEvent", "ServerChange", "ServerMoment", "SERVER_EVENTS", "ServerUpdate", "TransformUpdate",
+    # the contexts of the traffic and parameter-role hooks (cfl/methods/traffic_hooks.py)
+    "ParamNames", "ParamRoles", "TrainedClient", "StackedUploads", "Payload", "PayloadKind", "PAYLOAD_KINDS",
     # types and helpers of hooks
     "Params", "State", "nbytes", "field", "ConfigError",
     "diagonal_fisher", "output_norm_importance", "layer_grams",

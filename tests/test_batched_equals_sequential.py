@@ -266,13 +266,13 @@ def _assert_rounds_alike(runner: Runner) -> None:
 # ---- every Method hook, in a variant that reads no state and one that does --------------------------------------
 
 #: the hooks a method may override, read off :class:`Method` itself, so a new hook fails
-#: :func:`test_every_hook_has_both_variants` until it has its variants (``client_state_bytes`` only sizes the
-#: client-state store before the run, and ``check`` only validates the config: neither changes a number; the hooks
-#: of parameters kept per client send the run to the sequential path, so there is no batched run to compare, and
-#: ``upload_bytes``/``payload_bytes`` count bytes outside local training: tests/test_fedweit_engine.py)
+#: :func:`test_every_hook_has_both_variants` until it has its variants (``count_bytes`` counts bytes outside local
+#: training and sizes the client-state store before the run: tests/test_fedweit_engine.py, and ``check`` only
+#: validates the config: neither changes a number; the hooks of parameters kept per client send the run to the
+#: sequential path, so there is no batched run to compare)
 HOOKS = sorted(name for name, v in vars(Method).items()
-               if inspect.isfunction(v) and not name.startswith("_") and name != "client_state_bytes"
-               and name not in PER_CLIENT_HOOKS + ("upload_bytes", "payload_bytes"))
+               if inspect.isfunction(v) and not name.startswith("_") and name != "count_bytes"
+               and name not in PER_CLIENT_HOOKS)
 # (``server_event("start")`` runs once when the runner is built, before any round, on the server alone: one round
 # cannot show it; tests/test_plugin_hooks38.py runs it through both engines. A backbone change at
 # ``server_event("task_end")`` changes a pretrained backbone's shared frozen part, which this test's MLP does not

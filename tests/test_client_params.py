@@ -9,7 +9,7 @@ import torch
 
 from cfl.engine.runner import Runner
 from cfl.methods import METHODS
-from cfl.methods.base import Method
+from cfl.methods.base import Method, ParamNames, ParamRoles, Payload, StackedUploads, TrainedClient
 from tests.conftest import make_stream, tiny_config
 from tests.helpers import Records
 
@@ -32,13 +32,13 @@ class OwnHeads(Method):
 
     name = "own-heads"
 
-    def local_params(self, names: list[str]) -> list[str]:
-        return [n for n in names if n.startswith("head.")]
+    def param_roles(self, ctx: ParamNames) -> ParamRoles:
+        return ParamRoles(local=[n for n in ctx.names if n.startswith("head.")])
 
 
 def test_local_parameters_stay_with_their_clients_and_out_of_the_bytes():
     runner, records, template = _run(OwnHeads)
-    assert runner.engine_path.path == "sequential" and "(local_params)" in runner.engine_path.reason
+    assert runner.engine_path.path == "sequential" and "(param_roles)" in runner.engine_path.reason
     full = sum(v.numel() * v.element_size() for v in template.values())
     assert runner.model_bytes == full - HEAD
     assert records.rounds[0]["round_download_bytes"] == 3 * (full - HEAD)
@@ -63,8 +63,8 @@ def test_a_client_starts_its_next_round_from_its_own_local_parameters():
 class FrozenBias(Method):
     name = "frozen-bias"
 
-    def frozen_params(self, names: list[str]) -> list[str]:
-        return ["body.1.bias"]
+    def param_roles(self, ctx: ParamNames) -> ParamRoles:
+        return ParamRoles(frozen=["body.1.bias"])
 
 
 def test_frozen_parameters_do_not_move():
@@ -78,14 +78,14 @@ class OnesUpload(Method):
 
     name = "ones-upload"
 
-    def client_upload(self, params: dict, state: dict) -> tuple[dict, dict]:
-        return {"body.1.weight": torch.ones_like(params["body.1.weight"])}, {"count": torch.tensor(2.0)}
+    def client_upload(self, ctx: TrainedClient) -> tuple[dict, dict]:
+        return {"body.1.weight": torch.ones_like(ctx.params["body.1.weight"])}, {"count": torch.tensor(2.0)}
 
-    def server_aggregate(self, sent: dict, info: dict) -> dict:
-        return {"body.1.weight": sent["body.1.weight"].mean(0) * info["count"].sum()}
+    def server_aggregate(self, ctx: StackedUploads) -> dict:
+        return {"body.1.weight": ctx.sent["body.1.weight"].mean(0) * ctx.info["count"].sum()}
 
-    def upload_bytes(self, sent: dict, info: dict) -> int:
-        return 7
+    def count_bytes(self, ctx: Payload) -> int | None:
+        return 7 if ctx.kind == "client_upload" else None
 
 
 def test_own_upload_and_aggregation_replace_the_mean_and_its_bytes():

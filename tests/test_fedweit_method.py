@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from cfl.methods.base import ClientData, RunInfo
+from cfl.methods.base import ClientData, ParamNames, Payload, RunInfo, StackedUploads, TrainedClient
 from cfl.methods.fedweit import FedWeIT, FedWeITHyperparams
 from cfl.methods.server_hooks import ServerEvent
 from cfl.models.fedweit_net import FedWeITMLP
@@ -33,8 +33,9 @@ def setup(seed: int = 0) -> tuple[FedWeIT, torch.nn.Module, dict[str, torch.Tens
 
 def test_only_the_bases_are_shared_and_the_knowledge_base_is_frozen():
     method, _, params = setup()
-    assert method.local_params(list(params)) == [n for n in params if n != "body.1.base"]
-    assert method.frozen_params(list(params)) == ["body.1.kb", "body.1.kb_mix"]
+    roles = method.param_roles(ParamNames(tuple(params)))
+    assert roles.local == [n for n in params if n != "body.1.base"]
+    assert roles.frozen == ["body.1.kb", "body.1.kb_mix"]
     assert method.task_end_clients == 2 and method.kb_size == 2
 
 
@@ -55,18 +56,19 @@ def test_upload_sends_the_units_above_the_mask_threshold():
     method, _, params = setup()
     state: dict = {"task": 0}
     params["body.1.mask"][0] = torch.tensor([0.5, -0.1, 2.0])
-    sent, keeps = method.client_upload(params, state)
+    sent, keeps = method.client_upload(TrainedClient(params, state))
     assert keeps["body.1.base"].tolist() == [True, False, True]
     assert sent["body.1.base"][1].abs().sum() == 0 and torch.equal(sent["body.1.base"][0], params["body.1.base"][0])
     assert torch.equal(state["base"]["body.1"], params["body.1.base"])
-    assert method.upload_bytes(sent, keeps) == 2 * 4 * 4 + 1  # 2 rows of 4 float32, a 3-bit bitmap
+    upload = Payload("client_upload", sent=sent, info=keeps)
+    assert method.count_bytes(upload) == 2 * 4 * 4 + 1  # 2 rows of 4 float32, a 3-bit bitmap
 
 
 def test_server_averages_each_unit_over_its_senders():
     method, _, _ = setup()
     sent = {"body.1.base": torch.tensor([[[1.0], [2.0], [0.0]], [[3.0], [0.0], [0.0]]], dtype=torch.float64)}
     keeps = {"body.1.base": torch.tensor([[True, True, False], [True, False, False]])}
-    assert torch.allclose(method.server_aggregate(sent, keeps)["body.1.base"],
+    assert torch.allclose(method.server_aggregate(StackedUploads(sent, keeps))["body.1.base"],
                           torch.tensor([[2.0], [2.0], [0.0]], dtype=torch.float64))
 
 
@@ -78,12 +80,12 @@ def test_task_end_builds_a_padded_knowledge_base_and_counts_it():
     upload = method.client_end("task_end", None, params, ClientData(torch.zeros(0), torch.zeros(0), 0), state, {},
                                torch.Generator())
     assert torch.count_nonzero(upload["adaptive"]["body.1"]) == 1
-    assert method.payload_bytes("task_end_upload", upload) == 2 + 4  # a 12-bit bitmap, one float32
+    assert method.count_bytes(Payload("task_end_upload", payload=upload)) == 2 + 4  # a 12-bit bitmap, one float32
     server: dict = {}
     method.server_event(ServerEvent("task_end", server, 0, params, {7: upload}))
     kb = server["kb"]["body.1"]
     assert kb.shape == (2, 3, 4) and kb[0, 0, 0] == 0.5 and kb[1].abs().sum() == 0
-    assert method.payload_bytes("task_start", server) == (2 + 4) + 2
+    assert method.count_bytes(Payload("task_start", payload=server)) == (2 + 4) + 2
 
 
 def test_a_new_task_keeps_the_old_tasks_outputs_and_merges_the_base():

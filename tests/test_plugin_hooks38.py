@@ -75,8 +75,8 @@ class Recorder(Method):
         state["moved"] = sum((params[k] - training.global_params[k]).abs().sum() for k in params)
         state["classes"] = torch.tensor(self.run_info.num_classes)
 
-    def client_state_bytes(self, sizing):
-        return sizing.num_clients * 64
+    def count_bytes(self, ctx):
+        return ctx.sizing.num_clients * 64 if ctx.kind == "client_state" else None
 
 
 def test_server_event_start_and_client_end_training_reach_the_method():

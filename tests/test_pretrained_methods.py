@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from cfl.methods.afcl import AFCL, AFCLHyperparams, ridge, with_bias
-from cfl.methods.base import ClientData, RunInfo
+from cfl.methods.base import ClientData, Payload, RunInfo
 from cfl.methods.fedncm import FedNCM, FedNCMHyperparams
 from cfl.methods.server_hooks import ServerEvent
 from cfl.models.feature_head import FeatureHead
@@ -69,8 +69,8 @@ def test_statistics_are_sent_once_per_task_and_counted_as_sent():
     first = method.client_end("round", info.model, {}, ClientData(x, y, 0), state, {}, None)
     assert method.client_end("round", info.model, {}, ClientData(x, y, 0), state, {}, None) is None
     assert method.client_end("round", info.model, {}, ClientData(x, y, 1), state, {}, None) is not None
-    assert method.payload_bytes("round_upload", first) == ((D + 1) * (D + 1) + (D + 1) * K) * 8
-    assert method.upload_bytes({}, {}) == 0  # no parameter is sent
+    assert method.count_bytes(Payload("round_upload", payload=first)) == ((D + 1) * (D + 1) + (D + 1) * K) * 8
+    assert method.count_bytes(Payload("client_upload")) == 0  # no parameter is sent
 
 
 def test_fedncm_classifier_is_the_class_means():

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = {"stream": {"name": "split-digits", "num_tasks": 2}, "num_clients": 4, "clients_per_round": 2,
         "rounds_per_task": 2, "batch_size": 32, "threads": 1, "wandb": {"mode": "disabled"}}
 HEAD = ("import sys\nimport torch\nfrom cfl.methods import register\n"
-        "from cfl.methods.base import Method, Quadratic, Samples, Sends\n")
+        "from cfl.methods.base import Method, ParamRoles, Quadratic, Samples, Sends\n")
 
 
 def method(name: str, body: str, cls: str = "Bad") -> str:
@@ -70,16 +70,16 @@ PLUGINS = {
                                "    def carry_step(self, step, moved):\n"
                                "        return {'paths': step.carry['path']}\n"),
     # issue 31 item 4: parameters kept per client
-    "local_name": method("ln", "    def local_params(self, names):\n        return ['nope']\n"),
+    "local_name": method("ln", "    def param_roles(self, ctx):\n        return ParamRoles(local=['nope'])\n"),
     "start_shape": method("st", "    def client_start(self, params, state, server, task):\n"
                                 "        return {k: v.flatten() for k, v in params.items()}\n"),
-    "sends_local": method("sl", "    def local_params(self, names):\n        return ['head.weight']\n"
-                                "    def client_upload(self, params, state):\n"
-                                "        return {'head.weight': params['head.weight']}, {}\n"),
-    "aggregate_alone": method("aa", "    def server_aggregate(self, sent, info):\n        return sent\n"),
-    "negative_bytes": method("nb", "    def client_upload(self, params, state):\n"
-                                   "        return {'body.1.weight': params['body.1.weight']}, {}\n"
-                                   "    def upload_bytes(self, sent, info):\n        return -1\n"),
+    "sends_local": method("sl", "    def param_roles(self, ctx):\n        return ParamRoles(local=['head.weight'])\n"
+                                "    def client_upload(self, ctx):\n"
+                                "        return {'head.weight': ctx.params['head.weight']}, {}\n"),
+    "aggregate_alone": method("aa", "    def server_aggregate(self, ctx):\n        return ctx.sent\n"),
+    "negative_bytes": method("nb", "    def client_upload(self, ctx):\n"
+                                   "        return {'body.1.weight': ctx.params['body.1.weight']}, {}\n"
+                                   "    def count_bytes(self, ctx):\n        return -1\n"),
     "step_item": method("si2", "    def step_gradient(self, step):\n"
                                "        if step.grads['body.1.weight'].sum().item() > 0:\n"
                                "            return None\n"
@@ -231,21 +231,21 @@ CASES = [
                                                   "method.name=lc", "--out", "{tmp}/lc"], 3,
      ["method 'lc'", "hook client_end raised KeyError: 'fisher'", "at the end of task 0 (0-based)", "is kept"]),
     # issue 31 item 4: parameters kept per client, refused by the dry call or the config check before any file
-    ("local_params: a name that is no parameter", ["run", "{cfg}", "--plugin", "{tmp}/local_name.py", "--set",
+    ("param_roles: a name that is no parameter", ["run", "{cfg}", "--plugin", "{tmp}/local_name.py", "--set",
                                                    "method.name=ln", "--out", "{tmp}/ln"], 2,
-     ["method 'ln'", "hook local_params", "a list of the model's parameter names", "['nope']", "body.1.weight"]),
+     ["method 'ln'", "hook param_roles", "parameter names", "local names ['nope']", "body.1.weight"]),
     ("client_start: parameters of the wrong shape", ["run", "{cfg}", "--plugin", "{tmp}/start_shape.py", "--set",
                                                      "method.name=st", "--out", "{tmp}/st"], 2,
      ["method 'st'", "hook client_start", "{{every parameter name: tensor shaped like it}}", "for 'body.1.weight'"]),
     ("client_upload: sends a parameter kept per client", ["run", "{cfg}", "--plugin", "{tmp}/sends_local.py", "--set",
                                                           "method.name=sl", "--out", "{tmp}/sl"], 2,
-     ["method 'sl'", "hook client_upload", "'head.weight' is kept per client (local_params), never sent"]),
+     ["method 'sl'", "hook client_upload", "'head.weight' is kept per client (param_roles local), never sent"]),
     ("server_aggregate without client_upload", ["run", "{cfg}", "--plugin", "{tmp}/aggregate_alone.py", "--set",
                                                 "method.name=aa", "--out", "{tmp}/aa"], 2,
      ["method aa overrides server_aggregate but not client_upload", "would never be called"]),
-    ("upload_bytes: a negative count", ["run", "{cfg}", "--plugin", "{tmp}/negative_bytes.py", "--set",
+    ("count_bytes: a negative count", ["run", "{cfg}", "--plugin", "{tmp}/negative_bytes.py", "--set",
                                         "method.name=nb", "--out", "{tmp}/nb"], 2,
-     ["method 'nb'", "hook upload_bytes", "must return an int >= 0 (bytes)", "got int -1"]),
+     ["method 'nb'", "hook count_bytes", "an int >= 0 (bytes)", "got int -1"]),
     # issue 28 item 6: a taken name
     ("a plugin taking a built-in method's name", ["list", "--plugin", "{tmp}/takes_fedavg.py"], 2,
      ["plugin file '{tmp}/takes_fedavg.py' at line 6: method 'fedavg' is already registered (by FedAvg in ",

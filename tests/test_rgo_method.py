@@ -8,7 +8,7 @@ from torch import nn
 
 from cfl.engine import hooks
 from cfl.engine.runner import Runner
-from cfl.methods.base import ClientData, RunInfo, StateSizing
+from cfl.methods.base import ClientData, Payload, RunInfo, StateSizing
 from cfl.methods.rgo import RGO, RGOHyperparams
 from cfl.ops.layer_inputs import layer_grams
 from cfl.ops.rgo import closed_form, precondition, preconditioner
@@ -116,8 +116,9 @@ def test_state_bytes_are_a_d_by_d_per_protected_layer_and_client_in_the_models_p
     sizing = StateSizing(model_bytes=0, sample_bytes=0, samples_per_client=480, num_clients=125, num_tasks=10,
                          rounds=2000, clients_per_round=64,
                          protected={"a": ("linear", 784), "b": ("linear", 400), "c": ("conv", 27)})
-    assert _rgo(TwoLayerNet()).client_state_bytes(sizing) == 125 * 4 * (784**2 + 400**2 + 27**2)
-    assert _rgo(TwoLayerNet().double()).client_state_bytes(sizing) == 125 * 8 * (784**2 + 400**2 + 27**2)
+    state = Payload("client_state", sizing=sizing)
+    assert _rgo(TwoLayerNet()).count_bytes(state) == 125 * 4 * (784**2 + 400**2 + 27**2)
+    assert _rgo(TwoLayerNet().double()).count_bytes(state) == 125 * 8 * (784**2 + 400**2 + 27**2)
 
 
 def test_fel_is_refused():

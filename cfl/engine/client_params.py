@@ -1,8 +1,8 @@
-"""Parameters kept per client (``Method.local_params``), each client's starting parameters (``client_start``) and
+"""Parameters kept per client (``Method.param_roles``), each client's starting parameters (``client_start``) and
 a method's own upload and aggregation of the shared parameters (``client_upload``, ``server_aggregate``).
 
 A method's local parameters live in its client state under ``state["local"]`` (so they are checkpointed, kept
-in the client-state store and sized by ``client_state_bytes``): loaded into the client's starting parameters at
+in the client-state store and sized by ``count_bytes("client_state")``): loaded into the client's starting parameters at
 each of its rounds (the global model's values, i.e. the template's, before its first), written back after
 training, left out of the aggregation (the global model keeps the template's values) and out of the model bytes
 sent each way. Only the sequential trainer starts clients from their own parameters (:mod:`cfl.engine.path`).
@@ -16,17 +16,18 @@ import torch
 
 from cfl.engine.hook_call import call
 from cfl.engine.hook_rules import (
-    check_bytes,
     check_client_start,
     check_client_upload,
-    check_names,
+    check_roles,
     check_server_aggregate,
 )
 from cfl.engine.jobs import ClientJob
+from cfl.engine.server_state import counted
 from cfl.methods.base import Method, overrides
+from cfl.methods.traffic_hooks import ParamNames, Payload, StackedUploads, TrainedClient
 from cfl.records.client_states import MethodState
 from cfl.schema import ConfigError
-from cfl.tensors import Params, State
+from cfl.tensors import Params, State, nbytes
 
 #: the client-state key of a method's local parameters
 LOCAL = "local"
@@ -37,14 +38,10 @@ class ClientParams:
 
     def __init__(self, methods: list[Method], names: list[str]) -> None:
         self.methods = methods
-        self.local: list[list[str]] = []
-        for m in methods:
-            self.local.append(call(m, "local_params", list(names),
-                                   use=lambda own: check_names(own, names, "local_params")))
-        self.frozen: frozenset[str] = frozenset()
-        for m in methods:
-            self.frozen |= set(call(m, "frozen_params", list(names),
-                                    use=lambda frozen: check_names(frozen, names, "frozen_params")))
+        roles = [call(m, "param_roles", ParamNames(tuple(names)), use=lambda roles: check_roles(roles, names))
+                 for m in methods]
+        self.local: list[list[str]] = [own for own, _ in roles]
+        self.frozen: frozenset[str] = frozenset(n for _, frozen in roles for n in frozen)
         taken: dict[str, str] = {}
         for m, own in zip(methods, self.local, strict=True):
             for n in own:
@@ -102,7 +99,7 @@ class ClientParams:
     def uploads(self, trained: Params, jobs: list[ClientJob], keep: torch.Tensor, params: Params,
                 states: list[MethodState]) -> tuple[Params, list[int]]:
         """The uploading method's ``client_upload`` on each kept client, combined by its ``server_aggregate``:
-        the new global values of the parameters it sends, and each client's ``upload_bytes``."""
+        the new global values of the parameters it sends, and each client's bytes (``count_bytes``)."""
         if not self.uploading:
             return {}, []
         i = self.uploading[0]
@@ -112,15 +109,16 @@ class ClientParams:
         sent, info, sizes = [], [], []
         for job, row in zip(kept, rows, strict=True):
             state = clients.get(job.cid)
-            s, n = call(method, "client_upload", {k: v[row] for k, v in trained.items()}, state,
+            s, n = call(method, "client_upload", TrainedClient({k: v[row] for k, v in trained.items()}, state),
                         use=lambda upload: check_client_upload(upload, params, self.local_names))
-            sizes.append(call(method, "upload_bytes", s, n, use=check_bytes))
+            size = counted(method, Payload("client_upload", sent=s, info=n))
+            sizes.append(nbytes(s) if size is None else size)
             clients.put(job.cid, state)
             sent.append(s)
             info.append(n)
         stacked_sent = {k: torch.stack([s[k] for s in sent]) for k in sent[0]}
         stacked_info = {k: torch.stack([n[k] for n in info]) for k in info[0]}
-        combined = call(method, "server_aggregate", stacked_sent, stacked_info,
+        combined = call(method, "server_aggregate", StackedUploads(stacked_sent, stacked_info),
                         use=lambda combined: check_server_aggregate(combined, sent[0], params))
         return combined, sizes
 

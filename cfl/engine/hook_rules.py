@@ -10,6 +10,7 @@ import torch
 
 from cfl.methods.hook_guard import BrokenRule
 from cfl.methods.hook_types import Linear, Quadratic, Samples
+from cfl.methods.traffic_hooks import ParamRoles
 from cfl.tensors import Params
 
 PENALTY = ("must return None or {parameter name: Quadratic(weight, anchor) (optionally linear=) or Linear(coef)}, "
@@ -282,20 +283,27 @@ def check_some_params(result: Any, params: Params, rule: str) -> Params:
 
 
 # ---- parameters kept per client (cfl/engine/client_params.py) ----
-NAMES = "must return a list of the model's parameter names (a subset of the names it is given)"
+NAMES = ("must return ParamRoles(local=, frozen=), each a list of the model's parameter names (a subset of the names "
+         "it is given)")
 CLIENT_START = "must return the client's starting parameters: {every parameter name: tensor shaped like it}"
 CLIENT_UPLOAD = ("must return (sent, info): sent {shared parameter name: tensor shaped like it}, info {name: tensor}, "
                  "the same keys and shapes for every client")
 SERVER_AGGREGATE = "must return {every name of client_upload's sent: tensor shaped like the parameter}"
-BYTES = "must return an int >= 0 (bytes)"
+BYTES = "must return None (the default) or an int >= 0 (bytes)"
 
 
-def check_names(result: Any, names: list[str], hook: str) -> list[str]:
-    if not isinstance(result, (list, tuple)) or not all(isinstance(n, str) for n in result):
+def check_roles(result: Any, names: list[str]) -> tuple[list[str], list[str]]:
+    if not isinstance(result, ParamRoles):
         raise BrokenRule(f"{NAMES}; {_got(result)}")
+    return check_names(result.local, names, "local"), check_names(result.frozen, names, "frozen")
+
+
+def check_names(result: Any, names: list[str], role: str) -> list[str]:
+    if not isinstance(result, (list, tuple)) or not all(isinstance(n, str) for n in result):
+        raise BrokenRule(f"{NAMES}; {role} is {_got(result)}")
     unknown = [n for n in result if n not in names]
     if unknown:
-        raise BrokenRule(f"{NAMES}; {hook} names {unknown[:3]}, not parameters (the model's: {', '.join(names)})")
+        raise BrokenRule(f"{NAMES}; {role} names {unknown[:3]}, not parameters (the model's: {', '.join(names)})")
     return list(result)
 
 
@@ -310,7 +318,7 @@ def check_client_upload(result: Any, params: Params, local: frozenset[str]) -> t
     for key, v in sent.items():
         p = _parameter(key, params, CLIENT_UPLOAD)
         if key in local:
-            raise BrokenRule(f"{CLIENT_UPLOAD}; '{key}' is kept per client (local_params), never sent")
+            raise BrokenRule(f"{CLIENT_UPLOAD}; '{key}' is kept per client (param_roles local), never sent")
         if not isinstance(v, torch.Tensor) or v.shape != p.shape or not v.is_floating_point():
             raise BrokenRule(f"{CLIENT_UPLOAD}; for '{key}' (a float tensor of shape {tuple(p.shape)}) {_got(v)}")
     for key, v in info.items():
@@ -330,8 +338,8 @@ def check_server_aggregate(result: Any, sent: Params, params: Params) -> Params:
     return result
 
 
-def check_bytes(result: Any) -> int:
-    if isinstance(result, bool) or not isinstance(result, int) or result < 0:
+def check_bytes(result: Any) -> int | None:
+    if result is not None and (isinstance(result, bool) or not isinstance(result, int) or result < 0):
         raise BrokenRule(f"{BYTES}; got {type(result).__name__} {result!r}")
     return result
 

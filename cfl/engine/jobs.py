@@ -64,10 +64,10 @@ class Plugins:
     broadcasts: list[State]
     #: ``optimizer.state: kept``: every client's optimiser state (cfl.engine.local_optim.stored_state), else None
     optimizer: ClientStates | None = None
-    #: per client id, its starting parameters (``Method.local_params``, ``client_start``: the sequential trainer
+    #: per client id, its starting parameters (``Method.param_roles``, ``client_start``: the sequential trainer
     #: only); None: every client starts from the global model
     starts: dict[int, dict[str, torch.Tensor]] | None = None
-    #: parameters no optimiser step moves (``Method.frozen_params``)
+    #: parameters no optimiser step moves (``Method.param_roles`` frozen)
     frozen: frozenset[str] = frozenset()
 
     def client_states(self, i: int, cids: list[int]) -> list[State]:

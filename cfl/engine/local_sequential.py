@@ -23,9 +23,9 @@ from cfl.tensors import Params
 def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.Tensor, y: torch.Tensor,
               task: int, hp: Hyper, plugins: Plugins) -> tuple[Params, ClientOutcome]:
     warn_if_slow(hp.precision, x.device)
-    start = plugins.starts[job.cid] if plugins.starts is not None else global_params  # its own (local_params)
+    start = plugins.starts[job.cid] if plugins.starts is not None else global_params  # its own (param_roles local)
     params = {k: v.detach().clone().requires_grad_(k not in plugins.frozen) for k, v in start.items()}
-    trainable = [k for k in params if k not in plugins.frozen]  # frozen_params: no gradient, step or state
+    trainable = [k for k in params if k not in plugins.frozen]  # param_roles frozen: no gradient, step or state
     # BatchNorm running statistics: the client's own copy, updated in place by its training forwards
     buffers = {k: v.detach().clone() for k, v in job.buffers.items()}
     tensors = (params, buffers) if buffers else params

@@ -5,7 +5,7 @@
 into the weight-gradient product; momentum, Adam and AdamW from the materialised gradient) and methods whose
 hooks have a fused form. ``vmap``: autograd under ``torch.func.vmap`` over one-client code, for every model and
 method. ``sequential``: one client after another (``client_execution: sequential``, a method that declares a
-``sequential_reason`` or keeps parameters per client (``local_params`` and its kin), step hooks on a model
+``sequential_reason`` or keeps parameters per client (``param_roles`` and its kin), step hooks on a model
 whose layers mix samples, where ``vmap`` would pad them, or an extra loss on a model with BatchNorm running
 statistics, whose forwards inside it would update them in place; a ``step_samples`` draw read only by
 ``extra_loss`` is not padded there: those losses run per group of clients with equal counts).

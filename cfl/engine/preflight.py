@@ -19,7 +19,11 @@ from torch.func import functional_call
 
 from cfl.engine import hooks
 from cfl.engine.hook_call import call, unwritten
-from cfl.engine.hook_rules import check_bytes, check_client_start, check_client_upload, check_server_aggregate
+from cfl.engine.hook_rules import (
+    check_client_start,
+    check_client_upload,
+    check_server_aggregate,
+)
 from cfl.engine.jobs import ClientJob, Plugins, limit_epochs
 from cfl.engine.local_batched import train_batched
 from cfl.engine.local_sequential import train_sequential
@@ -27,11 +31,12 @@ from cfl.engine.path import trainer_kind
 from cfl.engine.runner import Runner
 from cfl.engine.server import transformed, updated
 from cfl.engine.server_events import acts, checked_change
-from cfl.engine.server_state import broadcast_of
+from cfl.engine.server_state import broadcast_of, counted
 from cfl.engine.step_hooks import StepStage, as_batch, gradient_function, takes_steps
 from cfl.methods.base import Method, overrides
 from cfl.methods.hook_types import Samples
 from cfl.methods.server_hooks import ServerEvent
+from cfl.methods.traffic_hooks import Payload, StackedUploads, TrainedClient
 from cfl.models.buffers import load_global_model
 from cfl.records.client_states import ClientStates, MethodState
 from cfl.tensors import Params, State
@@ -147,13 +152,13 @@ def _dry_start(runner: Runner, method: Method, broadcast: State) -> tuple[Params
 
 
 def _dry_upload(runner: Runner, method: Method, params: Params, state: State) -> None:
-    """``client_upload``, ``upload_bytes`` and ``server_aggregate`` on one fresh client's starting parameters."""
+    """``client_upload``, its ``count_bytes`` and ``server_aggregate`` on one fresh client's starting parameters."""
     if not overrides(method, "client_upload"):
         return
     local = runner.client_params.local_names
-    sent, info = call(method, "client_upload", dict(params), state,
+    sent, info = call(method, "client_upload", TrainedClient(dict(params), state),
                       use=lambda upload: check_client_upload(upload, runner.params, local))
-    call(method, "upload_bytes", sent, info, use=check_bytes)
-    stacked = ({k: v.unsqueeze(0) for k, v in sent.items()}, {k: v.unsqueeze(0) for k, v in info.items()})
-    call(method, "server_aggregate", *stacked, use=lambda combined: check_server_aggregate(combined, sent,
-                                                                                            runner.params))
+    counted(method, Payload("client_upload", sent=sent, info=info))
+    stacked = StackedUploads({k: v.unsqueeze(0) for k, v in sent.items()}, {k: v.unsqueeze(0) for k, v in info.items()})
+    call(method, "server_aggregate", stacked, use=lambda combined: check_server_aggregate(combined, sent,
+                                                                                           runner.params))

@@ -217,7 +217,7 @@ class Runner:
         broadcasts = [{**r, **t} for r, t in zip(each_round, task_start, strict=True)]
         limit_epochs(jobs, self.methods, broadcasts)
         plugins = Plugins(self.methods, self.states, broadcasts, self.optimizer_states)
-        if self.client_params.active:  # each client from its own parameters (local_params, client_start)
+        if self.client_params.active:  # each client from its own parameters (param_roles, client_start)
             plugins.starts = {c: p for t, group in groups for c, p in
                               self.client_params.starts(group, self.params, self.states, broadcasts, t).items()}
         plugins.frozen = self.client_params.frozen

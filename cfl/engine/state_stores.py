@@ -24,9 +24,10 @@ from cfl.config import Config
 from cfl.data.stream import Stream
 from cfl.engine import state_budget
 from cfl.engine.disk_states import DiskClientStates
-from cfl.engine.hook_call import call
+from cfl.engine.server_state import counted
 from cfl.engine.state_budget import StateSizing
-from cfl.methods.hook_guard import BrokenRule
+from cfl.methods.base import overrides, per_client_hooks
+from cfl.methods.traffic_hooks import Payload
 from cfl.records.client_states import ClientStates
 
 if TYPE_CHECKING:
@@ -64,12 +65,11 @@ class ClientStores:
 
 
 def _estimate(method: Method, sizing: StateSizing) -> int | None:
-    return call(method, "client_state_bytes", sizing, use=_bytes_or_none)
-
-
-def _bytes_or_none(estimate: object) -> int | None:
-    if estimate is not None and (isinstance(estimate, bool) or not isinstance(estimate, int) or estimate < 0):
-        raise BrokenRule(f"must return None or a number of bytes (an int >= 0); got {estimate!r}")
+    """``method``'s ``count_bytes("client_state")``; its default (None): no client state (0) where the method
+    overrides neither ``client_end`` nor a hook of parameters kept per client, else no estimate (None)."""
+    estimate = counted(method, Payload("client_state", sizing=sizing))
+    if estimate is None and not (overrides(method, "client_end") or per_client_hooks(type(method))):
+        return 0
     return estimate
 
 
@@ -83,9 +83,9 @@ def build_stores(cfg: Config, sizing: StateSizing, methods: list[Method], state_
     if cfg.client_state_store == "auto":
         for m, e in zip(methods, estimates, strict=True):
             if e is None:
-                print(f"cfl: method '{m.name}' gives no estimate of its client state (Method.client_state_bytes); "
-                      "it is left out of the choice of the store (client_state_store: disk puts every client "
-                      "state on disk)", file=sys.stderr)
+                print(f"cfl: method '{m.name}' gives no estimate of its client state (Method.count_bytes, "
+                      "'client_state'); it is left out of the choice of the store (client_state_store: disk puts "
+                      "every client state on disk)", file=sys.stderr)
     if kind == "memory":
         return ClientStores(kind, estimates, [ClientStates() for _ in methods])
     temporary = state_dir is None

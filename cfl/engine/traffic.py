@@ -3,7 +3,7 @@
 method's broadcasts (``"round"`` keys with every model, ``"task_start"`` keys once per client and task, a changed
 shared backbone once per client); up, the kept clients' models (a method's own ``client_upload`` in place of the
 dense bytes of what it sends) and each method's ``client_end`` uploads. Sizes are the tensors' own bytes or a
-method's ``payload_bytes`` / ``upload_bytes``."""
+method's ``count_bytes``."""
 
 from __future__ import annotations
 

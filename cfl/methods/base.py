@@ -62,6 +62,7 @@ from cfl.methods.server_hooks import (
     ServerUpdate,
     TransformUpdate,
 )
+from cfl.methods.traffic_hooks import ParamNames, ParamRoles, Payload, StackedUploads, TrainedClient
 from cfl.ops.losses import masked_cross_entropy
 from cfl.schema import ConfigError
 from cfl.tensors import Params, State
@@ -78,6 +79,9 @@ __all__ = [
     "accepts",
     # handed on: the server hooks' values (cfl/methods/server_hooks.py)
     "ServerMoment", "SERVER_EVENTS", "ServerEvent", "ServerChange", "ServerUpdate", "TransformUpdate",
+    # handed on: the contexts of the traffic and parameter-role hooks (cfl/methods/traffic_hooks.py, with the kinds
+    # ``count_bytes`` counts: PayloadKind)
+    "ParamNames", "ParamRoles", "TrainedClient", "StackedUploads", "Payload",
     # handed on: the tensor types of the hooks (cfl/tensors.py)
     "Params", "State",
 ]
@@ -125,17 +129,14 @@ class Method:
         is validated, before any file is written or data loaded."""
 
     # ---- parameters kept per client (docs/plugins.md, "Parameters kept per client") ----
-    def local_params(self, names: list[str]) -> list[str]:
-        """The parameters (of the model's ``names``) each client keeps as its own: the engine keeps them in the
-        client's state (``state["local"]``), loads them at its round start (the template's values at its first
-        round), writes the trained values back after training (before ``client_end``), and leaves them out of
-        the aggregation and out of the model bytes. Declaring any sends the run to the sequential path."""
-        return []
-
-    def frozen_params(self, names: list[str]) -> list[str]:
-        """The parameters no optimiser step moves (no gradient, weight decay or optimiser state), e.g. values a
-        hook fills in (FedWeIT's knowledge base)."""
-        return []
+    def param_roles(self, ctx: ParamNames) -> ParamRoles:
+        """The roles of some of the model's parameters (``ctx.names``). ``local``: those each client keeps as its
+        own: the engine keeps them in the client's state (``state["local"]``), loads them at its round start (the
+        template's values at its first round), writes the trained values back after training (before
+        ``client_end``), and leaves them out of the aggregation and out of the model bytes. ``frozen``: those no
+        optimiser step moves (no gradient, weight decay or optimiser state), e.g. values a hook fills in (FedWeIT's
+        knowledge base). Overriding it sends the run to the sequential path."""
+        return ParamRoles()
 
     def client_start(self, params: Params, state: State, server: State, task: int) -> Params:
         """A client's starting parameters of a round (per client, outside ``vmap``, before its local training):
@@ -143,26 +144,27 @@ class Method:
         (the training hooks see it). Returns every parameter, shaped as ``params``."""
         return params
 
-    def client_upload(self, params: Params, state: State) -> tuple[Params, Params]:
-        """After a round's training (``params``: the client's trained model): what it sends of the shared
-        parameters (``sent``: names of parameters, each shaped like it) and what the server needs to combine
-        them (``info``: tensors); the parameters in ``sent`` are combined by ``server_aggregate`` in place of
-        the weighted mean. Defaults to nothing: every shared parameter averaged."""
+    def client_upload(self, ctx: TrainedClient) -> tuple[Params, Params]:
+        """After a round's training (``ctx.params``: the client's trained model, ``ctx.state`` its state): what it
+        sends of the shared parameters (``sent``: names of parameters, each shaped like it) and what the server
+        needs to combine them (``info``: tensors); the parameters in ``sent`` are combined by ``server_aggregate``
+        in place of the weighted mean. Defaults to nothing: every shared parameter averaged."""
         return {}, {}
 
-    def server_aggregate(self, sent: Params, info: Params) -> Params:
-        """The new global values of the parameters in ``sent`` from the round's kept clients' uploads, stacked
+    def server_aggregate(self, ctx: StackedUploads) -> Params:
+        """The new global values of the parameters in ``ctx.sent`` from the round's kept clients' uploads, stacked
         ``(C, ...)`` (``client_upload``); the server steps to them (``server_lr`` 1: exactly them)."""
-        return {k: v.mean(0) for k, v in sent.items()}
+        return {k: v.mean(0) for k, v in ctx.sent.items()}
 
-    def upload_bytes(self, sent: Params, info: Params) -> int:
-        """Bytes of one client's ``client_upload`` (one client's ``sent`` and ``info``), in place of the dense
-        bytes of those parameters."""
-        return sum(v.numel() * v.element_size() for v in sent.values())
-
-    def payload_bytes(self, event: str, payload: State) -> int | None:
-        """Bytes of a payload: ``event`` "task_end" (one client's task-end upload) or "task_start" / "round" /
-        "task_end_broadcast" (a broadcast, one client's copy); None: its dense size (every tensor's bytes)."""
+    def count_bytes(self, ctx: Payload) -> int | None:
+        """Bytes of what ``ctx.kind`` names (:data:`PayloadKind`): one client's ``client_upload`` (``ctx.sent``,
+        ``ctx.info``), one client's ``client_end`` upload or copy of a broadcast (``ctx.payload``), or the estimate
+        of the state of all clients together at its largest in the run (``"client_state"``, from ``ctx.sizing``:
+        an upper bound where it can be one; ``client_state_store: auto`` and the disk-space check use it before
+        the run starts, docs/scaling.md). None: the default, the dense bytes (of ``sent``; of every tensor of
+        ``payload``) or, for ``"client_state"``, 0 for a method that keeps no client state (overrides neither
+        ``client_end`` nor ``param_roles``/``client_start``/``client_upload``/``server_aggregate``) and no
+        estimate otherwise (kept in memory under ``auto``, with a line on stderr)."""
         return None
 
     # ---- client side, one client ----
@@ -249,14 +251,6 @@ class Method:
         reuses afterwards: keep computed tensors or ``.clone()``, never the views themselves."""
         return None
 
-    def client_state_bytes(self, sizing: StateSizing) -> int | None:
-        """Estimated bytes of the state of all clients together at its largest in the run (an upper bound where
-        it can be one): ``client_state_store: auto`` and the disk-space check use it before the run starts
-        (docs/scaling.md). A method that does not override ``client_end`` keeps no client state (0); one that
-        does, or keeps parameters per client, and gives no estimate (None) is kept in memory under ``auto``, with a
-        line on stderr."""
-        return None if overrides(self, "client_end") or per_client_hooks(type(self)) else 0
-
     def local_steps_per_epoch(self, num_samples: int, server: State) -> int | None:
         """At most this many local steps in each epoch of a client holding ``num_samples`` samples of the task (its
         first batches of the epoch's shuffle), with ``server`` the round's broadcast; None: all its batches
@@ -300,7 +294,7 @@ def overrides(method: Method, hook: str) -> bool:
 
 
 #: the hooks of parameters kept per client: a method overriding any trains on the sequential path
-PER_CLIENT_HOOKS = ("local_params", "frozen_params", "client_start", "client_upload", "server_aggregate")
+PER_CLIENT_HOOKS = ("param_roles", "client_start", "client_upload", "server_aggregate")
 
 
 def per_client_hooks(cls: type[Method]) -> list[str]:

@@ -17,7 +17,21 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Params, Requires, Sends, ServerChange, ServerEvent, State
+from cfl.methods.base import (
+    ClientData,
+    Event,
+    Method,
+    ParamNames,
+    ParamRoles,
+    Params,
+    Payload,
+    Requires,
+    Sends,
+    ServerChange,
+    ServerEvent,
+    State,
+)
+from cfl.methods.traffic_hooks import StackedUploads, TrainedClient
 
 UNREAD = "a closed-form classifier takes no gradient step (its parameters are frozen: docs/pretrained.md)"
 
@@ -39,17 +53,14 @@ class ClosedFormHead(Method, ABC):
         self.classes, self.width = head.weight.shape[-2:]
         self.slots = run_info.num_tasks if self.multi else 1
 
-    def frozen_params(self, names: list[str]) -> list[str]:
-        return list(names)
+    def param_roles(self, ctx: ParamNames) -> ParamRoles:
+        return ParamRoles(frozen=list(ctx.names))
 
-    def client_upload(self, params: Params, state: State) -> tuple[Params, Params]:
-        return dict(params), {}  # unchanged (frozen) and not sent: 0 bytes, the server keeps its values
+    def client_upload(self, ctx: TrainedClient) -> tuple[Params, Params]:
+        return dict(ctx.params), {}  # unchanged (frozen) and not sent: 0 bytes, the server keeps its values
 
-    def upload_bytes(self, sent: Params, info: Params) -> int:
-        return 0
-
-    def server_aggregate(self, sent: Params, info: Params) -> Params:
-        return {k: v[0] for k, v in sent.items()}  # every client's is the global value
+    def server_aggregate(self, ctx: StackedUploads) -> Params:
+        return {k: v[0] for k, v in ctx.sent.items()}  # every client's is the global value
 
     def slot(self, task: int) -> int:
         return task if self.multi else 0
@@ -63,13 +74,14 @@ class ClosedFormHead(Method, ABC):
         onehot = torch.nn.functional.one_hot(data.y, self.classes).to(torch.float64)
         return {**self.statistics(x, onehot), "slot": torch.tensor(self.slot(data.task))}
 
-    def client_state_bytes(self, sizing: Any) -> int | None:
-        return sizing.num_clients * 8  # the task each client last sent statistics for: one int64
-
-    def payload_bytes(self, event: str, payload: State) -> int | None:
-        if event != "round_upload":
+    def count_bytes(self, ctx: Payload) -> int | None:
+        if ctx.kind == "client_upload":
+            return 0
+        if ctx.kind == "client_state":
+            return ctx.sizing.num_clients * 8  # the task each client last sent statistics for: one int64
+        if ctx.kind != "round_upload":
             return None
-        return sum(v.numel() * v.element_size() for k, v in payload.items() if k != "slot")  # the slot: the task
+        return sum(v.numel() * v.element_size() for k, v in ctx.payload.items() if k != "slot")  # the slot: the task
 
     def server_event(self, ctx: ServerEvent) -> ServerChange | None:
         server, global_params = ctx.server, ctx.global_params

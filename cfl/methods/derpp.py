@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from cfl.methods.base import Method, Samples, StateSizing, Step
+from cfl.methods.base import Method, Payload, Samples, Step
 from cfl.methods.bounds import SAMPLES_MAX, WEIGHT_MAX
 from cfl.schema import field
 from cfl.tensors import Params, State
@@ -100,7 +100,7 @@ class DERpp(Method):
         return {"x": put(carry["x"], step.x), "y": put(carry["y"], step.y), "task": put(carry["task"], step.task),
                 "logits": put(carry["logits"], logits), "seen": carry["seen"] + real.long().sum()}
 
-    def client_state_bytes(self, sizing: StateSizing) -> int:
+    def count_bytes(self, ctx: Payload) -> int | None:
         """Every client: ``mem_per_client`` inputs, labels and task ids (int64), logits (float32), one counter."""
-        per = sizing.sample_bytes + 8 + 8 + 4 * sizing.num_classes
-        return sizing.num_clients * (self.hparams.mem_per_client * per + 8)
+        return None if (s := ctx.sizing) is None else s.num_clients * (
+            self.hparams.mem_per_client * (s.sample_bytes + 8 + 8 + 4 * s.num_classes) + 8)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Samples, Sends, StateSizing
+from cfl.methods.base import ClientData, Event, Method, Payload, Samples, Sends
 from cfl.tensors import Params, State
 
 
@@ -40,9 +40,9 @@ class EpisodicMemory(Method):
     # memories come from local data only: nothing is downloaded
     sends = Sends(downloads_model_at_task_end=False, client_events=("task_end",))
 
-    def client_state_bytes(self, sizing: StateSizing) -> int:
+    def count_bytes(self, ctx: Payload) -> int | None:
         """Every client keeps ``mem_per_client`` slots: an input, a label and a task id (int64), a valid flag."""
-        return sizing.num_clients * self.hparams.mem_per_client * (sizing.sample_bytes + 8 + 8 + 1)
+        return s.num_clients * self.hparams.mem_per_client * (s.sample_bytes + 8 + 8 + 1) if (s := ctx.sizing) else None
 
     def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
                    server: State, generator: torch.Generator) -> None:

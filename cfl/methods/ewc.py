@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Quadratic, Sends, StateSizing
+from cfl.methods.base import ClientData, Event, Method, Payload, Quadratic, Sends
 from cfl.methods.bounds import SAMPLES_MAX, WEIGHT_MAX
 from cfl.ops.fisher import diagonal_fisher
 from cfl.schema import field
@@ -51,9 +51,9 @@ class EWC(Method):
             return None
         return {k: Quadratic(self.hparams.lam * state["fisher"][k], state["anchor"][k]) for k in global_params}
 
-    def client_state_bytes(self, sizing: StateSizing) -> int:
-        """Every client keeps a Fisher and an anchor: two model-sized tensors."""
-        return sizing.num_clients * 2 * sizing.model_bytes
+    def count_bytes(self, ctx: Payload) -> int | None:
+        """The clients' state: every client keeps a Fisher and an anchor, two model-sized tensors."""
+        return None if (s := ctx.sizing) is None else s.num_clients * 2 * s.model_bytes
 
     def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
                    server: State, generator: torch.Generator) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Requires, Sends, ServerEvent, StateSizing, Step
+from cfl.methods.base import ClientData, Event, Method, Payload, Requires, Sends, ServerEvent, Step
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.methods.class_mask import ClassMasked, class_mask_field
 from cfl.ops.data_free_clients import logits_and_features
@@ -92,14 +92,14 @@ class FedCPrompt(ClassMasked, Method):
     def server_event(self, ctx: ServerEvent) -> None:
         ctx.server["global"] = frozen(ctx.global_params)
 
-    def payload_bytes(self, event: str, payload: State) -> int | None:
-        """The round's broadcast is the global model the client downloads that round anyway: 0 more bytes."""
-        return 0 if event == "round" else None
+    def count_bytes(self, ctx: Payload) -> int | None:
+        """The round's broadcast is the global model the client downloads that round anyway: 0 more bytes; every
+        client keeps one copy of the trainable parameters (the previous task's global model)."""
+        if ctx.kind == "client_state":
+            return ctx.sizing.num_clients * ctx.sizing.model_bytes
+        return 0 if ctx.kind == "round" else None
 
     # ---- the previous task's global model, kept by each client ----
-    def client_state_bytes(self, sizing: StateSizing) -> int:
-        """Every client keeps one copy of the trainable parameters (the previous task's global model)."""
-        return sizing.num_clients * sizing.model_bytes
 
     def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
                    server: State, generator: torch.Generator) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Quadratic, Sends, ServerEvent, StateSizing
+from cfl.methods.base import ClientData, Event, Method, Payload, Quadratic, Sends, ServerEvent
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.ops.fisher import diagonal_fisher
 from cfl.schema import field
@@ -50,10 +50,10 @@ class FedCurv(Method):
         server["v"] = {k: sum(c["Iw"][k] for c in contributions) for k in contributions[0]["Iw"]}
         server["round"] = server["round"].to(next(iter(server["u"].values())).device)
 
-    # ---- client ----
-    def client_state_bytes(self, sizing: StateSizing) -> int:
+    def count_bytes(self, ctx: Payload) -> int | None:
         """A client that trained keeps its last Fisher ``I`` and ``I * w`` (two model-sized tensors) and a stamp."""
-        return min(sizing.num_clients, sizing.rounds * sizing.clients_per_round) * (2 * sizing.model_bytes + 4)
+        return None if (s := ctx.sizing) is None else min(s.num_clients, s.rounds * s.clients_per_round) * (
+            2 * s.model_bytes + 4)
 
     def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
                    server: State, generator: torch.Generator) -> State | None:

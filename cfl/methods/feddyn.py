@@ -20,12 +20,12 @@ from cfl.methods.base import (
     Event,
     LocalTraining,
     Method,
+    Payload,
     Quadratic,
     Requires,
     Sends,
     ServerEvent,
     ServerUpdate,
-    StateSizing,
 )
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.schema import field
@@ -62,6 +62,6 @@ class FedDyn(Method):
         ctx.server["h"] = {k: h - alpha * share * ctx.delta[k] for k, h in ctx.server["h"].items()}
         return {k: w + ctx.delta[k] - ctx.server["h"][k] / alpha for k, w in ctx.global_params.items()}
 
-    def client_state_bytes(self, sizing: StateSizing) -> int:
-        """Each client that has trained keeps ``h_k``, a model's worth."""
-        return min(sizing.num_clients, sizing.rounds * sizing.clients_per_round) * sizing.model_bytes
+    def count_bytes(self, ctx: Payload) -> int | None:
+        """The clients' state: each client that has trained keeps ``h_k``, a model's worth."""
+        return None if (s := ctx.sizing) is None else min(s.num_clients, s.rounds * s.clients_per_round) * s.model_bytes

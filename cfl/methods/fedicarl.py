@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from cfl.methods.base import ClientData, Event, Method, Requires, Samples, Sends, StateSizing
+from cfl.methods.base import ClientData, Event, Method, Payload, Requires, Samples, Sends
 from cfl.methods.bounds import SAMPLES_MAX
 from cfl.methods.episodic_memory import draw_memory
 from cfl.ops.distill import evaluating, frozen
@@ -61,11 +61,11 @@ class FediCaRL(Method):
     requires = Requires(scenarios=("class",), scenarios_why="iCaRL distils the old classes' columns of one head and "
                                                             "herds exemplars per class")
 
-    def client_state_bytes(self, sizing: StateSizing) -> int:
+    def count_bytes(self, ctx: Payload) -> int | None:
         """Every client: the memory (an input, a label and a task id (int64), a valid flag per slot), one model-sized
         teacher and the old-classes mask."""
-        slot = sizing.sample_bytes + 8 + 8 + 1
-        return sizing.num_clients * (self.hparams.memory_size * slot + sizing.model_bytes + sizing.num_classes)
+        return None if (s := ctx.sizing) is None else s.num_clients * (
+            self.hparams.memory_size * (s.sample_bytes + 8 + 8 + 1) + s.model_bytes + s.num_classes)
 
     def task_loss(self, params: Params, logits: torch.Tensor, y: torch.Tensor, x: torch.Tensor, task: torch.Tensor,
                   weight: torch.Tensor, allowed: torch.Tensor | None, server: State, state: State) -> torch.Tensor:

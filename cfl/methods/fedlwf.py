@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Sends, StateSizing
+from cfl.methods.base import ClientData, Event, Method, Payload, Sends
 from cfl.methods.bounds import TEMPERATURE_MAX, WEIGHT_MAX
 from cfl.ops.distill import Teacher, distillation, frozen, head_weights
 from cfl.schema import field
@@ -37,9 +37,9 @@ class FedLwF(Method):
     Hyperparams = FedLwFHyperparams
     sends = Sends(client_events=("task_end",))
 
-    def client_state_bytes(self, sizing: StateSizing) -> int:
-        """Every client keeps one model-sized teacher and a float per head."""
-        return sizing.num_clients * (sizing.model_bytes + 4 * sizing.num_tasks)
+    def count_bytes(self, ctx: Payload) -> int | None:
+        """The clients' state: every client keeps one model-sized teacher and a float per head."""
+        return None if (s := ctx.sizing) is None else s.num_clients * (s.model_bytes + 4 * s.num_tasks)
 
     def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
                    server: State, generator: torch.Generator) -> None:

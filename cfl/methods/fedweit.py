@@ -25,7 +25,19 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Requires, Sends, ServerEvent, StateSizing
+from cfl.methods.base import (
+    ClientData,
+    Event,
+    Method,
+    ParamNames,
+    ParamRoles,
+    Payload,
+    Requires,
+    Sends,
+    ServerEvent,
+    StackedUploads,
+    TrainedClient,
+)
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.models.fedweit_net import FROZEN, SHARED
 from cfl.models.fedweit_weight import fold_knowledge, hard_threshold
@@ -92,13 +104,11 @@ class FedWeIT(Method):
                               f"(it is {cfg.weight_decay})")
 
     # ---- parameters kept per client ----
-    def local_params(self, names: list[str]) -> list[str]:
-        """Parameters each client keeps: every one but the layers' bases (heads included, as the code)."""
-        return [n for n in names if n.rsplit(".", 1)[-1] not in SHARED]
-
-    def frozen_params(self, names: list[str]) -> list[str]:
-        """Parameters no optimiser step moves: the knowledge base and the folded sums."""
-        return [n for n in names if n.rsplit(".", 1)[-1] in FROZEN]
+    def param_roles(self, ctx: ParamNames) -> ParamRoles:
+        """Parameters each client keeps: every one but the layers' bases (heads included, as the code); parameters no
+        optimiser step moves: the knowledge base and the folded sums."""
+        return ParamRoles(local=[n for n in ctx.names if n.rsplit(".", 1)[-1] not in SHARED],
+                          frozen=[n for n in ctx.names if n.rsplit(".", 1)[-1] in FROZEN])
 
     # ---- client hooks ----
     def client_start(self, params: Params, state: State, server: State, task: int) -> Params:
@@ -146,19 +156,16 @@ class FedWeIT(Method):
         current = anchors[self.layers[0]].shape[0]
         return x.new_ones(x.shape[0]) * regulariser(params, self.layers, current, anchors, self.weights)
 
-    def client_upload(self, params: Params, state: State) -> tuple[Params, Params]:
+    def client_upload(self, ctx: TrainedClient) -> tuple[Params, Params]:
         """After a round's training: the sparse bases sent and each layer's kept output units; the client
         keeps its full trained base for its next merge."""
+        params, state = ctx.params, ctx.state
         state["base"] = {p: params[f"{p}.base"].detach().clone() for p in self.layers}
         task, sent, keeps = state["task"], {}, {}
         for p in self.layers:
             keep = sparse.kept_units(params[f"{p}.mask"][task].detach().abs(), self.hparams.client_sparsity)
             sent[f"{p}.base"], keeps[f"{p}.base"] = sparse.sparse_base(params[f"{p}.base"].detach(), keep), keep
         return sent, keeps
-
-    def upload_bytes(self, sent: Params, keeps: Params) -> int:
-        """Bytes of one client's sparse bases: the kept rows and a bitmap of the units per layer."""
-        return sum(sparse.row_sparse_bytes(keeps[n], sent[n][0].numel()) for n in sent)
 
     def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
                    server: State, generator: torch.Generator) -> State | None:
@@ -171,29 +178,31 @@ class FedWeIT(Method):
         return {"adaptive": {p: hard_threshold(local[f"{p}.adaptive"][task], self.hparams.lambda_l1)
                              for p in self.layers}}
 
-    def payload_bytes(self, event: str, payload: State) -> int | None:
-        """Bytes of a sparse payload: a task-end upload (one knowledge-base entry) or the knowledge base sent at a
-        task start (every entry), each tensor element-sparse."""
-        if event == "task_end_upload":
-            return sparse.knowledge_base_bytes([payload["adaptive"]], self.hparams.encoding)
-        if event != "task_start":
+    def count_bytes(self, ctx: Payload) -> int | None:
+        """Bytes of one client's sparse bases (the kept rows and a bitmap of the units per layer), of a sparse
+        payload: a task-end upload (one knowledge-base entry) or the knowledge base sent at a task start (every
+        entry), each tensor element-sparse; and the upper bound of the clients' state: each client's local
+        parameters and its own base (one model together), the past tasks' drift anchors (fewer than ``num_tasks``
+        bases) and a few numbers."""
+        if ctx.kind == "client_upload":
+            return sum(sparse.row_sparse_bytes(ctx.info[n], ctx.sent[n][0].numel()) for n in ctx.sent)
+        if ctx.kind == "client_state":
+            bases = sum(layer.base.numel() * layer.base.element_size()
+                        for layer in self.run_info.model.decomposed().values())
+            return ctx.sizing.num_clients * (ctx.sizing.model_bytes + ctx.sizing.num_tasks * bases + 64)
+        if ctx.kind == "task_end_upload":
+            return sparse.knowledge_base_bytes([ctx.payload["adaptive"]], self.hparams.encoding)
+        if ctx.kind != "task_start":
             return None
-        kb = payload.get("kb", {})
+        kb = ctx.payload.get("kb", {})
         entries = [{p: kb[p][k] for p in kb} for k in range(self.kb_size)] if kb else []
         return sparse.knowledge_base_bytes(entries, self.hparams.encoding)
 
-    def client_state_bytes(self, sizing: StateSizing) -> int | None:
-        """Upper bound: each client's local parameters and its own base (one model together), the past tasks'
-        drift anchors (fewer than ``num_tasks`` bases) and a few numbers."""
-        bases = sum(layer.base.numel() * layer.base.element_size()
-                    for layer in self.run_info.model.decomposed().values())
-        return sizing.num_clients * (sizing.model_bytes + sizing.num_tasks * bases + 64)
-
     # ---- server ----
-    def server_aggregate(self, sent: Params, keeps: Params) -> Params:
+    def server_aggregate(self, ctx: StackedUploads) -> Params:
         """The new global bases from the clients' stacked uploads ``(C, ...)``: each output unit the mean
         over the clients that sent it (unweighted, as the code), 0 where none did."""
-        return {n: sparse.aggregate_bases(sent[n], keeps[n]) for n in sent}
+        return {n: sparse.aggregate_bases(ctx.sent[n], ctx.info[n]) for n in ctx.sent}
 
     def server_event(self, ctx: ServerEvent) -> None:
         """Task end: the knowledge base of the next task, the entries in client-id order, ``kb_size`` slots

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Sends, StateSizing
+from cfl.methods.base import ClientData, Event, Method, Payload, Sends
 from cfl.methods.bounds import TEMPERATURE_MAX
 from cfl.ops.distill import Teacher, distillation, frozen, head_weights
 from cfl.schema import ConfigError, field
@@ -56,10 +56,10 @@ class FLwF2T(Method):
         super().__init__(hparams, run_info)
         self.check(hparams, run_info)  # also when built directly
 
-    def client_state_bytes(self, sizing: StateSizing) -> int:
-        """Every client keeps up to three model-sized tensors (two teachers, its latest local model), each with a
-        float per head."""
-        return sizing.num_clients * 3 * (sizing.model_bytes + 4 * sizing.num_tasks)
+    def count_bytes(self, ctx: Payload) -> int | None:
+        """The clients' state: every client keeps up to three model-sized tensors (two teachers, its latest local
+        model), each with a float per head."""
+        return None if (s := ctx.sizing) is None else s.num_clients * 3 * (s.model_bytes + 4 * s.num_tasks)
 
     def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
                    server: State, generator: torch.Generator) -> None:

@@ -19,7 +19,16 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, RunInfo, Sends, ServerEvent, StateSizing, TransformUpdate
+from cfl.methods.base import (
+    ClientData,
+    Event,
+    Method,
+    Payload,
+    RunInfo,
+    Sends,
+    ServerEvent,
+    TransformUpdate,
+)
 from cfl.methods.bounds import SAMPLES_MAX
 from cfl.models.alexnet import AlexNetLike
 from cfl.models.mlp import MLP
@@ -112,9 +121,9 @@ class FOT(Method):
         return {k: project_out(v, basis[k]) if k in basis else v for k, v in delta.items()}
 
     # ---- GPSE ----
-    def client_state_bytes(self, sizing: StateSizing) -> int:
-        """GPSE participants upload a sketch and keep nothing."""
-        return 0
+    def count_bytes(self, ctx: Payload) -> int | None:
+        """The clients' state: none (GPSE participants upload a sketch and keep nothing)."""
+        return 0 if ctx.kind == "client_state" else None
 
     def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
                    server: State, generator: torch.Generator) -> State | None:

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from cfl.methods.base import ClientData, Event, Method, Samples, Sends, ServerEvent, StateSizing
+from cfl.methods.base import ClientData, Event, Method, Payload, Samples, Sends, ServerEvent
 from cfl.methods.bounds import LR_MAX, SAMPLES_MAX, STEPS_MAX
 from cfl.methods.episodic_memory import draw_memory
 from cfl.models.lenet import GradientLeNet, uniform_init_
@@ -105,10 +105,10 @@ class GLFC(Method):
             self._encoder = net.to(device=like.device, dtype=like.dtype)
         return self._encoder
 
-    def client_state_bytes(self, sizing: StateSizing) -> int:
-        """The memory (an input, a label and a task id (int64), a valid flag per slot) and the learned-classes mask,
-        per client."""
-        return sizing.num_clients * (self.hparams.memory_size * (sizing.sample_bytes + 8 + 8 + 1) + self.ids)
+    def count_bytes(self, ctx: Payload) -> int | None:
+        """Per client: the memory (an input, a label, a task id (int64), a valid flag per slot), the learned mask."""
+        return None if (s := ctx.sizing) is None else s.num_clients * (
+            self.hparams.memory_size * (s.sample_bytes + 8 + 8 + 1) + self.ids)
 
     def global_ids(self, y: torch.Tensor, task: torch.Tensor | int) -> torch.Tensor:
         """Each sample's class as the memory, the learned mask and the LeNet name it: ``task x classes + y`` on task-

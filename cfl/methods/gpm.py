@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Computes, Event, Method, Sends, StateSizing
+from cfl.methods.base import ClientData, Computes, Event, Method, Payload, Sends
 from cfl.methods.bounds import SAMPLES_MAX
 from cfl.ops.layer_inputs import HeldInputs, layer_inputs_or_grams
 from cfl.ops.subspace import energy_rank, extend_basis, gram_residual_spectrum, thin_residual_spectrum
@@ -68,13 +68,13 @@ class GPM(Method):
     def gradient_projection(self, state: State) -> dict[str, torch.Tensor]:
         return dict(state.get("bases", {}))
 
-    def client_state_bytes(self, sizing: StateSizing) -> int:
+    def count_bytes(self, ctx: Payload) -> int | None:
         """A float32 basis ``(d, k)`` per protected layer, ``k <= d``; for a linear layer ``k`` is also at most the
         client's samples over all tasks (the rank of its layer inputs). With the clients' mean samples this
         bounds the total, as ``min(d, n)`` is concave in ``n``."""
-        seen = math.ceil(sizing.samples_per_client * sizing.num_tasks)
-        per_client = sum(d * (min(d, seen) if kind == "linear" else d) for kind, d in sizing.protected.values())
-        return sizing.num_clients * 4 * per_client
+        return None if (s := ctx.sizing) is None else s.num_clients * 4 * sum(
+            d * (min(d, math.ceil(s.samples_per_client * s.num_tasks)) if kind == "linear" else d)
+            for kind, d in s.protected.values())
 
     def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
                    server: State, generator: torch.Generator) -> None:

@@ -136,7 +136,7 @@ class RunInfo:
 
 @dataclass(frozen=True)
 class StateSizing:
-    """What a method's estimate of its clients' state may depend on (``Method.client_state_bytes``)."""
+    """What a method's estimate of its clients' state may depend on (``Method.count_bytes("client_state")``)."""
 
     model_bytes: int  # one global model's parameters
     sample_bytes: int  # one training input

@@ -46,6 +46,7 @@ from cfl.methods.base import (
     Event,
     Method,
     Params,
+    Payload,
     Requires,
     Sends,
     ServerChange,
@@ -117,14 +118,13 @@ class LoRM(ClassMasked, Method):
         upload["head_gram"] = shrunk(grams["head"], self.hparams.alpha)
         return upload
 
-    def payload_bytes(self, event: str, payload: State) -> int | None:
-        if event != "round_upload":
+    def count_bytes(self, ctx: Payload) -> int | None:
+        if ctx.kind == "client_state":
+            return 0  # the Grams are sent at once, nothing is kept
+        if ctx.kind != "round_upload":
             return None
-        grams = [*payload["grams"].values(), payload["head_gram"]]  # the factor and head: the model upload's values
+        grams = [*ctx.payload["grams"].values(), ctx.payload["head_gram"]]  # the factor and head: the model upload's
         return sum(g.numel() * g.element_size() for g in grams)
-
-    def client_state_bytes(self, sizing: Any) -> int | None:
-        return 0  # the Grams are sent at once, nothing is kept
 
     def server_event(self, ctx: ServerEvent) -> ServerChange | None:
         server, uploads, task = ctx.server, ctx.uploads, ctx.task

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Quadratic, Sends, StateSizing
+from cfl.methods.base import ClientData, Event, Method, Payload, Quadratic, Sends
 from cfl.methods.bounds import SAMPLES_MAX, WEIGHT_MAX
 from cfl.ops.fisher import output_norm_importance
 from cfl.schema import field
@@ -48,9 +48,9 @@ class MAS(Method):
         # Quadratic is weight/2 (w - anchor)^2: weight 2 lambda Omega gives the paper's lambda Omega (w - w*)^2
         return {k: Quadratic(2.0 * self.hparams.lam * state["omega"][k], state["anchor"][k]) for k in global_params}
 
-    def client_state_bytes(self, sizing: StateSizing) -> int:
-        """Every client keeps its summed importance and an anchor: two model-sized tensors."""
-        return sizing.num_clients * 2 * sizing.model_bytes
+    def count_bytes(self, ctx: Payload) -> int | None:
+        """The clients' state: every client keeps its summed importance and an anchor, two model-sized tensors."""
+        return None if (s := ctx.sizing) is None else s.num_clients * 2 * s.model_bytes
 
     def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
                    server: State, generator: torch.Generator) -> None:

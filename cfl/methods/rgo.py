@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Sends, StateSizing
+from cfl.methods.base import ClientData, Event, Method, Payload, Sends
 from cfl.methods.bounds import SAMPLES_MAX, WEIGHT_MAX
 from cfl.ops.rgo import absorb_held, preconditioner_of, task_inputs
 from cfl.schema import ConfigError, field
@@ -56,11 +56,11 @@ class RGO(Method):
         super().__init__(hparams, run_info)
         self.check(hparams, run_info)  # also when built directly
 
-    def client_state_bytes(self, sizing: StateSizing) -> int:
+    def count_bytes(self, ctx: Payload) -> int | None:
         """One ``d x d`` deflation per protected layer and client (from its first task end on), in the model's
         precision (at least float32: :meth:`client_end`)."""
-        element = max(4, next(self.run_info.model.parameters()).element_size())
-        return sizing.num_clients * element * sum(d * d for _, d in sizing.protected.values())
+        return None if (s := ctx.sizing) is None else s.num_clients * max(
+            4, next(self.run_info.model.parameters()).element_size()) * sum(d * d for _, d in s.protected.values())
 
     def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
                    server: State, generator: torch.Generator) -> None:

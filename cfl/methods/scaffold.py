@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Linear, LocalTraining, Method, Sends, ServerEvent, StateSizing
+from cfl.methods.base import ClientData, Event, Linear, LocalTraining, Method, Payload, Sends, ServerEvent
 from cfl.tensors import Params, State
 
 
@@ -44,6 +44,6 @@ class Scaffold(Method):
         for upload in ctx.uploads.values():
             server["c"] = {k: c + upload["dc"][k] / n for k, c in server["c"].items()}
 
-    def client_state_bytes(self, sizing: StateSizing) -> int:
-        """Each client that has trained keeps ``c_i``, a model's worth."""
-        return min(sizing.num_clients, sizing.rounds * sizing.clients_per_round) * sizing.model_bytes
+    def count_bytes(self, ctx: Payload) -> int | None:
+        """The clients' state: each client that has trained keeps ``c_i``, a model's worth."""
+        return None if (s := ctx.sizing) is None else min(s.num_clients, s.rounds * s.clients_per_round) * s.model_bytes

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Quadratic, Sends, StateSizing, Step
+from cfl.methods.base import ClientData, Event, Method, Payload, Quadratic, Sends, Step
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.schema import field
 from cfl.tensors import Params, State
@@ -69,10 +69,10 @@ class SI(Method):
         path = {k: p - grads[k] * moved[k] for k, p in step.carry["path"].items()}
         return {"path": path, "start": step.carry["start"]}
 
-    def client_state_bytes(self, sizing: StateSizing) -> int:
-        """Every client keeps its path integral, the task's start, and its importance: three model-sized
-        tensors (the anchor is the start)."""
-        return sizing.num_clients * 3 * sizing.model_bytes
+    def count_bytes(self, ctx: Payload) -> int | None:
+        """The clients' state: every client keeps its path integral, the task's start, and its importance, three
+        model-sized tensors (the anchor is the start)."""
+        return None if (s := ctx.sizing) is None else s.num_clients * 3 * s.model_bytes
 
     def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
                    server: State, generator: torch.Generator) -> None:

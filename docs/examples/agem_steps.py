@@ -34,9 +34,11 @@ class MyAGEM(Method):
         state["task"][rows] = data.task
         return None
 
-    def client_state_bytes(self, sizing):
-        slots = self.hparams.per_task * sizing.num_tasks
-        return sizing.num_clients * slots * (sizing.sample_bytes + 8 + 8 + 1)
+    def count_bytes(self, ctx):
+        if ctx.kind != "client_state":  # only the clients' state has no default worth keeping
+            return None
+        s = ctx.sizing
+        return s.num_clients * self.hparams.per_task * s.num_tasks * (s.sample_bytes + 8 + 8 + 1)
 
     def step_samples(self, state, generator):
         if "valid" not in state:

@@ -65,5 +65,8 @@ class MyDERpp(Method):
         return {"x": put(carry["x"], step.x), "y": put(carry["y"], step.y), "task": put(carry["task"], step.task),
                 "logits": put(carry["logits"], logits), "seen": carry["seen"] + real.sum()}
 
-    def client_state_bytes(self, sizing):
-        return sizing.num_clients * self.hparams.size * (sizing.sample_bytes + 16 + 4 * sizing.num_classes)
+    def count_bytes(self, ctx):
+        if ctx.kind != "client_state":  # only the clients' state has no default worth keeping
+            return None
+        s = ctx.sizing
+        return s.num_clients * self.hparams.size * (s.sample_bytes + 16 + 4 * s.num_classes)

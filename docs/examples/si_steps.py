@@ -39,8 +39,10 @@ class MySI(Method):
         path = {k: p - grads[k] * moved[k] for k, p in step.carry["path"].items()}
         return {"path": path, "start": step.carry["start"]}
 
-    def client_state_bytes(self, sizing):
-        return sizing.num_clients * 3 * sizing.model_bytes
+    def count_bytes(self, ctx):
+        if ctx.kind != "client_state":  # only the clients' state has no default worth keeping
+            return None
+        return ctx.sizing.num_clients * 3 * ctx.sizing.model_bytes
 
     def client_end(self, event, model, params, data, state, server, generator):
         if "path" not in state:  # no round of this task trained on this client
