@@ -11,7 +11,16 @@ import torch
 
 from cfl.engine.runner import Runner
 from cfl.methods import METHODS
-from cfl.methods.base import PER_CLIENT_HOOKS, Method, ParamNames, ParamRoles, Payload, StackedUploads, TrainedClient
+from cfl.methods.base import (
+    PER_CLIENT_HOOKS,
+    Method,
+    ParamNames,
+    ParamRoles,
+    Payload,
+    Sends,
+    StackedUploads,
+    TrainedClient,
+)
 from cfl.methods.traffic_hooks import PAYLOAD_KINDS
 from tests.conftest import make_stream, tiny_config
 
@@ -56,11 +65,11 @@ class EveryKind(Method):
     kind ``count_bytes`` is asked for."""
 
     name = "every-kind"
-    broadcast = {"round": ("r",), "task_start": ("s",), "task_end": ("e",)}
+    sends = Sends(broadcast={"round": ("r",), "task_start": ("s",), "task_end": ("e",)}, server_events=("start",))
     kinds: set[str] = set()
 
-    def server_start(self, server, global_params):
-        server.update(r=torch.ones(1), s=torch.ones(2), e=torch.ones(3))
+    def server_event(self, ctx):
+        ctx.server.update(r=torch.ones(1), s=torch.ones(2), e=torch.ones(3))
 
     def client_upload(self, ctx):
         return {"body.1.bias": ctx.params["body.1.bias"].detach().clone()}, {"n": torch.ones(1)}
