@@ -9,7 +9,7 @@ import inspect
 
 #: where the replacements are described
 DOCS = 'docs/plugins.md, "Declarations"'
-HOOKS_DOCS = 'docs/plugins.md, "Hooks"'
+HOOKS_DOCS = 'docs/plugins.md, "The hooks"'
 
 #: old class attribute -> what replaces it
 OLD_DECLARATIONS: dict[str, str] = {
