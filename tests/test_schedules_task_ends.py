@@ -47,7 +47,7 @@ class Pool(Method):
 class PoolChangedInARound(Pool):
     name = "pool-round-change"
 
-    sends = Sends(server_events=("start", "round", "before_task_end"))
+    sends = dataclasses.replace(Pool.sends, server_events=("start", "round", "before_task_end"))
 
     def server_event(self, ctx):
         if ctx.event != "round":

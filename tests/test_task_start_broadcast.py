@@ -4,6 +4,8 @@ during a task, an unknown event, or a key sent both each round and at task start
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -75,7 +77,7 @@ class Changing(Pool):
 
     name = "pool-changing"
 
-    sends = Sends(server_events=("round", "before_task_end"))
+    sends = dataclasses.replace(Pool.sends, server_events=("round", "before_task_end"))
 
     def server_event(self, ctx):
         if ctx.event == "before_task_end":
