@@ -33,7 +33,7 @@ TIMING_KEYS = {"wall_seconds", "train_seconds", "task_end_seconds", "record", "w
 
 def _strip(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: _strip(v) for k, v in value.items() if k not in TIMING_KEYS and not k.endswith("_seconds")}
+        return {k: _strip(v) for k, v in value.items() if k not in TIMING_KEYS and "seconds" not in k}
     if isinstance(value, list):
         return [_strip(v) for v in value]
     return value
@@ -51,8 +51,22 @@ def reason_differs(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return (a.get("engine_path") or {}).get("reason") != (b.get("engine_path") or {}).get("reason")
 
 
-def differing_keys(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    """Top-level keys whose values differ once the timing keys are dropped (``engine_path``: the path taken)."""
+def _without(results: dict[str, Any], dotted: str) -> dict[str, Any]:
+    """``results`` less the key at the dotted path (``config.schedule.forgetting``), where it is."""
+    head, _, rest = dotted.partition(".")
+    if head not in results:
+        return results
+    if not rest:
+        return {k: v for k, v in results.items() if k != head}
+    inner = results[head]
+    return {**results, head: _without(inner, rest)} if isinstance(inner, dict) else results
+
+
+def differing_keys(a: dict[str, Any], b: dict[str, Any], allowed: tuple[str, ...] = ()) -> list[str]:
+    """Top-level keys whose values differ once the timing keys are dropped (``engine_path``: the path taken), and the
+    ``allowed`` dotted keys (a key the change adds or rewords on purpose, named by the caller)."""
+    for key in allowed:
+        a, b = _without(a, key), _without(b, key)
     a, b = _strip(_path_only(a)), _strip(_path_only(b))
     return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
 
@@ -94,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="take the base's results.json that an earlier call left under OUT/base (the base's "
                              "checkout unchanged), so a base run is made once for several branches")
     parser.add_argument("--only-base", action="store_true", help="make the base's runs only (for a later --reuse-base)")
+    parser.add_argument("--allow", action="append", default=[], metavar="DOTTED.KEY",
+                        help="leave this key out of the comparison (a config key the change adds with its default, "
+                             "a provenance field such as backbone.features.source); each is named in the output")
     parser.add_argument("runs", nargs="+")
     args = parser.parse_args(argv)
     failed = 0
@@ -103,13 +120,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"base  {run}  ACC {base.get('acc')}", flush=True)
             continue
         branch = run_at(args.branch.resolve(), run, args.out / "branch" / str(i))
-        keys = differing_keys(base, branch)
+        keys = differing_keys(base, branch, tuple(args.allow))
         failed += bool(keys)
         print(f"{'DIFFERS' if keys else 'same'}  {run}  ACC {base.get('acc')} / {branch.get('acc')}"
               + (f"  keys: {', '.join(keys)}" if keys else "")
               + ("  (engine_path.reason reads differently)" if reason_differs(base, branch) else ""), flush=True)
     if not args.only_base:
-        print(f"{len(args.runs) - failed} of {len(args.runs)} runs bit for bit")
+        print(f"{len(args.runs) - failed} of {len(args.runs)} runs bit for bit"
+              + (f" (left out: {', '.join(args.allow)})" if args.allow else ""))
     return 1 if failed else 0
 
 

@@ -26,3 +26,12 @@ def test_the_engine_path_taken_is_compared_and_its_reason_text_said_apart() -> N
     assert differing_keys(a, b) == [] and reason_differs(a, b)
     assert differing_keys(a, {**b, "engine_path": {"path": "stacked", "reason": "x"}}) == ["engine_path"]
     assert not reason_differs(a, a)
+
+
+def test_an_allowed_key_is_left_out_and_a_timing_key_anywhere_in_a_name_is_dropped() -> None:
+    a = {"acc": 1.0, "config": {"schedule": {"name": "s"}}, "method_stats": {"fot": {"client_seconds_mean": 1.0}}}
+    b = {"acc": 1.0, "config": {"schedule": {"name": "s", "forgetting": "last_finisher"}},
+         "method_stats": {"fot": {"client_seconds_mean": 2.0}}}
+    assert differing_keys(a, b) == ["config"]
+    assert differing_keys(a, b, ("config.schedule.forgetting",)) == []
+    assert differing_keys(a, {**b, "acc": 2.0}, ("config.schedule.forgetting",)) == ["acc"]
