@@ -1,4 +1,4 @@
-"""The method declarations (cfl/methods/declarations.py, issue 45): ``Method`` declares at most three, each a
+"""The method declarations (cfl/methods/declarations.py): ``Method`` declares at most three, each a
 frozen dataclass; they check themselves, stay frozen (their mappings too) and pickle; a class of the old interface
 is refused, naming each old name and what replaces it."""
 

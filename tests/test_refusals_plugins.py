@@ -86,7 +86,7 @@ PLUGINS = {
                                "        return None\n"),
     # issue 31: the task-end server hook, the task_start broadcast, synthetic samples reaching extra_loss
     "broadcast_event": method("be", "    sends = Sends(broadcast={'task_begin': ('pool',)})\n"),
-    # issue 45 item 5: the declarations of the interface before Requires, Sends and Computes
+    # the declarations of the interface before Requires, Sends and Computes
     "old_declarations": method("od", "".join(f"    {name} = {value!r}\n" for name, value in OLD_VALUES.items())),
     "samples_shape": method("sx", "    def step_samples(self, state, generator, server):\n"
                                   "        n = torch.zeros(2).long()\n"

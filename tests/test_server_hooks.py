@@ -10,7 +10,7 @@ import pytest
 from cfl.methods.base import Method, Sends
 from cfl.methods.server_hooks import SERVER_EVENTS, ServerChange, ServerEvent, ServerUpdate, TransformUpdate
 
-#: the old hooks' arguments (issue 45) -> the context that carries them now
+#: the old hooks' arguments -> the context that carries them now
 OLD = {ServerEvent: {"server_start": ("server", "global_params"),
                      "before_task_end": ("model", "classes", "server", "task"),
                      "server_end": ("event", "uploads", "server", "task"),
