@@ -30,6 +30,7 @@ from cfl.methods.hook_types import (
     StateSizing,
     Step,
 )
+from cfl.methods.training_hooks import ClientEndContext, Draw, LossContext, LossTerms, SamplesContext
 from cfl.models import MODELS, ModelShape
 from cfl.ops.aggregate import AGGREGATORS
 from cfl.ops.fisher import diagonal_fisher, output_norm_importance
@@ -44,6 +45,8 @@ __all__ = [
     # the method interface (cfl/methods/base.py) and its hooks' values (cfl/methods/hook_types.py)
     "Method", "NoHyperparams", "Quadratic", "Linear", "Samples", "ClientData", "RunInfo", "StateSizing", "Step",
     "LocalTraining", "Event", "EVENTS", "BackboneUpdate",
+    # the contexts and results of loss, samples and client_end (cfl/methods/training_hooks.py)
+    "LossContext", "LossTerms", "SamplesContext", "Draw", "ClientEndContext",
     # types and helpers of hooks
     "Params", "State", "nbytes", "field", "ConfigError",
     "diagonal_fisher", "output_norm_importance", "layer_grams",

@@ -36,6 +36,7 @@ from cfl.models import MODELS, ModelShape, build_model
 from cfl.models.buffers import running_stats
 from cfl.models.dropout import Dropout
 from cfl.models.mlp import MLP
+from cfl.plugin import Draw, LossTerms
 from cfl.pretrained.backbones import is_backbone
 from cfl.records.client_states import MethodState
 from cfl.validation import from_dict
@@ -556,16 +557,20 @@ class _DrawsRagged(Method):
     forward of its own (issue 31: TARGET's KD on a synthetic batch)."""
 
     name = "draws-ragged"
+    losses = ("extra",)
+    draws = ("step",)
 
-    def step_samples(self, state, generator, server):
+    def samples(self, ctx):
+        generator = ctx.generator
         k = int(torch.randint(1, 4, (1,), generator=generator))
-        return Samples(torch.randn(k, *IMAGE, generator=generator), torch.zeros(k, dtype=torch.long),
-                       torch.ones(k, dtype=torch.long))
+        return Draw(step=Samples(torch.randn(k, *IMAGE, generator=generator), torch.zeros(k, dtype=torch.long),
+                       torch.ones(k, dtype=torch.long)))
 
-    def extra_loss(self, params, x, task, server, state, samples=None):
+    def loss(self, ctx):
+        params, x, samples = ctx.params, ctx.x, ctx.samples
         logits = torch.func.functional_call(self.run_info.model, params, (samples.x, samples.task))
         mean = (logits.pow(2).mean(1) * samples.weight).sum() / samples.weight.sum()
-        return x.new_zeros(x.shape[0]) + 0.1 * mean
+        return LossTerms(extra=x.new_zeros(x.shape[0]) + 0.1 * mean)
 
 
 def test_drawn_samples_reach_the_extra_loss_unpadded_on_batch_norm():

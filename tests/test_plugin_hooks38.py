@@ -12,7 +12,7 @@ from cfl.engine.stacking import pad_samples
 from cfl.engine.state_stores import sizing_of
 from cfl.methods import METHODS
 from cfl.ops.counter_random import StepRandom
-from cfl.plugin import Linear, Method, Quadratic, Samples, register
+from cfl.plugin import Draw, Linear, Method, Quadratic, Samples, register
 from cfl.validation import from_dict
 from tests.conftest import make_stream
 
@@ -68,7 +68,8 @@ class Recorder(Method):
     def server_start(self, server, global_params):
         server["started"] = torch.ones(())
 
-    def client_end(self, event, model, params, data, state, server, generator, training=None):
+    def client_end(self, ctx):
+        params, state, training = ctx.params, ctx.state, ctx.training
         state["steps"] = torch.tensor(training.steps)
         state["lr"] = torch.tensor(training.lr)
         state["moved"] = sum((params[k] - training.global_params[k]).abs().sum() for k in params)
@@ -101,6 +102,7 @@ class CarryReader(Method):
 
     name = "carry-reader38"
     client_events = ()
+    draws = ("step",)
 
     def carry_start(self, global_params, state):
         return {"n": torch.zeros(())}
@@ -109,9 +111,10 @@ class CarryReader(Method):
         seen = step.samples.extra["n"][0] if step.samples is not None else torch.zeros(())
         return {"n": step.carry["n"] + 1 + 0 * seen}
 
-    def step_samples(self, state, generator, carry=None):
-        return Samples(torch.zeros(1, 12), torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long),
-                       extra={"n": carry["n"].reshape(1)})
+    def samples(self, ctx):
+        carry = ctx.carry
+        return Draw(step=Samples(torch.zeros(1, 12), torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long),
+                       extra={"n": carry["n"].reshape(1)}))
 
     def step_gradient(self, step):
         # the step's draw holds the carry before the step: the step's index

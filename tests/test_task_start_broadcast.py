@@ -32,7 +32,8 @@ class Pool(Method):
     def before_task_end(self, model, classes, server, task):
         server["pool"] = POOL + task
 
-    def client_end(self, event, model, params, data, state, server, generator):
+    def client_end(self, ctx):
+        data, server = ctx.data, ctx.server
         self.seen.append((int(data.task), "pool" in server))
 
 

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Params, State
+from cfl.methods.base import ClientEndContext, Event, Method, Params, State
 
 UNREAD = "a closed-form classifier takes no gradient step (its parameters are frozen: docs/pretrained.md)"
 
@@ -57,8 +57,8 @@ class ClosedFormHead(Method, ABC):
     def slot(self, task: int) -> int:
         return task if self.multi else 0
 
-    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
-                   server: State, generator: torch.Generator) -> State | None:
+    def client_end(self, ctx: ClientEndContext) -> State | None:
+        data, state = ctx.data, ctx.state
         if "task" in state and int(state["task"]) == data.task:
             return None  # this task's statistics are sent already
         state["task"] = torch.tensor(data.task)

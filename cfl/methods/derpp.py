@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from cfl.methods.base import Method, Samples, StateSizing, Step
+from cfl.methods.base import Draw, LossContext, LossTerms, Method, Samples, SamplesContext, StateSizing, Step
 from cfl.methods.bounds import SAMPLES_MAX, WEIGHT_MAX
 from cfl.schema import field
 from cfl.tensors import Params, State
@@ -41,6 +41,7 @@ class DERpp(Method):
     name = "derpp"
     about = "DER++: a per-step reservoir of samples and their logits, logit MSE + CE on memory draws"
     Hyperparams = DERppHyperparams
+    losses, draws = ("extra",), ("step",)
 
     def carry_start(self, global_params: Params, state: State) -> State:
         if "seen" in state:
@@ -52,7 +53,8 @@ class DERpp(Method):
                 "logits": like.new_zeros((m, self.run_info.num_classes)),
                 "seen": torch.zeros((), dtype=torch.long, device=like.device)}
 
-    def step_samples(self, state: State, generator: torch.Generator, carry: State | None = None) -> Samples | None:
+    def samples(self, ctx: SamplesContext) -> Draw | None:
+        generator, carry = ctx.generator, ctx.carry
         filled = min(int(carry["seen"]), self.hparams.mem_per_client) if carry else 0
         if filled == 0:
             return None
@@ -62,13 +64,13 @@ class DERpp(Method):
         second = torch.randperm(filled, generator=generator)[:k].to(device)
         pick = torch.cat([first, second])
         mse = torch.cat([torch.ones(len(first)), torch.zeros(len(second))]).to(device)
-        return Samples(carry["x"][pick], carry["y"][pick], carry["task"][pick],
-                       extra={"logits": carry["logits"][pick], "mse": mse})
+        return Draw(step=Samples(carry["x"][pick], carry["y"][pick], carry["task"][pick],
+                                 extra={"logits": carry["logits"][pick], "mse": mse}))
 
-    def extra_loss(self, params: Params, x: torch.Tensor, task: torch.Tensor, server: State, state: State,
-                   samples: Samples | None = None) -> torch.Tensor:
+    def loss(self, ctx: LossContext) -> LossTerms:
+        params, x, samples = ctx.params, ctx.x, ctx.samples
         if samples is None:  # no client of the step has a memory yet
-            return x.new_zeros(x.shape[0])
+            return LossTerms(extra=x.new_zeros(x.shape[0]))
         out = functional_call(self.run_info.model, params, (samples.x, samples.task))
         w = samples.weight if samples.weight is not None else torch.ones_like(samples.extra["mse"])
         on_mse, on_ce = w * samples.extra["mse"], w * (1 - samples.extra["mse"])
@@ -76,7 +78,7 @@ class DERpp(Method):
         ce = F.cross_entropy(out, samples.y, reduction="none")
         term = self.hparams.alpha * (on_mse * mse).sum() / on_mse.sum().clamp(min=1) + \
             self.hparams.beta * (on_ce * ce).sum() / on_ce.sum().clamp(min=1)
-        return term.expand(x.shape[0])  # a batch-mean term: the engine's mean over the real samples keeps it
+        return LossTerms(extra=term.expand(x.shape[0]))  # a batch-mean term: the mean over real samples keeps it
 
     def carry_step(self, step: Step, moved: Params) -> State:
         """Reservoir sampling (Vitter's algorithm R) of the step's real samples, in batch order: the ``n``-th sample

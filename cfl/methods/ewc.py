@@ -18,9 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Quadratic, StateSizing
+from cfl.methods.base import ClientEndContext, Method, Quadratic, StateSizing
 from cfl.methods.bounds import SAMPLES_MAX, WEIGHT_MAX
 from cfl.ops.fisher import diagonal_fisher
 from cfl.schema import field
@@ -55,8 +54,8 @@ class EWC(Method):
         """Every client keeps a Fisher and an anchor: two model-sized tensors."""
         return sizing.num_clients * 2 * sizing.model_bytes
 
-    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
-                   server: State, generator: torch.Generator) -> None:
+    def client_end(self, ctx: ClientEndContext) -> None:
+        model, params, data, state, generator = ctx.model, ctx.params, ctx.data, ctx.state, ctx.generator
         hp = self.hparams
         x, y = data.x, data.y
         if hp.fisher_samples is not None and len(y) > hp.fisher_samples:

@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, StateSizing, Step
+from cfl.methods.base import ClientEndContext, LossContext, LossTerms, Method, StateSizing, Step
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.methods.class_mask import ClassMasked, class_mask_field
 from cfl.ops.data_free_clients import logits_and_features
@@ -71,6 +71,7 @@ class FedCPrompt(ClassMasked, Method):
     model_train: ClassVar[str] = "components"
     broadcast: ClassVar[dict[str, tuple[str, ...]]] = {"round": ("global",)}
     client_events = ("task_end",)
+    losses = ("task", "extra")
 
     def __init__(self, hparams: Any, run_info: Any) -> None:
         super().__init__(hparams, run_info)
@@ -106,29 +107,28 @@ class FedCPrompt(ClassMasked, Method):
         """Every client keeps one copy of the trainable parameters (the previous task's global model)."""
         return sizing.num_clients * sizing.model_bytes
 
-    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
-                   server: State, generator: torch.Generator) -> None:
+    def client_end(self, ctx: ClientEndContext) -> None:
         """At the client's task end (``params``: the global model then): the next task's negative."""
-        state["previous"] = frozen(params)
+        ctx.state["previous"] = frozen(ctx.params)
 
     # ---- one client's loss and step ----
-    def extra_loss(self, params: Params, x: torch.Tensor, task: torch.Tensor, server: State,
-                   state: State, weight: torch.Tensor | None = None) -> torch.Tensor:
-        model = self.run_info.model
+    def loss(self, ctx: LossContext) -> LossTerms:
+        if ctx.part == "task":
+            return super().loss(ctx)
+        model, params, x, task, server, state = self.run_info.model, ctx.params, ctx.x, ctx.task, ctx.server, ctx.state
         anchor = logits_and_features(model, params, x, task)[1]
         with torch.no_grad(), evaluating(model):
             positive = logits_and_features(model, server["global"], x, task)[1]
             negative = logits_and_features(model, state["previous"], x, task)[1] if "previous" in state else None
         h = self.hparams
         if h.reduction == "batch":  # a batch term on every entry: the engine's mean over the real samples keeps it
-            real = torch.ones(x.shape[0], dtype=x.dtype, device=x.device) if weight is None else weight
-            term = batch_contrastive_continual_loss(anchor, positive, negative, h.margin, h.pull, h.push, real)
+            term = batch_contrastive_continual_loss(anchor, positive, negative, h.margin, h.pull, h.push, ctx.weight)
             loss = h.lam * term.expand(x.shape[0])
         else:
             loss = h.lam * contrastive_continual_loss(anchor, positive, negative, h.margin, h.pull, h.push)
         if h.ortho:
             loss = loss + h.ortho * sum(orthogonality(params[k]) for k in COMPONENTS)
-        return loss
+        return LossTerms(extra=loss)
 
     def step_gradient(self, step: Step) -> Params:
         """Only the rows of the client's current task's slice of components, keys and attention vectors move."""

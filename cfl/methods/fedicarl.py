@@ -23,10 +23,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-from torch import nn
 from torch.func import functional_call
 
-from cfl.methods.base import ClientData, Event, Method, Samples, StateSizing
+from cfl.methods.base import ClientEndContext, Draw, LossContext, LossTerms, Method, SamplesContext, StateSizing
 from cfl.methods.bounds import SAMPLES_MAX
 from cfl.methods.episodic_memory import draw_memory
 from cfl.ops.distill import evaluating, frozen
@@ -34,7 +33,6 @@ from cfl.ops.features import head_features
 from cfl.ops.glfc_losses import relation_distillation
 from cfl.ops.glfc_memory import herd_into
 from cfl.schema import field
-from cfl.tensors import Params, State
 
 #: the columns iCaRL's BCE averages over: the classes seen so far (cfl's class-incremental mask, the growing head
 #: of the FCL papers' code) or all the head's (the official iCaRL code's fixed head, future classes' target 0)
@@ -60,6 +58,7 @@ class FediCaRL(Method):
     client_events = ("task_end",)
     scenarios = ("class",)
     scenarios_why = "iCaRL distils the old classes' columns of one head and herds exemplars per class"
+    losses, draws = ("task",), ("replay",)
 
     def client_state_bytes(self, sizing: StateSizing) -> int:
         """Every client: the memory (an input, a label and a task id (int64), a valid flag per slot), one model-sized
@@ -67,9 +66,9 @@ class FediCaRL(Method):
         slot = sizing.sample_bytes + 8 + 8 + 1
         return sizing.num_clients * (self.hparams.memory_size * slot + sizing.model_bytes + sizing.num_classes)
 
-    def task_loss(self, params: Params, logits: torch.Tensor, y: torch.Tensor, x: torch.Tensor, task: torch.Tensor,
-                  weight: torch.Tensor, allowed: torch.Tensor | None, server: State, state: State) -> torch.Tensor:
+    def loss(self, ctx: LossContext) -> LossTerms:
         """Per sample, iCaRL's BCE over the columns, old classes' targets from the old model."""
+        logits, y, x, task, allowed, state = ctx.logits, ctx.y, ctx.x, ctx.task, ctx.allowed, ctx.state
         every = torch.ones(logits.shape[-1], dtype=torch.bool, device=logits.device)
         columns = every if allowed is None or self.hparams.columns == "all" else allowed
         if "teacher" not in state:  # no client of the step has finished a task: the one-hot BCE
@@ -78,15 +77,16 @@ class FediCaRL(Method):
             old = state["old_classes"]
             with evaluating(self.run_info.model):
                 old_logits = functional_call(self.run_info.model, state["teacher"], (x, task)).detach()
-        return relation_distillation(logits, y, old_logits, columns, old & columns, "code")
+        return LossTerms(task=relation_distillation(logits, y, old_logits, columns, old & columns, "code"))
 
-    def replay(self, state: State, generator: torch.Generator) -> Samples | None:
-        return draw_memory(state, generator, self.hparams.replay_batch_size or self.run_info.batch_size)
+    def samples(self, ctx: SamplesContext) -> Draw | None:
+        size = self.hparams.replay_batch_size or self.run_info.batch_size
+        return Draw(replay=draw_memory(ctx.state, ctx.generator, size))
 
-    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
-                   server: State, generator: torch.Generator) -> None:
+    def client_end(self, ctx: ClientEndContext) -> None:
         """At a task end: the task's final global model becomes the teacher, the task's classes old, and the memory
         is refilled by herding on its features."""
+        model, params, data, state = ctx.model, ctx.params, ctx.data, ctx.state
         classes = self.run_info.task_classes
         if len(classes) <= data.task:
             raise ValueError(f"fedicarl: run_info.task_classes names {len(classes)} tasks, not task {data.task}'s "

@@ -23,9 +23,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, StateSizing
+from cfl.methods.base import ClientEndContext, Event, LossContext, LossTerms, Method, StateSizing
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.models.fedweit_net import FROZEN, SHARED
 from cfl.models.fedweit_weight import fold_knowledge, hard_threshold
@@ -70,6 +69,7 @@ class FedWeIT(Method):
     client_events: ClassVar[tuple[Event, ...]] = ("task_end",)
     #: the task-end participants send their own A; the final global model is of no use to them
     downloads_model_at_task_end: ClassVar[bool] = False
+    losses = ("extra",)
 
     def __init__(self, hparams: FedWeITHyperparams, run_info: Any) -> None:
         super().__init__(hparams, run_info)
@@ -137,17 +137,18 @@ class FedWeIT(Method):
         state["task"] = task
         return params
 
-    def extra_loss(self, params: Params, x: torch.Tensor, task: torch.Tensor, server: State,
-                   state: State) -> torch.Tensor:
+    def loss(self, ctx: LossContext) -> LossTerms:
         """The regularisers, the same for every sample (the engine's mean over real samples gives them once);
         the current task is the number of stored past tasks (a shape, so the code runs under ``vmap``)."""
+        params, x, task, state = ctx.params, ctx.x, ctx.task, ctx.state
         anchors = state["anchors"]
         if self.own_order:
             now = (torch.arange(state["past"].shape[-1], device=x.device) == task[0]).to(x.dtype)
-            return x.new_ones(x.shape[0]) * regulariser_own(params, self.layers, now, state["past"], anchors,
-                                                            self.weights)
+            return LossTerms(extra=x.new_ones(x.shape[0]) * regulariser_own(params, self.layers, now, state["past"],
+                                                                            anchors, self.weights))
         current = anchors[self.layers[0]].shape[0]
-        return x.new_ones(x.shape[0]) * regulariser(params, self.layers, current, anchors, self.weights)
+        return LossTerms(extra=x.new_ones(x.shape[0]) * regulariser(params, self.layers, current, anchors,
+                                                                    self.weights))
 
     def client_upload(self, params: Params, state: State) -> tuple[Params, Params]:
         """After a round's training: the sparse bases sent and each layer's kept output units; the client
@@ -163,11 +164,11 @@ class FedWeIT(Method):
         """Bytes of one client's sparse bases: the kept rows and a bitmap of the units per layer."""
         return sum(sparse.row_sparse_bytes(keeps[n], sent[n][0].numel()) for n in sent)
 
-    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
-                   server: State, generator: torch.Generator) -> State | None:
+    def client_end(self, ctx: ClientEndContext) -> State | None:
         """Task end: the client's own ``A`` of the task (its local parameters, ``state["local"]``), pruned at
         ``lambda_l1``: its entry of the next knowledge base; a participant that has not trained the task sends
         nothing."""
+        event, data, state = ctx.event, ctx.data, ctx.state
         if event != "task_end" or state.get("task") != data.task:
             return None
         local, task = state["local"], state["task"]

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
-from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, RunInfo, StateSizing
+from cfl.methods.base import ClientEndContext, Event, Method, RunInfo, StateSizing
 from cfl.methods.bounds import SAMPLES_MAX
 from cfl.models.alexnet import AlexNetLike
 from cfl.models.mlp import MLP
@@ -117,8 +116,8 @@ class FOT(Method):
         """GPSE participants upload a sketch and keep nothing."""
         return 0
 
-    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
-                   server: State, generator: torch.Generator) -> State | None:
+    def client_end(self, ctx: ClientEndContext) -> State | None:
+        model, params, data, server, generator = ctx.model, ctx.params, ctx.data, ctx.server, ctx.generator
         if len(data.x) == 0:
             return None
         start = time.perf_counter()

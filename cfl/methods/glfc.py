@@ -32,9 +32,10 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from cfl.methods.base import ClientData, Event, Method, Samples, StateSizing
+from cfl.methods.base import ClientData, Event, Method, StateSizing
 from cfl.methods.bounds import LR_MAX, SAMPLES_MAX, STEPS_MAX
 from cfl.methods.episodic_memory import draw_memory
+from cfl.methods.training_hooks import ClientEndContext, Draw, LossContext, LossTerms, SamplesContext
 from cfl.models.lenet import GradientLeNet, uniform_init_
 from cfl.ops.distill import evaluating, frozen
 from cfl.ops.features import head_features
@@ -79,6 +80,7 @@ class GLFC(Method):
     Hyperparams = GLFCHyperparams
     #: ``old_classes`` (class-incremental): the old model's classes, those of the tasks finished when it was made
     broadcast = {"round": ("old_model", "old_classes", "round_in_task")}
+    losses, draws = ("task",), ("replay",)
 
     def __init__(self, hparams: GLFCHyperparams, run_info: Any) -> None:
         super().__init__(hparams, run_info)
@@ -116,9 +118,10 @@ class GLFC(Method):
         return task * self.classes + y if self.by_task else y
 
     # ---- the local step ----
-    def task_loss(self, params: Params, logits: torch.Tensor, y: torch.Tensor, x: torch.Tensor, task: torch.Tensor,
-                  weight: torch.Tensor, allowed: torch.Tensor | None, server: State, state: State) -> torch.Tensor:
+    def loss(self, ctx: LossContext) -> LossTerms:
         """Per sample, GLFC's loss in place of the cross-entropy."""
+        logits, y, x, task = ctx.logits, ctx.y, ctx.x, ctx.task
+        weight, allowed, server, state = ctx.weight, ctx.allowed, ctx.server, ctx.state
         seen = torch.ones(logits.shape[-1], dtype=torch.bool, device=logits.device) if allowed is None else allowed
         old_logits = None
         if "old_model" in server:
@@ -127,8 +130,8 @@ class GLFC(Method):
         if self.by_task:  # old: a sample of a (task, class) the client learned, i.e. of a finished task
             learned = state.get("learned", torch.zeros(self.ids, dtype=torch.bool, device=logits.device))
             old_samples = learned.gather(-1, self.global_ids(y, task))
-            return glfc_loss_by_task(logits, y, weight, seen, old_samples, learned.any(-1), old_logits,
-                                     self.hparams.form)
+            return LossTerms(task=glfc_loss_by_task(logits, y, weight, seen, old_samples, learned.any(-1),
+                                                    old_logits, self.hparams.form))
         learned = state.get("learned", torch.zeros_like(seen))
         finished = torch.zeros_like(seen)
         if old_logits is not None:
@@ -137,14 +140,16 @@ class GLFC(Method):
                                  "each task end since cfl distils every class of the finished tasks); restart the "
                                  "run instead of resuming a checkpoint written before")
             finished = server["old_classes"]
-        return glfc_loss(logits, y, weight, seen, learned & seen, finished, old_logits, self.hparams.form)
+        return LossTerms(task=glfc_loss(logits, y, weight, seen, learned & seen, finished, old_logits,
+                                        self.hparams.form))
 
-    def replay(self, state: State, generator: torch.Generator) -> Samples | None:
-        return draw_memory(state, generator, self.hparams.replay_batch_size or self.run_info.batch_size)
+    def samples(self, ctx: SamplesContext) -> Draw | None:
+        size = self.hparams.replay_batch_size or self.run_info.batch_size
+        return Draw(replay=draw_memory(ctx.state, ctx.generator, size))
 
     # ---- client ends ----
-    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
-                   server: State, generator: torch.Generator) -> State | None:
+    def client_end(self, ctx: ClientEndContext) -> State | None:
+        event, model, params, data, state, server = ctx.event, ctx.model, ctx.params, ctx.data, ctx.state, ctx.server
         start = time.perf_counter()
         if event == "task_end":
             self._herd(model, params, data, state)

@@ -40,7 +40,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from cfl.methods.base import BackboneUpdate, ClientData, Event, Method, Params, State, Step
+from cfl.methods.base import BackboneUpdate, ClientData, ClientEndContext, Event, Method, Params, State, Step
 from cfl.methods.class_mask import ClassMasked, class_mask_field
 from cfl.pretrained.lora import LoRALinear
 from cfl.pretrained.regmean import projected_gram, regmean, shrunk
@@ -90,8 +90,8 @@ class LoRM(ClassMasked, Method):
         return {k: g * train_b if k.endswith(".lora_b") else g * (1 - train_b) if k.endswith(".lora_a") else g
                 for k, g in step.grads.items()}
 
-    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
-                   server: State, generator: torch.Generator) -> State | None:
+    def client_end(self, ctx: ClientEndContext) -> State | None:
+        event, model, params, data, server = ctx.event, ctx.model, ctx.params, ctx.data, ctx.server
         if len(data.y) == 0:
             return None  # no samples, no Gram: left out of the merge
         layers = [n for n, m in model.named_modules() if isinstance(m, LoRALinear)]

@@ -19,9 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Quadratic, StateSizing
+from cfl.methods.base import ClientEndContext, Method, Quadratic, StateSizing
 from cfl.methods.bounds import SAMPLES_MAX, WEIGHT_MAX
 from cfl.ops.fisher import output_norm_importance
 from cfl.schema import field
@@ -52,8 +51,8 @@ class MAS(Method):
         """Every client keeps its summed importance and an anchor: two model-sized tensors."""
         return sizing.num_clients * 2 * sizing.model_bytes
 
-    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
-                   server: State, generator: torch.Generator) -> None:
+    def client_end(self, ctx: ClientEndContext) -> None:
+        model, params, data, state, generator = ctx.model, ctx.params, ctx.data, ctx.state, ctx.generator
         x = data.x
         cap = self.hparams.importance_samples
         if cap is not None and len(x) > cap:

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from cfl.methods.base import Method, RunInfo, Samples
+from cfl.methods.base import Draw, LossContext, LossTerms, Method, RunInfo, Samples, SamplesContext
 from cfl.methods.bounds import GENERATED_BATCH_MAX, LR_MAX, NOISE_MAX, STEPS_MAX, WEIGHT_MAX, WIDTH_MAX
 from cfl.models.buffers import RUNNING_BN_MODEL, running_stats
 from cfl.models.generator import MfclGenerator
@@ -78,6 +78,7 @@ class MFCL(Method):
     # sampled round (cfl/engine/task_start.py)
     sequential_reason = ("its loss's own forward of a model with BatchNorm running statistics updates them in place, "
                          "which vmap cannot")
+    losses, draws = ("task",), ("replay",)
 
     def __init__(self, hparams: MFCLHyperparams, run_info: RunInfo) -> None:
         super().__init__(hparams, run_info)
@@ -124,27 +125,29 @@ class MFCL(Method):
                                                                                 training.objectives[-1])
 
     # ---- one client's step ----
-    def replay(self, state: State, generator: torch.Generator, server: State | None = None) -> Samples | None:
+    def samples(self, ctx: SamplesContext) -> Draw | None:
         """``syn_size`` images of the broadcast generator (eval mode) on the client's own noise, labelled by the old
         model's argmax over the old classes, appended to the step's batch; none in task 0."""
-        if server is None or "generator" not in server:
+        if "generator" not in ctx.server:  # task 0
             return None
-        weights, model = server["generator"], self.run_info.model
+        server, weights, model, generator = ctx.server, ctx.server["generator"], self.run_info.model, ctx.generator
         z = torch.randn(self.hparams.syn_size, self.hparams.nz, generator=generator, device=generator.device)
         with torch.no_grad(), evaluating(model):
             images = functional_call(self.generator_module(), weights, (z.to(weights["project.weight"]),))
             tasks = torch.zeros(len(images), dtype=torch.long, device=images.device)
             old_logits = functional_call(model, server["old_model"], (images, tasks))
-        return Samples(images, old_logits.masked_fill(~server["old_classes"], float("-inf")).argmax(-1), tasks)
+        labels = old_logits.masked_fill(~server["old_classes"], float("-inf")).argmax(-1)
+        return Draw(replay=Samples(images, labels, tasks))
 
-    def task_loss(self, params: Params, logits: torch.Tensor, y: torch.Tensor, x: torch.Tensor, task: torch.Tensor,
-                  weight: torch.Tensor, allowed: torch.Tensor | None, server: State, state: State) -> torch.Tensor:
+    def loss(self, ctx: LossContext) -> LossTerms:
         """Per sample of the batch (real and synthetic, one forward), MFCL's loss, weighted so that the engine's mean
         over the samples gives ``mean over the new-class samples of CE over the new classes + w_ft x mean CE over
         the seen classes on detached features + w_kd x mean feature distillation`` (cfl/ops/mfcl_losses.py
         ``client_loss``); task 0: the cross-entropy over the seen classes."""
+        params, logits, y, x = ctx.params, ctx.logits, ctx.y, ctx.x
+        task, weight, allowed, server = ctx.task, ctx.weight, ctx.allowed, ctx.server
         if "old_model" not in server:
-            return masked_cross_entropy(logits, y, allowed)
+            return LossTerms(task=masked_cross_entropy(logits, y, allowed))
         model, old = self.run_info.model, server["old_classes"]
         seen = old | allowed if allowed is not None else torch.ones_like(old)
         new = seen & ~old
@@ -159,7 +162,8 @@ class MFCL(Method):
         scale = weight.sum() / (weight * is_new.to(weight.dtype)).sum().clamp(min=1.0)
         ce = masked_cross_entropy(logits, y, new)  # infinite on an old label: left out, not multiplied by 0
         ce_new = torch.where(is_new, ce, torch.zeros_like(ce)) * scale
-        return ce_new + self.hparams.w_ft * masked_cross_entropy(frozen, y, seen) + self.hparams.w_kd * kd
+        h = self.hparams
+        return LossTerms(task=ce_new + h.w_ft * masked_cross_entropy(frozen, y, seen) + h.w_kd * kd)
 
     def _with_buffers(self, params: Params) -> Params:
         """``params`` with copies of the template's running statistics: a training-mode forward updates those
