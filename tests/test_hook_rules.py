@@ -58,7 +58,8 @@ def test_a_broken_rule_is_named_at_its_hook(check, args, words):
 
 def test_a_wrong_result_under_vmap_is_named_at_its_hook():
     method = Plugin(None, None)
-    with pytest.raises(HookError, match=r"hook extra_loss: must return one float loss per sample .* \(here 5\); got "
+    with pytest.raises(HookError, match=r"hook loss: must return LossTerms\(extra=\) one float loss per sample .* "
+                                        r"\(here 5\); got "
                                         r"a torch.float32 tensor of shape \(5, 1\)"):
         torch.func.vmap(lambda x: hooks.extra_loss(method, {}, x, x[:, 0], x[:, 0], {}, {}))(torch.ones(2, 5, 3))
 
