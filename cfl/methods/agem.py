@@ -37,8 +37,7 @@ class AGEMHyperparams:
 class AGEM(EpisodicMemory):
     name = "agem"
     about = "A-GEM+FL: each client projects a step that would raise its memory's loss (Chaudhry et al. 2019)"
-    Hyperparams = AGEMHyperparams
-    draws = ("step",)
+    Hyperparams, draws = AGEMHyperparams, ("step",)
 
     def samples(self, ctx: SamplesContext) -> Draw | None:
         return Draw(step=self.draw(ctx.state, ctx.generator, self.hparams.ref_batch_size))

@@ -25,8 +25,7 @@ def class_mask_field(default: str = "current") -> Any:
 
 
 class ClassMasked:
-    """Mixin (before :class:`cfl.methods.base.Method`) whose loss's task part is the cross-entropy under
-    ``hparams.class_mask``; needs ``self.run_info`` and ``self.hparams``."""
+    """Mixin (before ``Method``) whose loss's task part is the cross-entropy under ``hparams.class_mask``."""
 
     run_info: Any
     hparams: Any

@@ -1,5 +1,5 @@
-"""DER++ (Buzzega et al., "Dark Experience for General Continual Learning: a Strong, Simple Baseline", NeurIPS
-2020, arXiv 2004.07211) on each client.
+"""DER++ (Buzzega et al., "Dark Experience for General Continual Learning: a Strong, Simple Baseline", NeurIPS 2020,
+arXiv 2004.07211) on each client.
 
 Each client keeps a reservoir memory of ``mem_per_client`` samples of its own stream with the logits the model gave
 them when they were inserted. Every local step draws two minibatches of ``replay_batch_size`` from it (each
@@ -7,8 +7,7 @@ without replacement, from the client's own generator) and adds ``alpha * MSE(f(x
 CE(f(x''), y'')`` on the second to the step's loss; after the step, the step's samples enter the memory by
 reservoir sampling (``step.random``), with their logits at the step's starting parameters (a forward like the
 step's). The memory lives in the step hooks' carry, so it fills during the round, and the client's state keeps it
-between rounds. Nothing is communicated.
-"""
+between rounds. Nothing is communicated."""
 
 from __future__ import annotations
 
@@ -58,8 +57,7 @@ class DERpp(Method):
         filled = min(int(carry["seen"]), self.hparams.mem_per_client) if carry else 0
         if filled == 0:
             return None
-        k = self.hparams.replay_batch_size or self.run_info.batch_size
-        device = carry["y"].device
+        k, device = self.hparams.replay_batch_size or self.run_info.batch_size, carry["y"].device
         first = torch.randperm(filled, generator=generator)[:k].to(device)
         second = torch.randperm(filled, generator=generator)[:k].to(device)
         pick = torch.cat([first, second])
@@ -68,10 +66,10 @@ class DERpp(Method):
                                  extra={"logits": carry["logits"][pick], "mse": mse}))
 
     def loss(self, ctx: LossContext) -> LossTerms:
-        params, x, samples = ctx.params, ctx.x, ctx.samples
+        x, samples = ctx.x, ctx.samples
         if samples is None:  # no client of the step has a memory yet
             return LossTerms(extra=x.new_zeros(x.shape[0]))
-        out = functional_call(self.run_info.model, params, (samples.x, samples.task))
+        out = functional_call(self.run_info.model, ctx.params, (samples.x, samples.task))
         w = samples.weight if samples.weight is not None else torch.ones_like(samples.extra["mse"])
         on_mse, on_ce = w * samples.extra["mse"], w * (1 - samples.extra["mse"])
         mse = ((out - samples.extra["logits"]) ** 2).mean(-1)

@@ -165,9 +165,8 @@ class FedWeIT(Method):
         return sum(sparse.row_sparse_bytes(keeps[n], sent[n][0].numel()) for n in sent)
 
     def client_end(self, ctx: ClientEndContext) -> State | None:
-        """Task end: the client's own ``A`` of the task (its local parameters, ``state["local"]``), pruned at
-        ``lambda_l1``: its entry of the next knowledge base; a participant that has not trained the task sends
-        nothing."""
+        """Task end: the client's own ``A`` of the task (``state["local"]``), pruned at ``lambda_l1``: its entry of
+        the next knowledge base; a participant that has not trained the task sends nothing."""
         event, data, state = ctx.event, ctx.data, ctx.state
         if event != "task_end" or state.get("task") != data.task:
             return None

@@ -1,19 +1,18 @@
 """MFCL (Babakniya et al., "A Data-Free Approach to Mitigate Catastrophic Forgetting in Federated Class Incremental
 Learning for Vision Tasks", NeurIPS 2023; official code ``SaraBabakN/MFCL-NeurIPS23`` at 8ab937b), class-incremental.
 
-Server, at each task end but the last (``before_task_end``): the generator (kept across tasks) is trained against
-the task's final global model, frozen, with its BatchNorm running statistics (cfl/ops/synthesis.py
-``train_mfcl_generator``: content CE, information entropy, BN statistics, smoothness); the generator, that model
-(the old model) and the seen classes go to each client once per task (``"task_start"``, counted).
+Server, at each task end but the last (``before_task_end``): the generator (kept across tasks) is trained against the
+task's final global model, frozen, with its BatchNorm running statistics (cfl/ops/synthesis.py ``train_mfcl_generator``:
+content CE, information entropy, BN statistics, smoothness); the generator, that model (the old model) and the seen
+classes go to each client once per task (``"task_start"``, counted).
 
-Client, every local step of task ``t >= 1``: ``syn_size`` images of the broadcast generator (eval mode, the client's
-own noise), labelled by the old model's argmax over the old classes, join the real batch (``replay``, so one
-training-mode forward sees both, as in the code); the loss (``task_loss``, per sample) is ``CE over the new classes
-(real samples of the task's classes) + w_ft * CE over the seen classes of the head on detached features + w_kd * the
-old head's squared gap between current and old features`` (cfl/ops/mfcl_losses.py ``client_loss``), the features
+Client, every local step of task ``t >= 1``: ``syn_size`` images of the broadcast generator (eval mode, the client's own
+noise), labelled by the old model's argmax over the old classes, join the real batch (``samples``' replay part, so one
+training-mode forward sees both, as in the code); the loss (``loss``'s task part, per sample) is ``CE over the new
+classes (real samples of the task's classes) + w_ft * CE over the seen classes of the head on detached features + w_kd *
+the old head's squared gap between current and old features`` (cfl/ops/mfcl_losses.py ``client_loss``), the features
 from a second forward of the same batch (the code's, too). Task 0: the cross-entropy over its classes. The forward
-inside the loss updates copies of the BatchNorm running statistics, which ``vmap`` cannot: sequential path.
-"""
+inside the loss updates copies of the BatchNorm running statistics, which ``vmap`` cannot: sequential path."""
 
 from __future__ import annotations
 
@@ -144,30 +143,27 @@ class MFCL(Method):
         over the samples gives ``mean over the new-class samples of CE over the new classes + w_ft x mean CE over
         the seen classes on detached features + w_kd x mean feature distillation`` (cfl/ops/mfcl_losses.py
         ``client_loss``); task 0: the cross-entropy over the seen classes."""
-        params, logits, y, x = ctx.params, ctx.logits, ctx.y, ctx.x
-        task, weight, allowed, server = ctx.task, ctx.weight, ctx.allowed, ctx.server
+        logits, y, x, task, allowed, server = ctx.logits, ctx.y, ctx.x, ctx.task, ctx.allowed, ctx.server
         if "old_model" not in server:
             return LossTerms(task=masked_cross_entropy(logits, y, allowed))
-        model, old = self.run_info.model, server["old_classes"]
+        model, old, h = self.run_info.model, server["old_classes"], self.hparams
         seen = old | allowed if allowed is not None else torch.ones_like(old)
         new = seen & ~old
-        _, features = logits_and_features(model, self._with_buffers(params), x, task)  # the engine's features
+        _, features = logits_and_features(model, self._with_buffers(ctx.params), x, task)  # the engine's features
         with torch.no_grad(), evaluating(model):
             _, old_features = logits_and_features(model, server["old_model"], x, task)
         old_head = _head(server["old_model"])
         kd = feature_distillation(functional_call(model.head, old_head, (features, task)),
                                   functional_call(model.head, old_head, (old_features, task)), old)
-        frozen = functional_call(model.head, _head(params), (features.detach(), task))
+        frozen = functional_call(model.head, _head(ctx.params), (features.detach(), task))
         is_new = new[y]  # the real samples of the task's classes (the synthetic ones have old labels)
-        scale = weight.sum() / (weight * is_new.to(weight.dtype)).sum().clamp(min=1.0)
+        scale = ctx.weight.sum() / (ctx.weight * is_new.to(ctx.weight.dtype)).sum().clamp(min=1.0)
         ce = masked_cross_entropy(logits, y, new)  # infinite on an old label: left out, not multiplied by 0
         ce_new = torch.where(is_new, ce, torch.zeros_like(ce)) * scale
-        h = self.hparams
         return LossTerms(task=ce_new + h.w_ft * masked_cross_entropy(frozen, y, seen) + h.w_kd * kd)
 
     def _with_buffers(self, params: Params) -> Params:
-        """``params`` with copies of the template's running statistics: a training-mode forward updates those
-        copies, not the template."""
+        """``params`` with copies of the template's running statistics (a training-mode forward updates the copies)."""
         return {**params, **running_stats(self.run_info.model)}
 
 
