@@ -1,6 +1,6 @@
-"""Issue 38's plugin interface: ``Samples.extra``, ``step.random``, a carry read by ``step_samples``, ``server_start``,
-``client_end``'s ``training``, ``Linear`` and ``Quadratic.linear`` penalties, ``num_classes`` in the sizing; with
-hand-computed values."""
+"""Issue 38's plugin interface: ``Samples.extra``, ``step.random``, a carry read by ``samples``' step part,
+``server_start``, ``client_end``'s ``training``, ``Linear`` and ``Quadratic.linear`` penalties, ``num_classes`` in the
+sizing; with hand-computed values."""
 
 import pytest
 import torch
@@ -98,7 +98,8 @@ def test_server_start_and_client_end_training_reach_the_method():
 
 
 class CarryReader(Method):
-    """step_samples sees the carry of the step (a counter the carry_step raises) and hands an extra through."""
+    """The step draw (``samples``' step part) sees the carry of the step (a counter the carry_step raises) and hands an
+    extra through."""
 
     name = "carry-reader38"
     client_events = ()

@@ -94,7 +94,7 @@ def test_stacked_path_only_on_listed_layers_and_fused_hooks():
             return LossTerms(extra=x.sum(-1))
 
     extra = choose_path(model, plain, [PerSample(None, None)])
-    assert extra.as_dict() == {"path": "vmap", "reason": "method per-sample overrides extra_loss, which needs "
+    assert extra.as_dict() == {"path": "vmap", "reason": "method per-sample declares losses 'extra', which needs "
                                                          "per-sample losses"}
     assert extra.line() == f"engine: vmap path (reason: {extra.reason})"
     unlisted = choose_path(torch.nn.Sequential(), plain, [FedAvg(None, None)])

@@ -1,7 +1,7 @@
 """Synthetic samples drawn from the round's broadcast at every local step, with a loss on them through a forward of
-their own (issue 31: TARGET's KD on a synthetic batch, MFCL's loss on generated samples): ``step_samples`` sees
-the broadcast, ``extra_loss`` takes the draw, and the step's gradient changes by the hand-computed amount on
-both trainers."""
+their own (issue 31: TARGET's KD on a synthetic batch, MFCL's loss on generated samples): ``samples``' step part sees
+the broadcast (``ctx.server``), ``loss``'s extra part takes the draw (``ctx.samples``), and the step's gradient changes
+by the hand-computed amount on both trainers."""
 
 from __future__ import annotations
 
@@ -67,8 +67,8 @@ def test_the_synthetic_loss_moves_the_step_by_its_gradient(trainer):
 
 
 class Legacy(Method):
-    """A plugin written before the new arguments: ``step_samples(state, generator)``, ``extra_loss`` without
-    ``samples``; it runs unchanged."""
+    """A plugin reading only part of its contexts (its step draw no ``ctx.server``, its extra loss no
+    ``ctx.samples``): it runs unchanged."""
 
     name = "legacy"
     losses = ("extra",)
@@ -98,7 +98,7 @@ def test_a_plugin_without_the_new_arguments_runs_unchanged(trainer):
 
 
 class PoolReplay(Method):
-    """Replays the broadcast pool (``replay``'s ``server`` argument), labelled class 0."""
+    """Replays the broadcast pool (``samples``' replay part reading ``ctx.server``), labelled class 0."""
 
     name = "pool-replay"
     draws = ("replay",)

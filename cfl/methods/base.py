@@ -1,4 +1,4 @@
-"""The method plugin interface: nineteen optional hooks, written for ONE client, seven more for parameters kept
+"""The method plugin interface: seventeen optional hooks, written for ONE client, seven more for parameters kept
 per client (FedWeIT: ``local_params`` ... ``payload_bytes``), and a few declarations.
 
 A method is a small class with a ``Hyperparams`` dataclass and whichever hooks it overrides (the engine
@@ -8,9 +8,9 @@ run (``docs/plugins.md``). State is owned by the engine (:class:`cfl.records.cli
 checkpointed with the run, and handed back to the hooks of the method that made it.
 
 A round (``t`` = task, 0-based): each client takes its batches (each epoch cut to ``local_steps_per_epoch``
-where a method sets it); every local step's loss is the cross-entropy (or the method's ``task_loss``)
-plus the ``penalty`` quadratics, the ``extra_loss`` and the
-``replay`` samples to the loss; the step hooks (``step_samples``, ``step_gradient``, ``carry_start``,
+where a method sets it); every local step's loss is the cross-entropy (or ``loss``'s task part) plus the
+``penalty`` quadratics and ``loss``'s extra part, on a batch joined by ``samples``' replay draw; the step hooks
+(``samples``' step draw, ``step_gradient``, ``carry_start``,
 ``carry_step``: :class:`Step`) see and may rewrite each step's gradient and keep running values through the
 round; the optimiser projects the gradients off ``gradient_projection`` and steps; after training,
 ``client_end("round")`` on each client, then the server aggregates, applies ``server_update`` (x GMA mask)
