@@ -9,8 +9,8 @@ by herding (Algorithm 4, shared with GLFC: :func:`cfl.ops.glfc_memory.herd_into`
 exemplars per class it learned, old sets cut to their first exemplars, new ones herded on the L2-normalised
 features at the head's input.
 
-Every local step appends ``replay_batch_size`` exemplars to the batch (``replay``) and replaces the cross-entropy by
-iCaRL's loss (``task_loss``), per sample the mean over the columns of
+Every local step appends ``replay_batch_size`` exemplars to the batch (``samples``) and replaces the cross-entropy by
+iCaRL's loss (``loss``'s task part), per sample the mean over the columns of
 ``BCE(sigmoid(z_c), target_c)``, ``target_c = sigmoid(z_old_c)`` of the old model for an old class ``c`` and the
 one-hot label elsewhere: classification and distillation in one term, as the official code's ``loss_class``
 (GLFC's code-form relation distillation is this loss: :func:`cfl.ops.glfc_losses.relation_distillation`).

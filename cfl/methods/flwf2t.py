@@ -11,7 +11,7 @@ step adds, per sample,
 (the paper's loss divided by ``alpha``: the same minimiser, gradients scaled by ``1/alpha``), with ``KD_T`` the
 distillation of the teacher's old heads (cfl/ops/distill.py). The server teacher is the final global model of
 the previous task, which the client downloads at the task end: our reading where the paper's "current" server
-model would be the model of each round, which the method interface does not hand to ``extra_loss``; with one
+model would be the model of each round, which the method interface does not hand to ``loss``; with one
 round per task the two are the same model. Three model-sized tensors per client (the two teachers and the
 client's latest local model); nothing is uploaded. See docs/methods/flwf2t.md.
 """

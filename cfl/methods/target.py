@@ -6,9 +6,9 @@ global model (BN-statistics, CE and, from round ``warmup``, adversarial terms; s
 of every synthesis round pooled as 8-bit images, a student distilled after the rounds past the warm-up
 (cfl/ops/target_task_end.py). The pool, the teacher (parameters and running statistics) and the seen classes go
 to each client once per task (``"task_start"``, counted).
-Client, every local step: the cross-entropy over the current task's classes on its real batch (``task_loss``)
+Client, every local step: the cross-entropy over the current task's classes on its real batch (``loss``, task)
 plus ``kd x`` the soft cross-entropy over the old classes of a synthetic batch against the teacher
-(``extra_loss``, a forward of its own; docs/methods/target.md).
+(``loss``'s extra part, a forward of its own; docs/methods/target.md).
 """
 
 from __future__ import annotations
