@@ -205,16 +205,16 @@ def check_client_params(cfg: Any, specs: list[dict[str, Any]]) -> None:
 
 
 def check_task_losses(cfg: Any, specs: list[dict[str, Any]]) -> None:
-    """At most one method replaces the cross-entropy (``Method.task_loss``), and none beside ``loss: tce``
-    (which changes the cross-entropy such a method replaces)."""
+    """At most one method replaces the cross-entropy (``Method.loss``'s task part: ``computes.losses`` lists "task"), and
+    none beside ``loss: tce`` (which changes the cross-entropy such a method replaces)."""
     from cfl.methods import METHODS
 
-    own = [s["name"] for s in specs if METHODS[s["name"]].task_loss is not Method.task_loss]
+    own = [s["name"] for s in specs if "task" in METHODS[s["name"]].computes.losses]
     if len(own) > 1:
-        raise ConfigError(f"methods {own[0]} and {own[1]} both replace the task loss (task_loss); a run takes one "
+        raise ConfigError(f"methods {own[0]} and {own[1]} both replace the task loss (losses 'task'); a run takes one "
                           "of them: drop one from method/plugins")
     if own and cfg.loss != "ce":
-        raise ConfigError(f"'loss: {cfg.loss}' with method {own[0]}, whose own task_loss replaces the cross-entropy "
+        raise ConfigError(f"'loss: {cfg.loss}' with method {own[0]}, whose own task loss replaces the cross-entropy "
                           "that loss would change: remove 'loss' (or use another method)")
 
 

@@ -49,6 +49,7 @@ from cfl.methods.traffic_hooks import (
     StackedUploads,
     TrainedClient,
 )
+from cfl.methods.training_hooks import ClientEndContext, Draw, LossContext, LossTerms, SamplesContext
 from cfl.models import MODELS, ModelShape
 from cfl.ops.aggregate import AGGREGATORS
 from cfl.ops.fisher import diagonal_fisher, output_norm_importance
@@ -69,6 +70,8 @@ __all__ = [
     "ServerEvent", "ServerChange", "ServerMoment", "SERVER_EVENTS", "ServerUpdate", "TransformUpdate",
     # the contexts of the traffic and parameter-role hooks (cfl/methods/traffic_hooks.py)
     "ParamNames", "ParamRoles", "TrainedClient", "StackedUploads", "Payload", "PayloadKind", "PAYLOAD_KINDS",
+    # the contexts and results of loss, samples and client_end (cfl/methods/training_hooks.py)
+    "LossContext", "LossTerms", "SamplesContext", "Draw", "ClientEndContext",
     # types and helpers of hooks
     "Params", "State", "nbytes", "field", "ConfigError",
     "diagonal_fisher", "output_norm_importance", "layer_grams",

@@ -90,7 +90,7 @@ def test_gem_projects_when_one_memory_is_violated_and_another_satisfied():
 
 def test_gem_trains_sequentially_and_agem_on_vmap_saying_why(capsys):
     for name, line in (("gem", "engine: sequential path (reason: method gem: its step_gradient solves"),
-                       ("agem", "engine: vmap path (reason: method agem overrides step_samples, a step hook")):
+                       ("agem", "engine: vmap path (reason: method agem declares draws 'step', a step hook")):
         cfg = from_dict({"num_clients": 2, "clients_per_round": 2, "rounds_per_task": 1, "batch_size": 8,
                          "method": {"name": name, "mem_per_client": 10}, "wandb": {"mode": "disabled"}})
         runner = Runner(cfg, make_stream("task", num_tasks=2))

@@ -36,6 +36,7 @@ from cfl.models import MODELS, ModelShape, build_model
 from cfl.models.buffers import running_stats
 from cfl.models.dropout import Dropout
 from cfl.models.mlp import MLP
+from cfl.plugin import Computes, Draw, LossTerms
 from cfl.pretrained.backbones import is_backbone
 from cfl.records.client_states import MethodState
 from cfl.validation import from_dict
@@ -312,28 +313,28 @@ VARIANTS = {
         lambda _self, global_params, _server, state: {k: Quadratic(state.get("w", _zero()), v + 0.01)
                                                       for k, v in global_params.items()},
     ),
-    "extra_loss": (
-        lambda self, params, x, _task, _server, _state:
-            0.05 * x.flatten(1).pow(2).mean(1) * params[_first_weight(self)[0]].pow(2).sum(),
-        lambda self, params, x, _task, _server, state:
-            state.get("w", _zero()) * x.flatten(1).pow(2).mean(1) * params[_first_weight(self)[0]].pow(2).sum(),
+    "loss": (  # its extra part (the task part: PART_VARIANTS)
+        {"computes": Computes(losses=("extra",)), "loss": lambda self, ctx: LossTerms(
+            extra=0.05 * ctx.x.flatten(1).pow(2).mean(1) * ctx.params[_first_weight(self)[0]].pow(2).sum())},
+        {"computes": Computes(losses=("extra",)), "loss": lambda self, ctx: LossTerms(
+            extra=ctx.state.get("w", _zero()) * ctx.x.flatten(1).pow(2).mean(1)
+            * ctx.params[_first_weight(self)[0]].pow(2).sum())},
     ),
     "gradient_projection": (
         lambda self, _state: {_first_weight(self)[0]: torch.eye(_first_weight(self)[1])[:, :2].contiguous()},
         lambda self, state: {_first_weight(self)[0]: state["basis"]} if "basis" in state else {},
     ),
-    "replay": (
-        lambda self, _state, generator: Samples(torch.randn(3, _input_dim(self), generator=generator),
-                                                torch.randint(0, 3, (3,), generator=generator),
-                                                torch.zeros(3, dtype=torch.long)),
-        lambda _self, state, _generator: Samples(state["x"], state["y"], torch.zeros_like(state["y"]))
-        if "x" in state else None,
+    "samples": (  # its replay part (the step part: PART_VARIANTS)
+        {"computes": Computes(draws=("replay",)), "samples": lambda self, ctx: Draw(replay=Samples(
+            torch.randn(3, _input_dim(self), generator=ctx.generator), torch.randint(0, 3, (3,),
+                                                                                     generator=ctx.generator),
+            torch.zeros(3, dtype=torch.long)))},
+        {"computes": Computes(draws=("replay",)), "samples": lambda _self, ctx: Draw(replay=Samples(
+            ctx.state["x"], ctx.state["y"], torch.zeros_like(ctx.state["y"])) if "x" in ctx.state else None)},
     ),
     "client_end": (
-        lambda self, _event, _model, params, _data, _state, _server, _generator:
-            {"norm": params[_first_weight(self)[0]].norm().reshape(1)},
-        lambda self, _event, _model, params, _data, state, _server, _generator:
-            _accumulate(state, params[_first_weight(self)[0]].sum().reshape(1)),
+        lambda self, ctx: {"norm": ctx.params[_first_weight(self)[0]].norm().reshape(1)},
+        lambda self, ctx: _accumulate(ctx.state, ctx.params[_first_weight(self)[0]].sum().reshape(1)),
     ),
     "server_update": (
         lambda _self, c: {k: w + 0.5 * c.server_lr * c.delta[k] for k, w in c.global_params.items()},
@@ -348,7 +349,7 @@ VARIANTS = {
 
 def _nudged_by(samples_of: str):
     """A ``step_gradient`` adding 0.1 x the loss gradient of some samples: the step's own batch ("batch") or
-    the method's ``step_samples`` draw ("samples"), so that a step hook's ``step.gradient`` is exercised."""
+    the method's step draw ("samples", ``samples``' step part), so that a step hook's ``step.gradient`` is exercised."""
     def step_gradient(_self, step):
         if samples_of == "samples" and step.samples is None:
             return None
@@ -362,14 +363,6 @@ def _path_start(_self, global_params, state):
     return {"path": state.get("path") or {k: torch.zeros_like(v) for k, v in global_params.items()}}
 
 
-VARIANTS.update({
-    "task_loss": (
-        lambda _self, _params, logits, y, _x, _task, _weight, _allowed, _server, _state:
-            1.5 * torch.nn.functional.cross_entropy(logits, y, reduction="none"),
-        lambda _self, _params, logits, y, _x, _task, _weight, _allowed, _server, state:
-            (1 + state.get("w", _zero())) * torch.nn.functional.cross_entropy(logits, y, reduction="none"),
-    ),
-})
 
 VARIANTS["layer_preconditioner"] = (
     lambda self, _state: {_first_weight(self)[0]: torch.eye(_first_weight(self)[1]) * 0.5
@@ -383,15 +376,6 @@ VARIANTS.update({
     "step_gradient": (
         _nudged_by("batch"),
         lambda _self, step: {k: g * (1 + step.state.get("w", _zero())) for k, g in step.grads.items()},
-    ),
-    "step_samples": (
-        {"step_samples": lambda self, _state, generator: Samples(torch.randn(3, _input_dim(self), generator=generator),
-                                                                 torch.randint(0, 3, (3,), generator=generator),
-                                                                 torch.zeros(3, dtype=torch.long)),
-         "step_gradient": _nudged_by("samples")},
-        {"step_samples": lambda _self, state, _generator: Samples(state["x"], state["y"], torch.zeros_like(state["y"]))
-         if "x" in state else None,
-         "step_gradient": _nudged_by("samples")},
     ),
     "carry_start": (
         lambda _self, global_params, _state: {"start_norm": sum(v.norm() for v in global_params.values())},
@@ -441,34 +425,62 @@ VARIANTS["local_steps_per_epoch"] = (
 )
 
 
-def _synthetic_loss(self, params, x, _task, server, _state, samples=None):
-    """``extra_loss`` taking the method's draw: ``scale`` x the weighted mean over the drawn samples of their
-    squared logits (a forward of their own), added to every sample of the batch."""
+def _synthetic_loss(self, ctx):
+    """``loss``'s extra part taking the method's draw (``ctx.samples``): ``scale`` x the weighted mean over the drawn
+    samples of their squared logits (a forward of their own), added to every sample of the batch."""
+    x, samples = ctx.x, ctx.samples
     if samples is None:
-        return x.new_zeros(x.shape[0])
-    logits = torch.func.functional_call(self.run_info.model, params, (samples.x, samples.task))
+        return LossTerms(extra=x.new_zeros(x.shape[0]))
+    logits = torch.func.functional_call(self.run_info.model, ctx.params, (samples.x, samples.task))
     kd = (logits.pow(2).mean(1) * samples.weight).sum() / samples.weight.sum().clamp(min=1)
-    return x.new_zeros(x.shape[0]) + server.get("scale", 0.5) * kd
+    return LossTerms(extra=x.new_zeros(x.shape[0]) + ctx.server.get("scale", 0.5) * kd)
 
 
-def _drawn_with_server(self, _state, generator, server):
-    """``step_samples`` reading the broadcast: random inputs scaled by its ``scale`` (state-free: none, 1)."""
-    scale = server.get("scale", torch.tensor(1.0))
-    return Samples(scale * torch.randn(3, _input_dim(self), generator=generator),
-                   torch.randint(0, 3, (3,), generator=generator), torch.zeros(3, dtype=torch.long))
+def _drawn_with_server(self, ctx):
+    """``samples``' step part reading the broadcast: random inputs scaled by its ``scale`` (state-free: none, 1)."""
+    scale, generator = ctx.server.get("scale", torch.tensor(1.0)), ctx.generator
+    return Draw(step=Samples(scale * torch.randn(3, _input_dim(self), generator=generator),
+                             torch.randint(0, 3, (3,), generator=generator), torch.zeros(3, dtype=torch.long)))
 
 
-#: issue 31: the hooks' newer optional arguments (``step_samples``' ``server``, ``extra_loss``'s ``samples``), the
-#: state-dependent variants reading ``scale`` from the "task_start" broadcast
+def _step_draw(self, ctx):
+    """``samples``' step part, state-free: three random samples from the client's generator."""
+    generator = ctx.generator
+    return Draw(step=Samples(torch.randn(3, _input_dim(self), generator=generator),
+                             torch.randint(0, 3, (3,), generator=generator), torch.zeros(3, dtype=torch.long)))
+
+
+def _step_draw_of_state(_self, ctx):
+    """``samples``' step part, state-dependent: the client's stored samples (none without them)."""
+    state = ctx.state
+    return Draw(step=Samples(state["x"], state["y"], torch.zeros_like(state["y"])) if "x" in state else None)
+
+
+#: the other part of ``loss`` and ``samples`` (each hook's main variant is of one part), and issue 31's newer
+#: arguments (the step draw's ``server``, the extra loss's ``samples``), the state-dependent variants reading
+#: ``scale`` from the "task_start" broadcast
 ARGUMENT_VARIANTS = {
-    "extra_loss(samples)": (
-        {"step_samples": VARIANTS["step_samples"][0]["step_samples"], "extra_loss": _synthetic_loss},
-        {"sends": Sends(broadcast={"task_start": ("scale",)}),
-         "step_samples": VARIANTS["step_samples"][1]["step_samples"], "extra_loss": _synthetic_loss},
+    "loss(task)": (
+        {"computes": Computes(losses=("task",)), "loss": lambda _self, ctx: LossTerms(
+            task=1.5 * torch.nn.functional.cross_entropy(ctx.logits, ctx.y, reduction="none"))},
+        {"computes": Computes(losses=("task",)), "loss": lambda _self, ctx: LossTerms(
+            task=(1 + ctx.state.get("w", _zero())) * torch.nn.functional.cross_entropy(ctx.logits, ctx.y,
+                                                                                       reduction="none"))},
     ),
-    "step_samples(server)": (
-        {"step_samples": _drawn_with_server, "extra_loss": _synthetic_loss},
-        {"sends": Sends(broadcast={"task_start": ("scale",)}), "step_samples": _drawn_with_server,
+    "samples(step)": (
+        {"computes": Computes(draws=("step",)), "samples": _step_draw, "step_gradient": _nudged_by("samples")},
+        {"computes": Computes(draws=("step",)), "samples": _step_draw_of_state, "step_gradient": _nudged_by("samples")},
+    ),
+    "loss(samples)": (
+        {"computes": Computes(losses=("extra",), draws=("step",)), "samples": _step_draw, "loss": _synthetic_loss},
+        {"sends": Sends(broadcast={"task_start": ("scale",)}), "computes": Computes(losses=("extra",), draws=("step",)),
+         "samples": _step_draw_of_state, "loss": _synthetic_loss},
+    ),
+    "samples(server)": (
+        {"computes": Computes(losses=("extra",), draws=("step",)), "samples": _drawn_with_server,
+         "loss": _synthetic_loss},
+        {"sends": Sends(broadcast={"task_start": ("scale",)}), "computes": Computes(draws=("step",)),
+         "samples": _drawn_with_server,
          "step_gradient": _nudged_by("samples")},
     ),
 }
@@ -483,7 +495,7 @@ def _accumulate(state: dict, value: torch.Tensor) -> dict:
 
 def test_every_hook_has_both_variants():
     assert sorted(set(VARIANTS) - set(ARGUMENT_VARIANTS)) == HOOKS
-    assert len(HOOKS) == 15
+    assert len(HOOKS) == 15  # loss and samples each took two hooks' place (task and extra, replay and step)
 
 
 def _assert_states_close(a: object, b: object, where: str) -> None:
@@ -560,16 +572,19 @@ class _DrawsRagged(Method):
     forward of its own (issue 31: TARGET's KD on a synthetic batch)."""
 
     name = "draws-ragged"
+    computes = Computes(losses=("extra",), draws=("step",))
 
-    def step_samples(self, state, generator, server):
+    def samples(self, ctx):
+        generator = ctx.generator
         k = int(torch.randint(1, 4, (1,), generator=generator))
-        return Samples(torch.randn(k, *IMAGE, generator=generator), torch.zeros(k, dtype=torch.long),
-                       torch.ones(k, dtype=torch.long))
+        return Draw(step=Samples(torch.randn(k, *IMAGE, generator=generator), torch.zeros(k, dtype=torch.long),
+                       torch.ones(k, dtype=torch.long)))
 
-    def extra_loss(self, params, x, task, server, state, samples=None):
+    def loss(self, ctx):
+        params, x, samples = ctx.params, ctx.x, ctx.samples
         logits = torch.func.functional_call(self.run_info.model, params, (samples.x, samples.task))
         mean = (logits.pow(2).mean(1) * samples.weight).sum() / samples.weight.sum()
-        return x.new_zeros(x.shape[0]) + 0.1 * mean
+        return LossTerms(extra=x.new_zeros(x.shape[0]) + 0.1 * mean)
 
 
 def test_drawn_samples_reach_the_extra_loss_unpadded_on_batch_norm():

@@ -34,7 +34,8 @@ class Teacher(Method):
                            model.training))
         server["mark"] = torch.tensor(float(task + 1))
 
-    def client_end(self, event, model, params, data, state, server, generator):
+    def client_end(self, ctx):
+        server = ctx.server
         self.marks.append(float(server["mark"]))
 
 

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from cfl.methods.training_hooks import LossContext
 from cfl.pretrained.coda_prompt import ComponentPrompt, component_weights, orthogonality
 
 
@@ -81,5 +82,6 @@ def test_the_penalty_counts_the_prompt_components_with_keys_and_attention():
     params = {"prompt.keys": eye, "prompt.attention": eye, "prompt.prompts": prompts}
     method = CodaP(CodaPHyperparams(ortho=0.5), SimpleNamespace(model=None))
     # keys and attention orthonormal: 0; the prompts' P P^T = [[1, 1], [1, 1]]: mean((P P^T - I)^2) = 2 / 4
-    loss = method.extra_loss(params, torch.zeros(3, 1), torch.zeros(3, dtype=torch.long), {}, {})
+    loss = method.loss(LossContext("extra", params, torch.zeros(3, 1), torch.zeros(3, dtype=torch.long),
+                                   torch.ones(len(torch.zeros(3, 1))), {}, {})).extra
     assert loss.tolist() == pytest.approx([0.25] * 3)

@@ -1,7 +1,7 @@
 """Resume across a task end (issue 31): a method whose ``server_event`` writes a synthetic pool into its server
 state (from the final global model and torch's generator), ships it as ``"task_start"`` and trains on it with
-``step_samples`` and ``extra_loss`` ends bit for bit like an uninterrupted run, bytes included, whether it stopped
-just after the task end or in the next task."""
+``samples``' step draw and ``loss``'s extra part ends bit for bit like an uninterrupted run, bytes included, whether
+it stopped just after the task end or in the next task."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from torch.func import functional_call
 from cfl.engine import checkpoint
 from cfl.engine.runner import Runner
 from cfl.methods import METHODS
-from cfl.methods.base import Method, Samples, Sends
+from cfl.methods.base import Computes, Method, Samples, Sends
+from cfl.plugin import Draw, LossTerms
 from cfl.validation import from_dict
 from tests.conftest import make_stream
 
@@ -22,6 +23,7 @@ class DataFree(Method):
 
     name = "data-free-toy"
     sends = Sends(server_events=("before_task_end",), broadcast={"task_start": ("pool", "targets")})
+    computes = Computes(losses=("extra",), draws=("step",))
 
 
     def server_event(self, ctx):
@@ -31,18 +33,20 @@ class DataFree(Method):
             server["pool"], server["targets"] = pool, model(pool, torch.zeros(6, dtype=torch.long))
             server["teacher_norm"] = sum(p.norm() for p in model.parameters())
 
-    def step_samples(self, state, generator, server):
+    def samples(self, ctx):
+        generator, server = ctx.generator, ctx.server
         if "pool" not in server:
             return None
         rows = torch.randint(0, len(server["pool"]), (3,), generator=generator)
-        return Samples(server["pool"][rows], rows, torch.zeros(3, dtype=torch.long))
+        return Draw(step=Samples(server["pool"][rows], rows, torch.zeros(3, dtype=torch.long)))
 
-    def extra_loss(self, params, x, task, server, state, samples=None):
+    def loss(self, ctx):
+        params, x, server, samples = ctx.params, ctx.x, ctx.server, ctx.samples
         if samples is None:
-            return x.new_zeros(x.shape[0])
+            return LossTerms(extra=x.new_zeros(x.shape[0]))
         logits = functional_call(self.run_info.model, params, (samples.x, samples.task))
         kd = (logits - server["targets"][samples.y]).pow(2).mean(1)
-        return x.new_zeros(x.shape[0]) + (kd * samples.weight).sum() / samples.weight.sum()
+        return LossTerms(extra=x.new_zeros(x.shape[0]) + (kd * samples.weight).sum() / samples.weight.sum())
 
 
 @pytest.mark.parametrize("stop_at", [2, 3], ids=["after-task-end", "in-the-next-task"])

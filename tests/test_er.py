@@ -12,6 +12,7 @@ from cfl.engine.stacking import pad_samples
 from cfl.methods.base import ClientData, RunInfo
 from cfl.methods.episodic_memory import balanced_quota
 from cfl.methods.er import ER, ERHyperparams
+from cfl.methods.training_hooks import ClientEndContext, SamplesContext
 from cfl.metrics.results import method_stats
 from cfl.models.mlp import MLP
 from cfl.records.client_states import MethodState
@@ -25,7 +26,7 @@ def _er(mem=12, replay=5, model=None):
 
 
 def _end(er, data, state, generator, model=None, params=None):
-    er.client_end("task_end", model, params or {}, data, state, {}, generator)
+    er.client_end(ClientEndContext("task_end", model, params or {}, data, state, {}, generator))
 
 
 def _task_data(task, per_class=10, classes=3):
@@ -78,15 +79,16 @@ def test_memory_with_one_class_short_gives_its_share_to_the_others():
 def test_replay_batch_mixes_memory_with_weights_and_pads_an_empty_client():
     er, state = _er(mem=12, replay=5), {}
     _end(er, _task_data(0), state, torch.Generator().manual_seed(0))
-    draws = [er.replay(state, torch.Generator().manual_seed(3)), er.replay({}, torch.Generator().manual_seed(4))]
+    draws = [er.samples(SamplesContext("replay", state, torch.Generator().manual_seed(3), {}, {})).replay,
+             er.samples(SamplesContext("replay", {}, torch.Generator().manual_seed(4), {}, {})).replay]
     batch = pad_samples(draws)  # the engine pads the clients' draws
     assert batch.x.shape == (2, 5, 3) and batch.weight.tolist() == [[1.0] * 5, [0.0] * 5]
     rows = batch.x[0]
     assert len({tuple(r.tolist()) for r in rows}) == 5  # drawn without replacement
     assert torch.equal(rows[:, 1].long(), batch.y[0]) and torch.equal(rows[:, 0].long(), batch.task[0])
-    alone = er.replay(state, torch.Generator().manual_seed(3))
+    alone = er.samples(SamplesContext("replay", state, torch.Generator().manual_seed(3), {}, {})).replay
     assert torch.equal(alone.x, batch.x[0])  # a client's draw does not depend on who trains alongside
-    assert pad_samples([er.replay({}, torch.Generator()), None]) is None
+    assert pad_samples([er.samples(SamplesContext("replay", {}, torch.Generator(), {}, {})).replay, None]) is None
 
 
 def test_replay_draws_uniformly_from_the_whole_memory():
@@ -96,18 +98,21 @@ def test_replay_draws_uniformly_from_the_whole_memory():
     _end(er, _task_data(0), state, torch.Generator().manual_seed(0))
     rows = {tuple(r.tolist()): i for i, r in enumerate(state["x"])}
     counts = Counter(rows[tuple(r.tolist())] for seed in range(240)
-                     for r in er.replay(state, torch.Generator().manual_seed(seed)).x)
+                     for r in er.samples(SamplesContext("replay", state, torch.Generator().manual_seed(seed), {},
+                                                        {})).replay.x)
     assert sorted(counts) == list(range(12))  # every memory row is drawn
     assert all(60 <= c <= 140 for c in counts.values()), counts  # expected 240 * 5 / 12 = 100 each
-    again = er.replay(state, torch.Generator().manual_seed(7)).x
-    assert torch.equal(again, er.replay(state, torch.Generator().manual_seed(7)).x)  # the generator decides
+    again = er.samples(SamplesContext("replay", state, torch.Generator().manual_seed(7), {}, {})).replay.x
+    assert torch.equal(again, er.samples(SamplesContext("replay", state, torch.Generator().manual_seed(7), {},
+                                                        {})).replay.x)  # the generator decides
 
 
 def test_small_memory_gives_a_short_replay_batch():
     er, state = _er(mem=3, replay=5), {}
     _end(er, _task_data(0), state, torch.Generator())
-    assert len(er.replay(state, torch.Generator()).y) == 3
-    batch = pad_samples([er.replay(state, torch.Generator()), er.replay({}, torch.Generator())])
+    assert len(er.samples(SamplesContext("replay", state, torch.Generator(), {}, {})).replay.y) == 3
+    batch = pad_samples([er.samples(SamplesContext("replay", state, torch.Generator(), {}, {})).replay,
+                         er.samples(SamplesContext("replay", {}, torch.Generator(), {}, {})).replay])
     assert batch.weight.tolist() == [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]
 
 

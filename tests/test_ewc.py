@@ -8,6 +8,7 @@ from cfl.heads import SharedHead
 from cfl.methods import METHODS
 from cfl.methods.base import ClientData, RunInfo
 from cfl.methods.ewc import EWC, EWCHyperparams
+from cfl.methods.training_hooks import ClientEndContext
 from cfl.metrics.results import method_stats
 from cfl.models.mlp import MLP
 from cfl.ops.fisher import diagonal_fisher
@@ -28,7 +29,7 @@ def _pen(ewc, w, state):
 
 
 def _end(ewc, model, params, data, state, generator):
-    ewc.client_end("task_end", model, params, data, state, {}, generator)
+    ewc.client_end(ClientEndContext("task_end", model, params, data, state, {}, generator))
 
 
 def _softmax_model(weight, bias):
@@ -233,7 +234,8 @@ def test_fisher_of_a_batch_statistics_model_is_taken_through_its_training_batche
         assert torch.allclose(state["fisher"][k], v, rtol=1e-4, atol=1e-7), k
     fedcurv = METHODS["fedcurv"](METHODS["fedcurv"].Hyperparams(fisher=kind), RunInfo(3, "domain", 4, 2, 0, model,
                                                                                        batch_size=3))
-    payload = fedcurv.client_end("round", model, params, ClientData(x, y, 0), {}, {}, torch.Generator())
+    payload = fedcurv.client_end(ClientEndContext("round", model, params, ClientData(x, y, 0), {}, {},
+                                                  torch.Generator()))
     assert all(torch.allclose(payload["I"][k], v, rtol=1e-4, atol=1e-7) for k, v in expected.items())
     assert not torch.allclose(expected["conv.weight"], _batch_mode_fisher_by_hand(model, x, y, 1, kind)["conv.weight"])
     with pytest.raises(ValueError, match="batch_size"):

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from cfl.methods.server_hooks import ServerEvent
+from cfl.methods.training_hooks import ClientEndContext, LossContext
 from cfl.pretrained.contrastive_continual import contrastive_continual_loss, task_rows
 from tests.run_pairs import assert_batched_equals_sequential, checkpointed_params, killed_and_resumed
 
@@ -78,15 +79,17 @@ def test_extra_loss_is_the_pull_then_the_triplet_after_a_task_end():
     method.server_event(ServerEvent("start", server, 0, params))
     x, task = torch.randn(3, 3, 8, 8), torch.zeros(3, dtype=torch.long)
     # at the global model itself: no pull, no previous task: 0
-    assert torch.allclose(method.extra_loss(params, x, task, server, {}), torch.zeros(3), atol=1e-6)
+    assert torch.allclose(method.loss(LossContext("extra", params, x, task, torch.ones(len(x)), server, {})).extra,
+                          torch.zeros(3), atol=1e-6)
     moved = {k: v + 0.1 if k == "prompt.prompts" else v for k, v in params.items()}
     z, z_glob = (logits_and_features(model, p, x, task)[1] for p in (moved, params))
     pull = 1000.0 * (z - z_glob).pow(2).sum(-1)
-    assert torch.allclose(method.extra_loss(moved, x, task, server, {}), pull)
+    assert torch.allclose(method.loss(LossContext("extra", moved, x, task, torch.ones(len(x)), server, {})).extra, pull)
     state: dict = {}
-    method.client_end("task_end", model, frozen(moved), None, state, server, torch.Generator())
+    method.client_end(ClientEndContext("task_end", model, frozen(moved), None, state, server, torch.Generator()))
     # the negative is the moved model itself: max(0, pull - 0 + 1)
-    assert torch.allclose(method.extra_loss(moved, x, task, server, state), pull + 1.0)
+    assert torch.allclose(method.loss(LossContext("extra", moved, x, task, torch.ones(len(x)), server, state)).extra,
+                          pull + 1.0)
 
 
 def test_fewer_components_than_tasks_and_weight_decay_are_refused():
@@ -183,7 +186,7 @@ def test_the_method_defaults_to_the_batch_sum_and_offers_the_per_sample_mean():
     z, z_glob = (logits_and_features(model, p, x, task)[1] for p in (moved, params))
     pull = 1000.0 * (z - z_glob).pow(2).sum(-1)
     weight = torch.tensor([1.0, 1.0, 1.0, 0.0])
-    batch = method.extra_loss(moved, x, task, server, {}, weight=weight)
+    batch = method.loss(LossContext("extra", moved, x, task, weight, server, {})).extra
     assert torch.allclose(batch, pull[:3].sum().expand(4))
     method.hparams = FedCPromptHyperparams(reduction="sample")
-    assert torch.allclose(method.extra_loss(moved, x, task, server, {}, weight=weight), pull)
+    assert torch.allclose(method.loss(LossContext("extra", moved, x, task, weight, server, {})).extra, pull)

@@ -12,6 +12,7 @@ from torch import nn
 
 from cfl.methods.base import ClientData, RunInfo
 from cfl.methods.fedicarl import FediCaRL, FediCaRLHyperparams
+from cfl.methods.training_hooks import ClientEndContext, LossContext, SamplesContext
 from cfl.schema import ConfigError
 
 
@@ -37,7 +38,8 @@ def make(memory_size: int = 3, classes: int = 2, scenario: str = "class", **hp) 
 
 def end_task(method: FediCaRL, params: dict, state: dict, x: list[list[float]], label: int, task: int) -> None:
     data = ClientData(torch.tensor(x, dtype=torch.float32), torch.full((len(x),), label), task)
-    method.client_end("task_end", method.run_info.model, params, data, state, {}, torch.Generator().manual_seed(0))
+    method.client_end(ClientEndContext("task_end", method.run_info.model, params, data, state, {},
+                                       torch.Generator().manual_seed(0)))
 
 
 def rows(state: dict) -> list[list[float]]:
@@ -71,8 +73,9 @@ def test_the_task_end_keeps_the_final_global_model_as_the_teacher():
 
 def _loss(method: FediCaRL, logits: list[float], y: int, allowed: list[bool] | None, state: dict) -> float:
     z = torch.tensor([logits], dtype=torch.float32)
-    got = method.task_loss({}, z, torch.tensor([y]), torch.zeros(1, 2), torch.zeros(1, dtype=torch.long),
-                           torch.ones(1), None if allowed is None else torch.tensor(allowed), {}, state)
+    mask = None if allowed is None else torch.tensor(allowed)
+    got = method.loss(LossContext("task", {}, torch.zeros(1, 2), torch.zeros(1, dtype=torch.long), torch.ones(1), {},
+                                  state, logits=z, y=torch.tensor([y]), allowed=mask)).task
     return float(got[0])
 
 
@@ -118,9 +121,9 @@ def test_a_stacked_client_without_a_teacher_gets_the_one_hot_targets():
 def test_replay_draws_the_exemplars():
     method, params = make(memory_size=3, replay_batch_size=2)
     state: dict = {}
-    assert method.replay(state, torch.Generator().manual_seed(0)) is None
+    assert method.samples(SamplesContext("replay", state, torch.Generator().manual_seed(0), {}, {})).replay is None
     end_task(method, params, state, [[1, 0], [0, 1], [0.6, 0.8], [0.8, 0.6]], label=0, task=0)
-    drawn = method.replay(state, torch.Generator().manual_seed(0))
+    drawn = method.samples(SamplesContext("replay", state, torch.Generator().manual_seed(0), {}, {})).replay
     assert len(drawn.y) == 2 and drawn.y.tolist() == [0, 0] and drawn.task.tolist() == [0, 0]
     stored = {tuple(r) for r in rows(state)}
     assert all(tuple(round(v, 4) for v in r) in stored for r in drawn.x.tolist())

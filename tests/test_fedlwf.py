@@ -9,6 +9,7 @@ from torch.func import functional_call
 
 from cfl.engine.runner import Runner
 from cfl.methods.base import ClientData
+from cfl.methods.training_hooks import ClientEndContext, LossContext
 from cfl.ops.distill import Teacher, distillation, head_weights, soft_kl
 from tests.conftest import make_stream, run_both_paths, tiny_config
 
@@ -76,44 +77,48 @@ def test_the_teacher_is_the_final_global_model_of_the_task_on_every_client():
 def test_extra_loss_is_lam_times_the_old_heads_kl_by_hand():
     runner, lwf, state = _after_task0(lam=2.5, temperature=3.0)
     x, t = make_stream("task", num_tasks=3).tasks[1].train_x[:5], torch.ones(5, dtype=torch.long)
-    assert float(lwf.extra_loss(runner.params, x, t, {}, state).abs().max()) < 1e-6  # at the teacher: 0
+    assert float(lwf.loss(LossContext("extra", runner.params, x, t, torch.ones(len(x)), {},
+                                      state)).extra.abs().max()) < 1e-6  # at the teacher: 0
     moved = {k: v + 0.3 * torch.randn_like(v) for k, v in runner.params.items()}
     head0 = torch.zeros_like(t)  # lam * KL_T on head 0, the only finished task's head
     by_hand = 2.5 * soft_kl(functional_call(runner.model, runner.params, (x, head0)),
                             functional_call(runner.model, moved, (x, head0)), 3.0)
-    got = lwf.extra_loss(moved, x, t, {}, state)
+    got = lwf.loss(LossContext("extra", moved, x, t, torch.ones(len(x)), {}, state)).extra
     assert got.shape == (5,) and float(got.min()) > 0
     assert torch.allclose(got, by_hand, atol=1e-6)
     # only the old head (0) is distilled: the current task's head 1 alone costs nothing
     head1 = dict(runner.params)
     head1["head.weight"] = head1["head.weight"].clone()
     head1["head.weight"][1] += 1.0
-    assert float(lwf.extra_loss(head1, x, t, {}, state).abs().max()) < 1e-6
+    assert float(lwf.loss(LossContext("extra", head1, x, t, torch.ones(len(x)), {}, state)).extra.abs().max()) < 1e-6
 
 
 def test_the_gradient_pulls_the_student_back_to_the_teacher():
     runner, lwf, state = _after_task0("domain")
     x, t = make_stream("domain", num_tasks=3).tasks[1].train_x[:8], torch.ones(8, dtype=torch.long)
     moved = {k: (v + 0.2 * torch.randn_like(v)).requires_grad_() for k, v in runner.params.items()}
-    loss = lwf.extra_loss(moved, x, t, {}, state).mean()
+    loss = lwf.loss(LossContext("extra", moved, x, t, torch.ones(len(x)), {}, state)).extra.mean()
     grads = torch.autograd.grad(loss, list(moved.values()))
     # a small step down the gradient lowers the distillation loss; the teacher gets no gradient
     step = {k: (v - 0.05 * g).detach() for (k, v), g in zip(moved.items(), grads, strict=True)}
-    assert float(lwf.extra_loss(step, x, t, {}, state).mean()) < float(loss.detach())
+    assert float(lwf.loss(LossContext("extra", step, x, t, torch.ones(len(x)), {},
+                                      state)).extra.mean()) < float(loss.detach())
     assert all(not v.requires_grad for v in state["teacher"].values())
 
 
 def test_no_teacher_before_the_first_task_end():
     runner = Runner(_cfg(), make_stream("task", num_tasks=2))
     lwf, x = runner.methods[0], torch.zeros(4, 12)
-    assert torch.equal(lwf.extra_loss(runner.params, x, torch.zeros(4, dtype=torch.long), {}, {}), torch.zeros(4))
+    assert torch.equal(lwf.loss(LossContext("extra", runner.params, x, torch.zeros(4, dtype=torch.long),
+                                            torch.ones(len(x)), {}, {})).extra, torch.zeros(4))
 
 
 def test_the_teacher_follows_the_latest_task_end():
     runner, lwf, state = _after_task0()
     task1 = runner.stream.tasks[1]
     later = {k: v + 1.0 for k, v in runner.params.items()}
-    lwf.client_end("task_end", runner.model, later, ClientData(task1.train_x, task1.train_y, 1), state, {}, None)
+    lwf.client_end(ClientEndContext("task_end", runner.model, later, ClientData(task1.train_x, task1.train_y, 1),
+                                    state, {}, None))
     assert all(torch.equal(state["teacher"][k], later[k]) for k in later)
     assert state["heads"].tolist() == [1.0, 1.0, 0.0]
 

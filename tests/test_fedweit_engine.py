@@ -13,6 +13,7 @@ import torch
 
 from cfl.engine.runner import Runner
 from cfl.methods.base import RunInfo
+from cfl.methods.training_hooks import ClientEndContext
 from cfl.metrics.evaluate import accuracy
 from cfl.tensors import Params
 from tests.conftest import make_stream, tiny_config
@@ -116,7 +117,7 @@ def test_a_client_that_did_not_train_the_task_sends_no_knowledge():
     method = FedWeIT(FedWeITHyperparams(), RunInfo(2, "task", 3, 2, 0, net))
     state = {"task": 0, "local": {"body.1.adaptive": torch.ones(2, 3, 4)}}
     data = ClientData(torch.zeros(0), torch.zeros(0), 1)
-    assert method.client_end("task_end", None, {}, data, state, {}, torch.Generator()) is None
+    assert method.client_end(ClientEndContext("task_end", None, {}, data, state, {}, torch.Generator())) is None
 
 
 def test_frozen_parameters_take_no_optimiser_state():

@@ -15,6 +15,7 @@ from torch.func import functional_call
 from cfl.methods.base import ClientData, ParamNames, Payload, RunInfo, StackedUploads, TrainedClient
 from cfl.methods.fedweit import FedWeIT, FedWeITHyperparams
 from cfl.methods.server_hooks import ServerEvent
+from cfl.methods.training_hooks import ClientEndContext, LossContext
 from cfl.models.fedweit_net import FedWeITMLP
 from cfl.models.mlp import MLP
 from cfl.ops.fedweit_losses import RegulariserWeights, regulariser
@@ -48,7 +49,8 @@ def test_first_round_loads_no_knowledge_and_no_anchors():
     assert start["body.1.kb"].abs().sum() == 0
     x = torch.randn(5, 4)
     expected = regulariser(start, ["body.1"], 0, state["anchors"], RegulariserWeights())
-    assert torch.allclose(method.extra_loss(start, x, TASK0, {}, state), expected.expand(5))
+    assert torch.allclose(method.loss(LossContext("extra", start, x, TASK0, torch.ones(len(x)), {}, state)).extra,
+                          expected.expand(5))
 
 
 def test_upload_sends_the_units_above_the_mask_threshold():
@@ -77,8 +79,8 @@ def test_task_end_builds_a_padded_knowledge_base_and_counts_it():
     adaptive = torch.zeros(2, 3, 4)
     adaptive[0, 0, 0], adaptive[0, 1, 1] = 0.5, 5e-4  # the second is pruned (|A| <= 1e-3)
     state = {"task": 0, "local": {"body.1.adaptive": adaptive}}
-    upload = method.client_end("task_end", None, params, ClientData(torch.zeros(0), torch.zeros(0), 0), state, {},
-                               torch.Generator())
+    upload = method.client_end(ClientEndContext("task_end", None, params, ClientData(torch.zeros(0), torch.zeros(0),
+                                                                                     0), state, {}, torch.Generator()))
     assert torch.count_nonzero(upload["adaptive"]["body.1"]) == 1
     assert method.count_bytes(Payload("task_end_upload", payload=upload)) == 2 + 4  # a 12-bit bitmap, one float32
     server: dict = {}

@@ -9,6 +9,7 @@ from torch.func import functional_call
 from cfl.engine.runner import Runner
 from cfl.methods import METHODS
 from cfl.methods.base import ClientData
+from cfl.methods.training_hooks import ClientEndContext, LossContext
 from cfl.ops.distill import soft_kl
 from cfl.schema import ConfigError
 from tests.conftest import make_stream, run_both_paths, tiny_config
@@ -34,19 +35,20 @@ def test_own_teacher_is_the_last_local_model_and_server_teacher_the_final_global
     m, model, stream = runner.methods[0], runner.model, runner.stream
     data = [ClientData(t.train_x, t.train_y, i) for i, t in enumerate(stream.tasks)]
     state, w = {}, runner.params
-    m.client_end("round", model, _shifted(w, 1.0), data[0], state, {}, None)
-    m.client_end("round", model, _shifted(w, 2.0), data[0], state, {}, None)  # its last round of task 0
-    m.client_end("task_end", model, _shifted(w, 5.0), data[0], state, {}, None)
+    m.client_end(ClientEndContext("round", model, _shifted(w, 1.0), data[0], state, {}, None))
+    m.client_end(ClientEndContext("round", model, _shifted(w, 2.0), data[0], state, {},
+                                  None))  # its last round of task 0
+    m.client_end(ClientEndContext("task_end", model, _shifted(w, 5.0), data[0], state, {}, None))
     assert _same(state["own"], _shifted(w, 2.0)) and _same(state["global"], _shifted(w, 5.0))
     assert state["own_heads"].tolist() == state["global_heads"].tolist() == [1.0, 0.0, 0.0]
     assert "latest" not in state  # promoted, not kept twice
     # not sampled in task 1: it keeps its own teacher of task 0; the server teacher moves on
-    m.client_end("task_end", model, _shifted(w, 7.0), data[1], state, {}, None)
+    m.client_end(ClientEndContext("task_end", model, _shifted(w, 7.0), data[1], state, {}, None))
     assert _same(state["own"], _shifted(w, 2.0)) and state["own_heads"].tolist() == [1.0, 0.0, 0.0]
     assert _same(state["global"], _shifted(w, 7.0)) and state["global_heads"].tolist() == [1.0, 1.0, 0.0]
     # a client that never trained has the server teacher only
     fresh = {}
-    m.client_end("task_end", model, w, data[0], fresh, {}, None)
+    m.client_end(ClientEndContext("task_end", model, w, data[0], fresh, {}, None))
     assert set(fresh) == {"global", "global_heads"}
 
 
@@ -61,15 +63,16 @@ def test_the_two_terms_are_weighted_as_the_paper_over_alpha(alpha, beta, own_coe
     task0 = runner.stream.tasks[0]
     own, server = _shifted(w, 0.05), {k: v * 1.1 for k, v in w.items()}
     state = {}
-    m.client_end("round", model, own, ClientData(task0.train_x, task0.train_y, 0), state, {}, None)
-    m.client_end("task_end", model, server, ClientData(task0.train_x, task0.train_y, 0), state, {}, None)
+    m.client_end(ClientEndContext("round", model, own, ClientData(task0.train_x, task0.train_y, 0), state, {}, None))
+    m.client_end(ClientEndContext("task_end", model, server, ClientData(task0.train_x, task0.train_y, 0), state, {},
+                                  None))
     x, t = runner.stream.tasks[1].train_x[:5], torch.ones(5, dtype=torch.long)
 
     def logits(p):
         return functional_call(model, p, (x, t))
 
     by_hand = own_coef * soft_kl(logits(own), logits(w), 3.0) + server_coef * soft_kl(logits(server), logits(w), 3.0)
-    got = m.extra_loss(w, x, t, {}, state)
+    got = m.loss(LossContext("extra", w, x, t, torch.ones(len(x)), {}, state)).extra
     assert torch.allclose(got, by_hand, atol=1e-6)
     assert float(got.min()) > 0 or own_coef == server_coef == 0.0
 
@@ -77,7 +80,8 @@ def test_the_two_terms_are_weighted_as_the_paper_over_alpha(alpha, beta, own_coe
 def test_no_teacher_in_the_first_task():
     runner = Runner(_cfg(), make_stream("task", num_tasks=2))
     x = runner.stream.tasks[0].train_x[:4]
-    assert torch.equal(runner.methods[0].extra_loss(runner.params, x, torch.zeros(4, dtype=torch.long), {}, {}),
+    assert torch.equal(runner.methods[0].loss(LossContext("extra", runner.params, x, torch.zeros(4, dtype=torch.long),
+                                                          torch.ones(len(x)), {}, {})).extra,
                        torch.zeros(4))
 
 

@@ -9,6 +9,7 @@ from cfl.engine.runner import Runner
 from cfl.methods.base import ClientData, RunInfo
 from cfl.methods.fot import FOT, FOTHyperparams
 from cfl.methods.server_hooks import ServerEvent, TransformUpdate
+from cfl.methods.training_hooks import ClientEndContext
 from cfl.metrics.results import method_stats
 from cfl.models import ModelShape, build_model
 from cfl.models.layers import protected_layers
@@ -91,8 +92,9 @@ def test_conv_outputs_on_old_task_patches_stay_unchanged_after_a_projected_updat
     x_old = torch.cat([base, 2.0 * base], 1)  # channel 1 = 2 x channel 0: patches span 9 of 18 dims
     fot = FOT(FOTHyperparams(eps=0.99999, sketch_factor=5.0, conv_sketch_factor=5.0), _run_info(model))
     state = MethodState()
-    payloads = {c: fot.client_end("task_end", model, params, ClientData(x, torch.zeros(len(x)), 0), {}, {},
-                                  torch.Generator().manual_seed(c)) for c, x in enumerate(x_old.chunk(3))}
+    payloads = {c: fot.client_end(ClientEndContext("task_end", model, params, ClientData(x, torch.zeros(len(x)), 0),
+                                                   {}, {}, torch.Generator().manual_seed(c)))
+                for c, x in enumerate(x_old.chunk(3))}
     fot.server_event(ServerEvent("task_end", state.server, 0, params, payloads))
     assert state.server["basis"]["conv.weight"].shape == (18, 9)
     delta = {k: torch.randn_like(v) for k, v in params.items()}

@@ -14,6 +14,7 @@ from cfl.engine.runner import Runner
 from cfl.methods.base import ClientData, RunInfo
 from cfl.methods.glfc import GLFC, GLFCHyperparams
 from cfl.methods.server_hooks import ServerEvent
+from cfl.methods.training_hooks import ClientEndContext, LossContext
 from cfl.models.mlp import MLP
 from cfl.ops.features import head_features
 from cfl.ops.glfc_losses import glfc_loss_by_task
@@ -50,14 +51,16 @@ def test_the_old_group_is_the_samples_of_the_classes_of_finished_tasks(scenario)
     logits, weight, seen = model(x, task), torch.ones(4), torch.ones(2, dtype=torch.bool)
     state = {"learned": torch.tensor([True, False, False, False])}
     old_samples = torch.tensor([False, False, True, False])
-    got = method.task_loss(params, logits, y, x, task, weight, None, {}, state)
+    got = method.loss(LossContext("task", params, x, task, weight, {}, state, logits=logits, y=y, allowed=None)).task
     torch.testing.assert_close(got, glfc_loss_by_task(logits, y, weight, seen, old_samples, torch.tensor(True), None))
     old = {k: v + 0.1 for k, v in params.items()}
-    got = method.task_loss(params, logits, y, x, task, weight, None, {"old_model": old}, state)
+    got = method.loss(LossContext("task", params, x, task, weight, {"old_model": old}, state, logits=logits, y=y,
+                                  allowed=None)).task
     old_logits = functional_call(model, old, (x, task))
     torch.testing.assert_close(got, glfc_loss_by_task(logits, y, weight, seen, old_samples, torch.tensor(True),
                                                       old_logits))
-    fresh = method.task_loss(params, logits, y, x, task, weight, None, {}, {})  # no finished task: every w_i = 1
+    fresh = method.loss(LossContext("task", params, x, task, weight, {}, {}, logits=logits, y=y,
+                                    allowed=None)).task  # no finished task: every w_i = 1
     torch.testing.assert_close(fresh, glfc_loss_by_task(logits, y, weight, seen, torch.zeros(4, dtype=torch.bool),
                                                         torch.tensor(False), None))
 
@@ -69,13 +72,13 @@ def test_the_memory_keeps_each_tasks_classes_apart(scenario):
     method, model, params = make(scenario)
     state: dict = {}
     first, second = data(0), data(1, seed=1)
-    method.client_end("task_end", model, params, first, state, {}, torch.Generator())
+    method.client_end(ClientEndContext("task_end", model, params, first, state, {}, torch.Generator()))
     features, _ = head_features(model, params, first.x, 0)
     picks = {c: torch.nonzero(first.y == c).flatten()[herding(features[first.y == c], 2)] for c in (0, 1)}
     torch.testing.assert_close(state["x"], first.x[torch.cat([picks[0], picks[1]])])
     assert state["learned"].tolist() == [True, True, False, False]
 
-    method.client_end("task_end", model, params, second, state, {}, torch.Generator())
+    method.client_end(ClientEndContext("task_end", model, params, second, state, {}, torch.Generator()))
     features, _ = head_features(model, params, second.x, 1)
     new = [torch.nonzero(second.y == c).flatten()[herding(features[second.y == c], 1)] for c in (0, 1)]
     assert state["y"].tolist() == [0, 1, 0, 1] and state["task"].tolist() == [0, 0, 1, 1] and state["valid"].all()
@@ -89,7 +92,8 @@ def test_the_proxy_labels_by_global_id_and_scores_each_sample_on_its_tasks_head(
     """Task 1's upload is labelled 2 and 3 (task 1 x 2 classes + 0, 1); the server scores a model that says label 0
     everywhere on task 1's head (task-incremental) or the shared head as half right."""
     method, model, params = make(scenario)
-    upload = method.client_end("round", model, params, data(1), {}, {"round_in_task": 0}, torch.Generator())
+    upload = method.client_end(ClientEndContext("round", model, params, data(1), {}, {"round_in_task": 0},
+                                                torch.Generator()))
     assert [infer_label(g[-2]) for g in upload["gradients"]] == [2, 3]
     server: dict = {}
     says_0 = {k: v.clone() for k, v in params.items()}
@@ -159,7 +163,8 @@ def test_the_loss_is_unchanged_by_the_class_incremental_distillation_of_every_fi
     logits, weight = functional_call(model, params, (x, task)), torch.ones(5, dtype=torch.float64)
     old = {k: v + 0.3 * torch.randn(v.shape, generator=gen, dtype=v.dtype) for k, v in params.items()}
     state = {"learned": torch.tensor([True, False, False, False])}
-    got = method.task_loss(params, logits, y, x, task, weight, None, {"old_model": old}, state).mean()
+    got = method.loss(LossContext("task", params, x, task, weight, {"old_model": old}, state, logits=logits, y=y,
+                                  allowed=None)).task.mean()
     old_logits = functional_call(model, old, (x, task))
     want = _by_task_code_loss(logits.tolist(), old_logits.tolist(), y.tolist(), [True, False, False, False, False])
     assert abs(got.item() - want) < 1e-12

@@ -1,4 +1,4 @@
-"""The GLFC method's hooks, called directly (the method is not registered until the engine calls ``task_loss`` and
+"""The GLFC method's hooks, called directly (the method is not registered until the engine calls ``loss`` and
 ``server_event("round")``): the loss in place of the cross-entropy, the herding memory over two tasks, the first-round
 upload, the proxy server's monitor set, best model and old model, and the ablation without the proxy."""
 
@@ -12,6 +12,7 @@ from torch.func import functional_call
 from cfl.methods.base import ClientData, RunInfo
 from cfl.methods.glfc import GLFC, GLFCHyperparams
 from cfl.methods.server_hooks import ServerEvent
+from cfl.methods.training_hooks import ClientEndContext, LossContext, SamplesContext
 from cfl.models.mlp import MLP
 from cfl.ops.features import head_features
 from cfl.ops.glfc_losses import glfc_loss
@@ -43,16 +44,18 @@ def test_the_loss_replaces_the_cross_entropy_and_distils_once_an_old_model_exist
     logits = model(x, task)
     seen = torch.tensor([True, True, True, False])
     state = {"learned": torch.tensor([True, True, False, False])}
-    got = method.task_loss(params, logits, y, x, task, weight, seen, {}, state)
+    got = method.loss(LossContext("task", params, x, task, weight, {}, state, logits=logits, y=y, allowed=seen)).task
     torch.testing.assert_close(got, glfc_loss(logits, y, weight, seen, state["learned"], state["learned"], None))
     old = {k: v + 0.1 for k, v in params.items()}
     finished = torch.tensor([True, True, False, False])
     server = {"old_model": old, "old_classes": finished}
-    got = method.task_loss(params, logits, y, x, task, weight, seen, server, state)
+    got = method.loss(LossContext("task", params, x, task, weight, server, state, logits=logits, y=y,
+                                  allowed=seen)).task
     old_logits = functional_call(model, old, (x, task))
     torch.testing.assert_close(got, glfc_loss(logits, y, weight, seen, state["learned"], finished, old_logits))
     nothing = torch.zeros(4, dtype=torch.bool)
-    fresh = method.task_loss(params, logits, y, x, task, weight, seen, {}, {})  # a client that learned nothing
+    fresh = method.loss(LossContext("task", params, x, task, weight, {}, {}, logits=logits, y=y,
+                                    allowed=seen)).task  # a client that learned nothing
     torch.testing.assert_close(fresh, glfc_loss(logits, y, weight, seen, nothing, nothing, None))
 
 
@@ -99,7 +102,8 @@ def test_the_distillation_covers_every_class_of_the_finished_tasks_as_the_offici
     seen = torch.ones(6, dtype=torch.bool)
     state = {"learned": torch.tensor([True, True, False, False, False, False])}
     server = {"old_model": old, "old_classes": torch.tensor([True, True, True, True, False, False])}
-    got = method.task_loss(params, logits, y, x, task, weight, seen, server, state).mean()
+    got = method.loss(LossContext("task", params, x, task, weight, server, state, logits=logits, y=y,
+                                  allowed=seen)).task.mean()
     old_logits = functional_call(model, old, (x, task))
     want = _official_compute_loss(logits.tolist(), old_logits[:, :4].tolist(), y.tolist(), [0, 1])
     assert abs(got.item() - want) < 1e-12
@@ -127,7 +131,7 @@ def test_the_memory_over_two_tasks():
     method, model, params = make(memory_size=4)
     state: dict = {}
     first = data([0, 1], 0)
-    method.client_end("task_end", model, params, first, state, {}, torch.Generator())
+    method.client_end(ClientEndContext("task_end", model, params, first, state, {}, torch.Generator()))
     features, _ = head_features(model, params, first.x, 0)
     picks = {c: torch.nonzero(first.y == c).flatten()[herding(features[first.y == c], 2)] for c in (0, 1)}
     assert state["y"].tolist() == [0, 0, 1, 1] and state["valid"].all()
@@ -135,27 +139,31 @@ def test_the_memory_over_two_tasks():
     assert state["learned"].tolist() == [True, True, False, False]
 
     second = data([2, 3], 1, seed=1)
-    method.client_end("task_end", model, params, second, state, {}, torch.Generator())
+    method.client_end(ClientEndContext("task_end", model, params, second, state, {}, torch.Generator()))
     assert state["y"].tolist() == [0, 1, 2, 3] and state["task"].tolist() == [0, 0, 1, 1] and state["valid"].all()
     torch.testing.assert_close(state["x"][:2], first.x[torch.stack([picks[0][0], picks[1][0]])])
     assert state["learned"].all()
-    replayed = method.replay(state, torch.Generator().manual_seed(0))
+    replayed = method.samples(SamplesContext("replay", state, torch.Generator().manual_seed(0), {}, {})).replay
     assert sorted(replayed.y.tolist()) == [0, 1, 2, 3]  # replay_batch_size null: the run's batch_size, 4
 
 
 def test_the_first_round_of_a_task_uploads_one_labelled_gradient_per_class():
     method, model, params = make()
     mine = data([1, 3], 0)
-    upload = method.client_end("round", model, params, mine, {}, {"round_in_task": 0}, torch.Generator())
+    upload = method.client_end(ClientEndContext("round", model, params, mine, {}, {"round_in_task": 0},
+                                                torch.Generator()))
     assert [infer_label(g[-2]) for g in upload["gradients"]] == [1, 3]
-    assert method.client_end("round", model, params, mine, {}, {"round_in_task": 1}, torch.Generator()) is None
+    assert method.client_end(ClientEndContext("round", model, params, mine, {}, {"round_in_task": 1},
+                                              torch.Generator())) is None
     off, model, params = make(proxy=False)
-    assert off.client_end("round", model, params, mine, {}, {"round_in_task": 0}, torch.Generator()) is None
+    assert off.client_end(ClientEndContext("round", model, params, mine, {}, {"round_in_task": 0},
+                                           torch.Generator())) is None
 
 
 def test_the_proxy_keeps_the_best_model_and_hands_it_over_at_the_task_end():
     method, model, params = make()
-    upload = method.client_end("round", model, params, data([1, 3], 0), {}, {"round_in_task": 0}, torch.Generator())
+    upload = method.client_end(ClientEndContext("round", model, params, data([1, 3], 0), {}, {"round_in_task": 0},
+                                                torch.Generator()))
     server: dict = {}
 
     def always(c):  # a model predicting class c everywhere: a large bias on c

@@ -13,6 +13,7 @@ from cfl.engine.stacking import stack_states
 from cfl.methods import gpm as gpm_module
 from cfl.methods.base import ClientData, RunInfo
 from cfl.methods.gpm import GPM, GPMHyperparams, extend_from_gram
+from cfl.methods.training_hooks import ClientEndContext
 from cfl.metrics.results import method_stats
 from cfl.records.client_states import MethodState
 from cfl.validation import from_dict
@@ -52,7 +53,8 @@ def test_projected_gradients_are_orthogonal_to_the_basis_and_old_outputs_stay():
     x_old = _low_rank(8, [4.0, 2.0, 1.0], 30, seed=1).T * 5  # old inputs span 3 of 8 dims
     gpm = _gpm(model, eps=0.99999)
     state: dict = {}
-    gpm.client_end("task_end", model, params, ClientData(x_old, torch.zeros(30), 0), state, {}, torch.Generator())
+    gpm.client_end(ClientEndContext("task_end", model, params, ClientData(x_old, torch.zeros(30), 0), state, {},
+                                    torch.Generator()))
     assert state["bases"]["fc1.weight"].shape == (8, 3)
     x_new, y_new = torch.randn(16, 8), torch.randint(0, 3, (16,))
     p = {k: v.clone().requires_grad_() for k, v in params.items()}
@@ -118,8 +120,8 @@ def test_eps_grows_by_eps_inc_per_task_and_stops_at_1(monkeypatch):
     used: list[float] = []
     monkeypatch.setattr(gpm_module, "extend_from_held", lambda _held, basis, eps: used.append(eps) or basis)
     for task in range(4):
-        gpm.client_end("task_end", model, params, ClientData(torch.randn(5, 8), torch.zeros(5), task), {}, {},
-                       torch.Generator())
+        gpm.client_end(ClientEndContext("task_end", model, params, ClientData(torch.randn(5, 8), torch.zeros(5), task),
+                                        {}, {}, torch.Generator()))
     assert used[::2] == pytest.approx([0.998, 0.999, 1.0, 1.0], abs=1e-12)  # two protected layers per task
     assert used[1::2] == used[::2]
 

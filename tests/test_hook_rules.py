@@ -1,3 +1,4 @@
+
 """Each hook's rule (cfl/engine/hook_rules.py) refuses what breaks it, names the method, its file and the hook,
 and lets every built-in method's hooks through; the dry call before a run leaves torch's generator as it was."""
 
@@ -11,6 +12,7 @@ from cfl.engine.runner import Runner
 from cfl.methods import METHODS
 from cfl.methods.base import Method, Quadratic, Samples
 from cfl.methods.hook_guard import HookError, guarded
+from cfl.plugin import Computes, LossTerms
 from tests.conftest import method_spec, stream_for, tiny_config
 
 PARAMS = {"w": torch.zeros(3, 4), "b": torch.zeros(3)}
@@ -18,9 +20,11 @@ PARAMS = {"w": torch.zeros(3, 4), "b": torch.zeros(3)}
 
 class Plugin(Method):
     name = "plugin"
+    computes = Computes(losses=("extra",))
 
-    def extra_loss(self, params, x, task, server, state):
-        return x.sum(1, keepdim=True)  # (B, 1): one dim too many
+    def loss(self, ctx):
+        x = ctx.x
+        return LossTerms(extra=x.sum(1, keepdim=True))  # (B, 1): one dim too many
 
 
 BAD = [  # (check, its arguments, words of the message)
@@ -54,7 +58,8 @@ def test_a_broken_rule_is_named_at_its_hook(check, args, words):
 
 def test_a_wrong_result_under_vmap_is_named_at_its_hook():
     method = Plugin(None, None)
-    with pytest.raises(HookError, match=r"hook extra_loss: must return one float loss per sample .* \(here 5\); got "
+    with pytest.raises(HookError, match=r"hook loss: must return LossTerms\(extra=\) one float loss per sample .* "
+                                        r"\(here 5\); got "
                                         r"a torch.float32 tensor of shape \(5, 1\)"):
         torch.func.vmap(lambda x: hooks.extra_loss(method, {}, x, x[:, 0], x[:, 0], {}, {}))(torch.ones(2, 5, 3))
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from cfl.methods.training_hooks import ClientEndContext
 from cfl.pretrained.regmean import projected_gram, regmean, shrunk
 from tests.run_pairs import assert_batched_equals_sequential
 
@@ -317,7 +318,8 @@ def test_a_b_round_sends_the_full_gram_projected_on_a_by_hand():
     params["qkv.lora_a"] = torch.tensor([[1.0, 1.0]], dtype=torch.float64)
     x = torch.tensor([[1.0, 1.0], [0.0, 1.0]], dtype=torch.float64)  # G = [[1, 1], [1, 2]]
     data = ClientData(x, torch.tensor([0, 1]), 0)
-    upload = method.client_end("round", model, params, data, {}, {TRAIN_B: torch.tensor(1.0)}, torch.Generator())
+    upload = method.client_end(ClientEndContext("round", model, params, data, {}, {TRAIN_B: torch.tensor(1.0)},
+                                                torch.Generator()))
     # A G A^T = 1 + 1 + 1 + 2 = 5 (from diag(G) alone: 3)
     assert upload["grams"]["qkv"].tolist() == [[5.0]]
     assert projected_gram(torch.tensor([[1.0, 1.0], [1.0, 2.0]]), torch.tensor([[1.0, 1.0]])).item() == 5.0

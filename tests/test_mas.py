@@ -7,6 +7,7 @@ from cfl.engine.hooks import penalty_loss
 from cfl.heads import SharedHead
 from cfl.methods.base import ClientData, RunInfo
 from cfl.methods.mas import MAS, MASHyperparams
+from cfl.methods.training_hooks import ClientEndContext
 from cfl.models.mlp import MLP
 from cfl.ops.fisher import output_norm_importance
 from cfl.ops.fisher_linear import linear_layers
@@ -42,7 +43,8 @@ def _mas(model, batch_size=0, **kw):
 
 def _end(mas, model, params, x, state, task=0, seed=0):
     y = torch.zeros(len(x), dtype=torch.long)
-    mas.client_end("task_end", model, params, ClientData(x, y, task), state, {}, torch.Generator().manual_seed(seed))
+    mas.client_end(ClientEndContext("task_end", model, params, ClientData(x, y, task), state, {},
+                                    torch.Generator().manual_seed(seed)))
 
 
 @pytest.mark.parametrize("per_sample", [False, True], ids=["linear-shortcut", "per-sample-gradients"])

@@ -12,6 +12,7 @@ from cfl.engine.runner import Runner
 from cfl.methods.base import RunInfo
 from cfl.methods.mfcl import MFCL, MFCLHyperparams
 from cfl.methods.server_hooks import ServerEvent
+from cfl.methods.training_hooks import LossContext, SamplesContext
 from cfl.metrics.results import method_stats
 from cfl.models import ModelShape, build_model
 from cfl.models.buffers import running_stats
@@ -48,13 +49,13 @@ def _task_end(method: MFCL, old: torch.nn.Module) -> dict:
 
 
 def test_the_client_loss_through_the_hooks_equals_the_building_block():
-    """Task 1 (old classes 0-2, new 3-5): the mean of ``task_loss`` over the real batch and the ``replay`` draw, in
+    """Task 1 (old classes 0-2, new 3-5): the mean of ``loss``'s task part over the real batch and the replay draw, in
     one training-mode forward as the engine runs it, and its gradient, equal ``mfcl_client_loss`` (the official
     code's one forward of real and synthetic samples) on the same samples."""
     old, model = _model(0), _model(1)
     method = _method(model, MFCLHyperparams(**{**METHOD_SETTINGS["mfcl"], "w_kd": 0.7, "w_ft": 0.4}))
     server = _task_end(method, old)
-    drawn = method.replay({}, torch.Generator().manual_seed(3), server)
+    drawn = method.samples(SamplesContext("replay", {}, torch.Generator().manual_seed(3), server, {})).replay
     assert drawn is not None and drawn.x.shape == (4, *IMAGE) and set(drawn.y.tolist()) <= {0, 1, 2}
     x, y = torch.randn(6, *IMAGE), torch.tensor([3, 4, 5, 3, 4, 5])
     x_all, y_all = torch.cat([x, drawn.x]), torch.cat([y, drawn.y])
@@ -63,7 +64,8 @@ def test_the_client_loss_through_the_hooks_equals_the_building_block():
     model.train()
     logits = functional_call(model, {**params, **running_stats(model)}, (x_all, task))  # the engine's forward
     seen = torch.ones(6, dtype=torch.bool)
-    ours = method.task_loss(params, logits, y_all, x_all, task, torch.ones(len(y_all)), seen, server, {}).mean()
+    ours = method.loss(LossContext("task", params, x_all, task, torch.ones(len(y_all)), server, {}, logits=logits,
+                                   y=y_all, allowed=seen)).task.mean()
     old_classes = torch.tensor([True, True, True, False, False, False])
     theirs = mfcl_client_loss(model, {**params, **running_stats(model)}, server["old_model"], x, y, drawn.x,
                               ClassSets(~old_classes, old_classes), 1, w_ft=0.4, w_kd=0.7)
@@ -77,11 +79,11 @@ def test_the_client_loss_through_the_hooks_equals_the_building_block():
 def test_task_zero_is_the_cross_entropy_and_draws_nothing():
     model = _model(0)
     method = _method(model)
-    assert method.replay({}, torch.Generator().manual_seed(0), {}) is None
+    assert method.samples(SamplesContext("replay", {}, torch.Generator().manual_seed(0), {}, {})) is None
     logits, y = torch.randn(5, 6), torch.tensor([0, 1, 2, 0, 1])
     allowed = torch.tensor([True, True, True, False, False, False])
-    out = method.task_loss({}, logits, y, torch.zeros(5, *IMAGE), torch.zeros(5, dtype=torch.long), torch.ones(5),
-                           allowed, {}, {})
+    out = method.loss(LossContext("task", {}, torch.zeros(5, *IMAGE), torch.zeros(5, dtype=torch.long), torch.ones(5),
+                                  {}, {}, logits=logits, y=y, allowed=allowed)).task
     assert torch.equal(out, masked_cross_entropy(logits, y, allowed))
 
 

@@ -83,7 +83,8 @@ def test_client_end_sees_the_template_model_in_eval_mode_at_both_events():
     class Probe(Method):
         name = "mode-probe"
 
-        def client_end(self, event, model, params, data, state, server, generator):
+        def client_end(self, ctx):
+            event, model = ctx.event, ctx.model
             seen.append((event, model.training))
 
     with METHODS.preserved():

@@ -8,6 +8,7 @@ import torch
 
 from cfl.engine.runner import Runner
 from cfl.methods import METHODS
+from cfl.methods.training_hooks import ClientEndContext, LossContext
 from cfl.validation import from_dict
 from tests.conftest import make_stream
 from tests.helpers import load_plugin_file
@@ -63,28 +64,28 @@ def test_distillation_is_zero_at_the_old_model_and_positive_away_from_it():
     from cfl.methods.base import ClientData
 
     task0 = stream.tasks[0]
-    lwf.client_end("task_end", runner.model, runner.params, ClientData(task0.train_x, task0.train_y, 0), state, {},
-                   None)
+    lwf.client_end(ClientEndContext("task_end", runner.model, runner.params, ClientData(task0.train_x, task0.train_y,
+                                                                                        0), state, {}, None))
     x, t = task0.train_x[:5], torch.ones(5, dtype=torch.long)
-    assert lwf.extra_loss(runner.params, x, t, {}, state).shape == (5,)
-    assert float(lwf.extra_loss(runner.params, x, t, {}, state).max()) < 1e-6
+    assert lwf.loss(LossContext("extra", runner.params, x, t, torch.ones(len(x)), {}, state)).extra.shape == (5,)
+    assert float(lwf.loss(LossContext("extra", runner.params, x, t, torch.ones(len(x)), {}, state)).extra.max()) < 1e-6
     moved = {k: v + 0.3 * torch.randn_like(v) for k, v in runner.params.items()}
-    assert float(lwf.extra_loss(moved, x, t, {}, state).mean()) > 1e-3
+    assert float(lwf.loss(LossContext("extra", moved, x, t, torch.ones(len(x)), {}, state)).extra.mean()) > 1e-3
     # only the old task's head (0) is distilled: changing head 1 alone costs nothing
     head1 = dict(runner.params)
     head1["head.weight"] = head1["head.weight"].clone()
     head1["head.weight"][1] += 1.0
-    assert float(lwf.extra_loss(head1, x, t, {}, state).max()) < 1e-6
+    assert float(lwf.loss(LossContext("extra", head1, x, t, torch.ones(len(x)), {}, state)).extra.max()) < 1e-6
 
 
-@pytest.mark.parametrize(("path", "name", "hook"), [(EXAMPLE, "lwf", "extra_loss"),
-                                                     (GPM_LIKE, "gpm-like", "gradient_projection")])
+@pytest.mark.parametrize(("path", "name", "hook"), [(EXAMPLE, "lwf", "declares losses 'extra'"),
+                                                     (GPM_LIKE, "gpm-like", "overrides gradient_projection")])
 def test_examples_print_their_engine_path_and_reason_once(path, name, hook, capsys):
     _load_example(path)
     runner = Runner(_cfg(method={"name": name}), make_stream("task", num_tasks=2))
     runner.run()
     err = capsys.readouterr().err
-    line = f"engine: vmap path (reason: method {name} overrides {hook}"
+    line = f"engine: vmap path (reason: method {name} {hook}"
     assert err.count("engine: ") == 1 and line in err
     assert runner.snapshot().engine_path["path"] == "vmap"
 

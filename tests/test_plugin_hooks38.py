@@ -1,4 +1,4 @@
-"""Issue 38's plugin interface: ``Samples.extra``, ``step.random``, a carry read by ``step_samples``,
+"""Issue 38's plugin interface: ``Samples.extra``, ``step.random``, a carry read by ``samples``' step part,
 ``server_event("start")``, ``client_end``'s ``training``, ``Linear`` and ``Quadratic.linear`` penalties,
 ``num_classes`` in the sizing; with hand-computed values."""
 
@@ -12,7 +12,7 @@ from cfl.engine.stacking import pad_samples
 from cfl.engine.state_stores import sizing_of
 from cfl.methods import METHODS
 from cfl.ops.counter_random import StepRandom
-from cfl.plugin import Linear, Method, Quadratic, Samples, Sends, register
+from cfl.plugin import Computes, Draw, Linear, Method, Quadratic, Samples, Sends, register
 from cfl.validation import from_dict
 from tests.conftest import make_stream
 
@@ -69,7 +69,8 @@ class Recorder(Method):
     def server_event(self, ctx):
         ctx.server["started"] = torch.ones(())
 
-    def client_end(self, event, model, params, data, state, server, generator, training=None):
+    def client_end(self, ctx):
+        params, state, training = ctx.params, ctx.state, ctx.training
         state["steps"] = torch.tensor(training.steps)
         state["lr"] = torch.tensor(training.lr)
         state["moved"] = sum((params[k] - training.global_params[k]).abs().sum() for k in params)
@@ -98,10 +99,12 @@ def test_server_event_start_and_client_end_training_reach_the_method():
 
 
 class CarryReader(Method):
-    """step_samples sees the carry of the step (a counter the carry_step raises) and hands an extra through."""
+    """The step draw (``samples``' step part) sees the carry of the step (a counter the carry_step raises) and hands an
+    extra through."""
 
     name = "carry-reader38"
     sends = Sends(client_events=())
+    computes = Computes(draws=("step",))
 
     def carry_start(self, global_params, state):
         return {"n": torch.zeros(())}
@@ -110,9 +113,10 @@ class CarryReader(Method):
         seen = step.samples.extra["n"][0] if step.samples is not None else torch.zeros(())
         return {"n": step.carry["n"] + 1 + 0 * seen}
 
-    def step_samples(self, state, generator, carry=None):
-        return Samples(torch.zeros(1, 12), torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long),
-                       extra={"n": carry["n"].reshape(1)})
+    def samples(self, ctx):
+        carry = ctx.carry
+        return Draw(step=Samples(torch.zeros(1, 12), torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long),
+                       extra={"n": carry["n"].reshape(1)}))
 
     def step_gradient(self, step):
         # the step's draw holds the carry before the step: the step's index

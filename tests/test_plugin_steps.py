@@ -95,7 +95,7 @@ def test_my_derpp_from_the_guide_gives_the_built_in_derpp_numbers(capsys):
     _load(DERPP)
     stream = make_stream("task", num_tasks=2)
     mine = _run(_cfg({"name": "my-derpp", "size": 20}), stream)
-    assert "engine: vmap path (reason: method my-derpp overrides" in capsys.readouterr().err
+    assert "engine: vmap path (reason: method my-derpp declares losses 'extra'" in capsys.readouterr().err
     built_in = _run(_cfg({"name": "derpp", "mem_per_client": 20}), stream)
     assert mine.progress.acc_matrix == built_in.progress.acc_matrix
     for k in mine.params:

@@ -10,6 +10,7 @@ from cfl.methods.afcl import AFCL, AFCLHyperparams, ridge, with_bias
 from cfl.methods.base import ClientData, Payload, RunInfo
 from cfl.methods.fedncm import FedNCM, FedNCMHyperparams
 from cfl.methods.server_hooks import ServerEvent
+from cfl.methods.training_hooks import ClientEndContext, LossContext
 from cfl.models.feature_head import FeatureHead
 
 D, K = 6, 3
@@ -36,7 +37,8 @@ def rounds(method, data_per_task, info):
         for _ in range(2):  # two rounds: the second sends nothing
             uploads = {}
             for c, (x, y) in enumerate(data):
-                up = method.client_end("round", info.model, params, ClientData(x, y, task), states[c], {}, None)
+                up = method.client_end(ClientEndContext("round", info.model, params, ClientData(x, y, task), states[c],
+                                                        {}, None))
                 if up is not None:
                     uploads[c] = up
             change = method.server_event(ServerEvent("round", server, task, params, uploads, info.model))
@@ -66,9 +68,10 @@ def test_statistics_are_sent_once_per_task_and_counted_as_sent():
     method = AFCL(AFCLHyperparams(), info)
     x, y = clients()[0]
     state: dict = {}
-    first = method.client_end("round", info.model, {}, ClientData(x, y, 0), state, {}, None)
-    assert method.client_end("round", info.model, {}, ClientData(x, y, 0), state, {}, None) is None
-    assert method.client_end("round", info.model, {}, ClientData(x, y, 1), state, {}, None) is not None
+    first = method.client_end(ClientEndContext("round", info.model, {}, ClientData(x, y, 0), state, {}, None))
+    assert method.client_end(ClientEndContext("round", info.model, {}, ClientData(x, y, 0), state, {}, None)) is None
+    assert method.client_end(ClientEndContext("round", info.model, {}, ClientData(x, y, 1), state, {},
+                                              None)) is not None
     assert method.count_bytes(Payload("round_upload", payload=first)) == ((D + 1) * (D + 1) + (D + 1) * K) * 8
     assert method.count_bytes(Payload("client_upload")) == 0  # no parameter is sent
 
@@ -122,5 +125,7 @@ def test_the_l2p_surrogate_loss_scales_with_lam():
     params, x, task = dict(model.named_parameters()), torch.randn(3, 3, 8, 8), torch.zeros(3, dtype=torch.long)
     distance = key_distance(model.query(x), params["prompt.keys"], 2)
     assert distance.abs().min() > 0.1
-    assert torch.allclose(low.extra_loss(params, x, task, {}, {}), 0.1 * distance)
-    assert torch.allclose(high.extra_loss(params, x, task, {}, {}), 2.5 * distance)
+    assert torch.allclose(low.loss(LossContext("extra", params, x, task, torch.ones(len(x)), {}, {})).extra,
+                          0.1 * distance)
+    assert torch.allclose(high.loss(LossContext("extra", params, x, task, torch.ones(len(x)), {}, {})).extra,
+                          2.5 * distance)

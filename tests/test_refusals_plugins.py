@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = {"stream": {"name": "split-digits", "num_tasks": 2}, "num_clients": 4, "clients_per_round": 2,
         "rounds_per_task": 2, "batch_size": 32, "threads": 1, "wandb": {"mode": "disabled"}}
 HEAD = ("import sys\nimport torch\nfrom cfl.methods import register\n"
-        "from cfl.methods.base import Method, ParamRoles, Quadratic, Samples, Sends\n")
+        "from cfl.methods.base import Computes, Draw, LossTerms, Method, ParamRoles, Quadratic, Samples, Sends\n")
 
 
 def method(name: str, body: str, cls: str = "Bad") -> str:
@@ -31,8 +31,8 @@ OLD_VALUES = {"broadcast": {"round": ("c",)}, "ragged": {"bases": 1}, "downloads
               "model_train": "head", "scenarios": ("class",), "scenarios_why": "one head",
               "schedules": ("synchronous",), "schedules_why": "one task", "server_task_end": "last_holder"}
 TASK_END_MARK = ("    sends = Sends(client_events=('task_end',))\n"
-                 "    def client_end(self, event, model, params, data, state, server, generator):\n"
-                 "        state['seen'] = torch.ones(1)\n")
+                 "    def client_end(self, ctx):\n"
+                 "        ctx.state['seen'] = torch.ones(1)\n")
 PLUGINS = {
     "raises": "x = 1\nraise RuntimeError('boom at import')\n",
     "imports": "import cfl_no_such_module_xyz\n",
@@ -46,17 +46,20 @@ PLUGINS = {
     "penalty_key": method("pk", "    def penalty(self, g, server, state):\n"
                                 "        return {'nope': Quadratic(1.0, torch.zeros(3))}\n"),
     "penalty_raises": method("pr", "    def penalty(self, g, server, state):\n        return 1 / 0\n"),
-    "extra_shape": method("es", "    def extra_loss(self, params, x, task, server, state):\n"
-                                "        return x.sum()\n"),
+    "extra_shape": method("es", "    computes = Computes(losses=('extra',))\n"
+                                "    def loss(self, ctx):\n"
+                                "        return LossTerms(extra=ctx.x.sum())\n"),
     "hook_exits": method("he", "    def gradient_projection(self, state):\n        sys.exit(0)\n"),
     "late_projection": method("lp", TASK_END_MARK + "    def gradient_projection(self, state):\n"
                                     "        return {'body.1.weight': torch.zeros(3, 1)} if 'seen' in state else {}\n"),
-    "late_item": method("li", TASK_END_MARK + "    def extra_loss(self, params, x, task, server, state):\n"
+    "late_item": method("li", TASK_END_MARK + "    computes = Computes(losses=('extra',))\n"
+                              "    def loss(self, ctx):\n"
+                              "        x, state = ctx.x, ctx.state\n"
                               "        if 'seen' in state and state['seen'].sum().item() > 0:\n"
-                              "            return x.new_zeros(x.shape[0])\n"
-                              "        return x.new_zeros(x.shape[0])\n"),
+                              "            return LossTerms(extra=x.new_zeros(x.shape[0]))\n"
+                              "        return LossTerms(extra=x.new_zeros(x.shape[0]))\n"),
     "late_client_end": method("lc", "    sends = Sends(client_events=('task_end',))\n"
-                                    "    def client_end(self, event, model, params, data, state, server, generator):\n"
+                                    "    def client_end(self, ctx):\n"
                                     "        raise KeyError('fisher')\n"),
     # issue 28 item 6: a taken name, by another definition (the same definition registered again replaces)
     "takes_fedavg": method("fedavg", "", "MyAvg"),
@@ -84,18 +87,20 @@ PLUGINS = {
                                "        if step.grads['body.1.weight'].sum().item() > 0:\n"
                                "            return None\n"
                                "        return None\n"),
-    # issue 31: the task-end server hook, the task_start broadcast, synthetic samples reaching extra_loss
+    # issue 31: the task-end server hook, the task_start broadcast, synthetic samples reaching loss's extra part
     "broadcast_event": method("be", "    sends = Sends(broadcast={'task_begin': ('pool',)})\n"),
     # the declarations of the interface before Requires, Sends and Computes
     "old_declarations": method("od", "".join(f"    {name} = {value!r}\n" for name, value in OLD_VALUES.items())),
-    "samples_shape": method("sx", "    def step_samples(self, state, generator, server):\n"
+    "samples_shape": method("sx", "    computes = Computes(draws=('step',))\n"
+                                  "    def samples(self, ctx):\n"
                                   "        n = torch.zeros(2).long()\n"
-                                  "        return Samples(torch.zeros(2, 5), n, n)\n"),
-    "samples_loss_shape": method("sl", "    def step_samples(self, state, generator, server):\n"
+                                  "        return Draw(step=Samples(torch.zeros(2, 5), n, n))\n"),
+    "samples_loss_shape": method("sl", "    computes = Computes(losses=('extra',), draws=('step',))\n"
+                                       "    def samples(self, ctx):\n"
                                        "        n = torch.zeros(3).long()\n"
-                                       "        return Samples(torch.zeros(3, 1, 8, 8), n, n)\n"
-                                       "    def extra_loss(self, params, x, task, server, state, samples=None):\n"
-                                       "        return samples.x.flatten(1).sum(1)\n"),
+                                       "        return Draw(step=Samples(torch.zeros(3, 1, 8, 8), n, n))\n"
+                                       "    def loss(self, ctx):\n"
+                                       "        return LossTerms(extra=ctx.samples.x.flatten(1).sum(1))\n"),
     "task_end_returns": method("tr", "    sends = Sends(server_events=('before_task_end',))\n"
                                      "    def server_event(self, ctx):\n"
                                      "        return {'pool': torch.zeros(1)}\n"),
@@ -114,25 +119,28 @@ PLUGINS = {
                                 "        return {'path': torch.zeros(n)}\n"
                                 "    def carry_step(self, step, moved):\n"
                                 "        return {'path': step.carry['path'] + 1}\n"
-                                "    def client_end(self, event, model, params, data, state, server, generator):\n"
+                                "    def client_end(self, ctx):\n"
                                 "        return None\n"),
     "state_sizes": method("ssz", "    sends = Sends(client_events=('task_end',))\n"
                                  "    calls = 0\n"
-                                 "    def client_end(self, event, model, params, data, state, server, generator):\n"
+                                 "    def client_end(self, ctx):\n"
                                  "        Bad.calls += 1  # each client keeps another size\n"
-                                 "        state['mem'] = torch.zeros(Bad.calls)\n"
-                                 "    def task_loss(self, params, logits, y, x, task, weight, allowed, server, "
-                                 "state):\n"
-                                 "        return torch.nn.functional.cross_entropy(logits, y, reduction='none')\n"),
-    "loss_no_grad": method("ng", "    def task_loss(self, params, logits, y, x, task, weight, allowed, server, "
-                                 "state):\n"
-                                 "        return torch.zeros(logits.shape[0])\n"),
-    "late_loss_no_grad": method("lng", TASK_END_MARK + "    def task_loss(self, params, logits, y, x, task, weight, "
-                                                       "allowed, server, state):\n"
-                                                       "        if 'seen' in state:\n"
-                                                       "            return torch.zeros(logits.shape[0])\n"
-                                                       "        return torch.nn.functional.cross_entropy(logits, y, "
-                                                       "reduction='none')\n"),
+                                 "        ctx.state['mem'] = torch.zeros(Bad.calls)\n"
+                                 "    computes = Computes(losses=('task',))\n"
+                                 "    def loss(self, ctx):\n"
+                                 "        return LossTerms(task=torch.nn.functional.cross_entropy(ctx.logits, ctx.y, "
+                                 "reduction='none'))\n"),
+    "loss_no_grad": method("ng", "    computes = Computes(losses=('task',))\n"
+                                 "    def loss(self, ctx):\n"
+                                 "        return LossTerms(task=torch.zeros(ctx.logits.shape[0]))\n"),
+    "late_loss_no_grad": method("lng", TASK_END_MARK + "    computes = Computes(losses=('task',))\n"
+                                                       "    def loss(self, ctx):\n"
+                                                       "        if 'seen' in ctx.state:\n"
+                                                       "            return LossTerms(task=torch.zeros("
+                                                       "ctx.logits.shape[0]))\n"
+                                                       "        ce = torch.nn.functional.cross_entropy\n"
+                                                       "        return LossTerms(task=ce(ctx.logits, ctx.y, "
+                                                       "reduction='none'))\n"),
     "server_function": method("sf", "    sends = Sends(server_events=('round',))\n"
                                     "    def server_event(self, ctx):\n"
                                     "        ctx.server['score'] = lambda: 1\n"),
@@ -206,9 +214,9 @@ CASES = [
     ("penalty raises: nothing left of the default run directory, runs/ included",
      ["run", "{cfg}", "--plugin", "{tmp}/penalty_raises.py", "--set", "method.name=pr"], 2,
      ["method 'pr'", "hook penalty raised ZeroDivisionError"]),
-    ("extra_loss: a scalar instead of (B,)", ["run", "{cfg}", "--plugin", "{tmp}/extra_shape.py", "--set",
+    ("loss: a scalar extra part instead of (B,)", ["run", "{cfg}", "--plugin", "{tmp}/extra_shape.py", "--set",
                                               "method.name=es", "--out", "{tmp}/es"], 2,
-     ["hook extra_loss", "tensor of shape (B,)", "got a torch.float32 tensor of shape ()"]),
+     ["hook loss", "tensor of shape (B,)", "got a torch.float32 tensor of shape ()"]),
     # issue 28: step hooks breaking their rules, refused by the dry call before any file
     ("step_gradient: a gradient of the wrong shape", ["run", "{cfg}", "--plugin", "{tmp}/step_shape.py", "--set",
                                                       "method.name=ss", "--out", "{tmp}/ss"], 2,
@@ -226,7 +234,7 @@ CASES = [
       "cfl run --resume {tmp}/lp"]),
     ("mid-run: .item() under vmap", ["run", "{cfg}", "--plugin", "{tmp}/late_item.py", "--set", "method.name=li",
                                      "--out", "{tmp}/li"], 3,
-     ["method 'li'", "hook extra_loss raised RuntimeError: vmap", "pure tensor functions", "is kept"]),
+     ["method 'li'", "hook loss raised RuntimeError: vmap", "pure tensor functions", "is kept"]),
     ("mid-run: client_end raises at a task end", ["run", "{cfg}", "--plugin", "{tmp}/late_client_end.py", "--set",
                                                   "method.name=lc", "--out", "{tmp}/lc"], 3,
      ["method 'lc'", "hook client_end raised KeyError: 'fisher'", "at the end of task 0 (0-based)", "is kept"]),
@@ -254,7 +262,7 @@ CASES = [
                                                "{tmp}/takes_mine_too.py"], 2,
      ["method 'mine' is already registered (by Mine in {tmp}/takes_mine.py; Mine in {tmp}/takes_mine_too.py is "
       "another definition)"]),
-    # issue 31: the task-end server hook, the task_start broadcast, synthetic samples reaching extra_loss
+    # issue 31: the task-end server hook, the task_start broadcast, synthetic samples reaching loss's extra part
     ("an unknown broadcast event", ["list", "--plugin", "{tmp}/broadcast_event.py"], 2,
      ["broadcast_event.py", "broadcast names the event(s) ['task_begin']",
       "they are ['round', 'task_start', 'task_end']"]),
@@ -262,12 +270,12 @@ CASES = [
                                                             "--set", "method.name=od", "--out", "{tmp}/od"], 2,
      ["old_declarations.py", "uses the old declaration interface", 'docs/plugins.md, "Declarations"',
       *(f"{old} -> {new}" for old, new in OLD_DECLARATIONS.items())]),
-    ("step_samples(server): x of the wrong shape", ["run", "{cfg}", "--plugin", "{tmp}/samples_shape.py", "--set",
+    ("samples (step part): x of the wrong shape", ["run", "{cfg}", "--plugin", "{tmp}/samples_shape.py", "--set",
                                                     "method.name=sx", "--out", "{tmp}/sx"], 2,
-     ["method 'sx'", "hook step_samples", "x must be of shape (n, 1, 8, 8)", "shape (2, 5)"]),
-    ("extra_loss(samples): one loss per drawn sample", ["run", "{cfg}", "--plugin", "{tmp}/samples_loss_shape.py",
+     ["method 'sx'", "hook samples", "x must be of shape (n, 1, 8, 8)", "shape (2, 5)"]),
+    ("loss: an extra part of one loss per drawn sample", ["run", "{cfg}", "--plugin", "{tmp}/samples_loss_shape.py",
                                                         "--set", "method.name=sl", "--out", "{tmp}/sl"], 2,
-     ["method 'sl'", "hook extra_loss", "tensor of shape (B,)", "(here 2)", "shape (3,)"]),
+     ["method 'sl'", "hook loss", "tensor of shape (B,)", "(here 2)", "shape (3,)"]),
     ("mid-run: before_task_end returns a value", ["run", "{cfg}", "--plugin", "{tmp}/task_end_returns.py", "--set",
                                                   "method.name=tr", "--out", "{tmp}/tr"], 3,
      ["method 'tr'", "hook server_event", "must return None", "got dict", "at the end of task 0 (0-based)",
@@ -282,16 +290,16 @@ CASES = [
                                                               "--set", "method.name=cg", "--out", "{tmp}/cg"], 3,
      ["method 'cg'", "hook carry_start", "for one client and (2,) for another",
       "declare `computes = Computes(ragged={{'path': 0}})`", "round 2 of the task", "is kept"]),
-    ("mid-run: a client state whose size differs between clients, stacked for task_loss",
+    ("mid-run: a client state whose size differs between clients, stacked for loss",
      ["run", "{cfg}", "--plugin", "{tmp}/state_sizes.py", "--set", "method.name=ssz", "--out", "{tmp}/ssz"], 3,
      ["method 'ssz'", "hook client_end", "tensors of the same shape under a key for every client",
       "'mem' has shape (", "declare `computes = Computes(ragged={{'mem': 0}})`", "at task 1 (0-based)", "is kept"]),
-    ("task_loss: no grad_fn", ["run", "{cfg}", "--plugin", "{tmp}/loss_no_grad.py", "--set", "method.name=ng",
+    ("loss (task part): no grad_fn", ["run", "{cfg}", "--plugin", "{tmp}/loss_no_grad.py", "--set", "method.name=ng",
                                "--out", "{tmp}/ng"], 2,
-     ["method 'ng'", "hook task_loss", "got a tensor without grad_fn"]),
-    ("mid-run: task_loss without grad_fn", ["run", "{cfg}", "--plugin", "{tmp}/late_loss_no_grad.py", "--set",
+     ["method 'ng'", "hook loss", "got a tensor without grad_fn"]),
+    ("mid-run: loss's task part without grad_fn", ["run", "{cfg}", "--plugin", "{tmp}/late_loss_no_grad.py", "--set",
                                             "method.name=lng", "--out", "{tmp}/lng"], 3,
-     ["method 'lng'", "hook task_loss", "got a tensor without grad_fn", "at task 1 (0-based)", "is kept"]),
+     ["method 'lng'", "hook loss", "got a tensor without grad_fn", "at task 1 (0-based)", "is kept"]),
     ("server_event(round): a function in server", ["run", "{cfg}", "--plugin", "{tmp}/server_function.py", "--set",
                                                  "method.name=sf", "--out", "{tmp}/sf"], 2,
      ["method 'sf'", "hook server_event", "only tensors, numbers, strings", "server['score'] is a function"]),
@@ -302,7 +310,7 @@ CASES = [
     ("step_gradient: a branch on a tensor under vmap", ["run", "{cfg}", "--plugin", "{tmp}/step_branch.py", "--set",
                                                         "method.name=sbr", "--out", "{tmp}/sbr"], 2,
      ["method 'sbr'", "hook step_gradient raised RuntimeError", "vmap",
-      "penalty, task_loss, extra_loss, layer_preconditioner, gradient_projection, step_gradient and carry_step"]),
+      "penalty, loss, layer_preconditioner, gradient_projection, step_gradient and carry_step"]),
     ("local_steps_per_epoch: 0", ["run", "{cfg}", "--plugin", "{tmp}/steps_zero.py", "--set", "method.name=sz",
                                   "--out", "{tmp}/sz"], 2,
      ["method 'sz'", "hook local_steps_per_epoch", "an int >= 1", "got int 0"]),

@@ -10,6 +10,7 @@ from cfl.engine import hooks
 from cfl.engine.runner import Runner
 from cfl.methods.base import ClientData, Payload, RunInfo, StateSizing
 from cfl.methods.rgo import RGO, RGOHyperparams
+from cfl.methods.training_hooks import ClientEndContext
 from cfl.ops.layer_inputs import layer_grams
 from cfl.ops.rgo import closed_form, precondition, preconditioner
 from cfl.schema import ConfigError
@@ -31,7 +32,8 @@ def _params(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _end(rgo: RGO, model: nn.Module, params: dict, x: torch.Tensor, state: dict, task: int = 0) -> None:
-    rgo.client_end("task_end", model, params, ClientData(x, torch.zeros(len(x)), task), state, {}, torch.Generator())
+    rgo.client_end(ClientEndContext("task_end", model, params, ClientData(x, torch.zeros(len(x)), task), state, {},
+                                    torch.Generator()))
 
 
 def test_task_ends_fold_each_tasks_gram_into_the_clients_preconditioner():

@@ -11,6 +11,7 @@ from cfl.methods.derpp import DERpp, DERppHyperparams
 from cfl.methods.feddyn import FedDyn, FedDynHyperparams
 from cfl.methods.scaffold import Scaffold
 from cfl.methods.server_hooks import ServerEvent, ServerUpdate
+from cfl.methods.training_hooks import ClientEndContext, LossContext
 from cfl.ops.counter_random import StepRandom
 from cfl.validation import from_dict
 from tests.conftest import make_stream
@@ -31,8 +32,8 @@ def test_scaffold_option_ii_control_variates_by_hand():
     (term,) = m.penalty({"w": torch.zeros(2)}, server, state).values()
     assert term.coef.tolist() == [0.25, -1.0]  # c - c_i
     # x = (1, 2) -> y = (0, 3) in K = 4 steps of lr 0.5: c_i+ = c_i - c + (x - y) / 2
-    up = m.client_end("round", None, {"w": torch.tensor([0.0, 3.0])}, None, state, server, None,
-                      LocalTraining({"w": torch.tensor([1.0, 2.0])}, 4, 0.5))
+    up = m.client_end(ClientEndContext("round", None, {"w": torch.tensor([0.0, 3.0])}, None, state, server, None,
+                                       LocalTraining({"w": torch.tensor([1.0, 2.0])}, 4, 0.5)))
     assert state["c"]["w"].tolist() == [0.25, 0.5]
     assert up["dc"]["w"].tolist() == [0.0, 0.5]
     m.server_event(ServerEvent("round", server, 0, {}, {0: up, 1: {"dc": {"w": torch.tensor([4.0, 0.0])}}}))
@@ -45,8 +46,8 @@ def test_feddyn_client_and_server_updates_by_hand():
     m.server_event(ServerEvent("start", server, 0, {"w": torch.tensor([1.0])}))
     state = {}
     assert m.penalty({"w": torch.tensor([1.0])}, server, state)["w"].linear is None
-    m.client_end("round", None, {"w": torch.tensor([3.0])}, None, state, server, None,
-                 LocalTraining({"w": torch.tensor([1.0])}, 3, 0.1))
+    m.client_end(ClientEndContext("round", None, {"w": torch.tensor([3.0])}, None, state, server, None,
+                                  LocalTraining({"w": torch.tensor([1.0])}, 3, 0.1)))
     assert state["h"]["w"].tolist() == [-1.0]  # 0 - 0.5 * (3 - 1)
     q = m.penalty({"w": torch.tensor([1.0])}, server, state)["w"]
     assert (q.weight, q.anchor.tolist(), q.linear.tolist()) == (0.5, [1.0], [1.0])  # loss - <h_k, w>
@@ -117,7 +118,8 @@ def test_derpp_loss_is_alpha_mse_plus_beta_ce_by_hand():
     from cfl.methods.base import Samples
     samples = Samples(torch.tensor([[1.0, 0.0], [0.0, 0.0]]), torch.tensor([0, 1]), torch.zeros(2, dtype=torch.long),
                       torch.ones(2), {"logits": torch.tensor([[0.0, 2.0], [0.0, 0.0]]), "mse": torch.tensor([1.0, 0])})
-    loss = m.extra_loss({"w": torch.eye(2)}, torch.zeros(3, 2), torch.zeros(3, dtype=torch.long), {}, {}, samples)
+    loss = m.loss(LossContext("extra", {"w": torch.eye(2)}, torch.zeros(3, 2), torch.zeros(3, dtype=torch.long),
+                              torch.ones(len(torch.zeros(3, 2))), {}, {}, samples)).extra
     # MSE of (1, 0) against (0, 2): (1 + 4) / 2 = 2.5; CE of logits (0, 0) at class 1: log 2
     assert loss.shape == (3,) and float(loss[0]) == pytest.approx(0.5 * 2.5 + 2.0 * float(torch.log(torch.tensor(2.0))))
 

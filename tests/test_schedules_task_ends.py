@@ -40,7 +40,8 @@ class Pool(Method):
     def server_event(self, ctx):
         ctx.server["pool"] = POOL.clone() if ctx.event == "start" else POOL + ctx.task + 1
 
-    def client_end(self, event, model, params, data, state, server, generator):
+    def client_end(self, ctx):
+        server = ctx.server
         self.seen.append(float(server["pool"][0]))
 
 
@@ -109,7 +110,8 @@ class Held(Method):
         super().__init__(hparams, run_info)
         self.calls: list[tuple[str, int, list]] = []
 
-    def client_end(self, event, model, params, data, state, server, generator):
+    def client_end(self, ctx):
+        data = ctx.data
         self.calls.append(("client", data.task, [data.x[0].clone()]))  # the client: by its first sample
         return {"n": torch.tensor(1.0)}
 

@@ -6,6 +6,7 @@ import torch
 from cfl.engine.runner import Runner
 from cfl.methods.base import Step
 from cfl.methods.si import SI, SIHyperparams
+from cfl.methods.training_hooks import ClientEndContext
 from cfl.validation import from_dict
 from tests.conftest import make_stream
 
@@ -42,12 +43,13 @@ def test_task_end_importance_and_penalty():
     si = SI(SIHyperparams(c=0.5, xi=0.01), None)
     state = {"path": {"w": torch.tensor([0.4, 0.1])}, "start": {"w": torch.tensor([1.0, 2.0])}}
     final = {"w": torch.tensor([1.2, 2.0])}
-    si.client_end("task_end", None, final, None, state, {}, None)
+    si.client_end(ClientEndContext("task_end", None, final, None, state, {}, None))
     assert torch.allclose(state["omega"]["w"], torch.tensor([8.0, 10.0]))
     assert torch.equal(state["start"]["w"], final["w"]) and "path" not in state
     q = si.penalty(final, {}, state)["w"]
     assert torch.allclose(q.weight, torch.tensor([8.0, 10.0])) and torch.equal(q.anchor, final["w"])
-    si.client_end("task_end", None, {"w": torch.tensor([1.2, 2.1])}, None, state, {}, None)  # no round trained
+    si.client_end(ClientEndContext("task_end", None, {"w": torch.tensor([1.2, 2.1])}, None, state, {},
+                                   None))  # no round trained
     assert torch.allclose(state["omega"]["w"], torch.tensor([8.0, 10.0]))  # nothing added
     assert torch.equal(state["start"]["w"], torch.tensor([1.2, 2.1]))
 
@@ -68,9 +70,9 @@ def test_a_second_task_end_adds_its_importance_to_the_first():
     (50, 10); Omega = (58, 20), the sum over the tasks (the paper's Eq. 5 sums every finished task)."""
     si = SI(SIHyperparams(c=0.5, xi=0.01), None)
     state = {"path": {"w": torch.tensor([0.4, 0.1])}, "start": {"w": torch.tensor([1.0, 2.0])}}
-    si.client_end("task_end", None, {"w": torch.tensor([1.2, 2.0])}, None, state, {}, None)
+    si.client_end(ClientEndContext("task_end", None, {"w": torch.tensor([1.2, 2.0])}, None, state, {}, None))
     state["path"] = {"w": torch.tensor([0.5, 0.2])}
-    si.client_end("task_end", None, {"w": torch.tensor([1.2, 2.1])}, None, state, {}, None)
+    si.client_end(ClientEndContext("task_end", None, {"w": torch.tensor([1.2, 2.1])}, None, state, {}, None))
     assert torch.allclose(state["omega"]["w"], torch.tensor([58.0, 20.0]))
 
 
@@ -83,7 +85,8 @@ def _weight_decay_task(si: SI, state: dict) -> None:
     carry = si.carry_step(_step({"w": torch.tensor([-0.1, 0.5])}, {"w": torch.ones(2)}, state, carry),
                           {"w": torch.tensor([-0.09, -0.15])})
     state.update(carry)
-    si.client_end("task_end", None, {"w": state["start"]["w"] + torch.tensor([0.1, 0.0])}, None, state, {}, None)
+    si.client_end(ClientEndContext("task_end", None, {"w": state["start"]["w"] + torch.tensor([0.1, 0.0])}, None,
+                                   state, {}, None))
 
 
 def test_weight_decay_gives_a_negative_importance_which_clip_sets_to_zero_as_the_authors_code():

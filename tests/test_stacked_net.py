@@ -1,3 +1,4 @@
+
 """The vmap-free stacked path (issue 7): a fused SGD step in each linear layer's backward, same results."""
 
 from dataclasses import replace
@@ -18,6 +19,7 @@ from cfl.methods.fedprox import FedProx, FedProxHyperparams
 from cfl.models.alexnet import AlexNetLike
 from cfl.models.dropout import Dropout
 from cfl.models.mlp import MLP
+from cfl.plugin import Computes, LossTerms
 from cfl.records.client_states import MethodState
 
 
@@ -85,12 +87,14 @@ def test_stacked_path_only_on_listed_layers_and_fused_hooks():
 
     class PerSample(FedAvg):
         name = "per-sample"
+        computes = Computes(losses=("extra",))
 
-        def extra_loss(self, params, x, task, server, state):
-            return x.sum(-1)
+        def loss(self, ctx):
+            x = ctx.x
+            return LossTerms(extra=x.sum(-1))
 
     extra = choose_path(model, plain, [PerSample(None, None)])
-    assert extra.as_dict() == {"path": "vmap", "reason": "method per-sample overrides extra_loss, which needs "
+    assert extra.as_dict() == {"path": "vmap", "reason": "method per-sample declares losses 'extra', which needs "
                                                          "per-sample losses"}
     assert extra.line() == f"engine: vmap path (reason: {extra.reason})"
     unlisted = choose_path(torch.nn.Sequential(), plain, [FedAvg(None, None)])

@@ -1,7 +1,7 @@
 """Synthetic samples drawn from the round's broadcast at every local step, with a loss on them through a forward of
-their own (issue 31: TARGET's KD on a synthetic batch, MFCL's loss on generated samples): ``step_samples`` sees
-the broadcast, ``extra_loss`` takes the draw, and the step's gradient changes by the hand-computed amount on
-both trainers."""
+their own (issue 31: TARGET's KD on a synthetic batch, MFCL's loss on generated samples): ``samples``' step part sees
+the broadcast (``ctx.server``), ``loss``'s extra part takes the draw (``ctx.samples``), and the step's gradient changes
+by the hand-computed amount on both trainers."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from cfl.engine.local_sequential import train_sequential
 from cfl.methods.base import Method, RunInfo, Samples
 from cfl.methods.fedavg import FedAvg
 from cfl.models import ModelShape, build_model
+from cfl.plugin import Computes, Draw, LossTerms
 from cfl.records.client_states import MethodState
 
 LAM, LR = 0.5, 0.1
@@ -24,15 +25,19 @@ class FirstLogit(Method):
     """``LAM`` x the mean over the broadcast pool of the first class's logit, added to every sample's loss."""
 
     name = "first-logit"
+    computes = Computes(losses=("extra",), draws=("step",))
 
-    def step_samples(self, state, generator, server):
+    def samples(self, ctx):
+        server = ctx.server
         pool = server["pool"]
-        return Samples(pool, torch.zeros(len(pool), dtype=torch.long), torch.zeros(len(pool), dtype=torch.long))
+        zeros = torch.zeros(len(pool), dtype=torch.long)
+        return Draw(step=Samples(pool, zeros, zeros.clone()))
 
-    def extra_loss(self, params, x, task, server, state, samples=None):
+    def loss(self, ctx):
+        params, x, samples = ctx.params, ctx.x, ctx.samples
         logits = functional_call(self.run_info.model, params, (samples.x, samples.task))
         term = (logits[:, 0] * samples.weight).sum() / samples.weight.sum()
-        return x.new_zeros(x.shape[0]) + LAM * term
+        return LossTerms(extra=x.new_zeros(x.shape[0]) + LAM * term)
 
 
 @pytest.mark.parametrize("trainer", [train_sequential, train_batched], ids=["sequential", "batched"])
@@ -61,17 +66,20 @@ def test_the_synthetic_loss_moves_the_step_by_its_gradient(trainer):
 
 
 class Legacy(Method):
-    """A plugin written before the new arguments: ``step_samples(state, generator)``, ``extra_loss`` without
-    ``samples``; it runs unchanged."""
+    """A plugin reading only part of its contexts (its step draw no ``ctx.server``, its extra loss no
+    ``ctx.samples``): it runs unchanged."""
 
     name = "legacy"
+    computes = Computes(losses=("extra",), draws=("step",))
 
-    def step_samples(self, state, generator):
-        return Samples(torch.randn(2, 12, generator=generator), torch.zeros(2, dtype=torch.long),
-                       torch.zeros(2, dtype=torch.long))
+    def samples(self, ctx):
+        generator = ctx.generator
+        return Draw(step=Samples(torch.randn(2, 12, generator=generator), torch.zeros(2, dtype=torch.long),
+                       torch.zeros(2, dtype=torch.long)))
 
-    def extra_loss(self, params, x, task, server, state):
-        return 0.01 * x.pow(2).mean(1) * params["head.bias"].sum()
+    def loss(self, ctx):
+        params, x = ctx.params, ctx.x
+        return LossTerms(extra=0.01 * x.pow(2).mean(1) * params["head.bias"].sum())
 
 
 @pytest.mark.parametrize("trainer", [train_sequential, train_batched], ids=["sequential", "batched"])
@@ -88,13 +96,16 @@ def test_a_plugin_without_the_new_arguments_runs_unchanged(trainer):
 
 
 class PoolReplay(Method):
-    """Replays the broadcast pool (``replay``'s ``server`` argument), labelled class 0."""
+    """Replays the broadcast pool (``samples``' replay part reading ``ctx.server``), labelled class 0."""
 
     name = "pool-replay"
+    computes = Computes(draws=("replay",))
 
-    def replay(self, state, generator, server):
+    def samples(self, ctx):
+        server = ctx.server
         pool = server["pool"]
-        return Samples(pool, torch.zeros(len(pool), dtype=torch.long), torch.zeros(len(pool), dtype=torch.long))
+        zeros = torch.zeros(len(pool), dtype=torch.long)
+        return Draw(replay=Samples(pool, zeros, zeros.clone()))
 
 
 def test_replay_sees_the_broadcast_on_both_trainers():

@@ -13,6 +13,7 @@ from cfl.engine.runner import Runner
 from cfl.methods import METHODS
 from cfl.methods.base import RunInfo, Samples
 from cfl.methods.server_hooks import ServerEvent
+from cfl.methods.training_hooks import LossContext, SamplesContext
 from cfl.metrics.results import method_stats
 from cfl.models import ModelShape, build_model
 from cfl.models.buffers import running_stats
@@ -47,15 +48,19 @@ def test_the_client_loss_is_new_class_ce_plus_kd_times_old_class_soft_ce():
     x, y = torch.randn(3, *IMAGE), torch.tensor([2, 3, 2])
     logits = torch.zeros(3, 4)
     allowed = torch.ones(4, dtype=torch.bool)  # the seen classes
-    ce = target.task_loss(zero, logits, y, x, torch.zeros(3, dtype=torch.long), torch.ones(3), allowed, server, {})
+    ce = target.loss(LossContext("task", zero, x, torch.zeros(3, dtype=torch.long), torch.ones(3), server, {},
+                                 logits=logits, y=y, allowed=allowed)).task
     assert torch.allclose(ce, torch.full((3,), L2))
     samples = Samples(torch.randn(5, *IMAGE), torch.zeros(5, dtype=torch.long), torch.zeros(5, dtype=torch.long),
                       torch.ones(5))
-    kd = target.extra_loss(zero, x, torch.zeros(3, dtype=torch.long), server, {}, samples)
+    kd = target.loss(LossContext("extra", zero, x, torch.zeros(3, dtype=torch.long), torch.ones(len(x)), server, {},
+                                 samples)).extra
     assert torch.allclose(kd, torch.full((3,), 25 * L2), rtol=1e-5)
     # task 0 (no teacher yet): all allowed classes, no KD
-    assert torch.allclose(target.task_loss(zero, logits, y, x, None, None, allowed, {}, {}), torch.full((3,), 2 * L2))
-    assert torch.equal(target.extra_loss(zero, x, torch.zeros(3, dtype=torch.long), {}, {}, None), torch.zeros(3))
+    assert torch.allclose(target.loss(LossContext("task", zero, x, None, None, {}, {}, logits=logits, y=y,
+                                                  allowed=allowed)).task, torch.full((3,), 2 * L2))
+    assert torch.equal(target.loss(LossContext("extra", zero, x, torch.zeros(3, dtype=torch.long), torch.ones(len(x)),
+                                               {}, {}, None)).extra, torch.zeros(3))
 
 
 def test_the_kd_term_is_the_soft_ce_of_the_teacher_over_the_old_classes_only():
@@ -68,8 +73,9 @@ def test_the_kd_term_is_the_soft_ce_of_the_teacher_over_the_old_classes_only():
     mask = torch.tensor([True, False, True, False])
     xs = torch.randn(6, *IMAGE)
     samples = Samples(xs, torch.zeros(6, dtype=torch.long), torch.zeros(6, dtype=torch.long), torch.ones(6))
-    got = target.extra_loss(student, torch.zeros(2, *IMAGE), torch.zeros(2, dtype=torch.long),
-                            {"old_model": old, "old_classes": mask}, {}, samples)
+    got = target.loss(LossContext("extra", student, torch.zeros(2, *IMAGE), torch.zeros(2, dtype=torch.long),
+                                  torch.ones(len(torch.zeros(2, *IMAGE))), {"old_model": old,
+                                                                            "old_classes": mask}, {}, samples)).extra
     with torch.no_grad():
         s = torch.func.functional_call(model.train(), {**student, **running_stats(model)},
                                        (xs, torch.zeros(6, dtype=torch.long)))[:, mask]
@@ -97,7 +103,7 @@ def test_the_task_end_leaves_a_pool_an_old_model_and_the_seen_classes(warmup, ad
     again: dict = {}
     target.server_event(ServerEvent("before_task_end", again, 0, {}, model=model, classes=torch.tensor([0, 1])))
     assert torch.equal(again["pool"], pool)  # the same draws (a resumed run's pool)
-    drawn = target.step_samples({}, torch.Generator().manual_seed(0), server)
+    drawn = target.samples(SamplesContext("step", {}, torch.Generator().manual_seed(0), server, {})).step
     assert drawn.x.shape == (3, *IMAGE)
 
 
@@ -134,7 +140,7 @@ def test_a_synthetic_batch_is_drawn_from_the_pool_and_normalised_as_the_stream()
     target = method(model, augment=False, image_mean=[0.5], image_std=[0.25], synthetic_batch=3)
     pool = torch.arange(5, dtype=torch.uint8).view(5, 1, 1, 1).expand(5, *IMAGE).contiguous()
     server = {"pool": pool, "old_model": dict(model.named_parameters())}
-    drawn = target.step_samples({}, torch.Generator().manual_seed(0), server)
+    drawn = target.samples(SamplesContext("step", {}, torch.Generator().manual_seed(0), server, {})).step
     values = drawn.x.flatten(1)
     assert torch.equal(values, values[:, :1].expand_as(values))  # whole images, not mixed
     ids = (values[:, 0] * 0.25 + 0.5) * 255

@@ -35,7 +35,8 @@ class Pool(Method):
         model, classes, server, task = ctx.model, ctx.classes, ctx.server, ctx.task  # noqa: F841
         server["pool"] = POOL + task
 
-    def client_end(self, event, model, params, data, state, server, generator):
+    def client_end(self, ctx):
+        data, server = ctx.data, ctx.server
         self.seen.append((int(data.task), "pool" in server))
 
 

@@ -5,6 +5,7 @@ import torch
 
 from cfl.methods.base import ClientData, RunInfo
 from cfl.methods.gpm import GPM, GPMHyperparams, extend_from_gram, extend_from_held, extend_from_inputs
+from cfl.methods.training_hooks import ClientEndContext
 from cfl.ops.layer_inputs import HeldInputs, layer_grams, layer_inputs_or_grams
 from cfl.ops.subspace import gram_residual_spectrum, thin_residual_spectrum
 from tests.helpers import TwoLayerNet
@@ -112,7 +113,8 @@ def test_client_end_keeps_the_bases_of_the_gram_path_on_both_branches():
     expected: dict = {}
     for task in range(2):
         x = torch.randn(10, 8)
-        gpm.client_end("task_end", net, params, ClientData(x, torch.zeros(10), task), state, {}, torch.Generator())
+        gpm.client_end(ClientEndContext("task_end", net, params, ClientData(x, torch.zeros(10), task), state, {},
+                                        torch.Generator()))
         for name, gram in layer_grams(net, params, x, task, protected).items():
             expected[name] = extend_from_gram(gram, expected.get(name), 0.97)
         for name, basis in state["bases"].items():

@@ -21,6 +21,7 @@ from cfl.engine.scratch import Scratch
 from cfl.engine.stacking import Batch, pad_samples, stack_states
 from cfl.engine.step_hooks import STEP_HOOKS
 from cfl.methods.base import Method, overrides
+from cfl.methods.declarations import gives
 from cfl.methods.hook_guard import VMAPPED_HOOKS
 from cfl.methods.hook_types import Samples
 from cfl.tensors import Params, State
@@ -107,7 +108,7 @@ class BatchedRound:
     allowed: torch.Tensor | None  # (C, K) classes the loss may use, None: all
     states: list[State]  # per method, its clients' states stacked for the hooks under ``vmap``
     raw_states: list[list[State]]  # per method, each client's state as it is
-    replaying: list[tuple[Method, list[State], State]]  # per ``replay`` override: its clients' states, broadcast
+    replaying: list[tuple[Method, list[State], State]]  # per replay-drawing method: its clients' states, broadcast
     generators: list[torch.Generator]  # each client's replay generator
     #: ``optimizer.state: kept``: the clients' stacked optimiser slots and step counts so far, else None
     kept: tuple[dict[str, list[torch.Tensor]], torch.Tensor] | None
@@ -130,7 +131,7 @@ class BatchedRound:
         cids = [job.cid for job in jobs]
         states = [_stacked_states(m, plugins.client_states(i, cids)) for i, m in enumerate(plugins.methods)]
         replaying = [(m, plugins.client_states(i, cids), plugins.broadcasts[i]) for i, m in enumerate(plugins.methods)
-                     if overrides(m, "replay")]
+                     if gives(m, "replay")]
         generators = [replay_generator(job) for job in jobs]
         raw_states = [plugins.client_states(i, cids) for i in range(len(plugins.methods))]
         kept = None
@@ -182,6 +183,6 @@ class BatchedRound:
 
 def _stacked_states(method: Method, states: list[State]) -> State:
     """The clients' states stacked for the hooks that run under ``vmap`` ({} when the method has none)."""
-    if not any(overrides(method, hook) for hook in _VMAPPED):
+    if not any(overrides(method, hook) for hook in _VMAPPED) and not gives(method, "step"):
         return {}
     return stack_states(states, method.computes.ragged)

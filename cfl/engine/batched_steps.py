@@ -13,7 +13,7 @@ from cfl.engine.jobs import Plugins
 from cfl.engine.stacking import Batch, client_rows, pad_samples, sample_counts
 from cfl.engine.step_hooks import StepStage
 from cfl.methods.base import Method, overrides
-from cfl.methods.hook_signatures import accepts
+from cfl.methods.declarations import gives
 from cfl.tensors import Params, State
 
 
@@ -33,10 +33,10 @@ StepData = tuple[tuple[torch.Tensor, ...], list[list[State]], list[State]]  # ba
 def drawn_samples(stage: StepStage, n: int, raw: list[list[State]], generators: list[torch.Generator],
                   x: torch.Tensor, carry: State, starts: list[dict[int, State]]
                   ) -> tuple[dict[int, list[int]], dict[int, tuple[torch.Tensor, ...]]]:
-    """The step's ``step_samples`` draws of the ``n`` clients still training (``raw``: their states per method;
-    ``carry``: the stacked running values, ``starts`` each client's own ``carry_start``, for the overrides that read
-    ``carry``): per sampling method, each client's count, and the draws padded to the client with the most as (x,
-    y, task, weight, extra) (left out where no client drew any)."""
+    """The step's step draws (``samples``' step part) of the ``n`` clients still training (``raw``: their states per
+    method; ``carry``: the stacked running values, ``starts`` each client's own ``carry_start``, for the methods that
+    keep running values): per sampling method, each client's count, and the draws padded to the client with the
+    most as (x, y, task, weight, extra) (left out where no client drew any)."""
     reading = stage.reads_carry()
     draws = [stage.draw([st[c] for st in raw], generators[c], x,
                         {i: leaf_row(carry[i], c, starts[c][i], copy=False) for i in reading}) for c in range(n)]
@@ -46,7 +46,7 @@ def drawn_samples(stage: StepStage, n: int, raw: list[list[State]], generators: 
         try:
             padded = pad_samples([d[i] for d in draws])
         except ValueError as err:  # extras named differently by two clients: the method's rule, named
-            refuse(stage.methods[i], "step_samples", str(err))
+            refuse(stage.methods[i], "samples", str(err))
         if padded is not None:
             drawn[i] = (padded.x, padded.y, padded.task, padded.weight, padded.extra)
     return counts, drawn
@@ -54,9 +54,10 @@ def drawn_samples(stage: StepStage, n: int, raw: list[list[State]], generators: 
 
 def loss_samples(methods: list[Method], counts: dict[int, list[int]],
                  drawn: dict[int, tuple[torch.Tensor, ...]]) -> dict[int, tuple[list[int], Batch | None]]:
-    """Per method whose ``extra_loss`` takes ``samples``: its clients' counts and its padded draw (None: none)."""
+    """Per method whose loss has an extra part (which gets them): its clients' counts and its padded draw (None:
+    none)."""
     return {i: (c, Batch(*drawn[i]) if i in drawn else None) for i, c in counts.items()
-            if overrides(methods[i], "extra_loss") and accepts(methods[i], "extra_loss", "samples")}
+            if gives(methods[i], "extra")}
 
 
 def rewritten(stage: StepStage, s: int, n: int, params: Params, grads: Params, drawn: dict, carry: State,

@@ -12,6 +12,7 @@ from cfl.engine.hook_call import call
 from cfl.engine.hook_rules import check_upload
 from cfl.engine.run_state import RunState
 from cfl.methods.hook_types import ClientData, Event, LocalTraining
+from cfl.methods.training_hooks import ClientEndContext
 from cfl.tensors import Params, State
 
 
@@ -22,8 +23,8 @@ def client_end(run: RunState, i: int, event: Event, params: Params, data: Client
     method, clients = run.methods[i], run.states[i].clients
     state = clients.get(cid)
     run.model.eval()
-    result = call(method, "client_end", event, run.model, params, data, state, server, generator,
-                  optional={"training": training}, use=check_upload)
+    ctx = ClientEndContext(event, run.model, params, data, state, server, generator, training)
+    result = call(method, "client_end", ctx, use=check_upload)
     clients.put(cid, state)
     if result is not None:
         uploads[cid] = result

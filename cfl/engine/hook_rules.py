@@ -4,13 +4,15 @@ Each check raises :class:`~cfl.methods.hook_guard.BrokenRule` (inside ``guarded`
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 import torch
 
+from cfl.methods.declarations import DrawPart, LossPart
 from cfl.methods.hook_guard import BrokenRule
 from cfl.methods.hook_types import Linear, Quadratic, Samples
 from cfl.methods.traffic_hooks import ParamRoles
+from cfl.methods.training_hooks import Draw, LossTerms
 from cfl.tensors import Params
 
 PENALTY = ("must return None or {parameter name: Quadratic(weight, anchor) (optionally linear=) or Linear(coef)}, "
@@ -18,11 +20,17 @@ PENALTY = ("must return None or {parameter name: Quadratic(weight, anchor) (opti
 PRECONDITIONER = ("must return {weight name: matrix (d, d)}, d the weight's size over its first dim (im2col width); "
                   "weights only (2 or more dims)")
 PROJECTION = "must return {parameter name: basis (d, k)}, d the parameter's size over its first dim (im2col width)"
-TASK_LOSS = ("must return one float loss per sample of the batch, a tensor of shape (B,) with B = logits.shape[0], "
-             "computed from logits or params (it replaces the cross-entropy: the step's gradient is its gradient)")
-EXTRA_LOSS = "must return one float loss per sample of the batch x, a tensor of shape (B,) with B = x.shape[0]"
-REPLAY = "must return None or Samples(x, y, task): x shaped like the stream's inputs, y and task integer vectors"
-STEP_SAMPLES = "must return None or Samples(x, y, task): x shaped like the stream's inputs, y and task integer vectors"
+TASK_LOSS = ("must return LossTerms(task=) one float loss per sample of the batch, a tensor of shape (B,) with B = "
+             "ctx.logits.shape[0], computed from logits or params (it replaces the cross-entropy: the step's gradient "
+             "is its gradient)")
+EXTRA_LOSS = ("must return LossTerms(extra=) one float loss per sample of the batch ctx.x, a tensor of shape (B,) with "
+              "B = ctx.x.shape[0]")
+REPLAY = ("must return None or Draw(replay=None or Samples(x, y, task)): x shaped like the stream's inputs, y and task "
+          "integer vectors")
+STEP_SAMPLES = ("must return None or Draw(step=None or Samples(x, y, task)): x shaped like the stream's inputs, y and "
+                "task integer vectors")
+#: a result's parts (loss's LossTerms, samples' Draw): the one asked for (``ctx.part``), which the class declares
+PARTS = "must return only the part asked for (ctx.part), one its class declares (losses, draws)"
 STEP_GRADIENT = "must return None or the step's gradient: {every parameter name: float tensor shaped like it}"
 CARRY_START = "must return a dict of tensors (nested dicts allowed), the same keys and shapes for every client"
 CLIENT_STATE = ("must keep, in a client state that hooks run under vmap read, tensors of the same shape under a key "
@@ -99,6 +107,20 @@ def check_extra_loss(result: Any, x: torch.Tensor, rule: str = EXTRA_LOSS) -> to
     return result
 
 
+def asked_part(result: Any, kind: type, part: str, declared: tuple[str, ...], rule: str) -> Any:
+    """The ``part`` of a ``loss`` (``kind`` :class:`LossTerms`) or ``samples`` (:class:`Draw`) result (None: a draw
+    left out), the others None; a part the class does not declare, or other than asked, breaks :data:`PARTS`."""
+    if result is None and kind is Draw:
+        return None
+    if not isinstance(result, kind):
+        raise BrokenRule(f"{rule}; {_got(result)}")
+    for other in get_args(LossPart) if kind is LossTerms else get_args(DrawPart):
+        if other != part and getattr(result, other) is not None:
+            undeclared = "" if other in declared else f", which its class does not declare ({declared})"
+            raise BrokenRule(f"{PARTS}; got {kind.__name__}.{other} at a call for part {part!r}{undeclared}")
+    return getattr(result, part)
+
+
 def _check_matrices(result: Any, params: Params, rule: str, fits: Any, weights_only: bool) -> dict[str, torch.Tensor]:
     """``{parameter name: matrix}`` with each matrix ``fits(matrix, d)``, ``d`` the parameter's im2col width."""
     if not isinstance(result, dict):
@@ -135,8 +157,8 @@ def check_replay(result: Any, like: torch.Tensor) -> Samples | None:
             raise BrokenRule(f"{REPLAY}; {label} must be an integer vector of {x.shape[0]} (as x), {_got(v)}")
     if result.extra:
         raise BrokenRule(f"{REPLAY}; replay samples join the step's batch, which carries no extras: got extra "
-                         f"{sorted(result.extra)} (draw them with step_samples, whose extras reach the step hooks and "
-                         "extra_loss)")
+                         f"{sorted(result.extra)} (draw them as the step part, whose extras reach the step hooks and "
+                         "the loss's extra part)")
     return result
 
 

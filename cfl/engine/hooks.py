@@ -13,7 +13,11 @@ from torch.func import vmap
 
 from cfl.engine.hook_call import call, made_finite, refuse
 from cfl.engine.hook_rules import (
+    EXTRA_LOSS,
+    REPLAY,
+    STEP_SAMPLES,
     TASK_LOSS,
+    asked_part,
     check_carry_start,
     check_carry_step,
     check_extra_loss,
@@ -26,6 +30,7 @@ from cfl.engine.hook_rules import (
 )
 from cfl.methods.base import Method
 from cfl.methods.hook_types import Linear, Quadratic, Samples, Step
+from cfl.methods.training_hooks import Draw, LossContext, LossTerms, SamplesContext
 from cfl.ops.losses import weighted_mean
 from cfl.ops.subspace import project_out
 from cfl.tensors import Params, State
@@ -108,27 +113,32 @@ def _joined(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> PenaltyTe
 def task_loss(method: Method, params: Params, logits: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
               task: torch.Tensor, weight: torch.Tensor, allowed: torch.Tensor | None, server: State,
               state: State) -> torch.Tensor:
-    """One client's per-sample task loss ``(B,)`` from ``method.task_loss`` (not yet averaged)."""
-    return call(method, "task_loss", params, logits, y, x, task, weight, allowed, server, state,
-                use=lambda loss: check_extra_loss(loss, logits, TASK_LOSS),
+    """One client's per-sample task loss ``(B,)``, ``method.loss``'s task part (not yet averaged)."""
+    ctx = LossContext("task", params, x, task, weight, server, state, None, logits, y, allowed)
+    return call(method, "loss", ctx,
+                use=lambda terms: check_extra_loss(
+                    asked_part(terms, LossTerms, "task", method.computes.losses, TASK_LOSS), logits, TASK_LOSS),
                 finite={"params": params, "logits": logits, "x": x, "state": state})
 
 
 def differentiable(method: Method, loss: torch.Tensor) -> torch.Tensor:
-    """``loss`` (``method.task_loss``'s, outside ``vmap``, where ``requires_grad`` is seen) when it carries a
+    """``loss`` (``method.loss``'s task part, outside ``vmap``, where ``requires_grad`` is seen) when it carries a
     gradient: the step's gradient is its gradient, so a constant would train nothing."""
     if torch.is_grad_enabled() and not loss.requires_grad:
-        refuse(method, "task_loss", f"{TASK_LOSS}; got a tensor without grad_fn: it is not computed from logits or "
+        refuse(method, "loss", f"{TASK_LOSS}; got a tensor without grad_fn: it is not computed from logits or "
                "params, so no step would train the model")
     return loss
 
 
 def extra_loss(method: Method, params: Params, x: torch.Tensor, task: torch.Tensor, weight: torch.Tensor,
                server: State, state: State, samples: Samples | None = None) -> torch.Tensor:
-    """One client's extra loss averaged over its real samples (``weight`` 0 marks padding); ``samples`` (the
-    method's ``step_samples`` draw) and ``weight`` reach an override that names the argument."""
-    loss = call(method, "extra_loss", params, x, task, server, state, optional={"samples": samples, "weight": weight},
-                use=lambda loss: check_extra_loss(loss, x), finite={"params": params, "x": x, "state": state})
+    """One client's extra loss, ``method.loss``'s extra part, averaged over its real samples (``weight`` 0 marks
+    padding); ``samples``: the method's step draw."""
+    ctx = LossContext("extra", params, x, task, weight, server, state, samples)
+    loss = call(method, "loss", ctx,
+                use=lambda terms: check_extra_loss(
+                    asked_part(terms, LossTerms, "extra", method.computes.losses, EXTRA_LOSS), x),
+                finite={"params": params, "x": x, "state": state})
     return weighted_mean(loss, weight)
 
 
@@ -151,20 +161,20 @@ def state_free_bases(method: Method, grads: Params) -> dict[str, torch.Tensor]:
 
 
 def replayed(method: Method, state: State, generator: torch.Generator, like: torch.Tensor,
-             server: State | None = None) -> Samples | None:
-    """One client's replay samples for a step (``like``: the stream's inputs, whose shape they must have);
-    ``server`` (the method's broadcast) reaches an override that names the argument."""
-    return call(method, "replay", state, generator, optional={"server": server},
-                use=lambda samples: check_replay(samples, like))
+             server: State) -> Samples | None:
+    """One client's replay samples for a step, ``method.samples``' replay part (``like``: the stream's inputs, whose
+    shape they must have; ``server``: the method's broadcast)."""
+    return call(method, "samples", SamplesContext("replay", state, generator, server, {}),
+                use=lambda draw: check_replay(asked_part(draw, Draw, "replay", method.computes.draws, REPLAY), like))
 
 
 def step_samples(method: Method, state: State, generator: torch.Generator, like: torch.Tensor,
                  server: State, carry: State | None = None) -> Samples | None:
-    """One client's ``step_samples`` draw for a step; ``server`` (the method's broadcast) and ``carry`` (the client's
-    running values before the step) reach an override that names the argument."""
-    return call(method, "step_samples", state, generator,
-                optional={"server": server, "carry": carry if carry is not None else {}},
-                use=lambda samples: check_step_samples(samples, like))
+    """One client's step draw, ``method.samples``' step part; ``server``: the method's broadcast, ``carry``: the
+    client's running values before the step ({} where the method keeps none)."""
+    ctx = SamplesContext("step", state, generator, server, carry if carry is not None else {})
+    return call(method, "samples", ctx, use=lambda draw: check_step_samples(
+        asked_part(draw, Draw, "step", method.computes.draws, STEP_SAMPLES), like))
 
 
 def step_gradient(method: Method, step: Step) -> Params:

@@ -83,9 +83,10 @@ class Plugins:
 
 def stacks_client_states(method: Method) -> bool:
     """Whether the batched trainer stacks ``method``'s client states: it overrides a hook run under ``vmap``."""
+    from cfl.methods.declarations import gives
     from cfl.methods.hook_guard import STEP_HOOKS, VMAPPED_HOOKS
 
-    return any(overrides(method, hook) for hook in (*VMAPPED_HOOKS, *STEP_HOOKS))
+    return any(overrides(method, hook) for hook in (*VMAPPED_HOOKS, *STEP_HOOKS)) or gives(method, "step")
 
 
 def derive_seed(*parts: int) -> int:

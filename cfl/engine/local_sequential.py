@@ -15,6 +15,7 @@ from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, client_sch
 from cfl.engine.precision import autocast, to_float, warn_if_slow
 from cfl.engine.step_hooks import StepStage, as_batch, step_key, task_loss_of
 from cfl.methods.base import overrides
+from cfl.methods.declarations import gives
 from cfl.methods.hook_types import Samples
 from cfl.ops.losses import masked_cross_entropy
 from cfl.tensors import Params
@@ -54,11 +55,11 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
         tb = torch.full_like(yb, task)
         wb = torch.ones(len(batch), device=x.device)
         for i, m in enumerate(methods):
-            extra = hooks.replayed(m, states[i], generator, x, broadcasts[i]) if overrides(m, "replay") else None
+            extra = hooks.replayed(m, states[i], generator, x, broadcasts[i]) if gives(m, "replay") else None
             if extra is not None:
                 xb, yb = torch.cat([xb, extra.x]), torch.cat([yb, extra.y])
                 tb, wb = torch.cat([tb, extra.task]), torch.cat([wb, torch.ones(len(extra.y), device=x.device)])
-        # the step hooks' draws, after replay's and before the loss (``extra_loss`` may take them)
+        # the step draws, after every replay draw and before the loss (the loss's extra part gets them)
         drawn = {} if stage is None else \
             {i: as_batch(d, x.device) for i, d in stage.draw(states, generator, x, carry).items() if d is not None}
         with autocast(hp.precision, x.device):  # bf16-mixed: products in bfloat16, the loss on float32 logits
@@ -70,7 +71,7 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
         loss = (per_sample[keep] * wb[keep]).sum() / wb[keep].sum()
         losses.append(float(loss.detach()))
         for i, m in enumerate(methods):
-            if overrides(m, "extra_loss"):
+            if gives(m, "extra"):
                 loss = loss + hooks.extra_loss(m, params, xb, tb, wb, broadcasts[i], states[i],
                                                Samples(*drawn[i]) if i in drawn else None)
             if overrides(m, "penalty"):

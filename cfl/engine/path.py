@@ -7,8 +7,8 @@ hooks have a fused form. ``vmap``: autograd under ``torch.func.vmap`` over one-c
 method. ``sequential``: one client after another (``client_execution: sequential``, a method that declares a
 ``sequential_reason`` or keeps parameters per client (``param_roles`` and its kin), step hooks on a model
 whose layers mix samples, where ``vmap`` would pad them, or an extra loss on a model with BatchNorm running
-statistics, whose forwards inside it would update them in place; a ``step_samples`` draw read only by
-``extra_loss`` is not padded there: those losses run per group of clients with equal counts).
+statistics, whose forwards inside it would update them in place; a step draw read only by the extra loss is not
+padded there: those losses run per group of clients with equal counts).
 """
 
 from __future__ import annotations
@@ -24,14 +24,17 @@ from cfl.engine.stacked_net import StackedNet
 from cfl.engine.stacking import couples_samples
 from cfl.engine.step_hooks import STEP_HOOKS
 from cfl.methods.base import Method, overrides, per_client_hooks
+from cfl.methods.declarations import gives
 from cfl.models.buffers import keeps_running_stats
 
-#: hooks the stacked path cannot take, with the reason
+_STEP = "a step hook, which needs each client's materialised gradient"
+#: what the stacked path cannot take (a declared part of loss or samples, or a hook overridden), with the reason
 _NOT_STACKED = {
-    "extra_loss": "which needs per-sample losses",
-    "task_loss": "which replaces the cross-entropy the fused step differentiates",
-    "gradient_projection": "whose projection the fused step does not apply",
-    **{hook: "a step hook, which needs each client's materialised gradient" for hook in STEP_HOOKS},
+    "extra": ("declares losses 'extra'", "which needs per-sample losses"),
+    "task": ("declares losses 'task'", "which replaces the cross-entropy the fused step differentiates"),
+    "gradient_projection": ("overrides gradient_projection", "whose projection the fused step does not apply"),
+    "step": ("declares draws 'step'", _STEP),
+    **{hook: (f"overrides {hook}", _STEP) for hook in STEP_HOOKS},
 }
 
 
@@ -56,9 +59,9 @@ class EnginePath:
 def stacked_refusal(model: nn.Module, hp: Hyper, methods: list[Method]) -> str | None:
     """Why the stacked path cannot train this run, or None when it can."""
     for m in methods:
-        for hook, why in _NOT_STACKED.items():
-            if overrides(m, hook):
-                return f"method {m.name} overrides {hook}, {why}"
+        for key, (what, why) in _NOT_STACKED.items():
+            if gives(m, key) if key in ("extra", "task", "step") else overrides(m, key):
+                return f"method {m.name} {what}, {why}"
     preconditioning = [m.name for m in methods if overrides(m, "layer_preconditioner")]
     penalising = [m.name for m in methods if overrides(m, "penalty")]
     if preconditioning and penalising:
@@ -80,12 +83,12 @@ def sequential_refusal(model: nn.Module, methods: list[Method]) -> str | None:
             return (f"method {m.name} keeps parameters per client ({', '.join(hooks)}): only the sequential trainer "
                     f"starts each client from its own parameters (the batched paths start every client of a stack "
                     f"from the global model)")
-    # a ``step_samples`` draw that only an ``extra_loss`` reads reaches it unpadded (grouped by real counts)
-    stepping = [m.name for m in methods if any(overrides(m, h) for h in STEP_HOOKS if h != "step_samples")]
+    # a step draw that only the extra loss reads reaches it unpadded (grouped by real counts)
+    stepping = [m.name for m in methods if any(overrides(m, h) for h in STEP_HOOKS)]
     if stepping and couples_samples(model):
         return (f"method {stepping[0]} takes step hooks and model {type(model).__name__} mixes the samples of a "
                 f"batch (BatchNorm): under vmap its steps' padding would enter the batch statistics")
-    extra = [m.name for m in methods if overrides(m, "extra_loss")]
+    extra = [m.name for m in methods if gives(m, "extra")]
     if extra and keeps_running_stats(model):
         return (f"method {extra[0]} adds an extra loss, and model {type(model).__name__} keeps BatchNorm running "
                 "statistics: a training-mode forward of the model inside that loss updates them in place, which "

@@ -34,6 +34,7 @@ from cfl.engine.server_events import acts, checked_change
 from cfl.engine.server_state import broadcast_of, counted
 from cfl.engine.step_hooks import StepStage, as_batch, gradient_function, takes_steps
 from cfl.methods.base import Method, overrides
+from cfl.methods.declarations import gives
 from cfl.methods.hook_types import Samples
 from cfl.methods.server_hooks import ServerEvent
 from cfl.methods.traffic_hooks import Payload, StackedUploads, TrainedClient
@@ -59,9 +60,9 @@ def dry_run_hooks(runner: Runner) -> None:
             if overrides(m, "penalty"):
                 with unwritten(m, "penalty", read):
                     hooks.penalty_loss(m, params, params, broadcast, state)
-            if overrides(m, "task_loss"):
+            if gives(m, "task"):
                 logits = functional_call(runner.model, params, (x, task))
-                with unwritten(m, "task_loss", {**read, "logits": logits, "x": x, "y": y}):
+                with unwritten(m, "loss", {**read, "logits": logits, "x": x, "y": y}):
                     hooks.task_loss(m, params, logits, y, x, task, weight, None, broadcast, state)
             if overrides(m, "layer_preconditioner"):
                 with unwritten(m, "layer_preconditioner", read):
@@ -71,15 +72,15 @@ def dry_run_hooks(runner: Runner) -> None:
             carry = stage.start([state]) if stage.reads_carry() else {}
             drawn = {i: as_batch(d, runner.device) for i, d in stage.draw([state], torch.Generator().manual_seed(0),
                                                                           x, carry).items() if d is not None}
-            if overrides(m, "extra_loss"):
-                with unwritten(m, "extra_loss", {**read, "x": x}):
+            if gives(m, "extra"):
+                with unwritten(m, "loss", {**read, "x": x}):
                     hooks.extra_loss(m, params, x, task, weight, broadcast, state,
                                      Samples(*drawn[0]) if drawn else None)
             if overrides(m, "gradient_projection"):
                 with unwritten(m, "gradient_projection", read):
                     hooks.projected(m, {k: torch.zeros_like(v) for k, v in params.items()}, state)
-            if overrides(m, "replay"):
-                with unwritten(m, "replay", read):
+            if gives(m, "replay"):
+                with unwritten(m, "samples", read):
                     hooks.replayed(m, state, torch.Generator().manual_seed(0), x, broadcast)
             if takes_steps(m):
                 _dry_step(runner, stage, drawn, (x, y, task, weight))
@@ -99,7 +100,7 @@ def dry_run_hooks(runner: Runner) -> None:
 
 
 def _dry_step(runner: Runner, stage: StepStage, drawn: dict, batch: tuple[torch.Tensor, ...]) -> None:
-    """One step of a method's step hooks (``stage``, ``drawn``: its ``step_samples`` draw) on a fresh client: the
+    """One step of a method's step hooks (``stage``, ``drawn``: its step draw) on a fresh client: the
     loss gradient and the update taken as zeros."""
     params = runner.params
     zeros = {k: torch.zeros_like(v) for k, v in params.items()}

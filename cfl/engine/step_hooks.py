@@ -1,15 +1,15 @@
 """The step hooks in local training (:class:`cfl.methods.base.Step`): one client's code, run on one client by the
 sequential trainer and under ``torch.func.vmap`` over the clients still training by the batched one.
 
-Each local step, before the step's loss (after ``replay``'s draw): every method's ``step_samples`` draw (outside
-``vmap``, from the client's own generator, padded with weight 0), which the method's ``extra_loss`` may take as
-``samples``; after the step's loss gradient, the methods' ``step_gradient`` in the run's method order (each sees
-the gradient as the previous one left it); the optimiser takes the result (weight decay, GPM's projection,
-moments). After the optimiser's update, each method's ``carry_step`` gets the step (``grads``:
+Each local step, before the step's loss (after every method's replay draw): every method's step draw (``samples``'
+step part, outside ``vmap``, from the client's own generator, padded with weight 0), which the method's loss gets
+as ``ctx.samples`` at its extra part; after the step's loss gradient, the methods' ``step_gradient`` in the run's
+method order (each sees the gradient as the previous one left it); the optimiser takes the result (weight decay,
+GPM's projection, moments). After the optimiser's update, each method's ``carry_step`` gets the step (``grads``:
 the gradient the optimiser took) and ``moved``, the update. A round starts each client's running values from
 ``carry_start``; they come back with the client's outcome, and the round engine writes them into the client's
-state (kept clients only) before ``client_end("round")``. ``step_samples`` overrides that name ``carry`` get the
-client's running values before the step (a memory filled during the round). Every hook call gets ``step.random``,
+state (kept clients only) before ``client_end("round")``. A step draw gets the client's running values before the
+step (``ctx.carry``) (a memory filled during the round). Every hook call gets ``step.random``,
 the client's own counter-based random numbers (:class:`cfl.ops.counter_random.StepRandom`), keyed by the client's
 round seed (:func:`step_key`), the method, the hook and the step: usable under ``vmap``, the same on both trainers.
 """
@@ -30,14 +30,14 @@ from cfl.engine.jobs import ClientJob, derive_seed
 from cfl.engine.precision import autocast, to_float
 from cfl.engine.stacking import stack_states
 from cfl.methods.base import Method, overrides
+from cfl.methods.declarations import gives
 from cfl.methods.hook_guard import STEP_HOOKS  # noqa: F401 - the engine's name for them
-from cfl.methods.hook_signatures import accepts
 from cfl.methods.hook_types import Samples, Step
 from cfl.ops.counter_random import StepRandom, key_of
 from cfl.ops.losses import masked_cross_entropy, weighted_mean
 from cfl.tensors import Params, State
 
-#: the hooks of a local step, besides the loss's (penalty, extra_loss, replay) and the optimiser's projection
+#: the hooks of a local step, besides the loss's (penalty, loss, replay draws) and the optimiser's projection
 
 SampleBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # x, y, task, weight
 #: a ``step_samples`` draw: x, y, task, weight and the named per-sample extras
@@ -52,14 +52,14 @@ def step_key(job: ClientJob, device: torch.device) -> torch.Tensor:
 
 
 def task_loss_of(methods: list[Method]) -> int | None:
-    """The index of the method that replaces the cross-entropy (``task_loss``; one at most, checked with the
+    """The index of the method that replaces the cross-entropy (its loss's task part; one at most, checked with the
     config), or None."""
-    return next((i for i, m in enumerate(methods) if overrides(m, "task_loss")), None)
+    return next((i for i, m in enumerate(methods) if gives(m, "task")), None)
 
 
 def takes_steps(method: Method) -> bool:
-    """Whether ``method`` overrides a step hook."""
-    return any(overrides(method, hook) for hook in STEP_HOOKS)
+    """Whether ``method`` overrides a step hook or draws step samples."""
+    return any(overrides(method, hook) for hook in STEP_HOOKS) or gives(method, "step")
 
 
 def carries(method: Method) -> bool:
@@ -98,7 +98,7 @@ class StepStage:
                  gradient_at: Callable[[Params], Callable[..., Params]]) -> None:
         self.methods, self.broadcasts, self.global_params, self.lr = methods, broadcasts, global_params, lr
         self.gradient_at = gradient_at
-        self.sampling = [i for i, m in enumerate(methods) if overrides(m, "step_samples")]
+        self.sampling = [i for i, m in enumerate(methods) if gives(m, "step")]
         self.rewriting = [i for i, m in enumerate(methods) if overrides(m, "step_gradient")]
         self.carrying = [i for i, m in enumerate(methods) if carries(m)]
         self.carry_stepping = [i for i in self.carrying if overrides(methods[i], "carry_step")]
@@ -129,15 +129,14 @@ class StepStage:
 
     def draw(self, states: list[State], generator: torch.Generator, like: torch.Tensor,
              carry: dict[int, State] | None = None) -> dict[int, Samples | None]:
-        """One client's ``step_samples`` per sampling method (``carry``: its running values per method, for the
-        overrides that name ``carry``)."""
+        """One client's step draw per sampling method (``carry``: its running values per method)."""
         carry = carry or {}
         return {i: hooks.step_samples(self.methods[i], states[i], generator, like, self.broadcasts[i], carry.get(i))
                 for i in self.sampling}
 
     def reads_carry(self) -> list[int]:
-        """The sampling methods whose ``step_samples`` takes ``carry`` and that keep one."""
-        return [i for i in self.sampling if i in self.carrying and accepts(self.methods[i], "step_samples", "carry")]
+        """The sampling methods that keep running values (their step draws get them)."""
+        return [i for i in self.sampling if i in self.carrying]
 
     def watched(self, hook: str, index: int, params: Params, grads: Params, batch: SampleBatch,
                 samples: dict[int, SampleBatch], states: list[State], carry: dict[int, State],

@@ -1,8 +1,8 @@
 """The vmap path's losses of a step (:mod:`cfl.engine.local_vmap`): per client, the weighted cross-entropy (or a
-method's ``task_loss``) and the methods' ``extra_loss``, each a ``vmap``-ed one-client call. On a model whose
-layers mix samples (BatchNorm on batch statistics: :func:`cfl.engine.stacking.couples_samples`) padding would
-enter the statistics, so there each step groups its clients by real batch and replay sizes and runs every group
-unpadded (:func:`size_groups`)."""
+method's task loss) and the methods' extra losses (``Method.loss``'s parts), each a ``vmap``-ed one-client call. On
+a model whose layers mix samples (BatchNorm on batch statistics: :func:`cfl.engine.stacking.couples_samples`)
+padding would enter the statistics, so there each step groups its clients by real batch and replay sizes and runs
+every group unpadded (:func:`size_groups`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from cfl.engine.batched_round import StepBatch, with_replay
 from cfl.engine.jobs import Plugins
 from cfl.engine.stacking import Batch
 from cfl.engine.step_hooks import task_loss_of
-from cfl.methods.base import Method, overrides
+from cfl.methods.base import Method
+from cfl.methods.declarations import gives
 from cfl.methods.hook_types import Samples
 from cfl.ops.losses import masked_cross_entropy, weighted_mean
 from cfl.tensors import Params, State
@@ -28,7 +29,7 @@ Group = tuple[torch.Tensor | None, int, list[int]]
 def size_groups(sizes: torch.Tensor, replay_counts: list[list[int]], width: int, coupled: bool,
                 device: torch.device) -> list[Group]:
     """The step's client groups as ``(client indices or None for all, batch width, replay widths)``
-    (``replay_counts`` may go on with the counts of the draws an ``extra_loss`` takes: widths of those as well).
+    (``replay_counts`` may go on with the counts of the step draws an extra loss takes: widths of those as well).
 
     Samples independent of each other: one group at the padded widths. Coupled: one group per distinct
     real (batch size, replay sizes) among the clients' (CPU) ``sizes`` and ``replay_counts`` (per method,
@@ -49,7 +50,7 @@ def grouped_losses(groups: list[Group], data: StepBatch, extras: list[Batch | No
                    plugins: Plugins, samples: dict[int, Batch | None]) -> tuple[torch.Tensor, torch.Tensor]:
     """Per client (n,): the weighted cross-entropy of the step, and it plus the methods' extra losses; each
     group of :func:`size_groups` runs its own ``vmap``-ed forward on its clients' real samples. ``samples``:
-    per method whose ``extra_loss`` takes them, its ``step_samples`` draw (their widths follow the replay
+    per method whose loss has an extra part, its step draw (their widths follow the replay
     widths in a group's)."""
     ce_parts, loss_parts = [], []
     for idx, width, widths in groups:
@@ -74,7 +75,7 @@ def grouped_losses(groups: list[Group], data: StepBatch, extras: list[Batch | No
             cross_entropy = weighted_mean(hooks.differentiable(plugins.methods[own], own_losses), wb)
         loss = cross_entropy
         for i, m in enumerate(plugins.methods):
-            if overrides(m, "extra_loss"):
+            if gives(m, "extra"):
                 loss = loss + _extra_losses(m, plugins.broadcasts[i], (p, xb, tb, wb, client_rows_of(states[i], pick)),
                                             drawn.get(i))
         ce_parts.append(cross_entropy)
@@ -88,7 +89,7 @@ def grouped_losses(groups: list[Group], data: StepBatch, extras: list[Batch | No
 
 
 def _extra_losses(method: Method, server: State, args: tuple, samples: Batch | None) -> torch.Tensor:
-    """``method``'s ``extra_loss`` per client ``(n,)`` under ``vmap``; ``args``: the stacked params, x, task, weight
+    """``method``'s extra loss per client ``(n,)`` under ``vmap``; ``args``: the stacked params, x, task, weight
     and state; ``samples``: the method's draw of the step, or None."""
     if samples is None:
         return vmap(lambda *a: hooks.extra_loss(method, *a[:4], server, a[4]), randomness="different")(*args)
@@ -98,7 +99,7 @@ def _extra_losses(method: Method, server: State, args: tuple, samples: Batch | N
 
 def _own_losses(plugins: Plugins, i: int, params: Params, logits: torch.Tensor, data: StepBatch,
                 allowed: torch.Tensor | None, state: State) -> torch.Tensor:
-    """Method ``i``'s ``task_loss`` per client and sample ``(n, B)``, under ``vmap``."""
+    """Method ``i``'s task loss per client and sample ``(n, B)``, under ``vmap``."""
     m, server = plugins.methods[i], plugins.broadcasts[i]
     x, y, t, w = data
     if allowed is None:

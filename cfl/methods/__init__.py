@@ -76,4 +76,4 @@ register(LoRM)  # model.train: lora; closed-form (RegMean) merge of the trained 
 register(Scaffold)  # option II control variates; on the stacked path (a Linear penalty)
 register(FedDyn)
 register(DERpp)  # reservoir per step in the step hooks' carry: the vmap path
-register(FediCaRL)  # class-incremental: herding exemplars, iCaRL's sigmoid/BCE distillation (task_loss)
+register(FediCaRL)  # class-incremental: herding exemplars, iCaRL's sigmoid/BCE distillation (loss, task)

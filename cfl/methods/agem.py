@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 import torch
 
-from cfl.methods.base import Samples, Step
+from cfl.methods.base import Computes, Draw, SamplesContext, Step
 from cfl.methods.bounds import SAMPLES_MAX
 from cfl.methods.episodic_memory import EpisodicMemory
 from cfl.schema import field
-from cfl.tensors import Params, State
+from cfl.tensors import Params
 
 
 @dataclass(frozen=True)
@@ -37,10 +37,10 @@ class AGEMHyperparams:
 class AGEM(EpisodicMemory):
     name = "agem"
     about = "A-GEM+FL: each client projects a step that would raise its memory's loss (Chaudhry et al. 2019)"
-    Hyperparams = AGEMHyperparams
+    Hyperparams, computes = AGEMHyperparams, Computes(draws=("step",))
 
-    def step_samples(self, state: State, generator: torch.Generator) -> Samples | None:
-        return self.draw(state, generator, self.hparams.ref_batch_size)
+    def samples(self, ctx: SamplesContext) -> Draw | None:
+        return Draw(step=self.draw(ctx.state, ctx.generator, self.hparams.ref_batch_size))
 
     def step_gradient(self, step: Step) -> Params | None:
         if step.samples is None:  # no client of the batch holds a memory yet

@@ -9,8 +9,9 @@ is owned by the engine (:class:`cfl.records.client_states.MethodState`), checkpo
 the hooks of the method that made it. Every hook is called through :func:`cfl.engine.hook_call.call`.
 
 A round (``t`` = task, 0-based): each client takes its batches (each epoch cut to ``local_steps_per_epoch`` where a
-method sets it); every local step's loss is the cross-entropy (or the method's ``task_loss``) plus the ``penalty``
-quadratics, the ``extra_loss`` and the ``replay`` samples; the step hooks (``step_samples``, ``step_gradient``,
+method sets it); every local step's loss is the cross-entropy (or ``loss``'s task part) plus the ``penalty``
+quadratics and ``loss``'s extra part, on a batch joined by ``samples``' replay draw; the step hooks (``samples``' step
+draw, ``step_gradient``,
 ``carry_start``, ``carry_step``: :class:`Step`) see and may rewrite each step's gradient and keep running values
 through the round; the optimiser projects the gradients off ``gradient_projection`` and steps; after training,
 ``client_end("round")`` on each client, then the server aggregates (``client_upload`` and ``server_aggregate`` for
@@ -27,14 +28,16 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-from torch import nn
 
 from cfl.methods.declarations import (
     BROADCAST_EVENTS,
     DECLARATIONS,
     Computes,
+    DrawPart,
+    LossPart,
     Requires,
     Sends,
+    check_parts,
     refuse_model_without_running_stats,
     refuse_scenario,
 )
@@ -63,7 +66,7 @@ from cfl.methods.server_hooks import (
     TransformUpdate,
 )
 from cfl.methods.traffic_hooks import ParamNames, ParamRoles, Payload, StackedUploads, TrainedClient
-from cfl.ops.losses import masked_cross_entropy
+from cfl.methods.training_hooks import ClientEndContext, Draw, LossContext, LossTerms, SamplesContext
 from cfl.schema import ConfigError
 from cfl.tensors import Params, State
 
@@ -82,6 +85,8 @@ __all__ = [
     # handed on: the contexts of the traffic and parameter-role hooks (cfl/methods/traffic_hooks.py, with the kinds
     # ``count_bytes`` counts: PayloadKind)
     "ParamNames", "ParamRoles", "TrainedClient", "StackedUploads", "Payload",
+    # handed on: the contexts and results of loss, samples and client_end (cfl/methods/training_hooks.py)
+    "LossContext", "LossTerms", "SamplesContext", "Draw", "ClientEndContext", "LossPart", "DrawPart",
     # handed on: the tensor types of the hooks (cfl/tensors.py)
     "Params", "State",
 ]
@@ -108,6 +113,7 @@ class Method:
             value = getattr(cls, attr)
             if not isinstance(value, kind):
                 raise TypeError(f"{cls.__name__}.{attr} is {value!r}; declare {attr} = {kind.__name__}(...)")
+        check_parts(cls, Method, ("loss", "samples"))
         if cls.sends.changes_backbone and cls.requires.schedules != ("synchronous",):
             raise TypeError(f"{cls.__name__} declares sends=Sends(changes_backbone=True), which its "
                             "server_event('task_end') may do at the synchronous schedule's task ends only: declare "
@@ -172,28 +178,21 @@ class Method:
         """Quadratic and linear penalties added to every local step's loss, per parameter name (others carry none)."""
         return None
 
-    def task_loss(self, params: Params, logits: torch.Tensor, y: torch.Tensor, x: torch.Tensor, task: torch.Tensor,
-                  weight: torch.Tensor, allowed: torch.Tensor | None, server: State, state: State) -> torch.Tensor:
-        """Per-sample loss ``(B,)`` in place of the cross-entropy (GLFC's gradient compensation): ``logits``
-        ``(B, K)`` of the step's batch ``x`` (replay included) at ``params``, labels ``y``, ``weight`` 0 for
-        padding, ``allowed`` ``(K,)`` the classes the loss may use (class-incremental: those seen) or None. The
-        engine averages it over the real samples; the run's ``train_loss`` is its mean. One method of a run at
-        most; a pure tensor function (``vmap``)."""
-        return masked_cross_entropy(logits, y, allowed)
+    def loss(self, ctx: LossContext) -> LossTerms | None:
+        """A per-sample loss ``(B,)`` of the step's batch ``ctx.x`` (replay included) at ``ctx.params``, per part the
+        class declares in ``computes.losses`` (the engine calls it once per part, ``ctx.part``): ``"task"`` in place of the
+        cross-entropy (GLFC's gradient compensation; one method of a run at most; ``ctx.logits`` ``(B, K)``,
+        ``ctx.y``, ``ctx.allowed`` ``(K,)`` the classes the loss may use or None; the run's ``train_loss`` is its
+        mean), ``"extra"`` added to it (distillation, e.g. LwF; an extra part sends the run to the vmap path, said
+        on stderr). Returns :class:`LossTerms` with the asked part; the engine averages it over the real samples
+        (``ctx.weight`` 0 marks padding). A pure tensor function (``vmap``).
 
-    def extra_loss(self, params: Params, x: torch.Tensor, task: torch.Tensor, server: State,
-                   state: State, samples: Samples | None = None) -> torch.Tensor:
-        """Per-sample extra loss ``(B,)`` of the step's batch ``x`` (distillation, e.g. LwF); the engine averages
-        it over the real samples. A pure tensor function of ``params``. The engine calls it only where a method
-        overrides it (an override sends the run to the vmap path, said on stderr).
-
-        ``samples``: this method's ``step_samples`` draw of the step (``weight`` 0 marks padding) or None; the
-        engine passes it only to an override that names the argument. A loss on them needs a forward of its
-        own (``functional_call(self.run_info.model, params, (samples.x, samples.task))``); a batch-mean term
-        (TARGET's KD on a synthetic batch) is added to every entry, so the mean over the real samples keeps it.
-        ``weight`` (``(B,)``, 0 on padding), passed only to an override that names it, lets a batch term sum over
-        the real samples (Fed-CPrompt's triplet on the batch sum)."""
-        return x.new_zeros(x.shape[0])
+        ``ctx.samples`` (extra part): this method's step draw of the step (``weight`` 0 marks padding) or None. A
+        loss on them needs a forward of its own (``functional_call(self.run_info.model, ctx.params, (samples.x,
+        samples.task))``); a batch-mean term (TARGET's KD on a synthetic batch) is added to every entry, so the mean
+        over the real samples keeps it; ``ctx.weight`` lets a batch term sum over the real samples (Fed-CPrompt's
+        triplet on the batch sum)."""
+        return None
 
     def layer_preconditioner(self, state: State) -> dict[str, torch.Tensor]:
         """Per parameter, a matrix ``P (d, d)`` that multiplies every local step's gradient on the right on the
@@ -207,22 +206,18 @@ class Method:
         must not move along (GPM): ``g <- g - (g M) M^T`` on the im2col view, after weight decay."""
         return {}
 
-    def replay(self, state: State, generator: torch.Generator, server: State | None = None) -> Samples | None:
-        """Extra samples appended to every local step's batch and trained on in its forward (ER's memory, MFCL's
-        synthetic images); ``generator`` is the client's own; ``server``: the method's broadcast of the round
-        (``"task_start"`` keys included), passed only to an override that names the argument."""
+    def samples(self, ctx: SamplesContext) -> Draw | None:
+        """Samples of a local step from the client's own ``ctx.generator``, per part the class declares in ``computes.draws``
+        (the engine calls it once per part, ``ctx.part``): ``"replay"`` samples appended to the step's batch and
+        trained on in its forward (ER's memory, MFCL's synthetic images), drawn first; ``"step"`` samples for the
+        step hooks and not trained on (A-GEM's reference batch, a synthetic batch from a broadcast generator or
+        pool), as ``step.samples`` and the loss's ``ctx.samples``, drawn after every method's replay draw and before
+        the step's loss (``ctx.carry``: the client's running values before the step, a memory filled during the
+        round, DER++). ``ctx.server``: the method's broadcast of the round (``"task_start"`` keys included).
+        Returns :class:`Draw` with the asked part, or None (no samples this step)."""
         return None
 
     # ---- step hooks, one client (see :class:`Step`) ----
-    def step_samples(self, state: State, generator: torch.Generator, server: State | None = None,
-                     carry: State | None = None) -> Samples | None:
-        """Samples drawn for this step's hooks and not trained on (A-GEM's reference batch, a synthetic batch from a
-        broadcast generator or pool), as ``step.samples`` and ``extra_loss``'s ``samples``; ``generator`` is the
-        client's own (the one ``replay`` draws from), drawn after ``replay``'s draw and before the step's loss;
-        ``server``: the method's broadcast of the round; ``carry``: the client's running values before this step
-        (a memory filled during the round, DER++); each passed only to an override that names the argument."""
-        return None
-
     def step_gradient(self, step: Step) -> Params | None:
         """The step's gradient rewritten (A-GEM's projection, RGO's preconditioner): every parameter of
         ``step.grads``, same shapes; None keeps it. The optimiser then takes it (decay, projection, moments)."""
@@ -239,16 +234,11 @@ class Method:
         update); returns a dict shaped like ``step.carry`` (SI: ``path += -grad * moved``)."""
         return step.carry
 
-    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
-                   server: State, generator: torch.Generator,
-                   training: LocalTraining | None = None) -> State | None:
-        """After a round's local training (``params``: the client's trained model) or at a task end (the final
-        global model): update ``state`` in place and return what the client uploads (counted), or None.
-        ``training`` (passed only to an override that names it): at a round's end, the round's global model, the
-        client's local steps and the learning rate (:class:`LocalTraining`); None at a task end.
-
-        ``params`` of a round are views of the round's stacked client models, whose memory the server
-        reuses afterwards: keep computed tensors or ``.clone()``, never the views themselves."""
+    def client_end(self, ctx: ClientEndContext) -> State | None:
+        """After a round's local training (``ctx.params``: the client's trained model) or at a task end (the final
+        global model): update ``ctx.state`` in place and return what the client uploads (counted), or None.
+        ``ctx.training``: at a round's end, the round's global model, the client's local steps and the learning
+        rate (:class:`LocalTraining`); None at a task end (:class:`ClientEndContext`)."""
         return None
 
     def local_steps_per_epoch(self, num_samples: int, server: State) -> int | None:

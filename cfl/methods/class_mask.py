@@ -8,13 +8,14 @@ domain-incremental scenarios the two are one (a task's head, or every task's cla
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
+from cfl.methods.declarations import Computes
+from cfl.methods.training_hooks import LossContext, LossTerms
 from cfl.ops.losses import CLASS_MASKS, current_task_cross_entropy, masked_cross_entropy, task_class_table
 from cfl.schema import field
-from cfl.tensors import Params, State
 
 
 def class_mask_field(default: str = "current") -> Any:
@@ -25,19 +26,19 @@ def class_mask_field(default: str = "current") -> Any:
 
 
 class ClassMasked:
-    """Mixin (before :class:`cfl.methods.base.Method`) whose ``task_loss`` is the cross-entropy under
-    ``hparams.class_mask``; needs ``self.run_info`` and ``self.hparams``."""
+    """Mixin (before ``Method``) whose loss's task part is the cross-entropy under ``hparams.class_mask``."""
 
     run_info: Any
     hparams: Any
+    computes: ClassVar[Computes] = Computes(losses=("task",))
 
-    def task_loss(self, params: Params, logits: torch.Tensor, y: torch.Tensor, x: torch.Tensor, task: torch.Tensor,
-                  weight: torch.Tensor, allowed: torch.Tensor | None, server: State, state: State) -> torch.Tensor:
+    def loss(self, ctx: LossContext) -> LossTerms:
         """Per sample, the cross-entropy over the sample's task's classes (``current``) or the seen ones."""
-        info = self.run_info
+        info, logits, y = self.run_info, ctx.logits, ctx.y
         if self.hparams.class_mask == "seen" or info.scenario != "class":
-            return masked_cross_entropy(logits, y, allowed)
-        return current_task_cross_entropy(logits, y, task, weight, _table(info.task_classes, logits.shape[-1]))
+            return LossTerms(task=masked_cross_entropy(logits, y, ctx.allowed))
+        table = _table(info.task_classes, logits.shape[-1])
+        return LossTerms(task=current_task_cross_entropy(logits, y, ctx.task, ctx.weight, table))
 
 
 @functools.cache

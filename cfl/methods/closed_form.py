@@ -15,11 +15,9 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 import torch
-from torch import nn
 
 from cfl.methods.base import (
-    ClientData,
-    Event,
+    ClientEndContext,
     Method,
     ParamNames,
     ParamRoles,
@@ -65,8 +63,8 @@ class ClosedFormHead(Method, ABC):
     def slot(self, task: int) -> int:
         return task if self.multi else 0
 
-    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
-                   server: State, generator: torch.Generator) -> State | None:
+    def client_end(self, ctx: ClientEndContext) -> State | None:
+        data, state = ctx.data, ctx.state
         if "task" in state and int(state["task"]) == data.task:
             return None  # this task's statistics are sent already
         state["task"] = torch.tensor(data.task)

@@ -28,9 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from cfl.methods.base import Method, Params, Requires, State
+from cfl.methods.base import Computes, LossContext, LossTerms, Method, Requires
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.methods.class_mask import ClassMasked, class_mask_field
 from cfl.pretrained.coda_prompt import orthogonality
@@ -55,10 +53,12 @@ class CodaP(ClassMasked, Method):
              "FedAvg of components, keys, attention vectors and head; model.train: components")
     Hyperparams = CodaPHyperparams
     requires = Requires(model_train="components")
+    computes = Computes(losses=("task", "extra"))
 
-    def extra_loss(self, params: Params, x: torch.Tensor, task: torch.Tensor, server: State,
-                   state: State) -> torch.Tensor:
-        penalty = sum(orthogonality(params[f"prompt.{k}"]) for k in ("keys", "attention", "prompts"))
+    def loss(self, ctx: LossContext) -> LossTerms:
+        if ctx.part == "task":
+            return super().loss(ctx)
+        penalty = sum(orthogonality(ctx.params[f"prompt.{k}"]) for k in ("keys", "attention", "prompts"))
         if self.hparams.ortho_form == "beta":
             penalty = penalty * BETA_FACTOR
-        return self.hparams.ortho * penalty * torch.ones(x.shape[0], dtype=x.dtype, device=x.device)
+        return LossTerms(extra=self.hparams.ortho * penalty * ctx.x.new_ones(ctx.x.shape[0]))

@@ -201,12 +201,11 @@ def gives(method: Any, part: str) -> bool:
     return any(part in getattr(computes, field_name) for field_name, _ in HOOK_PARTS.values())
 
 
-def check_parts(cls: Any, base: Any) -> None:
-    """At class creation: a class that declares parts of a hook overrides it, and one that overrides such a hook
-    declares the parts it gives."""
-    for hook, (field_name, _) in HOOK_PARTS.items():
-        if not hasattr(base, hook):
-            continue
+def check_parts(cls: Any, base: Any, hooks: tuple[str, ...] = tuple(HOOK_PARTS)) -> None:
+    """At class creation: a class that declares parts of a hook (of ``hooks``) overrides it, and one that overrides
+    such a hook declares the parts it gives."""
+    for hook in hooks:
+        field_name = HOOK_PARTS[hook][0]
         declared, overridden = getattr(cls.computes, field_name), getattr(cls, hook) is not getattr(base, hook)
         if declared and not overridden:
             raise TypeError(f"{cls.__name__} declares computes=Computes({field_name}={list(declared)}) but does not "

@@ -1,5 +1,5 @@
-"""DER++ (Buzzega et al., "Dark Experience for General Continual Learning: a Strong, Simple Baseline", NeurIPS
-2020, arXiv 2004.07211) on each client.
+"""DER++ (Buzzega et al., "Dark Experience for General Continual Learning: a Strong, Simple Baseline", NeurIPS 2020,
+arXiv 2004.07211) on each client.
 
 Each client keeps a reservoir memory of ``mem_per_client`` samples of its own stream with the logits the model gave
 them when they were inserted. Every local step draws two minibatches of ``replay_batch_size`` from it (each
@@ -7,8 +7,7 @@ without replacement, from the client's own generator) and adds ``alpha * MSE(f(x
 CE(f(x''), y'')`` on the second to the step's loss; after the step, the step's samples enter the memory by
 reservoir sampling (``step.random``), with their logits at the step's starting parameters (a forward like the
 step's). The memory lives in the step hooks' carry, so it fills during the round, and the client's state keeps it
-between rounds. Nothing is communicated.
-"""
+between rounds. Nothing is communicated."""
 
 from __future__ import annotations
 
@@ -19,7 +18,17 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from cfl.methods.base import Method, Payload, Samples, Step
+from cfl.methods.base import (
+    Computes,
+    Draw,
+    LossContext,
+    LossTerms,
+    Method,
+    Payload,
+    Samples,
+    SamplesContext,
+    Step,
+)
 from cfl.methods.bounds import SAMPLES_MAX, WEIGHT_MAX
 from cfl.schema import field
 from cfl.tensors import Params, State
@@ -41,6 +50,7 @@ class DERpp(Method):
     name = "derpp"
     about = "DER++: a per-step reservoir of samples and their logits, logit MSE + CE on memory draws"
     Hyperparams = DERppHyperparams
+    computes = Computes(losses=("extra",), draws=("step",))
 
     def carry_start(self, global_params: Params, state: State) -> State:
         if "seen" in state:
@@ -52,31 +62,31 @@ class DERpp(Method):
                 "logits": like.new_zeros((m, self.run_info.num_classes)),
                 "seen": torch.zeros((), dtype=torch.long, device=like.device)}
 
-    def step_samples(self, state: State, generator: torch.Generator, carry: State | None = None) -> Samples | None:
+    def samples(self, ctx: SamplesContext) -> Draw | None:
+        generator, carry = ctx.generator, ctx.carry
         filled = min(int(carry["seen"]), self.hparams.mem_per_client) if carry else 0
         if filled == 0:
             return None
-        k = self.hparams.replay_batch_size or self.run_info.batch_size
-        device = carry["y"].device
+        k, device = self.hparams.replay_batch_size or self.run_info.batch_size, carry["y"].device
         first = torch.randperm(filled, generator=generator)[:k].to(device)
         second = torch.randperm(filled, generator=generator)[:k].to(device)
         pick = torch.cat([first, second])
         mse = torch.cat([torch.ones(len(first)), torch.zeros(len(second))]).to(device)
-        return Samples(carry["x"][pick], carry["y"][pick], carry["task"][pick],
-                       extra={"logits": carry["logits"][pick], "mse": mse})
+        return Draw(step=Samples(carry["x"][pick], carry["y"][pick], carry["task"][pick],
+                                 extra={"logits": carry["logits"][pick], "mse": mse}))
 
-    def extra_loss(self, params: Params, x: torch.Tensor, task: torch.Tensor, server: State, state: State,
-                   samples: Samples | None = None) -> torch.Tensor:
+    def loss(self, ctx: LossContext) -> LossTerms:
+        x, samples = ctx.x, ctx.samples
         if samples is None:  # no client of the step has a memory yet
-            return x.new_zeros(x.shape[0])
-        out = functional_call(self.run_info.model, params, (samples.x, samples.task))
+            return LossTerms(extra=x.new_zeros(x.shape[0]))
+        out = functional_call(self.run_info.model, ctx.params, (samples.x, samples.task))
         w = samples.weight if samples.weight is not None else torch.ones_like(samples.extra["mse"])
         on_mse, on_ce = w * samples.extra["mse"], w * (1 - samples.extra["mse"])
         mse = ((out - samples.extra["logits"]) ** 2).mean(-1)
         ce = F.cross_entropy(out, samples.y, reduction="none")
         term = self.hparams.alpha * (on_mse * mse).sum() / on_mse.sum().clamp(min=1) + \
             self.hparams.beta * (on_ce * ce).sum() / on_ce.sum().clamp(min=1)
-        return term.expand(x.shape[0])  # a batch-mean term: the engine's mean over the real samples keeps it
+        return LossTerms(extra=term.expand(x.shape[0]))  # a batch-mean term: the mean over real samples keeps it
 
     def carry_step(self, step: Step, moved: Params) -> State:
         """Reservoir sampling (Vitter's algorithm R) of the step's real samples, in batch order: the ``n``-th sample

@@ -12,10 +12,9 @@ and a uniform sample. Each sample keeps its task id, so task-incremental samples
 from __future__ import annotations
 
 import torch
-from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Payload, Samples, Sends
-from cfl.tensors import Params, State
+from cfl.methods.base import ClientEndContext, Method, Payload, Samples, Sends
+from cfl.tensors import State
 
 
 def balanced_quota(total: int, caps: list[int]) -> list[int]:
@@ -44,8 +43,8 @@ class EpisodicMemory(Method):
         """Every client keeps ``mem_per_client`` slots: an input, a label and a task id (int64), a valid flag."""
         return s.num_clients * self.hparams.mem_per_client * (s.sample_bytes + 8 + 8 + 1) if (s := ctx.sizing) else None
 
-    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
-                   server: State, generator: torch.Generator) -> None:
+    def client_end(self, ctx: ClientEndContext) -> None:
+        data, state, generator = ctx.data, ctx.state, ctx.generator
         groups = self._memory_groups(state)  # task -> class -> sample rows (x, y) in random order
         order = torch.randperm(len(data.y), generator=generator).to(data.y.device)
         x, y = data.x[order], data.y[order]

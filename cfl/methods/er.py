@@ -11,13 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-import torch
-
-from cfl.methods.base import Samples
+from cfl.methods.base import Computes, Draw, SamplesContext
 from cfl.methods.bounds import SAMPLES_MAX
 from cfl.methods.episodic_memory import EpisodicMemory
 from cfl.schema import field
-from cfl.tensors import State
 
 
 @dataclass(frozen=True)
@@ -32,6 +29,8 @@ class ER(EpisodicMemory):
     name = "er"
     about = "ER+FL: each client replays a balanced memory of its own earlier-task samples"
     Hyperparams = ERHyperparams
+    computes = Computes(draws=("replay",))
 
-    def replay(self, state: State, generator: torch.Generator) -> Samples | None:
-        return self.draw(state, generator, self.hparams.replay_batch_size or self.run_info.batch_size)
+    def samples(self, ctx: SamplesContext) -> Draw | None:
+        state, generator = ctx.state, ctx.generator
+        return Draw(replay=self.draw(state, generator, self.hparams.replay_batch_size or self.run_info.batch_size))

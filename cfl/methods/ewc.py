@@ -18,9 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Payload, Quadratic, Sends
+from cfl.methods.base import ClientEndContext, Method, Payload, Quadratic, Sends
 from cfl.methods.bounds import SAMPLES_MAX, WEIGHT_MAX
 from cfl.ops.fisher import diagonal_fisher
 from cfl.schema import field
@@ -55,8 +54,8 @@ class EWC(Method):
         """The clients' state: every client keeps a Fisher and an anchor, two model-sized tensors."""
         return None if (s := ctx.sizing) is None else s.num_clients * 2 * s.model_bytes
 
-    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
-                   server: State, generator: torch.Generator) -> None:
+    def client_end(self, ctx: ClientEndContext) -> None:
+        model, params, data, state, generator = ctx.model, ctx.params, ctx.data, ctx.state, ctx.generator
         hp = self.hparams
         x, y = data.x, data.y
         if hp.fisher_samples is not None and len(y) > hp.fisher_samples:

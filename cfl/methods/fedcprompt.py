@@ -29,9 +29,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Payload, Requires, Sends, ServerEvent, Step
+from cfl.methods.base import (
+    ClientEndContext,
+    Computes,
+    LossContext,
+    LossTerms,
+    Method,
+    Payload,
+    Requires,
+    Sends,
+    ServerEvent,
+    Step,
+)
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.methods.class_mask import ClassMasked, class_mask_field
 from cfl.ops.data_free_clients import logits_and_features
@@ -39,7 +49,7 @@ from cfl.ops.distill import evaluating, frozen
 from cfl.pretrained.coda_prompt import orthogonality
 from cfl.pretrained.contrastive_continual import batch_contrastive_continual_loss, contrastive_continual_loss, task_rows
 from cfl.schema import ConfigError, field
-from cfl.tensors import Params, State
+from cfl.tensors import Params
 
 #: the component tensors (first dim: the pool) whose rows belong to one task each
 COMPONENTS = ("prompt.prompts", "prompt.keys", "prompt.attention")
@@ -69,6 +79,7 @@ class FedCPrompt(ClassMasked, Method):
     Hyperparams = FedCPromptHyperparams
     requires = Requires(model_train="components")
     sends = Sends(server_events=("start", "round"), broadcast={"round": ("global",)}, client_events=("task_end",))
+    computes = Computes(losses=("task", "extra"))
 
     def __init__(self, hparams: Any, run_info: Any) -> None:
         super().__init__(hparams, run_info)
@@ -101,29 +112,28 @@ class FedCPrompt(ClassMasked, Method):
 
     # ---- the previous task's global model, kept by each client ----
 
-    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
-                   server: State, generator: torch.Generator) -> None:
+    def client_end(self, ctx: ClientEndContext) -> None:
         """At the client's task end (``params``: the global model then): the next task's negative."""
-        state["previous"] = frozen(params)
+        ctx.state["previous"] = frozen(ctx.params)
 
     # ---- one client's loss and step ----
-    def extra_loss(self, params: Params, x: torch.Tensor, task: torch.Tensor, server: State,
-                   state: State, weight: torch.Tensor | None = None) -> torch.Tensor:
-        model = self.run_info.model
+    def loss(self, ctx: LossContext) -> LossTerms:
+        if ctx.part == "task":
+            return super().loss(ctx)
+        model, params, x, task, server, state = self.run_info.model, ctx.params, ctx.x, ctx.task, ctx.server, ctx.state
         anchor = logits_and_features(model, params, x, task)[1]
         with torch.no_grad(), evaluating(model):
             positive = logits_and_features(model, server["global"], x, task)[1]
             negative = logits_and_features(model, state["previous"], x, task)[1] if "previous" in state else None
         h = self.hparams
         if h.reduction == "batch":  # a batch term on every entry: the engine's mean over the real samples keeps it
-            real = torch.ones(x.shape[0], dtype=x.dtype, device=x.device) if weight is None else weight
-            term = batch_contrastive_continual_loss(anchor, positive, negative, h.margin, h.pull, h.push, real)
+            term = batch_contrastive_continual_loss(anchor, positive, negative, h.margin, h.pull, h.push, ctx.weight)
             loss = h.lam * term.expand(x.shape[0])
         else:
             loss = h.lam * contrastive_continual_loss(anchor, positive, negative, h.margin, h.pull, h.push)
         if h.ortho:
             loss = loss + h.ortho * sum(orthogonality(params[k]) for k in COMPONENTS)
-        return loss
+        return LossTerms(extra=loss)
 
     def step_gradient(self, step: Step) -> Params:
         """Only the rows of the client's current task's slice of components, keys and attention vectors move."""

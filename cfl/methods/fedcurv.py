@@ -14,9 +14,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Payload, Quadratic, Sends, ServerEvent
+from cfl.methods.base import (
+    ClientEndContext,
+    Method,
+    Payload,
+    Quadratic,
+    Sends,
+    ServerEvent,
+)
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.ops.fisher import diagonal_fisher
 from cfl.schema import field
@@ -55,10 +61,10 @@ class FedCurv(Method):
         return None if (s := ctx.sizing) is None else min(s.num_clients, s.rounds * s.clients_per_round) * (
             2 * s.model_bytes + 4)
 
-    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
-                   server: State, generator: torch.Generator) -> State | None:
+    def client_end(self, ctx: ClientEndContext) -> State | None:
         """Diagonal Fisher at the client's trained weights on its local data; kept in its state as well,
         stamped with the round it enters the server's sums."""
+        model, params, data, state, server = ctx.model, ctx.params, ctx.data, ctx.state, ctx.server
         fisher = diagonal_fisher(model, params, data.x, data.y, data.task, self.hparams.fisher,
                                  batch_size=self.run_info.batch_size)
         weighted = {k: fisher[k] * params[k].detach() for k in fisher}

@@ -13,12 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from cfl.methods.base import (
-    ClientData,
-    Event,
-    LocalTraining,
+    ClientEndContext,
     Method,
     Payload,
     Quadratic,
@@ -52,8 +49,8 @@ class FedDyn(Method):
         h = state.get("h", {})
         return {k: Quadratic(self.hparams.alpha, w, -h[k] if k in h else None) for k, w in global_params.items()}
 
-    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
-                   server: State, generator: torch.Generator, training: LocalTraining | None = None) -> None:
+    def client_end(self, ctx: ClientEndContext) -> None:
+        params, state, training = ctx.params, ctx.state, ctx.training
         h, alpha = state.get("h", {}), self.hparams.alpha
         state["h"] = {k: (h[k] if k in h else 0.0) - alpha * (v - training.global_params[k]) for k, v in params.items()}
 

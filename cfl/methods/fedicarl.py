@@ -9,8 +9,8 @@ by herding (Algorithm 4, shared with GLFC: :func:`cfl.ops.glfc_memory.herd_into`
 exemplars per class it learned, old sets cut to their first exemplars, new ones herded on the L2-normalised
 features at the head's input.
 
-Every local step appends ``replay_batch_size`` exemplars to the batch (``replay``) and replaces the cross-entropy by
-iCaRL's loss (``task_loss``), per sample the mean over the columns of
+Every local step appends ``replay_batch_size`` exemplars to the batch (``samples``) and replaces the cross-entropy by
+iCaRL's loss (``loss``'s task part), per sample the mean over the columns of
 ``BCE(sigmoid(z_c), target_c)``, ``target_c = sigmoid(z_old_c)`` of the old model for an old class ``c`` and the
 one-hot label elsewhere: classification and distillation in one term, as the official code's ``loss_class``
 (GLFC's code-form relation distillation is this loss: :func:`cfl.ops.glfc_losses.relation_distillation`).
@@ -23,10 +23,20 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-from torch import nn
 from torch.func import functional_call
 
-from cfl.methods.base import ClientData, Event, Method, Payload, Requires, Samples, Sends
+from cfl.methods.base import (
+    ClientEndContext,
+    Computes,
+    Draw,
+    LossContext,
+    LossTerms,
+    Method,
+    Payload,
+    Requires,
+    SamplesContext,
+    Sends,
+)
 from cfl.methods.bounds import SAMPLES_MAX
 from cfl.methods.episodic_memory import draw_memory
 from cfl.ops.distill import evaluating, frozen
@@ -34,7 +44,6 @@ from cfl.ops.features import head_features
 from cfl.ops.glfc_losses import relation_distillation
 from cfl.ops.glfc_memory import herd_into
 from cfl.schema import field
-from cfl.tensors import Params, State
 
 #: the columns iCaRL's BCE averages over: the classes seen so far (cfl's class-incremental mask, the growing head
 #: of the FCL papers' code) or all the head's (the official iCaRL code's fixed head, future classes' target 0)
@@ -60,6 +69,7 @@ class FediCaRL(Method):
     sends = Sends(client_events=("task_end",))
     requires = Requires(scenarios=("class",), scenarios_why="iCaRL distils the old classes' columns of one head and "
                                                             "herds exemplars per class")
+    computes = Computes(losses=("task",), draws=("replay",))
 
     def count_bytes(self, ctx: Payload) -> int | None:
         """Every client: the memory (an input, a label and a task id (int64), a valid flag per slot), one model-sized
@@ -67,9 +77,9 @@ class FediCaRL(Method):
         return None if (s := ctx.sizing) is None else s.num_clients * (
             self.hparams.memory_size * (s.sample_bytes + 8 + 8 + 1) + s.model_bytes + s.num_classes)
 
-    def task_loss(self, params: Params, logits: torch.Tensor, y: torch.Tensor, x: torch.Tensor, task: torch.Tensor,
-                  weight: torch.Tensor, allowed: torch.Tensor | None, server: State, state: State) -> torch.Tensor:
+    def loss(self, ctx: LossContext) -> LossTerms:
         """Per sample, iCaRL's BCE over the columns, old classes' targets from the old model."""
+        logits, y, x, task, allowed, state = ctx.logits, ctx.y, ctx.x, ctx.task, ctx.allowed, ctx.state
         every = torch.ones(logits.shape[-1], dtype=torch.bool, device=logits.device)
         columns = every if allowed is None or self.hparams.columns == "all" else allowed
         if "teacher" not in state:  # no client of the step has finished a task: the one-hot BCE
@@ -78,15 +88,16 @@ class FediCaRL(Method):
             old = state["old_classes"]
             with evaluating(self.run_info.model):
                 old_logits = functional_call(self.run_info.model, state["teacher"], (x, task)).detach()
-        return relation_distillation(logits, y, old_logits, columns, old & columns, "code")
+        return LossTerms(task=relation_distillation(logits, y, old_logits, columns, old & columns, "code"))
 
-    def replay(self, state: State, generator: torch.Generator) -> Samples | None:
-        return draw_memory(state, generator, self.hparams.replay_batch_size or self.run_info.batch_size)
+    def samples(self, ctx: SamplesContext) -> Draw | None:
+        size = self.hparams.replay_batch_size or self.run_info.batch_size
+        return Draw(replay=draw_memory(ctx.state, ctx.generator, size))
 
-    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
-                   server: State, generator: torch.Generator) -> None:
+    def client_end(self, ctx: ClientEndContext) -> None:
         """At a task end: the task's final global model becomes the teacher, the task's classes old, and the memory
         is refilled by herding on its features."""
+        model, params, data, state = ctx.model, ctx.params, ctx.data, ctx.state
         classes = self.run_info.task_classes
         if len(classes) <= data.task:
             raise ValueError(f"fedicarl: run_info.task_classes names {len(classes)} tasks, not task {data.task}'s "

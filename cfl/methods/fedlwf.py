@@ -15,13 +15,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Payload, Sends
+from cfl.methods.base import (
+    ClientEndContext,
+    Computes,
+    LossContext,
+    LossTerms,
+    Method,
+    Payload,
+    Sends,
+)
 from cfl.methods.bounds import TEMPERATURE_MAX, WEIGHT_MAX
 from cfl.ops.distill import Teacher, distillation, frozen, head_weights
 from cfl.schema import field
-from cfl.tensors import Params, State
 
 
 @dataclass(frozen=True)
@@ -36,21 +42,22 @@ class FedLwF(Method):
     about = "FedLwF: each client distils the previous task's global model on its old heads (LwF)"
     Hyperparams = FedLwFHyperparams
     sends = Sends(client_events=("task_end",))
+    computes = Computes(losses=("extra",))
 
     def count_bytes(self, ctx: Payload) -> int | None:
         """The clients' state: every client keeps one model-sized teacher and a float per head."""
         return None if (s := ctx.sizing) is None else s.num_clients * (s.model_bytes + 4 * s.num_tasks)
 
-    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
-                   server: State, generator: torch.Generator) -> None:
+    def client_end(self, ctx: ClientEndContext) -> None:
         """At a task end (``params``: the task's final global model): it becomes the teacher."""
+        params, data, state = ctx.params, ctx.data, ctx.state
         info = self.run_info
         state["teacher"] = frozen(params)
         state["heads"] = head_weights(info.num_tasks, info.scenario, data.task, next(iter(params.values())).device)
 
-    def extra_loss(self, params: Params, x: torch.Tensor, task: torch.Tensor, server: State,
-                   state: State) -> torch.Tensor:
+    def loss(self, ctx: LossContext) -> LossTerms:
+        params, x, task, state = ctx.params, ctx.x, ctx.task, ctx.state
         if "teacher" not in state:  # the first task: no teacher yet
-            return torch.zeros(x.shape[0], device=x.device)
+            return LossTerms(extra=torch.zeros(x.shape[0], device=x.device))
         teacher = Teacher(state["teacher"], state["heads"], self.hparams.lam)
-        return distillation(self.run_info.model, params, x, task, [teacher], self.hparams.temperature)
+        return LossTerms(extra=distillation(self.run_info.model, params, x, task, [teacher], self.hparams.temperature))

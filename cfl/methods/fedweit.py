@@ -23,11 +23,12 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-from torch import nn
 
 from cfl.methods.base import (
-    ClientData,
-    Event,
+    ClientEndContext,
+    Computes,
+    LossContext,
+    LossTerms,
     Method,
     ParamNames,
     ParamRoles,
@@ -79,6 +80,7 @@ class FedWeIT(Method):
     #: the task-end participants send their own A; the final global model is of no use to them
     sends = Sends(server_events=("task_end",), broadcast={"task_start": ("kb",)}, client_events=("task_end",),
                   downloads_model_at_task_end=False)
+    computes = Computes(losses=("extra",))
 
     def __init__(self, hparams: FedWeITHyperparams, run_info: Any) -> None:
         super().__init__(hparams, run_info)
@@ -144,17 +146,18 @@ class FedWeIT(Method):
         state["task"] = task
         return params
 
-    def extra_loss(self, params: Params, x: torch.Tensor, task: torch.Tensor, server: State,
-                   state: State) -> torch.Tensor:
+    def loss(self, ctx: LossContext) -> LossTerms:
         """The regularisers, the same for every sample (the engine's mean over real samples gives them once);
         the current task is the number of stored past tasks (a shape, so the code runs under ``vmap``)."""
+        params, x, task, state = ctx.params, ctx.x, ctx.task, ctx.state
         anchors = state["anchors"]
         if self.own_order:
             now = (torch.arange(state["past"].shape[-1], device=x.device) == task[0]).to(x.dtype)
-            return x.new_ones(x.shape[0]) * regulariser_own(params, self.layers, now, state["past"], anchors,
-                                                            self.weights)
+            return LossTerms(extra=x.new_ones(x.shape[0]) * regulariser_own(params, self.layers, now, state["past"],
+                                                                            anchors, self.weights))
         current = anchors[self.layers[0]].shape[0]
-        return x.new_ones(x.shape[0]) * regulariser(params, self.layers, current, anchors, self.weights)
+        return LossTerms(extra=x.new_ones(x.shape[0]) * regulariser(params, self.layers, current, anchors,
+                                                                    self.weights))
 
     def client_upload(self, ctx: TrainedClient) -> tuple[Params, Params]:
         """After a round's training: the sparse bases sent and each layer's kept output units; the client
@@ -167,11 +170,10 @@ class FedWeIT(Method):
             sent[f"{p}.base"], keeps[f"{p}.base"] = sparse.sparse_base(params[f"{p}.base"].detach(), keep), keep
         return sent, keeps
 
-    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
-                   server: State, generator: torch.Generator) -> State | None:
-        """Task end: the client's own ``A`` of the task (its local parameters, ``state["local"]``), pruned at
-        ``lambda_l1``: its entry of the next knowledge base; a participant that has not trained the task sends
-        nothing."""
+    def client_end(self, ctx: ClientEndContext) -> State | None:
+        """Task end: the client's own ``A`` of the task (``state["local"]``), pruned at ``lambda_l1``: its entry of
+        the next knowledge base; a participant that has not trained the task sends nothing."""
+        event, data, state = ctx.event, ctx.data, ctx.state
         if event != "task_end" or state.get("task") != data.task:
             return None
         local, task = state["local"], state["task"]

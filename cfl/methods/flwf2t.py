@@ -11,7 +11,7 @@ step adds, per sample,
 (the paper's loss divided by ``alpha``: the same minimiser, gradients scaled by ``1/alpha``), with ``KD_T`` the
 distillation of the teacher's old heads (cfl/ops/distill.py). The server teacher is the final global model of
 the previous task, which the client downloads at the task end: our reading where the paper's "current" server
-model would be the model of each round, which the method interface does not hand to ``extra_loss``; with one
+model would be the model of each round, which the method interface does not hand to ``loss``; with one
 round per task the two are the same model. Three model-sized tensors per client (the two teachers and the
 client's latest local model); nothing is uploaded. See docs/methods/flwf2t.md.
 """
@@ -21,13 +21,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Payload, Sends
+from cfl.methods.base import (
+    ClientEndContext,
+    Computes,
+    LossContext,
+    LossTerms,
+    Method,
+    Payload,
+    Sends,
+)
 from cfl.methods.bounds import TEMPERATURE_MAX
 from cfl.ops.distill import Teacher, distillation, frozen, head_weights
 from cfl.schema import ConfigError, field
-from cfl.tensors import Params, State
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,7 @@ class FLwF2T(Method):
     about = "FLwF-2T: each client distils its own previous-task model and the server's model (two teachers)"
     Hyperparams = FLwF2THyperparams
     sends = Sends(client_events=("round", "task_end"))
+    computes = Computes(losses=("extra",))
 
     @classmethod
     def check(cls, hparams: FLwF2THyperparams, cfg: object) -> None:  # noqa: ARG003
@@ -61,11 +68,11 @@ class FLwF2T(Method):
         model), each with a float per head."""
         return None if (s := ctx.sizing) is None else s.num_clients * 3 * (s.model_bytes + 4 * s.num_tasks)
 
-    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
-                   server: State, generator: torch.Generator) -> None:
+    def client_end(self, ctx: ClientEndContext) -> None:
         """After a round: keep the client's trained model. At a task end (``params``: the final global model):
         it becomes the server teacher, and the client's latest local model its own teacher (a client that did
         not train since keeps its older own teacher, or has none: weight 0)."""
+        event, params, data, state = ctx.event, ctx.params, ctx.data, ctx.state
         info, device = self.run_info, next(iter(params.values())).device
         heads = head_weights(info.num_tasks, info.scenario, data.task, device)
         if event == "round":
@@ -75,12 +82,12 @@ class FLwF2T(Method):
         if "latest" in state:
             state["own"], state["own_heads"] = state.pop("latest"), state.pop("latest_heads")
 
-    def extra_loss(self, params: Params, x: torch.Tensor, task: torch.Tensor, server: State,
-                   state: State) -> torch.Tensor:
+    def loss(self, ctx: LossContext) -> LossTerms:
+        params, x, task, state = ctx.params, ctx.x, ctx.task, ctx.state
         if "global" not in state:  # the first task: no teacher yet
-            return torch.zeros(x.shape[0], device=x.device)
+            return LossTerms(extra=torch.zeros(x.shape[0], device=x.device))
         hp = self.hparams
         teachers = [Teacher(state["global"], state["global_heads"], (1.0 - hp.alpha - hp.beta) / hp.alpha)]
         if "own" in state:  # a client that never trained in a finished task has no own teacher
             teachers.append(Teacher(state["own"], state["own_heads"], hp.beta / hp.alpha))
-        return distillation(self.run_info.model, params, x, task, teachers, hp.temperature)
+        return LossTerms(extra=distillation(self.run_info.model, params, x, task, teachers, hp.temperature))

@@ -17,11 +17,9 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
-from torch import nn
 
 from cfl.methods.base import (
-    ClientData,
-    Event,
+    ClientEndContext,
     Method,
     Payload,
     RunInfo,
@@ -125,8 +123,8 @@ class FOT(Method):
         """The clients' state: none (GPSE participants upload a sketch and keep nothing)."""
         return 0 if ctx.kind == "client_state" else None
 
-    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
-                   server: State, generator: torch.Generator) -> State | None:
+    def client_end(self, ctx: ClientEndContext) -> State | None:
+        model, params, data, server, generator = ctx.model, ctx.params, ctx.data, ctx.server, ctx.generator
         if len(data.x) == 0:
             return None
         start = time.perf_counter()

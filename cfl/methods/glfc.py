@@ -1,25 +1,22 @@
 """GLFC: Global-Local Forgetting Compensation (Dong et al., "Federated Class-Incremental Learning", CVPR 2022,
 arXiv 2203.11473), class-incremental; the official code ``conditionWang/FCIL`` is the reference where the paper
-is silent. GLFC's loss replaces the cross-entropy (``task_loss``); the proxy server scores each new global model
+is silent. GLFC's loss replaces the cross-entropy (``loss``'s task part); the proxy server scores each new global model
 (``server_event("round")``).
 
-Client, every local step: ``L_GC`` (class-aware gradient compensation; old classes = those the client learned),
-plus ``L_RD`` (relation distillation from the old model, of every class of the finished tasks, as the official
-``_compute_loss``) once the server holds one, ``0.5 L_GC + 0.5 L_RD``
-(cfl/ops/glfc_losses.py); memory samples appended to each step (``replay``). At a task end, with the task's
-final global model: herding exemplars of the client's classes into a memory of ``memory_size`` samples
-(cfl/ops/glfc_memory.py). In the first round of each task, after training: per class it holds, the prototype,
-perturbed, encoded as the gradient of a fixed random LeNet, uploaded (cfl/ops/glfc_proxy.py).
-Server (the proxy): reconstructs the uploads into a monitor set, scores each new global model on it and keeps
-the best; at a task end the best becomes the old model, broadcast with every round's model (counted each
-round). ``proxy: false`` is the ablation without the proxy server: the old model is the finished task's final
-global model.
+Client, every local step: ``L_GC`` (class-aware gradient compensation; old classes = those the client learned), plus
+``L_RD`` (relation distillation from the old model, of every class of the finished tasks, as the official
+``_compute_loss``) once the server holds one, ``0.5 L_GC + 0.5 L_RD`` (cfl/ops/glfc_losses.py); memory samples appended
+to each step (``samples``' replay part). At a task end, with the task's final global model: herding exemplars of the
+client's classes into a memory of ``memory_size`` samples (cfl/ops/glfc_memory.py). In the first round of each task,
+after training: per class it holds, the prototype, perturbed, encoded as the gradient of a fixed random LeNet, uploaded
+(cfl/ops/glfc_proxy.py). Server (the proxy): reconstructs the uploads into a monitor set, scores each new global model
+on it and keeps the best; at a task end the best becomes the old model, broadcast with every round's model (counted each
+round). ``proxy: false`` is the ablation without the proxy server: the old model is the task's final global model.
 
 Task- and domain-incremental streams (cfl's adaptation; GLFC's paper and code are class-incremental, FOT's is not
-public): classes named by global id ``task x classes per head + label`` (memory, learned mask, LeNet labels,
-monitor set); the loss's old group = samples of classes learned at earlier task ends, their whole row distilled
-(``glfc_loss_by_task``); each reconstruction scored on its own task's head (docs/methods/glfc.md).
-"""
+public): classes named by global id ``task x classes per head + label`` (memory, learned mask, LeNet labels, monitor
+set); the loss's old group = samples of classes learned at earlier task ends, their whole row distilled
+(``glfc_loss_by_task``); each reconstruction scored on its own task's head (docs/methods/glfc.md)."""
 
 from __future__ import annotations
 
@@ -32,9 +29,10 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from cfl.methods.base import ClientData, Event, Method, Payload, Samples, Sends, ServerEvent
+from cfl.methods.base import ClientData, Computes, Method, Payload, Sends, ServerEvent
 from cfl.methods.bounds import LR_MAX, SAMPLES_MAX, STEPS_MAX
 from cfl.methods.episodic_memory import draw_memory
+from cfl.methods.training_hooks import ClientEndContext, Draw, LossContext, LossTerms, SamplesContext
 from cfl.models.lenet import GradientLeNet, uniform_init_
 from cfl.ops.distill import evaluating, frozen
 from cfl.ops.features import head_features
@@ -79,6 +77,7 @@ class GLFC(Method):
     #: ``old_classes`` (class-incremental): the old model's classes, those of the tasks finished when it was made
     sends = Sends(server_events=("before_task_end", "round", "task_end"),
                   broadcast={"round": ("old_model", "old_classes", "round_in_task")}, server_task_end="last_holder")
+    computes = Computes(losses=("task",), draws=("replay",))
 
     def __init__(self, hparams: GLFCHyperparams, run_info: Any) -> None:
         super().__init__(hparams, run_info)
@@ -116,19 +115,19 @@ class GLFC(Method):
         return task * self.classes + y if self.by_task else y
 
     # ---- the local step ----
-    def task_loss(self, params: Params, logits: torch.Tensor, y: torch.Tensor, x: torch.Tensor, task: torch.Tensor,
-                  weight: torch.Tensor, allowed: torch.Tensor | None, server: State, state: State) -> torch.Tensor:
+    def loss(self, ctx: LossContext) -> LossTerms:
         """Per sample, GLFC's loss in place of the cross-entropy."""
+        logits, y, task, allowed, server, state = ctx.logits, ctx.y, ctx.task, ctx.allowed, ctx.server, ctx.state
         seen = torch.ones(logits.shape[-1], dtype=torch.bool, device=logits.device) if allowed is None else allowed
         old_logits = None
         if "old_model" in server:
             with evaluating(self.run_info.model):
-                old_logits = functional_call(self.run_info.model, server["old_model"], (x, task)).detach()
+                old_logits = functional_call(self.run_info.model, server["old_model"], (ctx.x, task)).detach()
         if self.by_task:  # old: a sample of a (task, class) the client learned, i.e. of a finished task
             learned = state.get("learned", torch.zeros(self.ids, dtype=torch.bool, device=logits.device))
             old_samples = learned.gather(-1, self.global_ids(y, task))
-            return glfc_loss_by_task(logits, y, weight, seen, old_samples, learned.any(-1), old_logits,
-                                     self.hparams.form)
+            return LossTerms(task=glfc_loss_by_task(logits, y, ctx.weight, seen, old_samples, learned.any(-1),
+                                                    old_logits, self.hparams.form))
         learned = state.get("learned", torch.zeros_like(seen))
         finished = torch.zeros_like(seen)
         if old_logits is not None:
@@ -137,22 +136,23 @@ class GLFC(Method):
                                  "each task end since cfl distils every class of the finished tasks); restart the "
                                  "run instead of resuming a checkpoint written before")
             finished = server["old_classes"]
-        return glfc_loss(logits, y, weight, seen, learned & seen, finished, old_logits, self.hparams.form)
+        return LossTerms(task=glfc_loss(logits, y, ctx.weight, seen, learned & seen, finished, old_logits,
+                                        self.hparams.form))
 
-    def replay(self, state: State, generator: torch.Generator) -> Samples | None:
-        return draw_memory(state, generator, self.hparams.replay_batch_size or self.run_info.batch_size)
+    def samples(self, ctx: SamplesContext) -> Draw | None:
+        return Draw(replay=draw_memory(ctx.state, ctx.generator,
+                                       self.hparams.replay_batch_size or self.run_info.batch_size))
 
     # ---- client ends ----
-    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
-                   server: State, generator: torch.Generator) -> State | None:
+    def client_end(self, ctx: ClientEndContext) -> State | None:
         start = time.perf_counter()
-        if event == "task_end":
-            self._herd(model, params, data, state)
+        if ctx.event == "task_end":
+            self._herd(ctx.model, ctx.params, ctx.data, ctx.state)
             self._add_client_seconds("herding_seconds", start)
             return None
-        if not self.hparams.proxy or int(server.get("round_in_task", 0)) != 0 or len(data.y) == 0:
+        if not self.hparams.proxy or int(ctx.server.get("round_in_task", 0)) != 0 or len(ctx.data.y) == 0:
             return None
-        upload = {"gradients": self._prototype_upload(model, params, data, state)}
+        upload = {"gradients": self._prototype_upload(ctx.model, ctx.params, ctx.data, ctx.state)}
         self._add_client_seconds("prototype_upload_seconds", start)
         return upload
 

@@ -16,14 +16,13 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
-from cfl.methods.base import ClientData, Computes, Event, Method, Payload, Sends
+from cfl.methods.base import ClientEndContext, Computes, Method, Payload, Sends
 from cfl.methods.bounds import SAMPLES_MAX
 from cfl.ops.layer_inputs import HeldInputs, layer_inputs_or_grams
 from cfl.ops.subspace import energy_rank, extend_basis, gram_residual_spectrum, thin_residual_spectrum
 from cfl.schema import field
-from cfl.tensors import Params, State
+from cfl.tensors import State
 
 
 @dataclass(frozen=True)
@@ -76,8 +75,8 @@ class GPM(Method):
             d * (min(d, math.ceil(s.samples_per_client * s.num_tasks)) if kind == "linear" else d)
             for kind, d in s.protected.values())
 
-    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
-                   server: State, generator: torch.Generator) -> None:
+    def client_end(self, ctx: ClientEndContext) -> None:
+        model, params, data, state = ctx.model, ctx.params, ctx.data, ctx.state
         if len(data.x) == 0:
             return
         eps = min(1.0, self.hparams.eps + data.task * self.hparams.eps_inc)

@@ -16,8 +16,8 @@ def _parameters(function: Callable[..., Any]) -> tuple[frozenset[str], bool]:
 
 
 def accepts(method: object, hook: str, argument: str) -> bool:
-    """Whether ``method``'s ``hook`` takes ``argument`` (by name, or ``**kwargs``): the engine passes a hook's
-    newer optional arguments (``step_samples``' ``server``, ``extra_loss``'s ``samples``) only to overrides that
-    name them, so a plugin written before them runs unchanged."""
+    """Whether ``method``'s ``hook`` takes ``argument`` (by name, or ``**kwargs``): the engine passes a hook's optional
+    arguments (``call``'s ``optional``) only to overrides that name them, so a plugin written before them runs
+    unchanged."""
     names, var_keyword = _parameters(getattr(type(method), hook))
     return argument in names or var_keyword

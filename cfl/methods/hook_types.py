@@ -61,10 +61,10 @@ class Linear:
 
 @dataclass
 class Samples:
-    """Samples of one client for one step (``replay``, ``step_samples``): inputs, labels, task ids; ``weight``
+    """Samples of one client for one step (``samples``' replay and step parts): inputs, labels, task ids; ``weight``
     (what the engine hands to step hooks) is 1 for a real sample and 0 for padding (None: all real); ``extra``
     named per-sample tensors ``(n, ...)`` carried with them (DER++'s stored logits), padded with zeros like ``x``
-    (``step_samples`` only: replay samples join a batch that has none)."""
+    (step draws only: replay samples join a batch that has none)."""
 
     x: torch.Tensor
     y: torch.Tensor
@@ -90,7 +90,7 @@ class Step:
     y: torch.Tensor
     task: torch.Tensor
     weight: torch.Tensor  # 1 per real sample, 0 for padding
-    samples: Samples | None  # this method's ``step_samples`` draw (weight 0 marks padding), or None
+    samples: Samples | None  # this method's step draw (``samples``, weight 0 marks padding), or None
     global_params: Params  # the round's global model
     server: State  # the method's broadcast of the round
     state: State  # the client's state as the round began (read only during the round)

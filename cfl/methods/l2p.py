@@ -21,9 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from cfl.methods.base import Method, Params, Requires, State
+from cfl.methods.base import Computes, LossContext, LossTerms, Method, Requires
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.methods.class_mask import ClassMasked, class_mask_field
 from cfl.pretrained.prompt_pool import key_distance
@@ -43,8 +41,10 @@ class L2P(ClassMasked, Method):
              "prompts, keys and head; model.train: prompts")
     Hyperparams = L2PHyperparams
     requires = Requires(model_train="prompts")
+    computes = Computes(losses=("task", "extra"))
 
-    def extra_loss(self, params: Params, x: torch.Tensor, task: torch.Tensor, server: State,
-                   state: State) -> torch.Tensor:
-        model = self.run_info.model
-        return self.hparams.lam * key_distance(model.query(x), params["prompt.keys"], model.prompt.top_k)
+    def loss(self, ctx: LossContext) -> LossTerms:
+        if ctx.part == "task":
+            return super().loss(ctx)
+        query, prompt = self.run_info.model.query(ctx.x), self.run_info.model.prompt
+        return LossTerms(extra=self.hparams.lam * key_distance(query, ctx.params["prompt.keys"], prompt.top_k))

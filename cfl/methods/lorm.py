@@ -43,7 +43,7 @@ from torch.func import functional_call
 from cfl.methods.base import (
     BackboneUpdate,
     ClientData,
-    Event,
+    ClientEndContext,
     Method,
     Params,
     Payload,
@@ -98,8 +98,8 @@ class LoRM(ClassMasked, Method):
         return {k: g * train_b if k.endswith(".lora_b") else g * (1 - train_b) if k.endswith(".lora_a") else g
                 for k, g in step.grads.items()}
 
-    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
-                   server: State, generator: torch.Generator) -> State | None:
+    def client_end(self, ctx: ClientEndContext) -> State | None:
+        event, model, params, data, server = ctx.event, ctx.model, ctx.params, ctx.data, ctx.server
         if len(data.y) == 0:
             return None  # no samples, no Gram: left out of the merge
         layers = [n for n, m in model.named_modules() if isinstance(m, LoRALinear)]

@@ -19,9 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Payload, Quadratic, Sends
+from cfl.methods.base import ClientEndContext, Method, Payload, Quadratic, Sends
 from cfl.methods.bounds import SAMPLES_MAX, WEIGHT_MAX
 from cfl.ops.fisher import output_norm_importance
 from cfl.schema import field
@@ -52,8 +51,8 @@ class MAS(Method):
         """The clients' state: every client keeps its summed importance and an anchor, two model-sized tensors."""
         return None if (s := ctx.sizing) is None else s.num_clients * 2 * s.model_bytes
 
-    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
-                   server: State, generator: torch.Generator) -> None:
+    def client_end(self, ctx: ClientEndContext) -> None:
+        model, params, data, state, generator = ctx.model, ctx.params, ctx.data, ctx.state, ctx.generator
         x = data.x
         cap = self.hparams.importance_samples
         if cap is not None and len(x) > cap:

@@ -6,14 +6,13 @@ the task's final global model, frozen, with its BatchNorm running statistics (cf
 ``train_mfcl_generator``: content CE, information entropy, BN statistics, smoothness); the generator, that model
 (the old model) and the seen classes go to each client once per task (``"task_start"``, counted).
 
-Client, every local step of task ``t >= 1``: ``syn_size`` images of the broadcast generator (eval mode, the client's
-own noise), labelled by the old model's argmax over the old classes, join the real batch (``replay``, so one
-training-mode forward sees both, as in the code); the loss (``task_loss``, per sample) is ``CE over the new classes
-(real samples of the task's classes) + w_ft * CE over the seen classes of the head on detached features + w_kd * the
-old head's squared gap between current and old features`` (cfl/ops/mfcl_losses.py ``client_loss``), the features
+Client, every local step of task ``t >= 1``: ``syn_size`` images of the broadcast generator (eval mode, the client's own
+noise), labelled by the old model's argmax over the old classes, join the real batch (``samples``' replay part, so one
+training-mode forward sees both, as in the code); the loss (``loss``'s task part, per sample) is ``CE over the new
+classes (real samples of the task's classes) + w_ft * CE over the seen classes of the head on detached features + w_kd *
+the old head's squared gap between current and old features`` (cfl/ops/mfcl_losses.py ``client_loss``), the features
 from a second forward of the same batch (the code's, too). Task 0: the cross-entropy over its classes. The forward
-inside the loss updates copies of the BatchNorm running statistics, which ``vmap`` cannot: sequential path.
-"""
+inside the loss updates copies of the BatchNorm running statistics, which ``vmap`` cannot: sequential path."""
 
 from __future__ import annotations
 
@@ -22,7 +21,19 @@ from dataclasses import dataclass
 import torch
 from torch.func import functional_call
 
-from cfl.methods.base import Computes, Method, Requires, RunInfo, Samples, Sends, ServerEvent
+from cfl.methods.base import (
+    Computes,
+    Draw,
+    LossContext,
+    LossTerms,
+    Method,
+    Requires,
+    RunInfo,
+    Samples,
+    SamplesContext,
+    Sends,
+    ServerEvent,
+)
 from cfl.methods.bounds import GENERATED_BATCH_MAX, LR_MAX, NOISE_MAX, STEPS_MAX, WEIGHT_MAX, WIDTH_MAX
 from cfl.models.buffers import RUNNING_BN_MODEL, running_stats
 from cfl.models.generator import MfclGenerator
@@ -32,7 +43,7 @@ from cfl.ops.losses import masked_cross_entropy
 from cfl.ops.mfcl_losses import MfclWeights, feature_distillation
 from cfl.ops.synthesis import Logits, MfclSettings, train_mfcl_generator
 from cfl.schema import ConfigError, field
-from cfl.tensors import Params, State
+from cfl.tensors import Params
 
 
 @dataclass(frozen=True)
@@ -75,7 +86,8 @@ class MFCL(Method):
     # under a schedule: the generator is trained when a task's last holder has left it (on the global model of that
     # moment, the old classes those of every task all holders have left) and sent to each client at its next
     # sampled round (cfl/engine/task_start.py)
-    computes = Computes(sequential_reason="its loss's own forward of a model with BatchNorm running statistics "
+    computes = Computes(losses=("task",), draws=("replay",),
+                        sequential_reason="its loss's own forward of a model with BatchNorm running statistics "
                                           "updates them in place, which vmap cannot")
 
     def __init__(self, hparams: MFCLHyperparams, run_info: RunInfo) -> None:
@@ -124,46 +136,46 @@ class MFCL(Method):
                                                                                 training.objectives[-1])
 
     # ---- one client's step ----
-    def replay(self, state: State, generator: torch.Generator, server: State | None = None) -> Samples | None:
+    def samples(self, ctx: SamplesContext) -> Draw | None:
         """``syn_size`` images of the broadcast generator (eval mode) on the client's own noise, labelled by the old
         model's argmax over the old classes, appended to the step's batch; none in task 0."""
-        if server is None or "generator" not in server:
+        if "generator" not in ctx.server:  # task 0
             return None
-        weights, model = server["generator"], self.run_info.model
+        server, weights, model, generator = ctx.server, ctx.server["generator"], self.run_info.model, ctx.generator
         z = torch.randn(self.hparams.syn_size, self.hparams.nz, generator=generator, device=generator.device)
         with torch.no_grad(), evaluating(model):
             images = functional_call(self.generator_module(), weights, (z.to(weights["project.weight"]),))
             tasks = torch.zeros(len(images), dtype=torch.long, device=images.device)
             old_logits = functional_call(model, server["old_model"], (images, tasks))
-        return Samples(images, old_logits.masked_fill(~server["old_classes"], float("-inf")).argmax(-1), tasks)
+        labels = old_logits.masked_fill(~server["old_classes"], float("-inf")).argmax(-1)
+        return Draw(replay=Samples(images, labels, tasks))
 
-    def task_loss(self, params: Params, logits: torch.Tensor, y: torch.Tensor, x: torch.Tensor, task: torch.Tensor,
-                  weight: torch.Tensor, allowed: torch.Tensor | None, server: State, state: State) -> torch.Tensor:
+    def loss(self, ctx: LossContext) -> LossTerms:
         """Per sample of the batch (real and synthetic, one forward), MFCL's loss, weighted so that the engine's mean
         over the samples gives ``mean over the new-class samples of CE over the new classes + w_ft x mean CE over
         the seen classes on detached features + w_kd x mean feature distillation`` (cfl/ops/mfcl_losses.py
         ``client_loss``); task 0: the cross-entropy over the seen classes."""
+        logits, y, x, task, allowed, server = ctx.logits, ctx.y, ctx.x, ctx.task, ctx.allowed, ctx.server
         if "old_model" not in server:
-            return masked_cross_entropy(logits, y, allowed)
-        model, old = self.run_info.model, server["old_classes"]
+            return LossTerms(task=masked_cross_entropy(logits, y, allowed))
+        model, old, h = self.run_info.model, server["old_classes"], self.hparams
         seen = old | allowed if allowed is not None else torch.ones_like(old)
         new = seen & ~old
-        _, features = logits_and_features(model, self._with_buffers(params), x, task)  # the engine's features
+        _, features = logits_and_features(model, self._with_buffers(ctx.params), x, task)  # the engine's features
         with torch.no_grad(), evaluating(model):
             _, old_features = logits_and_features(model, server["old_model"], x, task)
         old_head = _head(server["old_model"])
         kd = feature_distillation(functional_call(model.head, old_head, (features, task)),
                                   functional_call(model.head, old_head, (old_features, task)), old)
-        frozen = functional_call(model.head, _head(params), (features.detach(), task))
+        frozen = functional_call(model.head, _head(ctx.params), (features.detach(), task))
         is_new = new[y]  # the real samples of the task's classes (the synthetic ones have old labels)
-        scale = weight.sum() / (weight * is_new.to(weight.dtype)).sum().clamp(min=1.0)
+        scale = ctx.weight.sum() / (ctx.weight * is_new.to(ctx.weight.dtype)).sum().clamp(min=1.0)
         ce = masked_cross_entropy(logits, y, new)  # infinite on an old label: left out, not multiplied by 0
         ce_new = torch.where(is_new, ce, torch.zeros_like(ce)) * scale
-        return ce_new + self.hparams.w_ft * masked_cross_entropy(frozen, y, seen) + self.hparams.w_kd * kd
+        return LossTerms(task=ce_new + h.w_ft * masked_cross_entropy(frozen, y, seen) + h.w_kd * kd)
 
     def _with_buffers(self, params: Params) -> Params:
-        """``params`` with copies of the template's running statistics: a training-mode forward updates those
-        copies, not the template."""
+        """``params`` with copies of the template's running statistics (a training-mode forward updates the copies)."""
         return {**params, **running_stats(self.run_info.model)}
 
 

@@ -28,6 +28,10 @@ OLD_DECLARATIONS: dict[str, str] = {
     "schedules": "requires=Requires(schedules=...)",
     "schedules_why": "requires=Requires(schedules_why=...)",
     "unread_keys": "requires=Requires(unread_keys=...)",
+    "losses": "computes=Computes(losses=...)",
+    "draws": "computes=Computes(draws=...)",
+    "terms": "computes=Computes(terms=...)",
+    "starts": "computes=Computes(starts=...)",
 }
 
 

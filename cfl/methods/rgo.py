@@ -16,13 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Payload, Sends
+from cfl.methods.base import ClientEndContext, Method, Payload, Sends
 from cfl.methods.bounds import SAMPLES_MAX, WEIGHT_MAX
 from cfl.ops.rgo import absorb_held, preconditioner_of, task_inputs
 from cfl.schema import ConfigError, field
-from cfl.tensors import Params, State
+from cfl.tensors import State
 
 
 @dataclass(frozen=True)
@@ -62,8 +61,8 @@ class RGO(Method):
         return None if (s := ctx.sizing) is None else s.num_clients * max(
             4, next(self.run_info.model.parameters()).element_size()) * sum(d * d for _, d in s.protected.values())
 
-    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
-                   server: State, generator: torch.Generator) -> None:
+    def client_end(self, ctx: ClientEndContext) -> None:
+        model, params, data, state = ctx.model, ctx.params, ctx.data, ctx.state
         if len(data.x) == 0:
             return
         held = task_inputs(model, params, data.x, data.task, self.run_info.protected, self.hparams.gram,

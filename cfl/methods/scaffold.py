@@ -11,9 +11,15 @@ global step size) and sets ``c <- c + (1/N) sum_i dc_i`` over the round's client
 from __future__ import annotations
 
 import torch
-from torch import nn
 
-from cfl.methods.base import ClientData, Event, Linear, LocalTraining, Method, Payload, Sends, ServerEvent
+from cfl.methods.base import (
+    ClientEndContext,
+    Linear,
+    Method,
+    Payload,
+    Sends,
+    ServerEvent,
+)
 from cfl.tensors import Params, State
 
 
@@ -27,8 +33,8 @@ class Scaffold(Method):
         own = state.get("c", {})
         return {k: Linear(c - own[k] if k in own else c) for k, c in server["c"].items()}
 
-    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
-                   server: State, generator: torch.Generator, training: LocalTraining | None = None) -> State:
+    def client_end(self, ctx: ClientEndContext) -> State:
+        params, state, server, training = ctx.params, ctx.state, ctx.server, ctx.training
         scale = 1.0 / (max(training.steps, 1) * training.lr)
         own = state.get("c", {})
         new = {k: own.get(k, torch.zeros_like(c)) - c + (training.global_params[k] - params[k]) * scale

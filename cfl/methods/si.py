@@ -25,9 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Payload, Quadratic, Sends, Step
+from cfl.methods.base import ClientEndContext, Method, Payload, Quadratic, Sends, Step
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.schema import field
 from cfl.tensors import Params, State
@@ -74,8 +73,8 @@ class SI(Method):
         model-sized tensors (the anchor is the start)."""
         return None if (s := ctx.sizing) is None else s.num_clients * 3 * s.model_bytes
 
-    def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
-                   server: State, generator: torch.Generator) -> None:
+    def client_end(self, ctx: ClientEndContext) -> None:
+        params, state = ctx.params, ctx.state
         if "path" not in state:  # the client never trained in this task (none of its rounds): nothing learnt
             state["start"] = {k: v.detach().clone() for k, v in params.items()}
             return

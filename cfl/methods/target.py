@@ -6,9 +6,9 @@ global model (BN-statistics, CE and, from round ``warmup``, adversarial terms; s
 of every synthesis round pooled as 8-bit images, a student distilled after the rounds past the warm-up
 (cfl/ops/target_task_end.py). The pool, the teacher (parameters and running statistics) and the seen classes go
 to each client once per task (``"task_start"``, counted).
-Client, every local step: the cross-entropy over the current task's classes on its real batch (``task_loss``)
+Client, every local step: the cross-entropy over the current task's classes on its real batch (``loss``, task)
 plus ``kd x`` the soft cross-entropy over the old classes of a synthetic batch against the teacher
-(``extra_loss``, a forward of its own; docs/methods/target.md).
+(``loss``'s extra part, a forward of its own; docs/methods/target.md).
 """
 
 from __future__ import annotations
@@ -23,7 +23,18 @@ from torch import nn
 from torch.func import functional_call
 
 from cfl.data.augment import CropFlip
-from cfl.methods.base import Method, Requires, Samples, Sends, ServerEvent
+from cfl.methods.base import (
+    Computes,
+    Draw,
+    LossContext,
+    LossTerms,
+    Method,
+    Requires,
+    Samples,
+    SamplesContext,
+    Sends,
+    ServerEvent,
+)
 from cfl.methods.bounds import (
     GENERATED_BATCH_MAX,
     LR_MAX,
@@ -41,7 +52,7 @@ from cfl.ops.synthetic_pool import client_steps_per_epoch
 from cfl.ops.target_losses import TargetWeights, new_class_cross_entropy, old_class_distillation
 from cfl.ops.target_task_end import TargetTaskEndSettings, target_task_end
 from cfl.schema import ConfigError, field
-from cfl.tensors import Params, State
+from cfl.tensors import State
 
 
 @dataclass(frozen=True)
@@ -95,6 +106,7 @@ class Target(Method):
                   client_events=())
     requires = Requires(running_stats_model=RUNNING_BN_MODEL, scenarios=("class",),
                         scenarios_why="its synthetic images distil the old classes of one head")
+    computes = Computes(losses=("task", "extra"), draws=("step",))
     # under a schedule: the pool is synthesised when a task's last holder has left it (on the global model of that
     # moment, the old classes those of every task all holders have left) and sent to each client at its next
     # sampled round (cfl/engine/task_start.py)
@@ -112,13 +124,27 @@ class Target(Method):
               f"{hparams.image_std} (method.image_mean/image_std: give the stream's normalisation)", file=sys.stderr)
 
     # ---- the client step ----
-    def task_loss(self, params: Params, logits: torch.Tensor, y: torch.Tensor, x: torch.Tensor, task: torch.Tensor,
-                  weight: torch.Tensor, allowed: torch.Tensor | None, server: State, state: State) -> torch.Tensor:
-        """Per sample, the cross-entropy over the current task's classes: those the run allows, less the old ones."""
-        new = torch.ones(logits.shape[-1], dtype=torch.bool, device=logits.device) if allowed is None else allowed
-        if "old_classes" in server:
-            new = new & ~server["old_classes"]
-        return new_class_cross_entropy(logits, y, new)
+    def loss(self, ctx: LossContext) -> LossTerms:
+        """Task part: per sample, the cross-entropy over the current task's classes (those the run allows, less the
+        old ones). Extra part: ``kd x`` the mean old-class soft cross-entropy of the synthetic batch (train mode; its
+        running-statistics updates are thrown away) against the teacher (eval mode), added to every sample."""
+        logits, x, task, server, samples, allowed = ctx.logits, ctx.x, ctx.task, ctx.server, ctx.samples, ctx.allowed
+        if ctx.part == "task":
+            new = torch.ones(logits.shape[-1], dtype=torch.bool, device=logits.device) if allowed is None else allowed
+            if "old_classes" in server:
+                new = new & ~server["old_classes"]
+            return LossTerms(task=new_class_cross_entropy(logits, ctx.y, new))
+        if samples is None or "old_model" not in server:
+            return LossTerms(extra=x.new_zeros(x.shape[0]))
+        model = self.run_info.model
+        heads = task[:1].expand(len(samples.x))
+        throwaway = {k: v.clone() for k, v in model.named_buffers()}
+        student = functional_call(model, {**ctx.params, **throwaway}, (samples.x, heads))
+        with torch.no_grad(), evaluating(model):
+            teacher = functional_call(model, server["old_model"], (samples.x, heads))
+        kd = old_class_distillation(student, teacher, server["old_classes"], self.hparams.temperature)
+        weight = torch.ones_like(kd) if samples.weight is None else samples.weight
+        return LossTerms(extra=x.new_zeros(x.shape[0]) + self.hparams.kd * (kd * weight).sum() / weight.sum())
 
     def local_steps_per_epoch(self, num_samples: int, server: State) -> int | None:
         """The code's epoch: ``zip(real loader, synthetic loader)`` stops at the shorter
@@ -128,8 +154,9 @@ class Target(Method):
         real_batches = math.ceil(num_samples / self.run_info.batch_size)
         return client_steps_per_epoch(real_batches, len(server["pool"]), self.hparams.synthetic_batch)
 
-    def step_samples(self, state: State, generator: torch.Generator, server: State | None = None) -> Samples | None:
+    def samples(self, ctx: SamplesContext) -> Draw | None:
         """A synthetic batch: ``synthetic_batch`` pool images drawn without replacement, as the model's input."""
+        server, generator = ctx.server, ctx.generator
         if not server or "pool" not in server:
             return None
         pool = server["pool"]
@@ -138,23 +165,7 @@ class Target(Method):
         images = images.float() / 255 if images.dtype == torch.uint8 else images
         x = self._prepare(images.device, next(iter(server["old_model"].values())).dtype)(images, generator)
         zeros = torch.zeros(len(x), dtype=torch.long, device=x.device)
-        return Samples(x, zeros, zeros)
-
-    def extra_loss(self, params: Params, x: torch.Tensor, task: torch.Tensor, server: State, state: State,
-                   samples: Samples | None = None) -> torch.Tensor:
-        """``kd x`` the mean old-class soft cross-entropy of the synthetic batch (train mode; its running-statistics
-        updates are thrown away) against the teacher (eval mode), added to every sample."""
-        if samples is None or "old_model" not in server:
-            return x.new_zeros(x.shape[0])
-        model = self.run_info.model
-        heads = task[:1].expand(len(samples.x))
-        throwaway = {k: v.clone() for k, v in model.named_buffers()}
-        student = functional_call(model, {**params, **throwaway}, (samples.x, heads))
-        with torch.no_grad(), evaluating(model):
-            teacher = functional_call(model, server["old_model"], (samples.x, heads))
-        kd = old_class_distillation(student, teacher, server["old_classes"], self.hparams.temperature)
-        weight = torch.ones_like(kd) if samples.weight is None else samples.weight
-        return x.new_zeros(x.shape[0]) + self.hparams.kd * (kd * weight).sum() / weight.sum()
+        return Draw(step=Samples(x, zeros, zeros))
 
     # ---- the server's task end ----
     def server_event(self, ctx: ServerEvent) -> None:

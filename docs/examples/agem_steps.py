@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cfl.plugin import Method, Samples, Sends, Step, field, register
+from cfl.plugin import Computes, Draw, Method, Samples, Sends, Step, field, register
 
 
 @dataclass(frozen=True)
@@ -19,9 +19,10 @@ class MyAGEM(Method):
     about = "A-GEM written from docs/plugins.md"
     Hyperparams = Hyperparams
     sends = Sends(client_events=("task_end",), downloads_model_at_task_end=False)  # the memory is local data
+    computes = Computes(draws=("step",))
 
-    def client_end(self, event, model, params, data, state, server, generator):
-        # fixed-size slots for every task, so all clients' memories stack: filled ones are marked valid
+    def client_end(self, ctx):
+        data, state, generator = ctx.data, ctx.state, ctx.generator
         slots = self.hparams.per_task * self.run_info.num_tasks
         if "x" not in state:
             state["x"] = torch.zeros(slots, *data.x.shape[1:], dtype=data.x.dtype, device=data.x.device)
@@ -40,12 +41,13 @@ class MyAGEM(Method):
         s = ctx.sizing
         return s.num_clients * self.hparams.per_task * s.num_tasks * (s.sample_bytes + 8 + 8 + 1)
 
-    def step_samples(self, state, generator):
+    def samples(self, ctx):
+        state, generator = ctx.state, ctx.generator
         if "valid" not in state:
             return None
         rows = state["valid"].nonzero().flatten()
         pick = rows[torch.randperm(len(rows), generator=generator)[: self.hparams.ref_batch_size].to(rows.device)]
-        return Samples(state["x"][pick], state["y"][pick], state["task"][pick])
+        return Draw(step=Samples(state["x"][pick], state["y"][pick], state["task"][pick]))
 
     def step_gradient(self, step: Step):
         if step.samples is None:  # no client of this batch has a memory yet

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from cfl.plugin import Method, Samples, Step, field, register
+from cfl.plugin import Computes, Draw, LossTerms, Method, Samples, Step, field, register
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,7 @@ class MyDERpp(Method):
     name = "my-derpp"
     about = "DER++ written from docs/plugins.md"
     Hyperparams = Hyperparams
+    computes = Computes(losses=("extra",), draws=("step",))
 
     def carry_start(self, global_params, state):
         if "seen" in state:  # the memory kept from the client's last round
@@ -30,25 +31,27 @@ class MyDERpp(Method):
                 "task": torch.zeros(n, dtype=torch.long), "logits": torch.zeros(n, info.num_classes),
                 "seen": torch.zeros((), dtype=torch.long)}
 
-    def step_samples(self, state, generator, carry=None):  # outside vmap: Python on values is fine here
+    def samples(self, ctx):
+        generator, carry = ctx.generator, ctx.carry
         filled = min(int(carry["seen"]), self.hparams.size)
         if filled == 0:
             return None
         b = self.run_info.batch_size
         pick = torch.cat([torch.randperm(filled, generator=generator)[:b] for _ in range(2)])
         first = torch.arange(len(pick)) < len(pick) // 2  # the MSE draw, then the CE draw
-        return Samples(carry["x"][pick], carry["y"][pick], carry["task"][pick],
-                       extra={"logits": carry["logits"][pick], "mse": first.float()})
+        return Draw(step=Samples(carry["x"][pick], carry["y"][pick], carry["task"][pick],
+                       extra={"logits": carry["logits"][pick], "mse": first.float()}))
 
-    def extra_loss(self, params, x, task, server, state, samples=None):
+    def loss(self, ctx):
+        params, x, samples = ctx.params, ctx.x, ctx.samples
         if samples is None:
-            return x.new_zeros(x.shape[0])
+            return LossTerms(extra=x.new_zeros(x.shape[0]))
         out = functional_call(self.run_info.model, params, (samples.x, samples.task))
         mse, ce = samples.weight * samples.extra["mse"], samples.weight * (1 - samples.extra["mse"])
         mse_loss = (mse * ((out - samples.extra["logits"]) ** 2).mean(-1)).sum() / mse.sum().clamp(min=1)
         ce_loss = (ce * F.cross_entropy(out, samples.y, reduction="none")).sum() / ce.sum().clamp(min=1)
         term = self.hparams.alpha * mse_loss + self.hparams.beta * ce_loss  # a batch-mean term on every sample
-        return term.expand(x.shape[0])
+        return LossTerms(extra=term.expand(x.shape[0]))
 
     def carry_step(self, step: Step, moved):  # under vmap: tensor code, random numbers from step.random
         carry, size, real = step.carry, self.hparams.size, step.weight > 0

@@ -14,7 +14,16 @@ from dataclasses import dataclass
 
 import torch
 
-from cfl.plugin import Computes, ClientData, Event, Method, Params, Sends, State, field, layer_grams, register
+from cfl.plugin import (
+    ClientEndContext,
+    Computes,
+    Method,
+    Sends,
+    State,
+    field,
+    layer_grams,
+    register,
+)
 
 
 @dataclass(frozen=True)
@@ -33,8 +42,8 @@ class GPMLike(Method):
     def gradient_projection(self, state: State) -> dict[str, torch.Tensor]:
         return dict(state.get("bases", {}))
 
-    def client_end(self, event: Event, model: torch.nn.Module, params: Params, data: ClientData, state: State,
-                   server: State, generator: torch.Generator) -> None:
+    def client_end(self, ctx: ClientEndContext) -> None:
+        model, params, data, state = ctx.model, ctx.params, ctx.data, ctx.state
         if len(data.x) == 0:
             return
         bases = state.setdefault("bases", {})

@@ -16,7 +16,16 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from cfl.plugin import ClientData, Event, Method, Params, Sends, State, field, register
+from cfl.plugin import (
+    ClientEndContext,
+    Computes,
+    LossContext,
+    LossTerms,
+    Method,
+    Sends,
+    field,
+    register,
+)
 
 
 @dataclass(frozen=True)
@@ -31,19 +40,20 @@ class LwF(Method):
     about = "LwF: distil the previous task's global model on current data (example plugin)"
     Hyperparams = LwFHyperparams
     sends = Sends(client_events=("task_end",))  # nothing to do after rounds
+    computes = Computes(losses=("extra",))
 
-    def client_end(self, event: Event, model: torch.nn.Module, params: Params, data: ClientData, state: State,
-                   server: State, generator: torch.Generator) -> None:
+    def client_end(self, ctx: ClientEndContext) -> None:
         """At a task end: remember the task's final global model and which heads it has trained."""
+        params, data, state = ctx.params, ctx.data, ctx.state
         old_heads = torch.zeros(self.run_info.num_tasks)
         old_heads[: data.task + 1 if self.run_info.scenario == "task" else 1] = 1.0
         state["old"] = {k: v.clone() for k, v in params.items()}
         state["old_heads"] = old_heads
 
-    def extra_loss(self, params: Params, x: torch.Tensor, task: torch.Tensor, server: State,
-                   state: State) -> torch.Tensor:
+    def loss(self, ctx: LossContext) -> LossTerms:
+        params, x, task, state = ctx.params, ctx.x, ctx.task, ctx.state
         if "old" not in state:  # first task: nothing to remember yet
-            return torch.zeros(x.shape[0], device=x.device)
+            return LossTerms(extra=torch.zeros(x.shape[0], device=x.device))
         t, model = self.hparams.temperature, self.run_info.model
         total = torch.zeros(x.shape[0], device=x.device)
         for j in range(self.run_info.num_tasks):
@@ -53,4 +63,4 @@ class LwF(Method):
             log_new = F.log_softmax(functional_call(model, params, (x, head)) / t, dim=-1)
             kl = (target * (torch.log(target.clamp_min(1e-12)) - log_new)).sum(-1)
             total = total + state["old_heads"][j] * kl
-        return self.hparams.lam * t * t * total
+        return LossTerms(extra=self.hparams.lam * t * t * total)

@@ -44,7 +44,8 @@ class MySI(Method):
             return None
         return ctx.sizing.num_clients * 3 * ctx.sizing.model_bytes
 
-    def client_end(self, event, model, params, data, state, server, generator):
+    def client_end(self, ctx):
+        params, state = ctx.params, ctx.state
         if "path" not in state:  # no round of this task trained on this client
             state["start"] = {k: v.clone() for k, v in params.items()}
             return None
