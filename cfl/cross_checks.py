@@ -224,11 +224,10 @@ def check_optimizer(cfg: Any, specs: list[dict[str, Any]]) -> None:
     (not plain SGD) and off Ray; AdamW's decoupled weight decay with a gradient projection, which would shrink the
     protected directions."""
     from cfl.methods import METHODS
-    from cfl.methods.base import Method
+    from cfl.methods.base import provides
 
     optimizer = cfg.optimizer
-    projecting = [s["name"] for s in specs
-                  if METHODS[s["name"]].gradient_projection is not Method.gradient_projection]
+    projecting = [s["name"] for s in specs if provides(METHODS[s["name"]], "projection")]
     if optimizer.name == "adamw" and cfg.weight_decay and projecting:
         raise ConfigError(f"'optimizer.name: adamw' with 'weight_decay: {cfg.weight_decay}': method "
                           f"{projecting[0]} projects the gradient off its protected subspace, but AdamW's decoupled "

@@ -16,6 +16,7 @@ from cfl.data.partition import PARTITIONERS
 from cfl.data.stream import Stream, Task
 from cfl.methods import METHODS, register
 from cfl.methods.base import Method
+from cfl.methods.client_hooks import ClientRound, ClientRoundStart, ClientStart, RoundTerms, StartPart, TermPart
 from cfl.methods.hook_types import (
     EVENTS,
     BackboneUpdate,
@@ -44,6 +45,8 @@ __all__ = [
     # the method interface (cfl/methods/base.py) and its hooks' values (cfl/methods/hook_types.py)
     "Method", "NoHyperparams", "Quadratic", "Linear", "Samples", "ClientData", "RunInfo", "StateSizing", "Step",
     "LocalTraining", "Event", "EVENTS", "BackboneUpdate",
+    # a client's round start and round terms (cfl/methods/client_hooks.py)
+    "ClientRoundStart", "ClientStart", "StartPart", "ClientRound", "RoundTerms", "TermPart",
     # types and helpers of hooks
     "Params", "State", "nbytes", "field", "ConfigError",
     "diagonal_fisher", "output_norm_importance", "layer_grams",

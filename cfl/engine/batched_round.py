@@ -21,6 +21,7 @@ from cfl.engine.scratch import Scratch
 from cfl.engine.stacking import Batch, pad_samples, stack_states
 from cfl.engine.step_hooks import STEP_HOOKS
 from cfl.methods.base import Method, overrides
+from cfl.methods.client_hooks import takes
 from cfl.methods.hook_guard import VMAPPED_HOOKS
 from cfl.methods.hook_types import Samples
 from cfl.tensors import Params, State
@@ -182,6 +183,6 @@ class BatchedRound:
 
 def _stacked_states(method: Method, states: list[State]) -> State:
     """The clients' states stacked for the hooks that run under ``vmap`` ({} when the method has none)."""
-    if not any(overrides(method, hook) for hook in _VMAPPED):
+    if not any(takes(method, hook) for hook in _VMAPPED):
         return {}
     return stack_states(states, method.ragged)

@@ -13,15 +13,17 @@ from cfl.engine.jobs import Plugins
 from cfl.engine.stacking import Batch, client_rows, pad_samples, sample_counts
 from cfl.engine.step_hooks import StepStage
 from cfl.methods.base import Method, overrides
+from cfl.methods.client_hooks import provides
 from cfl.methods.hook_signatures import accepts
 from cfl.tensors import Params, State
 
 
 def preconditioners_of(plugins: Plugins, global_params: Params, states: list[State]) -> dict[str, torch.Tensor]:
-    """Each weight's ``layer_preconditioner`` matrices over the stacked clients, multiplied in the methods' order."""
+    """Each weight's ``round_terms`` preconditioner matrices over the stacked clients, multiplied in the methods'
+    order."""
     total: dict[str, torch.Tensor] = {}
     for i, m in enumerate(plugins.methods):
-        if overrides(m, "layer_preconditioner"):
+        if provides(m, "preconditioner"):
             for k, v in hooks.stacked_preconditioners(m, global_params, states[i]).items():
                 total[k] = v if k not in total else torch.matmul(total[k], v)
     return total

@@ -12,18 +12,20 @@ from cfl.methods.hook_guard import BrokenRule
 from cfl.methods.hook_types import Linear, Quadratic, Samples
 from cfl.tensors import Params
 
-PENALTY = ("must return None or {parameter name: Quadratic(weight, anchor) (optionally linear=) or Linear(coef)}, "
-           "the anchor, linear and coef floating point and shaped like the parameter")
-PRECONDITIONER = ("must return {weight name: matrix (d, d)}, d the weight's size over its first dim (im2col width); "
-                  "weights only (2 or more dims)")
-PROJECTION = "must return {parameter name: basis (d, k)}, d the parameter's size over its first dim (im2col width)"
+PENALTY = ("must give as penalty None or {parameter name: Quadratic(weight, anchor) (optionally linear=) or "
+           "Linear(coef)}, the anchor, linear and coef floating point and shaped like the parameter")
+PRECONDITIONER = ("must give as preconditioner None or {weight name: matrix (d, d)}, d the weight's size over its "
+                  "first dim (im2col width); weights only (2 or more dims)")
+PROJECTION = ("must give as projection None or {parameter name: basis (d, k)}, d the parameter's size over its first "
+              "dim (im2col width)")
 TASK_LOSS = ("must return one float loss per sample of the batch, a tensor of shape (B,) with B = logits.shape[0], "
              "computed from logits or params (it replaces the cross-entropy: the step's gradient is its gradient)")
 EXTRA_LOSS = "must return one float loss per sample of the batch x, a tensor of shape (B,) with B = x.shape[0]"
 REPLAY = "must return None or Samples(x, y, task): x shaped like the stream's inputs, y and task integer vectors"
 STEP_SAMPLES = "must return None or Samples(x, y, task): x shaped like the stream's inputs, y and task integer vectors"
 STEP_GRADIENT = "must return None or the step's gradient: {every parameter name: float tensor shaped like it}"
-CARRY_START = "must return a dict of tensors (nested dicts allowed), the same keys and shapes for every client"
+CARRY_START = ("must give as carry None or a dict of tensors (nested dicts allowed), the same keys and shapes for "
+               "every client")
 CLIENT_STATE = ("must keep, in a client state that hooks run under vmap read, tensors of the same shape under a key "
                 "for every client (the batched engine stacks them over the clients)")
 #: the part of a hook's rule that no check of one result can see (docs/plugins.md, "Rules that keep a method ...")
@@ -96,7 +98,10 @@ def check_extra_loss(result: Any, x: torch.Tensor, rule: str = EXTRA_LOSS) -> to
 
 
 def _check_matrices(result: Any, params: Params, rule: str, fits: Any, weights_only: bool) -> dict[str, torch.Tensor]:
-    """``{parameter name: matrix}`` with each matrix ``fits(matrix, d)``, ``d`` the parameter's im2col width."""
+    """``{parameter name: matrix}`` with each matrix ``fits(matrix, d)``, ``d`` the parameter's im2col width (None:
+    ``{}``)."""
+    if result is None:
+        return {}
     if not isinstance(result, dict):
         raise BrokenRule(f"{rule}; {_got(result)}")
     for key, matrix in result.items():
@@ -280,7 +285,7 @@ def check_some_params(result: Any, params: Params, rule: str) -> Params:
 
 # ---- parameters kept per client (cfl/engine/client_params.py) ----
 NAMES = "must return a list of the model's parameter names (a subset of the names it is given)"
-CLIENT_START = "must return the client's starting parameters: {every parameter name: tensor shaped like it}"
+CLIENT_START = "must give as params the client's starting parameters: {every parameter name: tensor shaped like it}"
 CLIENT_UPLOAD = ("must return (sent, info): sent {shared parameter name: tensor shaped like it}, info {name: tensor}, "
                  "the same keys and shapes for every client")
 SERVER_AGGREGATE = "must return {every name of client_upload's sent: tensor shaped like the parameter}"
@@ -333,7 +338,7 @@ def check_bytes(result: Any) -> int:
     return result
 
 
-STEPS_PER_EPOCH = "local_steps_per_epoch must return None or an int >= 1 (the local steps of each epoch)"
+STEPS_PER_EPOCH = "must give as steps None or an int >= 1 (the local steps of each epoch)"
 
 
 def check_steps(result: Any) -> int | None:

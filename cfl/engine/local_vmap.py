@@ -19,7 +19,7 @@ from cfl.engine.stacking import client_rows, couples_samples, sample_counts
 from cfl.engine.step_hooks import StepStage, step_key
 from cfl.engine.vmap_losses import grouped_losses, size_groups
 from cfl.engine.vmap_optim import OptimStep, SGDStep
-from cfl.methods.base import overrides
+from cfl.methods.client_hooks import provides
 from cfl.tensors import Params
 
 
@@ -85,7 +85,7 @@ def _train_block(model: nn.Module, global_params: Params, params: Params, jobs: 
                                                    batched_forward, plugins, {i: b for i, (_, b) in to_loss.items()})
         loss_sum[:n] += cross_entropy.detach()
         for i, m in enumerate(plugins.methods):
-            if overrides(m, "penalty"):
+            if provides(m, "penalty"):
                 pen = vmap(lambda p, st, m=m, b=plugins.broadcasts[i]: hooks.penalty_loss(m, p, global_params, b, st),
                            randomness="different")(params, step_states[i])
                 per_client = per_client + pen

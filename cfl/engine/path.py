@@ -24,13 +24,14 @@ from cfl.engine.stacked_net import StackedNet
 from cfl.engine.stacking import couples_samples
 from cfl.engine.step_hooks import STEP_HOOKS
 from cfl.methods.base import Method, overrides, per_client_hooks
+from cfl.methods.client_hooks import provides, takes
 from cfl.models.buffers import keeps_running_stats
 
 #: hooks the stacked path cannot take, with the reason
 _NOT_STACKED = {
     "extra_loss": "which needs per-sample losses",
     "task_loss": "which replaces the cross-entropy the fused step differentiates",
-    "gradient_projection": "whose projection the fused step does not apply",
+    "round_terms.projection": "whose projection the fused step does not apply",
     **{hook: "a step hook, which needs each client's materialised gradient" for hook in STEP_HOOKS},
 }
 
@@ -57,14 +58,14 @@ def stacked_refusal(model: nn.Module, hp: Hyper, methods: list[Method]) -> str |
     """Why the stacked path cannot train this run, or None when it can."""
     for m in methods:
         for hook, why in _NOT_STACKED.items():
-            if overrides(m, hook):
+            if takes(m, hook):
                 return f"method {m.name} overrides {hook}, {why}"
-    preconditioning = [m.name for m in methods if overrides(m, "layer_preconditioner")]
-    penalising = [m.name for m in methods if overrides(m, "penalty")]
+    preconditioning = [m.name for m in methods if provides(m, "preconditioner")]
+    penalising = [m.name for m in methods if provides(m, "penalty")]
     if preconditioning and penalising:
         return (f"method {preconditioning[0]} preconditions the gradients and method {penalising[0]} adds a penalty, "
                 "whose fused step would not be preconditioned")
-    if local_optim.plain_sgd(hp) and any(overrides(m, "penalty") for m in methods) and hp.lr * hp.weight_decay == 1.0:
+    if local_optim.plain_sgd(hp) and any(provides(m, "penalty") for m in methods) and hp.lr * hp.weight_decay == 1.0:
         return "lr * weight_decay = 1: the penalty's fused pre-step would divide by 1 - lr * weight_decay"
     return StackedNet.model_refusal(model)
 
@@ -81,7 +82,7 @@ def sequential_refusal(model: nn.Module, methods: list[Method]) -> str | None:
                     f"starts each client from its own parameters (the batched paths start every client of a stack "
                     f"from the global model)")
     # a ``step_samples`` draw that only an ``extra_loss`` reads reaches it unpadded (grouped by real counts)
-    stepping = [m.name for m in methods if any(overrides(m, h) for h in STEP_HOOKS if h != "step_samples")]
+    stepping = [m.name for m in methods if any(takes(m, h) for h in STEP_HOOKS if h != "step_samples")]
     if stepping and couples_samples(model):
         return (f"method {stepping[0]} takes step hooks and model {type(model).__name__} mixes the samples of a "
                 f"batch (BatchNorm): under vmap its steps' padding would enter the batch statistics")

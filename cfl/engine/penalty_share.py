@@ -18,7 +18,8 @@ import torch
 
 from cfl.engine import hooks
 from cfl.engine.jobs import ClientOutcome
-from cfl.methods.base import Method, overrides
+from cfl.methods.base import Method
+from cfl.methods.client_hooks import provides
 from cfl.records.client_states import MethodState
 from cfl.tensors import Params, State
 
@@ -47,7 +48,7 @@ def record_round(methods: list[Method], states: list[MethodState], broadcasts: l
     kept clients and rounds; ``penalty_share_by_task``; the client-rounds each is over)."""
     with torch.no_grad():
         for method, state, broadcast in zip(methods, states, broadcasts, strict=True):
-            if not overrides(method, "penalty"):
+            if not provides(method, "penalty"):
                 continue
             summed = client_shares(method, state, broadcast, global_params, trained, outcomes, keep)
             if summed is None:

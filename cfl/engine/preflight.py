@@ -35,6 +35,7 @@ from cfl.engine.server import transformed, updated
 from cfl.engine.server_state import broadcast_of
 from cfl.engine.step_hooks import StepStage, as_batch, gradient_function, takes_steps
 from cfl.methods.base import Method, overrides
+from cfl.methods.client_hooks import provides
 from cfl.methods.hook_types import Samples
 from cfl.models.buffers import load_global_model
 from cfl.records.client_states import ClientStates, MethodState
@@ -55,15 +56,15 @@ def dry_run_hooks(runner: Runner) -> None:
             broadcast = {**broadcast_of(m, "round", server), **broadcast_of(m, "task_start", server)}
             params, state = _dry_start(runner, m, broadcast)
             read = {"global_params": params, "server": broadcast, "state": state}
-            if overrides(m, "penalty"):
-                with unwritten(m, "penalty", read):
+            if provides(m, "penalty"):
+                with unwritten(m, "round_terms", read):
                     hooks.penalty_loss(m, params, params, broadcast, state)
             if overrides(m, "task_loss"):
                 logits = functional_call(runner.model, params, (x, task))
                 with unwritten(m, "task_loss", {**read, "logits": logits, "x": x, "y": y}):
                     hooks.task_loss(m, params, logits, y, x, task, weight, None, broadcast, state)
-            if overrides(m, "layer_preconditioner"):
-                with unwritten(m, "layer_preconditioner", read):
+            if provides(m, "preconditioner"):
+                with unwritten(m, "round_terms", read):
                     hooks.preconditioners(m, params, state)
             stage = StepStage([m], [broadcast], params, runner.hyper.lr,
                               gradient_function(runner.model, runner.hyper.precision, runner.device))
@@ -74,8 +75,8 @@ def dry_run_hooks(runner: Runner) -> None:
                 with unwritten(m, "extra_loss", {**read, "x": x}):
                     hooks.extra_loss(m, params, x, task, weight, broadcast, state,
                                      Samples(*drawn[0]) if drawn else None)
-            if overrides(m, "gradient_projection"):
-                with unwritten(m, "gradient_projection", read):
+            if provides(m, "projection"):
+                with unwritten(m, "round_terms", read):
                     hooks.projected(m, {k: torch.zeros_like(v) for k, v in params.items()}, state)
             if overrides(m, "replay"):
                 with unwritten(m, "replay", read):
@@ -140,13 +141,14 @@ def _dry_round(runner: Runner) -> None:
 
 
 def _dry_start(runner: Runner, method: Method, broadcast: State) -> tuple[Params, State]:
-    """A fresh client's starting parameters and state after ``method.client_start`` (the global model and ``{}``
-    where it has none)."""
+    """A fresh client's starting parameters and state after ``method.client_start``'s params (the global model and
+    ``{}`` where it has none)."""
     state: State = {}
-    if not overrides(method, "client_start"):
+    if not provides(method, "params"):
         return runner.params, state
-    return call(method, "client_start", dict(runner.params), state, broadcast, 0,
-                use=lambda start: check_client_start(start, runner.params)), state
+    return hooks.client_start(method, "params", lambda start: check_client_start(
+        runner.params if start is None else start, runner.params), server=broadcast, state=state,
+        params=dict(runner.params), task=0), state
 
 
 def _dry_upload(runner: Runner, method: Method, params: Params, state: State) -> None:

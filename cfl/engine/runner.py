@@ -44,6 +44,7 @@ from cfl.engine.task_start import TaskStarts
 from cfl.engine.traffic import record_round, round_upload
 from cfl.methods import METHODS
 from cfl.methods.base import Method, acts_after_rounds, overrides
+from cfl.methods.client_hooks import takes
 from cfl.methods.hook_guard import VMAPPED_HOOKS
 from cfl.methods.hook_types import ClientData, LocalTraining, RunInfo
 from cfl.metrics import client_forgetting
@@ -297,7 +298,7 @@ class Runner:
         result checked (:class:`cfl.engine.hook_call.finite_checks`), so a hook that made NaN or inf from finite
         arguments is named (``HookError``, exit code 3) in place of the advice to lower lr. Nothing on the way:
         only methods that make values in local training, only after such a stop."""
-        if not jobs or not any(overrides(m, h) for m in self.methods for h in VMAPPED_HOOKS):
+        if not jobs or not any(takes(m, h) for m in self.methods for h in VMAPPED_HOOKS):
             return
         data = self.stream.tasks[task]
         devices = [self.device] if self.device.type == "cuda" else []
@@ -314,7 +315,7 @@ class Runner:
         return {**trained, **{k: torch.stack([o.buffers[k] for o in outcomes]) for k in self.buffers}}
 
     def _keep_carries(self, outcomes: list[ClientOutcome]) -> None:
-        """The step hooks' running values of the kept clients into their states (``Method.carry_start``)."""
+        """The step hooks' running values of the kept clients into their states (``Method.client_start``'s carry)."""
         for outcome in outcomes:
             for i, carry in outcome.carry.items():
                 clients = self.states[i].clients

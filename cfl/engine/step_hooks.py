@@ -6,8 +6,8 @@ Each local step, before the step's loss (after ``replay``'s draw): every method'
 ``samples``; after the step's loss gradient, the methods' ``step_gradient`` in the run's method order (each sees
 the gradient as the previous one left it); the optimiser takes the result (weight decay, GPM's projection,
 moments). After the optimiser's update, each method's ``carry_step`` gets the step (``grads``:
-the gradient the optimiser took) and ``moved``, the update. A round starts each client's running values from
-``carry_start``; they come back with the client's outcome, and the round engine writes them into the client's
+the gradient the optimiser took) and ``step.moved``, the update. A round starts each client's running values from
+``client_start``'s carry; they come back with the client's outcome, and the round engine writes them into the client's
 state (kept clients only) before ``client_end("round")``. ``step_samples`` overrides that name ``carry`` get the
 client's running values before the step (a memory filled during the round). Every hook call gets ``step.random``,
 the client's own counter-based random numbers (:class:`cfl.ops.counter_random.StepRandom`), keyed by the client's
@@ -30,6 +30,7 @@ from cfl.engine.jobs import ClientJob, derive_seed
 from cfl.engine.precision import autocast, to_float
 from cfl.engine.stacking import stack_states
 from cfl.methods.base import Method, overrides
+from cfl.methods.client_hooks import provides, takes
 from cfl.methods.hook_guard import STEP_HOOKS  # noqa: F401 - the engine's name for them
 from cfl.methods.hook_signatures import accepts
 from cfl.methods.hook_types import Samples, Step
@@ -59,11 +60,11 @@ def task_loss_of(methods: list[Method]) -> int | None:
 
 def takes_steps(method: Method) -> bool:
     """Whether ``method`` overrides a step hook."""
-    return any(overrides(method, hook) for hook in STEP_HOOKS)
+    return any(takes(method, hook) for hook in STEP_HOOKS)
 
 
 def carries(method: Method) -> bool:
-    return overrides(method, "carry_start") or overrides(method, "carry_step")
+    return provides(method, "carry") or overrides(method, "carry_step")
 
 
 def gradient_function(model: nn.Module, precision: int | str,
@@ -114,16 +115,17 @@ class StepStage:
     # ---- outside vmap, per client ----
     def start(self, states: list[State]) -> dict[int, State]:
         """One client's running values at the round's start (``states``: its state per method)."""
-        return {i: hooks.carry_start(self.methods[i], self.global_params, states[i]) for i in self.carrying}
+        return {i: hooks.carry_start(self.methods[i], self.global_params, states[i], self.broadcasts[i])
+                for i in self.carrying}
 
     def stacked(self, starts: list[dict[int, State]]) -> dict[int, State]:
         """The clients' running values (``starts``: one :meth:`start` per client) stacked over them per method, a
         leaf the method declares ``ragged`` zero-padded to the widest client; keys or shapes that differ otherwise
-        are refused, naming the method and ``carry_start``."""
+        are refused, naming the method and ``client_start``."""
         out = {}
         for i in self.carrying:
             method = self.methods[i]
-            blamed(method, "carry_start", check_carries, [s[i] for s in starts], method.ragged)
+            blamed(method, "client_start", check_carries, [s[i] for s in starts], method.ragged)
             out[i] = stack_states([s[i] for s in starts], method.ragged)
         return out
 
@@ -155,18 +157,19 @@ class StepStage:
                 "step.params": params, "step.grads": grads, "step.x": x, "step.y": y, "step.task": task,
                 "step.weight": weight, "step.samples": samples.get(i), "step.global_params": self.global_params,
                 "step.server": self.broadcasts[i], "step.state": states[i], "step.carry": carry.get(i),
-                **({} if moved is None else {"moved": moved})}))
+                **({} if moved is None else {"step.moved": moved})}))
         return stack
 
     # ---- one client's step (the batched trainer vmaps these) ----
     def _step(self, i: int, params: Params, grads: Params, batch: SampleBatch, samples: dict[int, DrawBatch],
-              states: list[State], carry: dict[int, State], index: int, key: torch.Tensor, hook: str) -> Step:
+              states: list[State], carry: dict[int, State], index: int, key: torch.Tensor, hook: str,
+              moved: Params | None = None) -> Step:
         x, y, task, weight = batch
         drawn = samples.get(i)
         random = StepRandom(key, (index << 8) | (i << 1) | _HOOK_IDS[hook])
         return Step(params, grads, x, y, task, weight, None if drawn is None else Samples(*drawn),
                     self.global_params, self.broadcasts[i], states[i], carry.get(i, {}), self.lr, index,
-                    self.gradient_at(params), random)
+                    self.gradient_at(params), random, moved)
 
     def rewrite(self, params: Params, grads: Params, batch: SampleBatch, samples: dict[int, DrawBatch],
                 states: list[State], carry: dict[int, State], index: int, key: torch.Tensor) -> Params:
@@ -183,7 +186,7 @@ class StepStage:
         out = dict(carry)
         for i in self.carry_stepping:
             out[i] = hooks.carry_step(self.methods[i], self._step(i, params, grads, batch, samples, states, carry,
-                                                                  index, key, "carry_step"), moved)
+                                                                  index, key, "carry_step", moved))
         return out
 
 

@@ -28,6 +28,16 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from cfl.methods.client_hooks import (
+    ClientRound,
+    ClientRoundStart,
+    ClientStart,
+    RoundTerms,
+    StartPart,
+    TermPart,
+    check_parts,
+    provides,
+)
 from cfl.methods.declaration_checks import (
     BROADCAST_EVENTS,
     check_broadcast,
@@ -58,6 +68,8 @@ __all__ = [
     # handed on: the values the hooks receive and return (cfl/methods/hook_types.py)
     "Event", "EVENTS", "NoHyperparams", "Quadratic", "BackboneUpdate", "Linear", "Samples", "Step", "LocalTraining",
     "RunInfo", "StateSizing", "ClientData",
+    # handed on: a client's round start and round terms (cfl/methods/client_hooks.py)
+    "ClientRoundStart", "ClientStart", "StartPart", "ClientRound", "RoundTerms", "TermPart", "provides",
     # handed on: the checks of a method's declarations (cfl/methods/declaration_checks.py) and of which arguments
     # its hooks take (cfl/methods/hook_signatures.py)
     "BROADCAST_EVENTS", "check_broadcast", "refuse_model_without_running_stats", "refuse_scenario", "accepts",
@@ -117,6 +129,10 @@ class Method:
     #: last holder has left it (after ``before_task_end``), with every upload held since the clients' own task ends
     #: (cfl/engine/task_end.py)
     server_task_end: ClassVar[str] = "switch"
+    #: the parts of ``client_start`` the method gives (cfl/methods/client_hooks.py), each asked at its moment
+    starts: ClassVar[tuple[StartPart, ...]] = ()
+    #: the parts of ``round_terms`` the method gives, each asked where the engine uses it
+    terms: ClassVar[tuple[TermPart, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -124,6 +140,7 @@ class Method:
         if unknown:
             raise TypeError(f"{cls.__name__}.client_events lists {unknown}; the events are {list(EVENTS)}")
         check_broadcast(cls)
+        check_parts(cls, Method)
         if cls.backbone_update is not Method.backbone_update and tuple(cls.schedules) != ("synchronous",):
             raise TypeError(f"{cls.__name__} overrides backbone_update, which runs at the synchronous schedule's task "
                             "ends only: declare schedules = ('synchronous',) and say why in schedules_why")
@@ -159,11 +176,19 @@ class Method:
         hook fills in (FedWeIT's knowledge base)."""
         return []
 
-    def client_start(self, params: Params, state: State, server: State, task: int) -> Params:
-        """A client's starting parameters of a round (per client, outside ``vmap``, before its local training):
-        ``params`` is the global model with the client's local parameters; ``state`` may be updated in place
-        (the training hooks see it). Returns every parameter, shaped as ``params``."""
-        return params
+    def client_start(self, ctx: ClientRoundStart) -> ClientStart | None:
+        """A client's round start, per client, outside ``vmap``, asked once per part the class declares in
+        ``starts``, at the part's moment (``ctx.part``; :class:`ClientStart`'s field of it is taken): ``steps``
+        (when the round's jobs are made: at most this many local steps in each epoch of a client holding
+        ``ctx.num_samples`` samples, its first batches of the epoch's shuffle; TARGET's code zips the real and the
+        synthetic loaders; with several methods the smallest count applies); ``params`` (the sequential trainer's
+        starting parameters: ``ctx.params`` is the global model with the client's local parameters;
+        ``ctx.state`` may be updated in place, the training hooks see it; every parameter, shaped as
+        ``ctx.params``; declaring it sends the run to the sequential path); ``carry`` (the running values the
+        step hooks start the round's local training with, e.g. SI's path integral so far: tensors of fixed
+        shapes; at the round's end the client's state takes the final ones, ``state.update``, before
+        ``client_end("round")``)."""
+        return None
 
     def client_upload(self, params: Params, state: State) -> tuple[Params, Params]:
         """After a round's training (``params``: the client's trained model): what it sends of the shared
@@ -188,8 +213,16 @@ class Method:
         return None
 
     # ---- client side, one client ----
-    def penalty(self, global_params: Params, server: State, state: State) -> dict[str, Quadratic | Linear] | None:
-        """Quadratic and linear penalties added to every local step's loss, per parameter name (others carry none)."""
+    def round_terms(self, ctx: ClientRound) -> RoundTerms | None:
+        """One client's constants of a round, per part the class declares in ``terms`` (``ctx.part``: the one the
+        engine takes; :class:`RoundTerms`). ``penalty``: Quadratic and Linear terms added to every local step's
+        loss, per parameter name (others carry none). ``preconditioner``: per weight a matrix ``P (d, d)`` that
+        multiplies every local step's gradient on the right on the im2col view, ``g <- g P`` (RGO's ``P~``),
+        after the step hooks and before weight decay; the stacked path applies it to a fused layer's inputs
+        instead (``delta^T (X P)``), once per round per client. ``projection``: per parameter an orthonormal
+        basis ``(d, k)`` of the layer-input directions its local gradients must not move along (GPM): ``g <- g -
+        (g M) M^T`` on the im2col view, after weight decay. Run under ``vmap`` over the clients: a pure tensor
+        function of ``ctx.state``; the engine may ask a part once per step."""
         return None
 
     def task_loss(self, params: Params, logits: torch.Tensor, y: torch.Tensor, x: torch.Tensor, task: torch.Tensor,
@@ -215,18 +248,6 @@ class Method:
         the real samples (Fed-CPrompt's triplet on the batch sum)."""
         return x.new_zeros(x.shape[0])
 
-    def layer_preconditioner(self, state: State) -> dict[str, torch.Tensor]:
-        """Per parameter, a matrix ``P (d, d)`` that multiplies every local step's gradient on the right on the
-        im2col view, ``g <- g P`` (RGO's ``P~``), after the step hooks and before weight decay; the stacked path
-        applies it to a fused layer's inputs instead (``delta^T (X P)``: cheaper where the batch is smaller than
-        the layer's output). Called once per round per client."""
-        return {}
-
-    def gradient_projection(self, state: State) -> dict[str, torch.Tensor]:
-        """Per parameter, an orthonormal basis ``(d, k)`` of the layer-input directions its local gradients
-        must not move along (GPM): ``g <- g - (g M) M^T`` on the im2col view, after weight decay."""
-        return {}
-
     def replay(self, state: State, generator: torch.Generator, server: State | None = None) -> Samples | None:
         """Extra samples appended to every local step's batch and trained on in its forward (ER's memory, MFCL's
         synthetic images); ``generator`` is the client's own; ``server``: the method's broadcast of the round
@@ -248,15 +269,9 @@ class Method:
         ``step.grads``, same shapes; None keeps it. The optimiser then takes it (decay, projection, moments)."""
         return None
 
-    def carry_start(self, global_params: Params, state: State) -> State:
-        """The running values a client starts a round's local training with (e.g. SI's path integral so far):
-        tensors of fixed shapes. At the round's end the client's state takes the final ones (``state.update``)
-        before ``client_end("round")``."""
-        return {}
-
-    def carry_step(self, step: Step, moved: Params) -> State:
-        """The running values after the step: ``moved`` is ``new params - step.params`` (the optimiser's actual
-        update); returns a dict shaped like ``step.carry`` (SI: ``path += -grad * moved``)."""
+    def carry_step(self, step: Step) -> State:
+        """The running values after the step: ``step.moved`` is ``new params - step.params`` (the optimiser's
+        actual update); returns a dict shaped like ``step.carry`` (SI: ``path += -grad * moved``)."""
         return step.carry
 
     def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
@@ -278,13 +293,6 @@ class Method:
         does, or keeps parameters per client, and gives no estimate (None) is kept in memory under ``auto``, with a
         line on stderr."""
         return None if overrides(self, "client_end") or per_client_hooks(type(self)) else 0
-
-    def local_steps_per_epoch(self, num_samples: int, server: State) -> int | None:
-        """At most this many local steps in each epoch of a client holding ``num_samples`` samples of the task (its
-        first batches of the epoch's shuffle), with ``server`` the round's broadcast; None: all its batches
-        (TARGET's code zips the real and the synthetic loaders, so an epoch stops at the shorter). Called once per
-        client and round; with several methods the smallest count applies."""
-        return None
 
     # ---- server side ----
     def server_start(self, server: State, global_params: Params) -> None:
@@ -343,7 +351,8 @@ PER_CLIENT_HOOKS = ("local_params", "frozen_params", "client_start", "client_upl
 
 def per_client_hooks(cls: type[Method]) -> list[str]:
     """The hooks of parameters kept per client that the method class ``cls`` overrides."""
-    return [h for h in PER_CLIENT_HOOKS if getattr(cls, h) is not getattr(Method, h)]
+    return [h for h in PER_CLIENT_HOOKS if getattr(cls, h) is not getattr(Method, h)
+            and (h != "client_start" or provides(cls, "params"))]
 
 
 def takes_part_at_task_end(method: Method) -> bool:

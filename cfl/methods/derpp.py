@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from cfl.methods.base import Method, Samples, StateSizing, Step
+from cfl.methods.base import ClientRoundStart, ClientStart, Method, Samples, StateSizing, Step
 from cfl.methods.bounds import SAMPLES_MAX, WEIGHT_MAX
 from cfl.schema import field
 from cfl.tensors import Params, State
@@ -40,17 +40,17 @@ class DERppHyperparams:
 class DERpp(Method):
     name = "derpp"
     about = "DER++: a per-step reservoir of samples and their logits, logit MSE + CE on memory draws"
-    Hyperparams = DERppHyperparams
+    Hyperparams, starts = DERppHyperparams, ("carry",)
 
-    def carry_start(self, global_params: Params, state: State) -> State:
-        if "seen" in state:
-            return {k: state[k] for k in MEMORY}
-        m, like = self.hparams.mem_per_client, next(iter(global_params.values()))
-        return {"x": like.new_zeros((m, *self.run_info.input_shape)),
-                "y": torch.zeros(m, dtype=torch.long, device=like.device),
-                "task": torch.zeros(m, dtype=torch.long, device=like.device),
-                "logits": like.new_zeros((m, self.run_info.num_classes)),
-                "seen": torch.zeros((), dtype=torch.long, device=like.device)}
+    def client_start(self, ctx: ClientRoundStart) -> ClientStart:
+        if "seen" in (state := ctx.state):
+            return ClientStart(carry={k: state[k] for k in MEMORY})
+        m, like = self.hparams.mem_per_client, next(iter(ctx.global_params.values()))
+        return ClientStart(carry={"x": like.new_zeros((m, *self.run_info.input_shape)),
+                                  "y": torch.zeros(m, dtype=torch.long, device=like.device),
+                                  "task": torch.zeros(m, dtype=torch.long, device=like.device),
+                                  "logits": like.new_zeros((m, self.run_info.num_classes)),
+                                  "seen": torch.zeros((), dtype=torch.long, device=like.device)})
 
     def step_samples(self, state: State, generator: torch.Generator, carry: State | None = None) -> Samples | None:
         filled = min(int(carry["seen"]), self.hparams.mem_per_client) if carry else 0
@@ -78,7 +78,7 @@ class DERpp(Method):
             self.hparams.beta * (on_ce * ce).sum() / on_ce.sum().clamp(min=1)
         return term.expand(x.shape[0])  # a batch-mean term: the engine's mean over the real samples keeps it
 
-    def carry_step(self, step: Step, moved: Params) -> State:
+    def carry_step(self, step: Step) -> State:
         """Reservoir sampling (Vitter's algorithm R) of the step's real samples, in batch order: the ``n``-th sample
         seen goes to slot ``n`` while the memory has room, else to a slot drawn in ``[0, n]`` if below its size;
         a slot written twice in one step keeps the later sample."""

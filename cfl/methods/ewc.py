@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Quadratic, StateSizing
+from cfl.methods.base import ClientData, ClientRound, Event, Method, Quadratic, RoundTerms, StateSizing
 from cfl.methods.bounds import SAMPLES_MAX, WEIGHT_MAX
 from cfl.ops.fisher import diagonal_fisher
 from cfl.schema import field
@@ -44,12 +44,13 @@ class EWC(Method):
     name = "ewc"
     about = "EWC+FL: per-client diagonal-Fisher penalty lambda/2 sum F (w - w*)^2 on finished tasks"
     Hyperparams = EWCHyperparams
-    client_events = ("task_end",)
+    client_events, terms = ("task_end",), ("penalty",)
 
-    def penalty(self, global_params: Params, server: State, state: State) -> dict[str, Quadratic] | None:
-        if "fisher" not in state:  # no finished task yet
+    def round_terms(self, ctx: ClientRound) -> RoundTerms | None:
+        if "fisher" not in (state := ctx.state):  # no finished task yet
             return None
-        return {k: Quadratic(self.hparams.lam * state["fisher"][k], state["anchor"][k]) for k in global_params}
+        return RoundTerms({k: Quadratic(self.hparams.lam * state["fisher"][k], state["anchor"][k])
+                           for k in ctx.global_params})
 
     def client_state_bytes(self, sizing: StateSizing) -> int:
         """Every client keeps a Fisher and an anchor: two model-sized tensors."""
@@ -57,8 +58,7 @@ class EWC(Method):
 
     def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
                    server: State, generator: torch.Generator) -> None:
-        hp = self.hparams
-        x, y = data.x, data.y
+        hp, x, y = self.hparams, data.x, data.y
         if hp.fisher_samples is not None and len(y) > hp.fisher_samples:
             keep = torch.randperm(len(y), generator=generator)[: hp.fisher_samples].to(y.device)
             x, y = x[keep], y[keep]

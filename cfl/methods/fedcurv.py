@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Quadratic, StateSizing
+from cfl.methods.base import ClientData, ClientRound, Event, Method, Quadratic, RoundTerms, StateSizing
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.ops.fisher import diagonal_fisher
 from cfl.schema import field
@@ -35,7 +35,7 @@ class FedCurv(Method):
     about = "FedCurv: Fisher-weighted penalty towards the previous round's other clients (u, v broadcast)"
     Hyperparams = FedCurvHyperparams
     broadcast = {"round": ("u", "v", "round")}
-    client_events = ("round",)  # nothing happens at task ends
+    client_events, terms = ("round",), ("penalty",)  # nothing happens at task ends
 
     # ---- server ----
     def server_end(self, event: Event, uploads: dict[int, State], server: State, task: int) -> None:
@@ -67,18 +67,18 @@ class FedCurv(Method):
         state.update(I=fisher, Iw=weighted, round=torch.tensor(stamp, dtype=torch.int32, device=data.y.device))
         return {"I": fisher, "Iw": weighted}
 
-    def penalty(self, global_params: Params, server: State, state: State) -> dict[str, Quadratic] | None:
+    def round_terms(self, ctx: ClientRound) -> RoundTerms | None:
         """``lambda * u' (w - v'/u')^2`` with ``u'``, ``v'`` the other clients' sums: the server's less this
         client's last contribution if they contain it (it took part in the previous round)."""
-        if "u" not in server:
+        if "u" not in (server := ctx.server):
             return None
-        lam, out = self.hparams.lam, {}
+        lam, out, state = self.hparams.lam, {}, ctx.state
         mine = (state["round"] == server["round"] - 1) if "round" in state else None
-        for k in global_params:
+        for k in ctx.global_params:
             u, v = server["u"][k], server["v"][k]
             if mine is not None:
                 u, v = u - mine.to(u.dtype) * state["I"][k], v - mine.to(v.dtype) * state["Iw"][k]
             anchor = v / u
             kept = torch.isfinite(anchor)  # u' = 0: no penalty on that entry
             out[k] = Quadratic(torch.where(kept, 2.0 * lam * u, 0.0), torch.where(kept, anchor, 0.0))
-        return out
+        return RoundTerms(out)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, LocalTraining, Method, Quadratic, StateSizing
+from cfl.methods.base import ClientData, ClientRound, Event, LocalTraining, Method, Quadratic, RoundTerms, StateSizing
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.schema import field
 from cfl.tensors import Params, State
@@ -31,15 +31,15 @@ class FedDyn(Method):
     name = "feddyn"
     about = "FedDyn: a dynamic linear + quadratic regulariser per client, the server corrects by h/alpha"
     Hyperparams = FedDynHyperparams
-    client_events = ("round",)
+    client_events, terms = ("round",), ("penalty",)
     unread_keys = {"server_lr": "FedDyn's server sets w = mean(w_k) - h/alpha itself"}
 
     def server_start(self, server: State, global_params: Params) -> None:
         server["h"] = {k: torch.zeros_like(v) for k, v in global_params.items()}
 
-    def penalty(self, global_params: Params, server: State, state: State) -> dict[str, Quadratic]:
-        h = state.get("h", {})
-        return {k: Quadratic(self.hparams.alpha, w, -h[k] if k in h else None) for k, w in global_params.items()}
+    def round_terms(self, ctx: ClientRound) -> RoundTerms:
+        h, alpha = ctx.state.get("h", {}), self.hparams.alpha
+        return RoundTerms({k: Quadratic(alpha, w, -h[k] if k in h else None) for k, w in ctx.global_params.items()})
 
     def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
                    server: State, generator: torch.Generator, training: LocalTraining | None = None) -> None:

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, StateSizing
+from cfl.methods.base import ClientData, ClientRoundStart, ClientStart, Event, Method, StateSizing
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.models.fedweit_net import FROZEN, SHARED
 from cfl.models.fedweit_weight import fold_knowledge, hard_threshold
@@ -67,7 +67,7 @@ class FedWeIT(Method):
     models: ClassVar[tuple[str, ...]] = ("fedweit-mlp", "fedweit-lenet")
     scenarios: ClassVar[tuple[str, ...]] = ("task",)
     scenarios_why: ClassVar[str] = "one head per task"
-    client_events: ClassVar[tuple[Event, ...]] = ("task_end",)
+    client_events, starts = ("task_end",), ("params",)  # client_start: the starting parameters
     #: the task-end participants send their own A; the final global model is of no use to them
     downloads_model_at_task_end: ClassVar[bool] = False
 
@@ -104,9 +104,9 @@ class FedWeIT(Method):
         return [n for n in names if n.rsplit(".", 1)[-1] in FROZEN]
 
     # ---- client hooks ----
-    def client_start(self, params: Params, state: State, server: State, task: int) -> Params:
-        """The client's starting parameters of a round: ``params`` the global bases with its own local
-        parameters (the template's at its first round)."""
+    def client_start(self, ctx: ClientRoundStart) -> ClientStart:
+        """The client's starting parameters of a round, from ``ctx.params``: the global bases with its own locals."""
+        params, state, server, task = ctx.params, ctx.state, ctx.server, ctx.task
         out = dict(params)
         own = state.get("base", {})
         for p in self.layers:
@@ -115,7 +115,7 @@ class FedWeIT(Method):
             out = self._begin_task(out, state, server, task)
         for p in self.layers:
             out[f"{p}.base"] = sparse.merge_base(out[f"{p}.base"], params[f"{p}.base"])
-        return out
+        return ClientStart(params=out)
 
     def _begin_task(self, params: Params, state: State, server: State, task: int) -> Params:
         previous = state.get("task")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, StateSizing
+from cfl.methods.base import ClientData, ClientRound, Event, Method, RoundTerms, StateSizing
 from cfl.methods.bounds import SAMPLES_MAX
 from cfl.ops.layer_inputs import HeldInputs, layer_inputs_or_grams
 from cfl.ops.subspace import energy_rank, extend_basis, gram_residual_spectrum, thin_residual_spectrum
@@ -63,10 +63,10 @@ class GPM(Method):
     about = "GPM+FL: each client projects its local gradients off its own old-task input bases"
     Hyperparams = GPMHyperparams
     ragged = {"bases": 1}  # k differs between clients
-    client_events = ("task_end",)
+    client_events, terms = ("task_end",), ("projection",)
 
-    def gradient_projection(self, state: State) -> dict[str, torch.Tensor]:
-        return dict(state.get("bases", {}))
+    def round_terms(self, ctx: ClientRound) -> RoundTerms:
+        return RoundTerms(projection=dict(ctx.state.get("bases", {})))
 
     def client_state_bytes(self, sizing: StateSizing) -> int:
         """A float32 basis ``(d, k)`` per protected layer, ``k <= d``; for a linear layer ``k`` is also at most the

@@ -20,9 +20,9 @@ from cfl.schema import ConfigError
 #: the hooks the batched engine runs under ``torch.func.vmap`` over clients (docs/plugins.md, "Rules that keep a
 #: method fast and correct"): the one list the engine, the dry call and the messages read
 #: the step hooks: each sees and may rewrite one local step (cfl/engine/step_hooks.py runs them)
-STEP_HOOKS = ("step_samples", "step_gradient", "carry_start", "carry_step")
-VMAPPED_HOOKS = ("penalty", "task_loss", "extra_loss", "layer_preconditioner", "gradient_projection", "step_gradient",
-                 "carry_step")
+#: (``client_start.carry``: a part, :func:`cfl.methods.client_hooks.takes`)
+STEP_HOOKS = ("step_samples", "step_gradient", "client_start.carry", "carry_step")
+VMAPPED_HOOKS = ("round_terms", "task_loss", "extra_loss", "step_gradient", "carry_step")
 VMAP_HINT = (f"; the batched engine runs {', '.join(VMAPPED_HOOKS[:-1])} and {VMAPPED_HOOKS[-1]} under "
              "torch.func.vmap: write them as pure tensor functions of one client (no .item(), no Python branching on "
              "tensor values, no in-place writes to their inputs; docs/plugins.md)")

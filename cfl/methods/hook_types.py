@@ -100,6 +100,8 @@ class Step:
     #: the client's own random numbers for this hook call (:class:`cfl.ops.counter_random.StepRandom`: ``uniform``,
     #: ``integers``), usable under ``vmap``; deterministic from the run seed, the client, the round, the step
     random: Any = None
+    #: ``carry_step`` only: ``new params - params``, the optimiser's actual update of the step (None before it)
+    moved: Params | None = None
 
 
 @dataclass

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, Quadratic, StateSizing
+from cfl.methods.base import ClientData, ClientRound, Event, Method, Quadratic, RoundTerms, StateSizing
 from cfl.methods.bounds import SAMPLES_MAX, WEIGHT_MAX
 from cfl.ops.fisher import output_norm_importance
 from cfl.schema import field
@@ -40,13 +40,14 @@ class MAS(Method):
     name = "mas"
     about = "MAS+FL: per-client importance |d||f(x)||^2/dw| penalty lambda sum Omega (w - w*)^2 on finished tasks"
     Hyperparams = MASHyperparams
-    client_events = ("task_end",)
+    client_events, terms = ("task_end",), ("penalty",)
 
-    def penalty(self, global_params: Params, server: State, state: State) -> dict[str, Quadratic] | None:
-        if "omega" not in state:  # no finished task yet
+    def round_terms(self, ctx: ClientRound) -> RoundTerms | None:
+        if "omega" not in (state := ctx.state):  # no finished task yet
             return None
         # Quadratic is weight/2 (w - anchor)^2: weight 2 lambda Omega gives the paper's lambda Omega (w - w*)^2
-        return {k: Quadratic(2.0 * self.hparams.lam * state["omega"][k], state["anchor"][k]) for k in global_params}
+        lam = 2.0 * self.hparams.lam
+        return RoundTerms({k: Quadratic(lam * state["omega"][k], state["anchor"][k]) for k in ctx.global_params})
 
     def client_state_bytes(self, sizing: StateSizing) -> int:
         """Every client keeps its summed importance and an anchor: two model-sized tensors."""
@@ -54,8 +55,7 @@ class MAS(Method):
 
     def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
                    server: State, generator: torch.Generator) -> None:
-        x = data.x
-        cap = self.hparams.importance_samples
+        x, cap = data.x, self.hparams.importance_samples
         if cap is not None and len(x) > cap:
             x = x[torch.randperm(len(x), generator=generator)[:cap].to(x.device)]
         new = output_norm_importance(model, params, x, data.task, batch_size=self.run_info.batch_size)

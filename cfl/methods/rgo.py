@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Method, StateSizing
+from cfl.methods.base import ClientData, ClientRound, Event, Method, RoundTerms, StateSizing
 from cfl.methods.bounds import SAMPLES_MAX, WEIGHT_MAX
 from cfl.ops.rgo import absorb_held, preconditioner_of, task_inputs
 from cfl.schema import ConfigError, field
@@ -42,7 +42,7 @@ class RGO(Method):
     name = "rgo"
     about = "RGO+FL: each client preconditions its local gradients with (alpha I + G)^-1 of its old-task inputs"
     Hyperparams = RGOHyperparams
-    client_events = ("task_end",)
+    client_events, terms = ("task_end",), ("preconditioner",)
 
     @classmethod
     def check(cls, hparams: RGOHyperparams, cfg: Any) -> None:  # noqa: ARG003
@@ -78,7 +78,7 @@ class RGO(Method):
             old = deflations.get(name, torch.zeros(d, d, dtype=dtype, device=inputs.matrix.device))
             deflations[name] = absorb_held(old, inputs, self.hparams.alpha).to(dtype)
 
-    def layer_preconditioner(self, state: State) -> dict[str, torch.Tensor]:
+    def round_terms(self, ctx: ClientRound) -> RoundTerms:
         """``P~ = d P / trace(P)`` with ``P = I - D`` for every protected weight the client holds a deflation of
         (none before its first task end: FedAvg's step)."""
-        return {name: preconditioner_of(d) for name, d in state.get("deflation", {}).items()}
+        return RoundTerms(preconditioner={n: preconditioner_of(d) for n, d in ctx.state.get("deflation", {}).items()})

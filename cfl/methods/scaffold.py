@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from cfl.methods.base import ClientData, Event, Linear, LocalTraining, Method, StateSizing
+from cfl.methods.base import ClientData, ClientRound, Event, Linear, LocalTraining, Method, RoundTerms, StateSizing
 from cfl.tensors import Params, State
 
 
@@ -21,14 +21,14 @@ class Scaffold(Method):
     name = "scaffold"
     about = "SCAFFOLD: local steps corrected by the control variates c - c_i (option II)"
     broadcast = {"round": ("c",)}  # the server's control variate travels with every round's model
-    client_events = ("round",)
+    client_events, terms = ("round",), ("penalty",)
 
     def server_start(self, server: State, global_params: Params) -> None:
         server["c"] = {k: torch.zeros_like(v) for k, v in global_params.items()}
 
-    def penalty(self, global_params: Params, server: State, state: State) -> dict[str, Linear]:
-        own = state.get("c", {})
-        return {k: Linear(c - own[k] if k in own else c) for k, c in server["c"].items()}
+    def round_terms(self, ctx: ClientRound) -> RoundTerms:
+        own = ctx.state.get("c", {})
+        return RoundTerms({k: Linear(c - own[k] if k in own else c) for k, c in ctx.server["c"].items()})
 
     def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,
                    server: State, generator: torch.Generator, training: LocalTraining | None = None) -> State:

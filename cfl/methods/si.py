@@ -29,6 +29,7 @@ from torch import nn
 
 from cfl.methods.base import ClientData, Event, Method, Quadratic, StateSizing, Step
 from cfl.methods.bounds import WEIGHT_MAX
+from cfl.methods.client_hooks import ClientRound, ClientRoundStart, ClientStart, RoundTerms
 from cfl.schema import field
 from cfl.tensors import Params, State
 
@@ -48,30 +49,29 @@ class SI(Method):
     name = "si"
     about = "SI+FL: per-client path-integral importance (Synaptic Intelligence), penalty c sum Omega (w - w*)^2"
     Hyperparams = SIHyperparams
-    client_events = ("task_end",)
+    client_events, terms, starts = ("task_end",), ("penalty",), ("carry",)
 
-    def penalty(self, global_params: Params, server: State, state: State) -> dict[str, Quadratic] | None:
-        if "omega" not in state:  # no finished task yet
+    def round_terms(self, ctx: ClientRound) -> RoundTerms | None:
+        if "omega" not in (state := ctx.state):  # no finished task yet
             return None
-        # Quadratic is weight/2 (w - anchor)^2: weight 2c Omega gives the paper's c Omega (w - w*)^2
-        return {k: Quadratic(2.0 * self.hparams.c * state["omega"][k], state["start"][k]) for k in global_params}
+        c = 2.0 * self.hparams.c  # Quadratic is weight/2 (w - anchor)^2: 2c Omega gives the paper's c Omega (w - w*)^2
+        return RoundTerms({k: Quadratic(c * state["omega"][k], state["start"][k]) for k in ctx.global_params})
 
-    def carry_start(self, global_params: Params, state: State) -> State:
-        path = state.get("path") or {k: torch.zeros_like(v) for k, v in global_params.items()}
-        start = state.get("start") or {k: v.detach().clone() for k, v in global_params.items()}
-        return {"path": path, "start": start}
+    def client_start(self, ctx: ClientRoundStart) -> ClientStart:
+        path = ctx.state.get("path") or {k: torch.zeros_like(v) for k, v in ctx.global_params.items()}
+        start = ctx.state.get("start") or {k: v.detach().clone() for k, v in ctx.global_params.items()}
+        return ClientStart(carry={"path": path, "start": start})
 
-    def carry_step(self, step: Step, moved: Params) -> State:
+    def carry_step(self, step: Step) -> State:
         grads = step.grads
         if "omega" in step.state:  # the task loss's gradient: leave out the surrogate's 2c Omega (w - w*)
             c, omega, anchor = self.hparams.c, step.state["omega"], step.state["start"]
             grads = {k: g - 2.0 * c * omega[k] * (step.params[k] - anchor[k]) for k, g in grads.items()}
-        path = {k: p - grads[k] * moved[k] for k, p in step.carry["path"].items()}
+        path = {k: p - grads[k] * step.moved[k] for k, p in step.carry["path"].items()}
         return {"path": path, "start": step.carry["start"]}
 
     def client_state_bytes(self, sizing: StateSizing) -> int:
-        """Every client keeps its path integral, the task's start, and its importance: three model-sized
-        tensors (the anchor is the start)."""
+        """Three model-sized tensors per client: its path integral, the task's start, its importance (anchor: start)."""
         return sizing.num_clients * 3 * sizing.model_bytes
 
     def client_end(self, event: Event, model: nn.Module, params: Params, data: ClientData, state: State,

@@ -23,7 +23,7 @@ from torch import nn
 from torch.func import functional_call
 
 from cfl.data.augment import CropFlip
-from cfl.methods.base import Method, Samples
+from cfl.methods.base import ClientRoundStart, ClientStart, Method, Samples
 from cfl.methods.bounds import (
     GENERATED_BATCH_MAX,
     LR_MAX,
@@ -92,7 +92,7 @@ class Target(Method):
     about = "TARGET: server generator (BN statistics, CE, adversarial), synthetic pool, clients' KD on it"
     Hyperparams = TargetHyperparams
     broadcast = {"task_start": ("pool", "old_model", "old_classes")}
-    client_events = ()
+    client_events, starts = (), ("steps",)
     running_stats_model = RUNNING_BN_MODEL
     scenarios = ("class",)
     scenarios_why = "its synthetic images distil the old classes of one head"
@@ -121,13 +121,13 @@ class Target(Method):
             new = new & ~server["old_classes"]
         return new_class_cross_entropy(logits, y, new)
 
-    def local_steps_per_epoch(self, num_samples: int, server: State) -> int | None:
-        """The code's epoch: ``zip(real loader, synthetic loader)`` stops at the shorter
+    def client_start(self, ctx: ClientRoundStart) -> ClientStart | None:
+        """The local steps of an epoch, the code's: ``zip(real loader, synthetic loader)`` stops at the shorter
         (:func:`cfl.ops.synthetic_pool.client_steps_per_epoch`); no pool (the first task): every real batch."""
-        if not self.hparams.truncated_epochs or "pool" not in server:
+        if not self.hparams.truncated_epochs or "pool" not in (server := ctx.server):
             return None
-        real_batches = math.ceil(num_samples / self.run_info.batch_size)
-        return client_steps_per_epoch(real_batches, len(server["pool"]), self.hparams.synthetic_batch)
+        real = math.ceil(ctx.num_samples / self.run_info.batch_size)
+        return ClientStart(steps=client_steps_per_epoch(real, len(server["pool"]), self.hparams.synthetic_batch))
 
     def step_samples(self, state: State, generator: torch.Generator, server: State | None = None) -> Samples | None:
         """A synthetic batch: ``synthetic_batch`` pool images drawn without replacement, as the model's input."""

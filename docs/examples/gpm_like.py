@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cfl.plugin import ClientData, Event, Method, Params, State, field, layer_grams, register
+from cfl.plugin import ClientData, ClientRound, Event, Method, Params, RoundTerms, State, field, layer_grams, register
 
 
 @dataclass(frozen=True)
@@ -29,9 +29,10 @@ class GPMLike(Method):
     Hyperparams = GPMLikeHyperparams
     ragged = {"bases": 1}  # (d, k): k differs between clients
     client_events = ("task_end",)  # nothing to do after rounds
+    terms = ("projection",)  # round_terms gives a projection only
 
-    def gradient_projection(self, state: State) -> dict[str, torch.Tensor]:
-        return dict(state.get("bases", {}))
+    def round_terms(self, ctx: ClientRound) -> RoundTerms:
+        return RoundTerms(projection=dict(ctx.state.get("bases", {})))
 
     def client_end(self, event: Event, model: torch.nn.Module, params: Params, data: ClientData, state: State,
                    server: State, generator: torch.Generator) -> None:
