@@ -1,0 +1,32 @@
+"""The contexts of the merged client hooks (cfl/methods/client_hooks.py) carry every argument the old hooks took,
+and a class's declared parts must match its overrides."""
+
+import dataclasses
+
+import pytest
+
+from cfl.methods.base import ClientRound, ClientRoundStart, Method, RoundTerms, Step
+
+#: old hook -> its arguments, each a field of the new context (``carry_step``'s ``moved``: ``Step.moved``)
+OLD = {"penalty": (ClientRound, ("global_params", "server", "state")),
+       "layer_preconditioner": (ClientRound, ("state",)), "gradient_projection": (ClientRound, ("state",)),
+       "client_start": (ClientRoundStart, ("params", "state", "server", "task")),
+       "local_steps_per_epoch": (ClientRoundStart, ("num_samples", "server")),
+       "carry_start": (ClientRoundStart, ("global_params", "state")),
+       "carry_step": (Step, ("moved",))}
+
+
+@pytest.mark.parametrize("hook", sorted(OLD))
+def test_a_context_carries_every_argument_of_the_old_hook(hook):
+    ctx, args = OLD[hook]
+    assert set(args) <= {f.name for f in dataclasses.fields(ctx)}
+    assert not hasattr(Method, hook) or hook in ("client_start", "carry_step")
+
+
+def test_declared_parts_must_match_the_override():
+    with pytest.raises(TypeError, match="declares terms"):
+        type("Undeclared", (Method,), {"round_terms": lambda _self, _ctx: RoundTerms()})
+    with pytest.raises(TypeError, match="the parts of client_start"):
+        type("Unknown", (Method,), {"starts": ("moves",), "client_start": lambda _self, _ctx: None})
+    ok = type("Ok", (Method,), {"terms": ("penalty",), "round_terms": lambda _self, _ctx: None})
+    assert ok.terms == ("penalty",)
