@@ -60,7 +60,7 @@ def test_a_wrong_result_under_vmap_is_named_at_its_hook():
 
 
 def test_ctrl_c_in_a_hook_stays_ctrl_c():
-    with pytest.raises(KeyboardInterrupt), guarded(Plugin(None, None), "penalty"):
+    with pytest.raises(KeyboardInterrupt), guarded(Plugin(None, None), "round_terms"):
         raise KeyboardInterrupt
 
 

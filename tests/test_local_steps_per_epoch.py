@@ -1,4 +1,4 @@
-"""``Method.local_steps_per_epoch``: each local epoch keeps its first k batches of the epoch's shuffle, on every path
+"""``client_start``'s ``steps`` part: each local epoch keeps its first k batches of the epoch's shuffle, on every path
 (batched equals sequential), the smallest count of the run's methods applies, a broken count is refused; TARGET's
 override is its code's zip of the real and the synthetic loaders."""
 
@@ -88,7 +88,7 @@ class Broken(Counting):
 
 def test_a_count_below_one_is_refused_with_the_hook_named():
     with METHODS.temporarily("count-steps-0", Broken), \
-            pytest.raises(Exception, match=r"local_steps_per_epoch must return None or an int >= 1"):
+            pytest.raises(Exception, match=r"hook client_start: must give as steps None or an int >= 1"):
         Runner(_cfg(method={"name": "count-steps-0"}), make_stream("task")).run()
 
 

@@ -36,7 +36,7 @@ def drawn_samples(stage: StepStage, n: int, raw: list[list[State]], generators: 
                   x: torch.Tensor, carry: State, starts: list[dict[int, State]]
                   ) -> tuple[dict[int, list[int]], dict[int, tuple[torch.Tensor, ...]]]:
     """The step's ``step_samples`` draws of the ``n`` clients still training (``raw``: their states per method;
-    ``carry``: the stacked running values, ``starts`` each client's own ``carry_start``, for the overrides that read
+    ``carry``: the stacked running values, ``starts`` each client's own start carry, for the overrides that read
     ``carry``): per sampling method, each client's count, and the draws padded to the client with the most as (x,
     y, task, weight, extra) (left out where no client drew any)."""
     reading = stage.reads_carry()
@@ -97,7 +97,7 @@ def write_rows(carry: State, new: State, n: int) -> None:
 
 def leaf_row(v: State | torch.Tensor, c: int, like: State | torch.Tensor, copy: bool = True) -> State | torch.Tensor:
     """Client ``c``'s row of the stacked running values ``v``, each leaf cut back to the shape of ``like`` (its own
-    ``carry_start`` values: a ``ragged`` one was zero-padded to the widest client); ``copy`` False: views."""
+    ``client_start`` carry values: a ``ragged`` one was zero-padded to the widest client); ``copy`` False: views."""
     if isinstance(v, dict):
         return {k: leaf_row(u, c, like[k], copy) for k, u in v.items()}
     row = v[c]

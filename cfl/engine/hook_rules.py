@@ -195,7 +195,7 @@ def _refuse_shapes(rule: str, path: str, first: torch.Tensor, v: torch.Tensor, d
 
 
 def check_carries(carries: list[dict], ragged: dict[str, int], prefix: str = "") -> None:
-    """Refuse the clients' ``carry_start`` results (one dict per client, each checked by :func:`check_carry_start`)
+    """Refuse the clients' start carries (one dict per client, each checked by :func:`check_carry_start`)
     whose keys, or tensor shapes along other dims than the method's ``ragged`` declares, differ between clients:
     the batched engine stacks them over the clients."""
     for c in carries[1:]:

@@ -117,7 +117,7 @@ def client_schedule(job: ClientJob, hp: Hyper) -> list[torch.Tensor]:
 
 
 def limit_epochs(jobs: list[ClientJob], methods: list[Method], broadcasts: list[State]) -> None:
-    """Set each job's ``steps_per_epoch``: the smallest ``local_steps_per_epoch`` of the methods that override it."""
+    """Set each job's ``steps_per_epoch``: the smallest ``client_start`` ``steps`` of the methods that declare it."""
     limiting = [(m, b) for m, b in zip(methods, broadcasts, strict=True) if provides(m, "steps")]
     if not limiting:
         return

@@ -111,7 +111,7 @@ def _dry_step(runner: Runner, stage: StepStage, drawn: dict, batch: tuple[torch.
 
 
 def _dry_round(runner: Runner) -> None:
-    """Two fresh clients of the first round (their ``local_steps_per_epoch`` asked for their real sample counts)
+    """Two fresh clients of the first round (their ``client_start`` ``steps`` asked for their real sample counts)
     train one local step each on two of their samples through the run's own trainer, every method at once, from
     empty client states and copies of the server states; nothing it trains is kept."""
     jobs = runner.schedule.round_jobs(0, 0)[:2]

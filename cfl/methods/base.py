@@ -7,12 +7,12 @@ figures; the engine batches clients, stacks and pads their states and chooses it
 run (``docs/plugins.md``). State is owned by the engine (:class:`cfl.records.client_states.MethodState`),
 checkpointed with the run, and handed back to the hooks of the method that made it.
 
-A round (``t`` = task, 0-based): each client takes its batches (each epoch cut to ``local_steps_per_epoch``
-where a method sets it); every local step's loss is the cross-entropy (or the method's ``task_loss``)
-plus the ``penalty`` quadratics, the ``extra_loss`` and the
-``replay`` samples to the loss; the step hooks (``step_samples``, ``step_gradient``, ``carry_start``,
-``carry_step``: :class:`Step`) see and may rewrite each step's gradient and keep running values through the
-round; the optimiser projects the gradients off ``gradient_projection`` and steps; after training,
+A round (``t`` = task, 0-based): each client takes its batches (each epoch cut to ``client_start``'s ``steps``
+where a method gives it); every local step's loss is the cross-entropy (or the method's ``task_loss``)
+plus ``round_terms``' ``penalty`` quadratics, the ``extra_loss`` and the
+``replay`` samples to the loss; the step hooks (``step_samples``, ``step_gradient``, ``client_start``'s
+``carry``, ``carry_step``: :class:`Step`) see and may rewrite each step's gradient and keep running values through the
+round; the optimiser projects the gradients off ``round_terms``' ``projection`` and steps; after training,
 ``client_end("round")`` on each client, then the server aggregates, applies ``server_update`` (x GMA mask)
 and ``transform_update``, ``server_end("round")`` reduces the clients' uploads and ``after_server_step`` sees
 the new global model. At a task end,

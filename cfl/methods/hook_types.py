@@ -93,7 +93,7 @@ class Step:
     global_params: Params  # the round's global model
     server: State  # the method's broadcast of the round
     state: State  # the client's state as the round began (read only during the round)
-    carry: State  # the running values: ``carry_start``'s, then each ``carry_step``'s result
+    carry: State  # the running values: ``client_start``'s carry, then each ``carry_step``'s result
     lr: float
     index: int  # the client's step number in the round, from 0
     gradient: Callable[..., Params]

@@ -3,7 +3,7 @@
 At each task end every client holding data of the task runs the task's final global model on its local data
 and folds the Gram ``G`` of each protected layer's inputs (im2col patches for a conv layer, as GPM+FL) into
 its own preconditioner ``P = alpha (alpha I + G_all)^-1``, kept as the deflation ``D = I - P``. Every later
-local step (``layer_preconditioner``, before the optimiser's weight decay) preconditions the gradient of each
+local step (``round_terms``' preconditioner, before the optimiser's weight decay) preconditions the gradient of each
 protected weight with the trace-normalised ``P~ = d P / trace(P)``: ``g <- g P~`` on the (out, d) view (on the
 stacked path through the layer's inputs, ``delta^T (X P~)``). The server is
 FedAvg and nothing is uploaded. Task 1 (no state) is FedAvg. The maths is in cfl/ops/rgo.py; see
