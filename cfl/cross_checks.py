@@ -205,8 +205,8 @@ def check_client_params(cfg: Any, specs: list[dict[str, Any]]) -> None:
 
 
 def check_task_losses(cfg: Any, specs: list[dict[str, Any]]) -> None:
-    """At most one method replaces the cross-entropy (``Method.loss``'s task part: ``computes.losses`` lists "task"), and
-    none beside ``loss: tce`` (which changes the cross-entropy such a method replaces)."""
+    """At most one method replaces the cross-entropy (``Method.loss``'s task part: ``computes.losses`` lists
+    "task"), and none beside ``loss: tce`` (which changes the cross-entropy such a method replaces)."""
     from cfl.methods import METHODS
 
     own = [s["name"] for s in specs if "task" in METHODS[s["name"]].computes.losses]
@@ -223,10 +223,10 @@ def check_optimizer(cfg: Any, specs: list[dict[str, Any]]) -> None:
     (not plain SGD) and off Ray; AdamW's decoupled weight decay with a gradient projection, which would shrink the
     protected directions."""
     from cfl.methods import METHODS
+    from cfl.methods.declarations import gives
 
     optimizer = cfg.optimizer
-    projecting = [s["name"] for s in specs
-                  if METHODS[s["name"]].gradient_projection is not Method.gradient_projection]
+    projecting = [s["name"] for s in specs if gives(METHODS[s["name"]], "projection")]
     if optimizer.name == "adamw" and cfg.weight_decay and projecting:
         raise ConfigError(f"'optimizer.name: adamw' with 'weight_decay: {cfg.weight_decay}': method "
                           f"{projecting[0]} projects the gradient off its protected subspace, but AdamW's decoupled "

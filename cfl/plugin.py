@@ -17,6 +17,7 @@ from cfl.data.partition import PARTITIONERS
 from cfl.data.stream import Stream, Task
 from cfl.methods import METHODS, register
 from cfl.methods.base import Method
+from cfl.methods.client_hooks import ClientRound, ClientRoundStart, ClientStart, RoundTerms, StartPart, TermPart
 from cfl.methods.declarations import BroadcastEvent, Computes, ModelTrain, Requires, Scenario, Sends, ServerTaskEnd
 from cfl.methods.hook_types import (
     EVENTS,
@@ -72,6 +73,8 @@ __all__ = [
     "ParamNames", "ParamRoles", "TrainedClient", "StackedUploads", "Payload", "PayloadKind", "PAYLOAD_KINDS",
     # the contexts and results of loss, samples and client_end (cfl/methods/training_hooks.py)
     "LossContext", "LossTerms", "SamplesContext", "Draw", "ClientEndContext",
+    # a client's round start and round terms (cfl/methods/client_hooks.py)
+    "ClientRoundStart", "ClientStart", "StartPart", "ClientRound", "RoundTerms", "TermPart",
     # types and helpers of hooks
     "Params", "State", "nbytes", "field", "ConfigError",
     "diagonal_fisher", "output_norm_importance", "layer_grams",

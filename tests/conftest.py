@@ -174,3 +174,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if stale:
         raise pytest.UsageError(f"tests/slow_tests.py names tests that do not exist: {', '.join(stale)}; rename or "
                                 "remove the entries")
+
+
+def penalty_of(method, global_params, server, state):
+    """``method.round_terms``' penalty of one client (None: none), as the engine asks it."""
+    from cfl.methods.base import ClientRound
+
+    terms = method.round_terms(ClientRound("penalty", state, global_params, server))
+    return None if terms is None else terms.penalty
+
+
+def carry_start_of(method, global_params, state, server=None):
+    """``method.client_start``'s carry of one client (``{}``: none), as the engine asks it."""
+    from cfl.methods.base import ClientRoundStart
+
+    start = method.client_start(ClientRoundStart("carry", server or {}, state, global_params=global_params))
+    return {} if start is None or start.carry is None else start.carry
+
+
+def steps_of(method, num_samples, server):
+    """``method.client_start``'s local steps per epoch (None: all the batches), as the engine asks it."""
+    from cfl.methods.base import ClientRoundStart
+
+    start = method.client_start(ClientRoundStart("steps", server, num_samples=num_samples))
+    return None if start is None else start.steps

@@ -17,6 +17,7 @@ import copy
 import inspect
 import warnings
 from dataclasses import replace
+from typing import get_args
 
 import pytest
 import torch
@@ -30,7 +31,8 @@ from cfl.engine.path import choose_path
 from cfl.engine.runner import Runner
 from cfl.engine.stacking import couples_samples
 from cfl.methods import METHODS
-from cfl.methods.base import PER_CLIENT_HOOKS, Method, Quadratic, RunInfo, Samples, Sends
+from cfl.methods.base import PER_CLIENT_HOOKS, ClientStart, Method, Quadratic, RoundTerms, RunInfo, Samples, Sends
+from cfl.methods.declarations import StartPart, TermPart
 from cfl.methods.fedavg import FedAvg
 from cfl.models import MODELS, ModelShape, build_model
 from cfl.models.buffers import running_stats
@@ -359,6 +361,20 @@ def _nudged_by(samples_of: str):
     return step_gradient
 
 
+def _terms(part: str, old):
+    """A method giving ``round_terms``' ``part`` only, from ``old(self, ...)`` (the old hook's arguments)."""
+    def round_terms(self, ctx):
+        args = (ctx.global_params, ctx.server, ctx.state) if part == "penalty" else (ctx.state,)
+        return RoundTerms(**{part: old(self, *args)})
+    return {"computes": Computes(terms=(part,)), "round_terms": round_terms}
+
+
+def _carrying(old):
+    """A method giving ``client_start``'s carry only, from ``old(self, global_params, state)``."""
+    return {"computes": Computes(starts=("carry",)),
+            "client_start": lambda self, ctx: ClientStart(carry=old(self, ctx.global_params, ctx.state))}
+
+
 def _path_start(_self, global_params, state):
     return {"path": state.get("path") or {k: torch.zeros_like(v) for k, v in global_params.items()}}
 
@@ -377,17 +393,17 @@ VARIANTS.update({
         _nudged_by("batch"),
         lambda _self, step: {k: g * (1 + step.state.get("w", _zero())) for k, g in step.grads.items()},
     ),
-    "carry_start": (
-        lambda _self, global_params, _state: {"start_norm": sum(v.norm() for v in global_params.values())},
-        lambda _self, _global_params, state: {"doubled": 2 * state.get("w", _zero())},
+    "client_start.carry": (
+        _carrying(lambda _self, global_params, _state: {"start_norm": sum(v.norm() for v in global_params.values())}),
+        _carrying(lambda _self, _global_params, state: {"doubled": 2 * state.get("w", _zero())}),
     ),
     "carry_step": (
-        {"carry_start": _path_start,
-         "carry_step": lambda _self, step, moved: {"path": {k: p - step.grads[k] * moved[k]
-                                                            for k, p in step.carry["path"].items()}}},
-        {"carry_start": _path_start,
-         "carry_step": lambda _self, step, moved: {"path": {k: p + step.state.get("w", _zero()) * moved[k]
-                                                            for k, p in step.carry["path"].items()}}},
+        {**_carrying(_path_start),
+         "carry_step": lambda _self, step: {"path": {k: p - step.grads[k] * step.moved[k]
+                                                     for k, p in step.carry["path"].items()}}},
+        {**_carrying(_path_start),
+         "carry_step": lambda _self, step: {"path": {k: p + step.state.get("w", _zero()) * step.moved[k]
+                                                     for k, p in step.carry["path"].items()}}},
     ),
 })
 
@@ -418,11 +434,19 @@ VARIANTS["server_event"] = (
 TASK_END_HOOKS = ("server_event",)
 
 #: each local epoch cut to its first batches; the state-dependent variant reads the broadcast ``scale``
-VARIANTS["local_steps_per_epoch"] = (
-    lambda _self, _num_samples, _server: 1,
-    {"local_steps_per_epoch": lambda _self, _num_samples, server: 1 if float(server["scale"]) < 0.7 else 2,
+VARIANTS["client_start.steps"] = (
+    {"computes": Computes(starts=("steps",)), "client_start": lambda _self, _ctx: ClientStart(steps=1)},
+    {"computes": Computes(starts=("steps",)),
+     "client_start": lambda _self, ctx: ClientStart(steps=1 if float(ctx.server["scale"]) < 0.7 else 2),
      "sends": Sends(broadcast={"round": ("scale",)})},
 )
+#: the parts of the hooks that merge several (``round_terms``; ``client_start``'s but its params, which send the
+#: run to the sequential path), each with its variants in place of the hook's
+PARTS = {"round_terms.penalty", "round_terms.projection", "round_terms.preconditioner", "client_start.carry",
+         "client_start.steps"}
+for _old, _part in (("penalty", "penalty"), ("gradient_projection", "projection"),
+                    ("layer_preconditioner", "preconditioner")):
+    VARIANTS[f"round_terms.{_part}"] = tuple(_terms(_part, v) for v in VARIANTS.pop(_old))
 
 
 def _synthetic_loss(self, ctx):
@@ -494,8 +518,9 @@ def _accumulate(state: dict, value: torch.Tensor) -> dict:
 
 
 def test_every_hook_has_both_variants():
-    assert sorted(set(VARIANTS) - set(ARGUMENT_VARIANTS)) == HOOKS
-    assert len(HOOKS) == 15  # loss and samples each took two hooks' place (task and extra, replay and step)
+    assert sorted(set(VARIANTS) - set(ARGUMENT_VARIANTS) - PARTS) == [h for h in HOOKS if h != "round_terms"]
+    assert {p.split(".")[1] for p in PARTS} == {*get_args(TermPart), *get_args(StartPart)} - {"params"}
+    assert len(HOOKS) == 9  # of the 14: count_bytes and the four of parameters kept per client left out
 
 
 def _assert_states_close(a: object, b: object, where: str) -> None:
@@ -523,7 +548,7 @@ def test_every_hook_runs_alike_in_both_engines(hook, variant):
     the run can take. (The batched trainer once skipped a gradient projection whenever no client held state,
     so a state-free one was never applied.)"""
     impl = VARIANTS[hook][variant == "state-dependent"]
-    name = f"hook-{hook.replace('_', '-').replace('(', '-').rstrip(')')}-{variant}"
+    name = f"hook-{hook.replace('_', '-').replace('(', '-').replace('.', '-').rstrip(')')}-{variant}"
     cls = type(name, (Method,), {"name": name, **(impl if isinstance(impl, dict) else {hook: impl})})
     with METHODS.temporarily(name, cls):
         cfg = from_dict({"num_clients": 2, "clients_per_round": 2, "rounds_per_task": 1, "batch_size": 4,

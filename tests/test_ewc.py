@@ -16,7 +16,7 @@ from cfl.records.client_states import MethodState
 from cfl.records.comm import CommLedger
 from cfl.schema import ConfigError
 from cfl.validation import from_dict
-from tests.conftest import changes_training, make_stream, run_both_paths
+from tests.conftest import changes_training, make_stream, penalty_of, run_both_paths
 from tests.helpers import BatchStatNet
 
 
@@ -59,7 +59,7 @@ def test_penalty_is_zero_at_the_anchor_and_its_gradient_is_lambda_f_times_distan
 
 def test_no_penalty_before_the_first_task_ends():
     ewc = _ewc(SharedHead(3, 2))
-    assert ewc.penalty({"w": torch.ones(2)}, {}, {}) is None
+    assert penalty_of(ewc, {"w": torch.ones(2)}, {}, {}) is None
 
 
 def test_fisher_of_a_softmax_model_at_zero_weights_is_a_quarter_of_x_squared():

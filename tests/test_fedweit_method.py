@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from cfl.methods.base import ClientData, ParamNames, Payload, RunInfo, StackedUploads, TrainedClient
+from cfl.methods.base import ClientData, ClientRoundStart, ParamNames, Payload, RunInfo, StackedUploads, TrainedClient
 from cfl.methods.fedweit import FedWeIT, FedWeITHyperparams
 from cfl.methods.server_hooks import ServerEvent
 from cfl.methods.training_hooks import ClientEndContext, LossContext
@@ -43,7 +43,7 @@ def test_only_the_bases_are_shared_and_the_knowledge_base_is_frozen():
 def test_first_round_loads_no_knowledge_and_no_anchors():
     method, _, params = setup()
     state: dict = {}
-    start = method.client_start(params, state, {}, 0)
+    start = method.client_start(ClientRoundStart("params", {}, state, params, 0)).params
     assert state["task"] == 0 and state["anchors"]["body.1"].shape == (0, 3, 4)
     assert torch.equal(start["body.1.base"], params["body.1.base"])
     assert start["body.1.kb"].abs().sum() == 0
@@ -105,7 +105,7 @@ def test_a_new_task_keeps_the_old_tasks_outputs_and_merges_the_base():
     global_params = dict(params)
     global_params["body.1.base"] = torch.zeros(3, 4)
     global_params["body.1.base"][1] = 9.0  # unit 1 came from the server; units 0 and 2 nobody sent
-    start = method.client_start(global_params, state, {"kb": {"body.1": new_kb}}, 1)
+    start = method.client_start(ClientRoundStart("params", {"kb": {"body.1": new_kb}}, state, global_params, 1)).params
     assert torch.equal(start["body.1.kb"], new_kb) and state["task"] == 1
     assert start["body.1.attention"][0].abs().sum() == 0
     assert torch.equal(start["body.1.base"][1], torch.full((4,), 9.0))

@@ -19,7 +19,7 @@ from cfl.metrics.results import build_results
 from cfl.ops.aggregate import aggregate
 from cfl.ops.losses import masked_cross_entropy
 from cfl.validation import from_dict
-from tests.conftest import make_stream, run_both_paths
+from tests.conftest import make_stream, penalty_of, run_both_paths
 from tests.helpers import gradient_masked_mean
 
 
@@ -42,7 +42,7 @@ def test_fedprox_penalty_and_its_gradient_match_hand_values():
     w = {"a": torch.tensor([1.0, 2.0]), "b": torch.tensor([[3.0]])}
     g = {"a": torch.tensor([0.0, 4.0]), "b": torch.tensor([[1.0]])}
     # mu/2 * ||w - g||^2 = 0.25 * (1 + 4 + 4) = 2.25; gradient mu * (w - g) = [0.5, -1], [[1]]
-    assert float(quadratic_loss(w, prox.penalty(g, {}, {}))) == pytest.approx(2.25)
+    assert float(quadratic_loss(w, penalty_of(prox, g, {}, {}))) == pytest.approx(2.25)
     grads = {k: a[0] * w[k] - b[0] for k, (a, b) in penalty_terms(prox, g, {}, {}).items()}
     assert torch.allclose(grads["a"], torch.tensor([0.5, -1.0])) and torch.allclose(grads["b"], torch.tensor([[1.0]]))
 
@@ -111,7 +111,7 @@ def test_fedcurv_penalty_vmapped_over_stacked_states_matches_each_client():
 def test_fedcurv_has_no_penalty_before_any_round():
     method = _method("fedcurv")
     assert _broadcast(method, {}) == {}
-    assert method.penalty({"w": torch.ones(2)}, {}, {}) is None
+    assert penalty_of(method, {"w": torch.ones(2)}, {}, {}) is None
 
 
 def test_fedcurv_run_traffic_is_three_models_each_way_and_server_sums_last_round():

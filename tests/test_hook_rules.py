@@ -34,7 +34,7 @@ BAD = [  # (check, its arguments, words of the message)
     (check_penalty, ({"b": Quadratic(1.0, torch.zeros(4))}, PARAMS), ["anchor of 'b' (shape (3,))", "shape (4,)"]),
     (check_penalty, ({"w": Quadratic(torch.ones(3, 4, 1), torch.zeros(3, 4))}, PARAMS), ["broadcasts to (3, 4)"]),
     (check_penalty, ({"b": Quadratic("1", torch.zeros(3))}, PARAMS), ["weight of 'b'", "got str"]),
-    (check_projection, (None, PARAMS), ["basis (d, k)", "got NoneType"]),
+    (check_projection, ([1.0], PARAMS), ["basis (d, k)", "got list"]),
     (check_projection, ({"w": torch.zeros(3, 2)}, PARAMS), ["for 'w' (d = 4)", "shape (3, 2)"]),
     (check_replay, (Samples(torch.zeros(2, 5), torch.zeros(2, dtype=torch.long), torch.zeros(2, dtype=torch.long)),
                     torch.zeros(9, 4)), ["x must be of shape (n, 4)"]),
@@ -65,7 +65,7 @@ def test_a_wrong_result_under_vmap_is_named_at_its_hook():
 
 
 def test_ctrl_c_in_a_hook_stays_ctrl_c():
-    with pytest.raises(KeyboardInterrupt), guarded(Plugin(None, None), "penalty"):
+    with pytest.raises(KeyboardInterrupt), guarded(Plugin(None, None), "round_terms"):
         raise KeyboardInterrupt
 
 

@@ -1,4 +1,4 @@
-"""``Method.local_steps_per_epoch``: each local epoch keeps its first k batches of the epoch's shuffle, on every path
+"""``client_start``'s ``steps`` part: each local epoch keeps its first k batches of the epoch's shuffle, on every path
 (batched equals sequential), the smallest count of the run's methods applies, a broken count is refused; TARGET's
 override is its code's zip of the real and the synthetic loaders."""
 
@@ -12,9 +12,9 @@ import torch
 from cfl.engine.jobs import ClientJob, Hyper, client_schedule
 from cfl.engine.runner import Runner
 from cfl.methods import METHODS
-from cfl.methods.base import Method, RunInfo
+from cfl.methods.base import ClientStart, Computes, Method, RunInfo
 from cfl.validation import from_dict
-from tests.conftest import METHOD_SETTINGS, make_stream, run_both_paths
+from tests.conftest import METHOD_SETTINGS, make_stream, run_both_paths, steps_of
 
 
 def test_an_epoch_keeps_its_first_batches_of_the_shuffle():
@@ -33,14 +33,12 @@ class Counting(Method):
 
     name = "count-steps"
     cap: int | None = 1
+    computes = Computes(starts=("steps", "carry"))
 
-    def local_steps_per_epoch(self, num_samples, server):
-        return self.cap
+    def client_start(self, ctx):
+        return ClientStart(steps=self.cap) if ctx.part == "steps" else ClientStart(carry={"steps": torch.zeros(())})
 
-    def carry_start(self, global_params, state):
-        return {"steps": torch.zeros(())}
-
-    def carry_step(self, step, moved):
+    def carry_step(self, step):
         return {"steps": step.carry["steps"] + 1}
 
 
@@ -90,7 +88,7 @@ class Broken(Counting):
 
 def test_a_count_below_one_is_refused_with_the_hook_named():
     with METHODS.temporarily("count-steps-0", Broken), \
-            pytest.raises(Exception, match=r"local_steps_per_epoch must return None or an int >= 1"):
+            pytest.raises(Exception, match=r"hook client_start: must give as steps None or an int >= 1"):
         Runner(_cfg(method={"name": "count-steps-0"}), make_stream("task")).run()
 
 
@@ -100,8 +98,8 @@ def test_target_cuts_an_epoch_at_the_synthetic_pools_batches():
     info = RunInfo(2, "class", 2, 2, 0, torch.nn.BatchNorm2d(1), batch_size=128, input_shape=(1, 8, 8))
     target = cls(cls.Hyperparams(**{**METHOD_SETTINGS["target"], "synthetic_batch": 500}), info)
     pool = {"pool": torch.zeros(2560, 1, 8, 8, dtype=torch.uint8)}
-    assert target.local_steps_per_epoch(16 * 128, pool) == 6
-    assert target.local_steps_per_epoch(3 * 128, pool) == 3  # fewer real batches than synthetic ones: all of them
-    assert target.local_steps_per_epoch(16 * 128, {}) is None  # the first task: no pool yet
+    assert steps_of(target, 16 * 128, pool) == 6
+    assert steps_of(target, 3 * 128, pool) == 3  # fewer real batches than synthetic ones: all of them
+    assert steps_of(target, 16 * 128, {}) is None  # the first task: no pool yet
     plain = cls(cls.Hyperparams(**{**METHOD_SETTINGS["target"], "truncated_epochs": False}), info)
-    assert plain.local_steps_per_epoch(16 * 128, pool) is None
+    assert steps_of(plain, 16 * 128, pool) is None

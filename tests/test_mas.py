@@ -13,7 +13,7 @@ from cfl.ops.fisher import output_norm_importance
 from cfl.ops.fisher_linear import linear_layers
 from cfl.schema import ConfigError
 from cfl.validation import from_dict
-from tests.conftest import changes_training, make_stream, run_both_paths
+from tests.conftest import changes_training, make_stream, penalty_of, run_both_paths
 from tests.helpers import BatchStatNet
 
 # The 2x2 linear model z = W x + b with W = [[1, 2], [0, -1]], b = 0, on two samples:
@@ -68,7 +68,7 @@ def test_penalty_is_lambda_omega_distance_squared_without_a_half():
 
 
 def test_no_penalty_before_the_first_task_ends():
-    assert _mas(SharedHead(2, 2)).penalty({"w": torch.ones(2)}, {}, {}) is None
+    assert penalty_of(_mas(SharedHead(2, 2)), {"w": torch.ones(2)}, {}, {}) is None
 
 
 def test_importance_is_summed_over_tasks_and_the_anchor_is_the_latest_model():

@@ -3,6 +3,7 @@ docs/plugins.md, and the refusal of a class written for the interface before its
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,18 @@ def test_the_hooks_are_the_interfaces_functions_and_no_old_name_is_among_them():
     names = hooks()
     assert "server_event" in names and "count_bytes" in names and "param_roles" in names
     merged = ("server_start", "before_task_end", "server_end", "after_server_step", "backbone_update", "upload_bytes",
-              "payload_bytes", "client_state_bytes", "local_params", "frozen_params")
+              "payload_bytes", "client_state_bytes", "local_params", "frozen_params", "task_loss", "extra_loss",
+              "replay", "step_samples", "penalty", "layer_preconditioner", "gradient_projection", "carry_start",
+              "local_steps_per_epoch")
     assert set(merged) <= set(OLD_HOOKS) and not set(merged) & set(names)
-    assert len(names) <= 20  # 27 before the server, traffic and parameter-role hooks became one each
+    assert len(names) == 14  # 27 before: each concept one hook taking one context object
+
+
+def test_every_hook_takes_one_context_object():
+    """Each hook of the interface takes ``self`` and one context (``check`` is the config's classmethod)."""
+    for name in hooks():
+        params = list(inspect.signature(getattr(Method, name)).parameters)
+        assert len(params) == 2 and params[0] == "self", (name, params)
 
 
 def test_the_docs_table_is_the_generated_one():

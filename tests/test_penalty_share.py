@@ -6,7 +6,7 @@ import torch
 from cfl.engine.jobs import ClientOutcome
 from cfl.engine.penalty_share import client_shares, record_round
 from cfl.engine.runner import Runner
-from cfl.methods.base import Method, NoHyperparams, Quadratic
+from cfl.methods.base import Computes, Method, NoHyperparams, Quadratic, RoundTerms
 from cfl.metrics.results import build_results
 from cfl.records.client_states import MethodState
 from cfl.validation import from_dict
@@ -20,8 +20,10 @@ class Pull(Method):
     name = "pull"
     Hyperparams = NoHyperparams
 
-    def penalty(self, global_params, server, state):
-        return {"w": Quadratic(2.0, torch.zeros_like(global_params["w"]))}
+    computes = Computes(terms=("penalty",))
+
+    def round_terms(self, ctx):
+        return RoundTerms({"w": Quadratic(2.0, torch.zeros_like(ctx.global_params["w"]))})
 
 
 def outcome(cid, loss, finite=True):

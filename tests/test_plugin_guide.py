@@ -79,7 +79,7 @@ def test_distillation_is_zero_at_the_old_model_and_positive_away_from_it():
 
 
 @pytest.mark.parametrize(("path", "name", "hook"), [(EXAMPLE, "lwf", "declares losses 'extra'"),
-                                                     (GPM_LIKE, "gpm-like", "overrides gradient_projection")])
+                                                     (GPM_LIKE, "gpm-like", "declares terms 'projection'")])
 def test_examples_print_their_engine_path_and_reason_once(path, name, hook, capsys):
     _load_example(path)
     runner = Runner(_cfg(method={"name": name}), make_stream("task", num_tasks=2))

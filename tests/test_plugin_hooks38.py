@@ -11,6 +11,7 @@ from cfl.engine.runner import Runner
 from cfl.engine.stacking import pad_samples
 from cfl.engine.state_stores import sizing_of
 from cfl.methods import METHODS
+from cfl.methods.base import ClientStart
 from cfl.ops.counter_random import StepRandom
 from cfl.plugin import Computes, Draw, Linear, Method, Quadratic, Samples, Sends, register
 from cfl.validation import from_dict
@@ -104,12 +105,12 @@ class CarryReader(Method):
 
     name = "carry-reader38"
     sends = Sends(client_events=())
-    computes = Computes(draws=("step",))
+    computes = Computes(starts=("carry",), draws=("step",))
 
-    def carry_start(self, global_params, state):
-        return {"n": torch.zeros(())}
+    def client_start(self, ctx):
+        return ClientStart(carry={"n": torch.zeros(())})
 
-    def carry_step(self, step, moved):
+    def carry_step(self, step):
         seen = step.samples.extra["n"][0] if step.samples is not None else torch.zeros(())
         return {"n": step.carry["n"] + 1 + 0 * seen}
 

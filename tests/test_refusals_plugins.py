@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = {"stream": {"name": "split-digits", "num_tasks": 2}, "num_clients": 4, "clients_per_round": 2,
         "rounds_per_task": 2, "batch_size": 32, "threads": 1, "wandb": {"mode": "disabled"}}
 HEAD = ("import sys\nimport torch\nfrom cfl.methods import register\n"
-        "from cfl.methods.base import Computes, Draw, LossTerms, Method, ParamRoles, Quadratic, Samples, Sends\n")
+        "from cfl.methods.base import (ClientStart, Computes, Draw, LossTerms, Method, ParamRoles, Quadratic, "
+        "RoundTerms, Samples, Sends)\n")
 
 
 def method(name: str, body: str, cls: str = "Bad") -> str:
@@ -43,15 +44,20 @@ PLUGINS = {
     "escaped": method("x/../../../escaped", ""),
     "huge": method("m" * 5000, ""),
     "long3": "\n".join(method(c * 100, "", f"M{c}") for c in "abc"),  # three names of 100: one label of 300
-    "penalty_key": method("pk", "    def penalty(self, g, server, state):\n"
-                                "        return {'nope': Quadratic(1.0, torch.zeros(3))}\n"),
-    "penalty_raises": method("pr", "    def penalty(self, g, server, state):\n        return 1 / 0\n"),
+    "penalty_key": method("pk", "    computes = Computes(terms=('penalty',))\n"
+                                "    def round_terms(self, ctx):\n"
+                                "        return RoundTerms(penalty={'nope': Quadratic(1.0, torch.zeros(3))})\n"),
+    "penalty_raises": method("pr", "    computes = Computes(terms=('penalty',))\n"
+                                   "    def round_terms(self, ctx):\n        return 1 / 0\n"),
     "extra_shape": method("es", "    computes = Computes(losses=('extra',))\n"
                                 "    def loss(self, ctx):\n"
                                 "        return LossTerms(extra=ctx.x.sum())\n"),
-    "hook_exits": method("he", "    def gradient_projection(self, state):\n        sys.exit(0)\n"),
-    "late_projection": method("lp", TASK_END_MARK + "    def gradient_projection(self, state):\n"
-                                    "        return {'body.1.weight': torch.zeros(3, 1)} if 'seen' in state else {}\n"),
+    "hook_exits": method("he", "    computes = Computes(terms=('projection',))\n"
+                               "    def round_terms(self, ctx):\n        sys.exit(0)\n"),
+    "late_projection": method("lp", TASK_END_MARK + "    computes = Computes(terms=('projection',))\n"
+                                    "    def round_terms(self, ctx):\n"
+                                    "        return RoundTerms(projection={'body.1.weight': torch.zeros(3, 1)} "
+                                    "if 'seen' in ctx.state else {})\n"),
     "late_item": method("li", TASK_END_MARK + "    computes = Computes(losses=('extra',))\n"
                               "    def loss(self, ctx):\n"
                               "        x, state = ctx.x, ctx.state\n"
@@ -68,14 +74,16 @@ PLUGINS = {
     # issue 28: the step hooks
     "step_shape": method("ss", "    def step_gradient(self, step):\n"
                                "        return {k: g.flatten() for k, g in step.grads.items()}\n"),
-    "carry_keys": method("ck", "    def carry_start(self, global_params, state):\n"
-                               "        return {'path': torch.zeros(2)}\n"
-                               "    def carry_step(self, step, moved):\n"
+    "carry_keys": method("ck", "    computes = Computes(starts=('carry',))\n"
+                               "    def client_start(self, ctx):\n"
+                               "        return ClientStart(carry={'path': torch.zeros(2)})\n"
+                               "    def carry_step(self, step):\n"
                                "        return {'paths': step.carry['path']}\n"),
     # issue 31 item 4: parameters kept per client
     "local_name": method("ln", "    def param_roles(self, ctx):\n        return ParamRoles(local=['nope'])\n"),
-    "start_shape": method("st", "    def client_start(self, params, state, server, task):\n"
-                                "        return {k: v.flatten() for k, v in params.items()}\n"),
+    "start_shape": method("st", "    computes = Computes(starts=('params',))\n"
+                                "    def client_start(self, ctx):\n"
+                                "        return ClientStart(params={k: v.flatten() for k, v in ctx.params.items()})\n"),
     "sends_local": method("sl", "    def param_roles(self, ctx):\n        return ParamRoles(local=['head.weight'])\n"
                                 "    def client_upload(self, ctx):\n"
                                 "        return {'head.weight': ctx.params['head.weight']}, {}\n"),
@@ -110,14 +118,16 @@ PLUGINS = {
                                        "        ctx.server['pool'] = torch.ones(1)  # a new tensor each round\n"),
     # issue 37 items 4-8: failures that escaped as tracebacks or went unnoticed
     "carry_counter": method("cc", "    calls = 0\n"
-                                  "    def carry_start(self, global_params, state):\n"
+                                  "    computes = Computes(starts=('carry',))\n"
+                                  "    def client_start(self, ctx):\n"
                                   "        Bad.calls += 1  # module-level state: each client gets another size\n"
-                                  "        return {'path': torch.zeros(Bad.calls)}\n"),
+                                  "        return ClientStart(carry={'path': torch.zeros(Bad.calls)})\n"),
     "carry_grows": method("cg", "    sends = Sends(client_events=('round',))\n"
-                                "    def carry_start(self, global_params, state):\n"
-                                "        n = state['path'].shape[0] + 1 if 'path' in state else 1\n"
-                                "        return {'path': torch.zeros(n)}\n"
-                                "    def carry_step(self, step, moved):\n"
+                                "    computes = Computes(starts=('carry',))\n"
+                                "    def client_start(self, ctx):\n"
+                                "        n = ctx.state['path'].shape[0] + 1 if 'path' in ctx.state else 1\n"
+                                "        return ClientStart(carry={'path': torch.zeros(n)})\n"
+                                "    def carry_step(self, step):\n"
                                 "        return {'path': step.carry['path'] + 1}\n"
                                 "    def client_end(self, ctx):\n"
                                 "        return None\n"),
@@ -152,9 +162,11 @@ PLUGINS = {
                                  "        if step.grads['body.1.weight'].sum() > 0:\n"
                                  "            return None\n"
                                  "        return None\n"),
-    "steps_zero": method("sz", "    def local_steps_per_epoch(self, num_samples, server):\n        return 0\n"),
-    "preconditioner_shape": method("pc", "    def layer_preconditioner(self, state):\n"
-                                         "        return {'body.1.weight': torch.eye(3)}\n"),
+    "steps_zero": method("sz", "    computes = Computes(starts=('steps',))\n"
+                               "    def client_start(self, ctx):\n        return ClientStart(steps=0)\n"),
+    "preconditioner_shape": method("pc", "    computes = Computes(terms=('preconditioner',))\n"
+                                         "    def round_terms(self, ctx):\n"
+                                         "        return RoundTerms(preconditioner={'body.1.weight': torch.eye(3)})\n"),
     "step_integer": method("sint", "    def step_gradient(self, step):\n"
                                    "        return {k: g.long() for k, g in step.grads.items()}\n"),
     "update_integer": method("uint", "    def transform_update(self, ctx):\n"
@@ -204,16 +216,17 @@ CASES = [
      ["run directory 'runs/split-digits-aaaa", "bytes long", "NAME_MAX"]),
     ("--out name too long", ["run", "{cfg}", "--out", "{tmp}/" + "o" * 300], 2, ["is 300 bytes long", "NAME_MAX"]),
     ("--out path too long", ["run", "{cfg}", "--out", "{tmp}/" + "deep/" * 900], 2, ["bytes long", "PATH_MAX"]),
-    ("penalty: a key that is no parameter", ["run", "{cfg}", "--plugin", "{tmp}/penalty_key.py", "--set",
+    ("round_terms penalty: a key that is no parameter", ["run", "{cfg}", "--plugin", "{tmp}/penalty_key.py", "--set",
                                              "method.name=pk", "--out", "{tmp}/pk"], 2,
-     ["method 'pk' (Bad in {tmp}/penalty_key.py), hook penalty", "{{parameter name: Quadratic(weight, anchor)",
+     ["method 'pk' (Bad in {tmp}/penalty_key.py), hook round_terms", "must give as penalty None or",
+      "{{parameter name: Quadratic(weight, anchor)",
       "'nope' is not a parameter", "body.1.weight"]),
-    ("penalty raises", ["run", "{cfg}", "--plugin", "{tmp}/penalty_raises.py", "--set", "method.name=pr", "--out",
+    ("round_terms raises", ["run", "{cfg}", "--plugin", "{tmp}/penalty_raises.py", "--set", "method.name=pr", "--out",
                         "{tmp}/pr"], 2,
-     ["method 'pr'", "penalty_raises.py", "hook penalty raised ZeroDivisionError: division by zero"]),
-    ("penalty raises: nothing left of the default run directory, runs/ included",
+     ["method 'pr'", "penalty_raises.py", "hook round_terms raised ZeroDivisionError: division by zero"]),
+    ("round_terms raises: nothing left of the default run directory, runs/ included",
      ["run", "{cfg}", "--plugin", "{tmp}/penalty_raises.py", "--set", "method.name=pr"], 2,
-     ["method 'pr'", "hook penalty raised ZeroDivisionError"]),
+     ["method 'pr'", "hook round_terms raised ZeroDivisionError"]),
     ("loss: a scalar extra part instead of (B,)", ["run", "{cfg}", "--plugin", "{tmp}/extra_shape.py", "--set",
                                               "method.name=es", "--out", "{tmp}/es"], 2,
      ["hook loss", "tensor of shape (B,)", "got a torch.float32 tensor of shape ()"]),
@@ -226,10 +239,10 @@ CASES = [
      ["method 'ck'", "hook carry_step", "expected keys ['path']", "got keys ['paths']"]),
     ("sys.exit(0) in a hook", ["run", "{cfg}", "--plugin", "{tmp}/hook_exits.py", "--set", "method.name=he",
                                "--out", "{tmp}/he"], 2,
-     ["method 'he'", "hook gradient_projection", "sys.exit(0)"]),
+     ["method 'he'", "hook round_terms", "sys.exit(0)"]),
     ("mid-run: projection of the wrong shape under vmap", ["run", "{cfg}", "--plugin", "{tmp}/late_projection.py",
                                                            "--set", "method.name=lp", "--out", "{tmp}/lp"], 3,
-     ["method 'lp'", "late_projection.py", "hook gradient_projection", "basis (d, k)", "(d = 64)",
+     ["method 'lp'", "late_projection.py", "hook round_terms", "must give as projection", "basis (d, k)", "(d = 64)",
       "shape (3, 1)", "at task 1 (0-based), round 1 of the task", "checkpoint (after round 2) is kept",
       "cfl run --resume {tmp}/lp"]),
     ("mid-run: .item() under vmap", ["run", "{cfg}", "--plugin", "{tmp}/late_item.py", "--set", "method.name=li",
@@ -242,9 +255,10 @@ CASES = [
     ("param_roles: a name that is no parameter", ["run", "{cfg}", "--plugin", "{tmp}/local_name.py", "--set",
                                                    "method.name=ln", "--out", "{tmp}/ln"], 2,
      ["method 'ln'", "hook param_roles", "parameter names", "local names ['nope']", "body.1.weight"]),
-    ("client_start: parameters of the wrong shape", ["run", "{cfg}", "--plugin", "{tmp}/start_shape.py", "--set",
+    ("client_start params: the wrong shape", ["run", "{cfg}", "--plugin", "{tmp}/start_shape.py", "--set",
                                                      "method.name=st", "--out", "{tmp}/st"], 2,
-     ["method 'st'", "hook client_start", "{{every parameter name: tensor shaped like it}}", "for 'body.1.weight'"]),
+     ["method 'st'", "hook client_start", "must give as params",
+      "{{every parameter name: tensor shaped like it}}", "for 'body.1.weight'"]),
     ("client_upload: sends a parameter kept per client", ["run", "{cfg}", "--plugin", "{tmp}/sends_local.py", "--set",
                                                           "method.name=sl", "--out", "{tmp}/sl"], 2,
      ["method 'sl'", "hook client_upload", "'head.weight' is kept per client (param_roles local), never sent"]),
@@ -281,15 +295,16 @@ CASES = [
      ["method 'tr'", "hook server_event", "must return None", "got dict", "at the end of task 0 (0-based)",
       "is kept"]),
     # issue 37 items 4-8
-    ("carry_start: sizes differing between clients", ["run", "{cfg}", "--plugin", "{tmp}/carry_counter.py", "--set",
+    ("client_start carry: sizes differing", ["run", "{cfg}", "--plugin", "{tmp}/carry_counter.py", "--set",
                                                       "method.name=cc", "--out", "{tmp}/cc"], 2,
-     ["method 'cc'", "hook carry_start", "the same keys and shapes for every client",
+     ["method 'cc'", "hook client_start", "must give as carry", "the same keys and shapes for every client",
       "'path' has shape (2,) for one client and (3,) for another",
       "declare `computes = Computes(ragged={{'path': 0}})`"]),
-    ("mid-run: carry_start sizes differing between clients", ["run", "{cfg}", "--plugin", "{tmp}/carry_grows.py",
+    ("mid-run: client_start carry sizes differing", ["run", "{cfg}", "--plugin", "{tmp}/carry_grows.py",
                                                               "--set", "method.name=cg", "--out", "{tmp}/cg"], 3,
-     ["method 'cg'", "hook carry_start", "for one client and (2,) for another",
-      "declare `computes = Computes(ragged={{'path': 0}})`", "round 2 of the task", "is kept"]),
+     ["method 'cg'", "hook client_start", "for one client and (2,) for another",
+      "declare `computes = Computes(ragged={{'path': 0}})`",
+      "round 2 of the task", "is kept"]),
     ("mid-run: a client state whose size differs between clients, stacked for loss",
      ["run", "{cfg}", "--plugin", "{tmp}/state_sizes.py", "--set", "method.name=ssz", "--out", "{tmp}/ssz"], 3,
      ["method 'ssz'", "hook client_end", "tensors of the same shape under a key for every client",
@@ -310,13 +325,13 @@ CASES = [
     ("step_gradient: a branch on a tensor under vmap", ["run", "{cfg}", "--plugin", "{tmp}/step_branch.py", "--set",
                                                         "method.name=sbr", "--out", "{tmp}/sbr"], 2,
      ["method 'sbr'", "hook step_gradient raised RuntimeError", "vmap",
-      "penalty, loss, layer_preconditioner, gradient_projection, step_gradient and carry_step"]),
-    ("local_steps_per_epoch: 0", ["run", "{cfg}", "--plugin", "{tmp}/steps_zero.py", "--set", "method.name=sz",
+      "round_terms, loss, step_gradient and carry_step"]),
+    ("client_start's steps: 0", ["run", "{cfg}", "--plugin", "{tmp}/steps_zero.py", "--set", "method.name=sz",
                                   "--out", "{tmp}/sz"], 2,
-     ["method 'sz'", "hook local_steps_per_epoch", "an int >= 1", "got int 0"]),
-    ("layer_preconditioner: a matrix of the wrong size", ["run", "{cfg}", "--plugin", "{tmp}/preconditioner_shape.py",
+     ["method 'sz'", "hook client_start", "must give as steps None or an int >= 1", "got int 0"]),
+    ("round_terms preconditioner: wrong size", ["run", "{cfg}", "--plugin", "{tmp}/preconditioner_shape.py",
                                                           "--set", "method.name=pc", "--out", "{tmp}/pc"], 2,
-     ["method 'pc'", "hook layer_preconditioner", "(d = 64)", "shape (3, 3)"]),
+     ["method 'pc'", "hook round_terms", "must give as preconditioner", "(d = 64)", "shape (3, 3)"]),
     ("step_gradient: integer gradients", ["run", "{cfg}", "--plugin", "{tmp}/step_integer.py", "--set",
                                           "method.name=sint", "--out", "{tmp}/sint"], 2,
      ["method 'sint'", "hook step_gradient", "float tensor shaped like it", "got a torch.int64 tensor"]),

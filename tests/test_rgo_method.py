@@ -8,7 +8,7 @@ from torch import nn
 
 from cfl.engine import hooks
 from cfl.engine.runner import Runner
-from cfl.methods.base import ClientData, Payload, RunInfo, StateSizing
+from cfl.methods.base import ClientData, ClientRound, Payload, RunInfo, StateSizing
 from cfl.methods.rgo import RGO, RGOHyperparams
 from cfl.methods.training_hooks import ClientEndContext
 from cfl.ops.layer_inputs import layer_grams
@@ -63,7 +63,7 @@ def test_a_float64_run_keeps_the_deflation_in_float64(scale, tolerance):
     _end(rgo, model, params, x, state)
     gram = layer_grams(model, params, x, 0, {"fc1.weight": "linear"})["fc1.weight"]
     want = preconditioner(gram, 1e-3)
-    got = rgo.layer_preconditioner(state)["fc1.weight"]
+    got = rgo.round_terms(ClientRound("preconditioner", state)).preconditioner["fc1.weight"]
     assert state["deflation"]["fc1.weight"].dtype == torch.float64 and torch.isfinite(got).all()
     assert (got - want).norm() / want.norm() < tolerance
 
@@ -80,7 +80,7 @@ def test_no_state_no_rewrite_then_protected_weights_are_preconditioned_and_the_r
     model = TwoLayerNet()
     params, rgo = _params(model), _rgo(model, alpha=0.1)
     grads = {k: torch.randn_like(v) for k, v in params.items()}
-    assert rgo.layer_preconditioner({}) == {}
+    assert rgo.round_terms(ClientRound("preconditioner", {})).preconditioner == {}
     state: dict = {}
     _end(rgo, model, params, torch.randn(12, 8), state)
     state["deflation"].pop("fc2.weight")  # a layer without a deflation is left as it is
@@ -91,8 +91,8 @@ def test_no_state_no_rewrite_then_protected_weights_are_preconditioned_and_the_r
 
 
 def _stepped(rgo: RGO, grads: dict, state: dict) -> dict:
-    """The gradients as the engine preconditions them with ``rgo.layer_preconditioner(state)``."""
-    matrices = rgo.layer_preconditioner(state)
+    """The gradients as the engine preconditions them with ``rgo.round_terms``' preconditioner."""
+    matrices = rgo.round_terms(ClientRound("preconditioner", state)).preconditioner
     return {k: hooks.precondition(g, matrices[k]) if k in matrices else g for k, g in grads.items()}
 
 

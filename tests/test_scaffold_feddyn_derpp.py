@@ -14,7 +14,7 @@ from cfl.methods.server_hooks import ServerEvent, ServerUpdate
 from cfl.methods.training_hooks import ClientEndContext, LossContext
 from cfl.ops.counter_random import StepRandom
 from cfl.validation import from_dict
-from tests.conftest import make_stream
+from tests.conftest import carry_start_of, make_stream, penalty_of
 
 
 def _info(num_clients=4, clients_per_round=2, model=None):
@@ -29,7 +29,7 @@ def test_scaffold_option_ii_control_variates_by_hand():
     assert server["c"]["w"].tolist() == [0.0, 0.0]
     server["c"] = {"w": torch.tensor([0.5, -1.0])}
     state = {"c": {"w": torch.tensor([0.25, 0.0])}}
-    (term,) = m.penalty({"w": torch.zeros(2)}, server, state).values()
+    (term,) = penalty_of(m, {"w": torch.zeros(2)}, server, state).values()
     assert term.coef.tolist() == [0.25, -1.0]  # c - c_i
     # x = (1, 2) -> y = (0, 3) in K = 4 steps of lr 0.5: c_i+ = c_i - c + (x - y) / 2
     up = m.client_end(ClientEndContext("round", None, {"w": torch.tensor([0.0, 3.0])}, None, state, server, None,
@@ -45,11 +45,11 @@ def test_feddyn_client_and_server_updates_by_hand():
     server = {}
     m.server_event(ServerEvent("start", server, 0, {"w": torch.tensor([1.0])}))
     state = {}
-    assert m.penalty({"w": torch.tensor([1.0])}, server, state)["w"].linear is None
+    assert penalty_of(m, {"w": torch.tensor([1.0])}, server, state)["w"].linear is None
     m.client_end(ClientEndContext("round", None, {"w": torch.tensor([3.0])}, None, state, server, None,
                                   LocalTraining({"w": torch.tensor([1.0])}, 3, 0.1)))
     assert state["h"]["w"].tolist() == [-1.0]  # 0 - 0.5 * (3 - 1)
-    q = m.penalty({"w": torch.tensor([1.0])}, server, state)["w"]
+    q = penalty_of(m, {"w": torch.tensor([1.0])}, server, state)["w"]
     assert (q.weight, q.anchor.tolist(), q.linear.tolist()) == (0.5, [1.0], [1.0])  # loss - <h_k, w>
     # mean client model 3 (delta 2): h = 0 - 0.5 * (2/4) * 2 = -0.5; w = 1 + 2 - (-0.5) / 0.5 = 4
     new = m.server_update(ServerUpdate({"w": torch.tensor([1.0])}, {"w": torch.tensor([2.0])}, server, 1.0))
@@ -86,14 +86,14 @@ class _Linear(torch.nn.Module):
 def _derpp_step(m, carry, x, y, weight, key):
     params = {"w": torch.tensor([[2.0, 0.0], [0.0, 3.0]])}
     return m.carry_step(Step(params, {}, x, y, torch.zeros_like(y), weight, None, params, {}, {}, carry, 0.1, 0,
-                             None, StepRandom(torch.tensor(key), 0)), {})
+                             None, StepRandom(torch.tensor(key), 0), {}))
 
 
 def test_derpp_reservoir_fills_in_order_then_replaces_by_hand():
     model = _Linear()
     info = RunInfo(1, "domain", 1, 1, 0, model, input_shape=(2,), batch_size=2, num_classes=2)
     m = DERpp(DERppHyperparams(mem_per_client=2), info)
-    carry = m.carry_start({"w": model.w.detach()}, {})
+    carry = carry_start_of(m, {"w": model.w.detach()}, {})
     x = torch.tensor([[1.0, 1.0], [2.0, 2.0], [5.0, 5.0]])
     y = torch.tensor([0, 1, 1])
     # the padding sample (weight 0) never enters: two real samples fill slots 0 and 1 in order
@@ -141,12 +141,12 @@ def test_derpp_reservoir_draws_sample_n_from_zero_to_n_inclusive():
     model = _Linear()
     info = RunInfo(1, "domain", 1, 1, 0, model, input_shape=(2,), batch_size=2, num_classes=2)
     m = DERpp(DERppHyperparams(mem_per_client=2), info)
-    carry = m.carry_start({"w": model.w.detach()}, {})
+    carry = carry_start_of(m, {"w": model.w.detach()}, {})
     full = _derpp_step(m, carry, torch.tensor([[1.0, 1.0], [2.0, 2.0]]), torch.tensor([0, 1]), torch.ones(2), 7)
     params = {"w": torch.tensor([[2.0, 0.0], [0.0, 3.0]])}
     random = _Highest()
     new = torch.tensor([[7.0, 7.0], [8.0, 8.0]])
     later = m.carry_step(Step(params, {}, new, torch.tensor([0, 0]), torch.zeros(2, dtype=torch.long), torch.ones(2),
-                              None, params, {}, {}, full, 0.1, 0, None, random), {})
+                              None, params, {}, {}, full, 0.1, 0, None, random, {}))
     assert random.highs == [[3, 4]]  # samples 2 and 3: slots in [0, 2] and [0, 3]
     assert later["x"].tolist() == [[1.0, 1.0], [2.0, 2.0]] and later["seen"] == 4  # draws 2 and 3: not kept

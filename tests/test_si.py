@@ -4,24 +4,28 @@ all on hand-computed tensors; and a run whose clients' importance is what their 
 import torch
 
 from cfl.engine.runner import Runner
-from cfl.methods.base import Step
+from cfl.methods.base import ClientRound, ClientRoundStart, Step
 from cfl.methods.si import SI, SIHyperparams
 from cfl.methods.training_hooks import ClientEndContext
 from cfl.validation import from_dict
 from tests.conftest import make_stream
 
 
-def _step(grads, params, state, carry) -> Step:
-    return Step(params, grads, None, None, None, None, None, {}, {}, state, carry, 0.1, 0, None)
+def _step(grads, params, state, carry, moved=None) -> Step:
+    return Step(params, grads, None, None, None, None, None, {}, {}, state, carry, 0.1, 0, None, moved=moved)
+
+
+def _carry_start(si: SI, global_params, state):
+    return si.client_start(ClientRoundStart("carry", {}, state, global_params=global_params)).carry
 
 
 def test_a_step_adds_minus_gradient_times_move_to_the_path():
     si = SI(SIHyperparams(c=0.5, xi=0.01), None)
-    carry = si.carry_start({"w": torch.tensor([1.0, 2.0])}, {})
+    carry = _carry_start(si, {"w": torch.tensor([1.0, 2.0])}, {})
     assert torch.equal(carry["path"]["w"], torch.zeros(2))
     assert torch.equal(carry["start"]["w"], torch.tensor([1.0, 2.0]))
-    out = si.carry_step(_step({"w": torch.tensor([2.0, -1.0])}, {"w": torch.tensor([1.0, 2.0])}, {}, carry),
-                        {"w": torch.tensor([-0.2, 0.1])})
+    out = si.carry_step(_step({"w": torch.tensor([2.0, -1.0])}, {"w": torch.tensor([1.0, 2.0])}, {}, carry,
+                        {"w": torch.tensor([-0.2, 0.1])}))
     # -g * moved = (-2 * -0.2, 1 * 0.1) = (0.4, 0.1)
     assert torch.allclose(out["path"]["w"], torch.tensor([0.4, 0.1]))
 
@@ -32,8 +36,8 @@ def test_the_path_leaves_out_the_surrogate_gradient():
     si = SI(SIHyperparams(c=0.5, xi=0.01), None)
     state = {"omega": {"w": torch.tensor([1.0, 4.0])}, "start": {"w": torch.zeros(2)}}
     carry = {"path": {"w": torch.zeros(2)}, "start": {"w": torch.zeros(2)}}
-    out = si.carry_step(_step({"w": torch.tensor([3.0, 6.0])}, {"w": torch.ones(2)}, state, carry),
-                        {"w": torch.tensor([-1.0, -1.0])})
+    out = si.carry_step(_step({"w": torch.tensor([3.0, 6.0])}, {"w": torch.ones(2)}, state, carry,
+                        {"w": torch.tensor([-1.0, -1.0])}))
     assert torch.allclose(out["path"]["w"], torch.tensor([2.0, 2.0]))
 
 
@@ -46,7 +50,7 @@ def test_task_end_importance_and_penalty():
     si.client_end(ClientEndContext("task_end", None, final, None, state, {}, None))
     assert torch.allclose(state["omega"]["w"], torch.tensor([8.0, 10.0]))
     assert torch.equal(state["start"]["w"], final["w"]) and "path" not in state
-    q = si.penalty(final, {}, state)["w"]
+    q = si.round_terms(ClientRound("penalty", state, final, {})).penalty["w"]
     assert torch.allclose(q.weight, torch.tensor([8.0, 10.0])) and torch.equal(q.anchor, final["w"])
     si.client_end(ClientEndContext("task_end", None, {"w": torch.tensor([1.2, 2.1])}, None, state, {},
                                    None))  # no round trained
@@ -81,9 +85,9 @@ def _weight_decay_task(si: SI, state: dict) -> None:
     -lr (g + wd w) = (-0.09, -0.15); the path -g * move = (-0.009, 0.075): weight decay moved w_0 up its loss's
     gradient. The task's global move (0.1, 0) and xi 0.01: the task's importance (-0.009 / 0.02, 0.075 / 0.01) =
     (-0.45, 7.5)."""
-    carry = si.carry_start({"w": torch.ones(2)}, state)
-    carry = si.carry_step(_step({"w": torch.tensor([-0.1, 0.5])}, {"w": torch.ones(2)}, state, carry),
-                          {"w": torch.tensor([-0.09, -0.15])})
+    carry = _carry_start(si, {"w": torch.ones(2)}, state)
+    carry = si.carry_step(_step({"w": torch.tensor([-0.1, 0.5])}, {"w": torch.ones(2)}, state, carry,
+                          {"w": torch.tensor([-0.09, -0.15])}))
     state.update(carry)
     si.client_end(ClientEndContext("task_end", None, {"w": state["start"]["w"] + torch.tensor([0.1, 0.0])}, None,
                                    state, {}, None))

@@ -15,8 +15,7 @@ from cfl.engine.local_batched import BatchedTrainer
 from cfl.engine.local_sequential import train_sequential
 from cfl.engine.runner import Runner
 from cfl.methods import METHODS
-from cfl.methods.base import Method, Quadratic
-from cfl.tensors import Params, State
+from cfl.methods.base import ClientRound, Computes, Method, Quadratic, RoundTerms
 from tests.conftest import make_stream, tiny_config
 
 TRAINERS = {"stacked": BatchedTrainer, "vmap": BatchedTrainer, "sequential": lambda: train_sequential}
@@ -60,8 +59,10 @@ class FarAnchor(Method):
     name = "far-anchor"
     Hyperparams = FarAnchorHyperparams
 
-    def penalty(self, global_params: Params, server: State, state: State) -> dict[str, Quadratic]:
-        return {k: Quadratic(1e-6, w + 100.0) for k, w in global_params.items()}
+    computes = Computes(terms=("penalty",))
+
+    def round_terms(self, ctx: ClientRound) -> RoundTerms:
+        return RoundTerms({k: Quadratic(1e-6, w + 100.0) for k, w in ctx.global_params.items()})
 
 
 def test_train_loss_leaves_the_penalty_out_in_every_path():

@@ -16,11 +16,12 @@ from itertools import accumulate
 import torch
 
 from cfl.engine import hooks, local_optim
+from cfl.engine.hook_call import takes
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, epoch_orders, replay_generator
 from cfl.engine.scratch import Scratch
 from cfl.engine.stacking import Batch, pad_samples, stack_states
 from cfl.engine.step_hooks import STEP_HOOKS
-from cfl.methods.base import Method, overrides
+from cfl.methods.base import Method
 from cfl.methods.declarations import gives
 from cfl.methods.hook_guard import VMAPPED_HOOKS
 from cfl.methods.hook_types import Samples
@@ -183,6 +184,6 @@ class BatchedRound:
 
 def _stacked_states(method: Method, states: list[State]) -> State:
     """The clients' states stacked for the hooks that run under ``vmap`` ({} when the method has none)."""
-    if not any(overrides(method, hook) for hook in _VMAPPED) and not gives(method, "step"):
+    if not any(takes(method, hook) for hook in _VMAPPED):
         return {}
     return stack_states(states, method.computes.ragged)

@@ -12,16 +12,17 @@ from cfl.engine.hook_call import refuse
 from cfl.engine.jobs import Plugins
 from cfl.engine.stacking import Batch, client_rows, pad_samples, sample_counts
 from cfl.engine.step_hooks import StepStage
-from cfl.methods.base import Method, overrides
+from cfl.methods.base import Method
 from cfl.methods.declarations import gives
 from cfl.tensors import Params, State
 
 
 def preconditioners_of(plugins: Plugins, global_params: Params, states: list[State]) -> dict[str, torch.Tensor]:
-    """Each weight's ``layer_preconditioner`` matrices over the stacked clients, multiplied in the methods' order."""
+    """Each weight's ``round_terms`` preconditioner matrices over the stacked clients, multiplied in the methods'
+    order."""
     total: dict[str, torch.Tensor] = {}
     for i, m in enumerate(plugins.methods):
-        if overrides(m, "layer_preconditioner"):
+        if gives(m, "preconditioner"):
             for k, v in hooks.stacked_preconditioners(m, global_params, states[i]).items():
                 total[k] = v if k not in total else torch.matmul(total[k], v)
     return total
@@ -34,8 +35,8 @@ def drawn_samples(stage: StepStage, n: int, raw: list[list[State]], generators: 
                   x: torch.Tensor, carry: State, starts: list[dict[int, State]]
                   ) -> tuple[dict[int, list[int]], dict[int, tuple[torch.Tensor, ...]]]:
     """The step's step draws (``samples``' step part) of the ``n`` clients still training (``raw``: their states per
-    method; ``carry``: the stacked running values, ``starts`` each client's own ``carry_start``, for the methods that
-    keep running values): per sampling method, each client's count, and the draws padded to the client with the
+    method; ``carry``: the stacked running values, ``starts`` each client's own ``client_start`` carry, for the methods
+    that keep running values): per sampling method, each client's count, and the draws padded to the client with the
     most as (x, y, task, weight, extra) (left out where no client drew any)."""
     reading = stage.reads_carry()
     draws = [stage.draw([st[c] for st in raw], generators[c], x,
@@ -96,7 +97,7 @@ def write_rows(carry: State, new: State, n: int) -> None:
 
 def leaf_row(v: State | torch.Tensor, c: int, like: State | torch.Tensor, copy: bool = True) -> State | torch.Tensor:
     """Client ``c``'s row of the stacked running values ``v``, each leaf cut back to the shape of ``like`` (its own
-    ``carry_start`` values: a ``ragged`` one was zero-padded to the widest client); ``copy`` False: views."""
+    ``client_start`` carry values: a ``ragged`` one was zero-padded to the widest client); ``copy`` False: views."""
     if isinstance(v, dict):
         return {k: leaf_row(u, c, like[k], copy) for k, u in v.items()}
     row = v[c]

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import torch
 
+from cfl.engine import hooks
 from cfl.engine.hook_call import call
 from cfl.engine.hook_rules import (
     check_client_start,
@@ -24,6 +25,7 @@ from cfl.engine.hook_rules import (
 from cfl.engine.jobs import ClientJob
 from cfl.engine.server_state import counted
 from cfl.methods.base import Method, overrides
+from cfl.methods.declarations import gives
 from cfl.methods.traffic_hooks import ParamNames, Payload, StackedUploads, TrainedClient
 from cfl.records.client_states import MethodState
 from cfl.schema import ConfigError
@@ -50,7 +52,7 @@ class ClientParams:
                                       "parameter has one owner: drop one from method/plugins")
                 taken[n] = m.name
         self.local_names = frozenset(taken)
-        self.starting = [i for i, m in enumerate(methods) if overrides(m, "client_start")]
+        self.starting = [i for i, m in enumerate(methods) if gives(m, "params")]
         self.uploading = [i for i, m in enumerate(methods) if overrides(m, "client_upload")]
 
     @property
@@ -73,8 +75,8 @@ class ClientParams:
             for own, state in zip(self.local, client, strict=True):
                 start.update({k: state[LOCAL][k] for k in own if k in state.get(LOCAL, {})})
             for i in self.starting:
-                start = call(self.methods[i], "client_start", start, client[i], servers[i], task,
-                             use=lambda start: check_client_start(start, params))
+                start = hooks.client_start(self.methods[i], "params", lambda new, old=start: check_client_start(
+                    old if new is None else new, params), server=servers[i], state=client[i], params=start, task=task)
             for i in sorted({*self.starting, *(i for i, own in enumerate(self.local) if own)}):
                 if self.local[i]:
                     client[i][LOCAL] = {k: start[k].detach().clone() for k in self.local[i]}

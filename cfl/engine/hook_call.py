@@ -16,6 +16,7 @@ import torch
 from cfl.engine.checkpoint import CheckpointError, check_plain
 from cfl.engine.hook_rules import FINITE, PLAIN_STATE, READ_ONLY
 from cfl.methods.base import Method, overrides
+from cfl.methods.declarations import gives
 from cfl.methods.hook_guard import BrokenRule, guarded, hook_error
 from cfl.methods.hook_signatures import accepts
 from cfl.methods.hook_types import Samples
@@ -148,3 +149,9 @@ def made_finite(result: Any, arguments: dict[str, Any]) -> None:
     bad = _nonfinite(result, "the result")
     if bad is not None and all(_nonfinite(v, k) is None for k, v in arguments.items()):
         raise BrokenRule(f"{FINITE}; in {bad}")
+
+
+def takes(method: Method, name: str) -> bool:
+    """Whether ``method`` takes ``name``: a hook its class overrides, or ``"hook.part"`` a part it declares."""
+    hook, _, part = name.partition(".")
+    return gives(method, part) if part else overrides(method, hook)

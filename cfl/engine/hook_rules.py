@@ -15,11 +15,12 @@ from cfl.methods.traffic_hooks import ParamRoles
 from cfl.methods.training_hooks import Draw, LossTerms
 from cfl.tensors import Params
 
-PENALTY = ("must return None or {parameter name: Quadratic(weight, anchor) (optionally linear=) or Linear(coef)}, "
-           "the anchor, linear and coef floating point and shaped like the parameter")
-PRECONDITIONER = ("must return {weight name: matrix (d, d)}, d the weight's size over its first dim (im2col width); "
-                  "weights only (2 or more dims)")
-PROJECTION = "must return {parameter name: basis (d, k)}, d the parameter's size over its first dim (im2col width)"
+PENALTY = ("must give as penalty None or {parameter name: Quadratic(weight, anchor) (optionally linear=) or "
+           "Linear(coef)}, the anchor, linear and coef floating point and shaped like the parameter")
+PRECONDITIONER = ("must give as preconditioner None or {weight name: matrix (d, d)}, d the weight's size over its "
+                  "first dim (im2col width); weights only (2 or more dims)")
+PROJECTION = ("must give as projection None or {parameter name: basis (d, k)}, d the parameter's size over its first "
+              "dim (im2col width)")
 TASK_LOSS = ("must return LossTerms(task=) one float loss per sample of the batch, a tensor of shape (B,) with B = "
              "ctx.logits.shape[0], computed from logits or params (it replaces the cross-entropy: the step's gradient "
              "is its gradient)")
@@ -30,9 +31,10 @@ REPLAY = ("must return None or Draw(replay=None or Samples(x, y, task)): x shape
 STEP_SAMPLES = ("must return None or Draw(step=None or Samples(x, y, task)): x shaped like the stream's inputs, y and "
                 "task integer vectors")
 #: a result's parts (loss's LossTerms, samples' Draw): the one asked for (``ctx.part``), which the class declares
-PARTS = "must return only the part asked for (ctx.part), one its class declares (losses, draws)"
+PARTS = "must return only the part asked for (ctx.part), one its class declares (computes.losses, computes.draws)"
 STEP_GRADIENT = "must return None or the step's gradient: {every parameter name: float tensor shaped like it}"
-CARRY_START = "must return a dict of tensors (nested dicts allowed), the same keys and shapes for every client"
+CARRY_START = ("must give as carry None or a dict of tensors (nested dicts allowed), the same keys and shapes for "
+               "every client")
 CLIENT_STATE = ("must keep, in a client state that hooks run under vmap read, tensors of the same shape under a key "
                 "for every client (the batched engine stacks them over the clients)")
 #: the part of a hook's rule that no check of one result can see (docs/plugins.md, "Rules that keep a method ...")
@@ -122,7 +124,10 @@ def asked_part(result: Any, kind: type, part: str, declared: tuple[str, ...], ru
 
 
 def _check_matrices(result: Any, params: Params, rule: str, fits: Any, weights_only: bool) -> dict[str, torch.Tensor]:
-    """``{parameter name: matrix}`` with each matrix ``fits(matrix, d)``, ``d`` the parameter's im2col width."""
+    """``{parameter name: matrix}`` with each matrix ``fits(matrix, d)``, ``d`` the parameter's im2col width (None:
+    ``{}``)."""
+    if result is None:
+        return {}
     if not isinstance(result, dict):
         raise BrokenRule(f"{rule}; {_got(result)}")
     for key, matrix in result.items():
@@ -216,7 +221,7 @@ def _refuse_shapes(rule: str, path: str, first: torch.Tensor, v: torch.Tensor, d
 
 
 def check_carries(carries: list[dict], ragged: dict[str, int], prefix: str = "") -> None:
-    """Refuse the clients' ``carry_start`` results (one dict per client, each checked by :func:`check_carry_start`)
+    """Refuse the clients' start carries (one dict per client, each checked by :func:`check_carry_start`)
     whose keys, or tensor shapes along other dims than the method's ``ragged`` declares, differ between clients:
     the batched engine stacks them over the clients."""
     for c in carries[1:]:
@@ -307,7 +312,7 @@ def check_some_params(result: Any, params: Params, rule: str) -> Params:
 # ---- parameters kept per client (cfl/engine/client_params.py) ----
 NAMES = ("must return ParamRoles(local=, frozen=), each a list of the model's parameter names (a subset of the names "
          "it is given)")
-CLIENT_START = "must return the client's starting parameters: {every parameter name: tensor shaped like it}"
+CLIENT_START = "must give as params the client's starting parameters: {every parameter name: tensor shaped like it}"
 CLIENT_UPLOAD = ("must return (sent, info): sent {shared parameter name: tensor shaped like it}, info {name: tensor}, "
                  "the same keys and shapes for every client")
 SERVER_AGGREGATE = "must return {every name of client_upload's sent: tensor shaped like the parameter}"
@@ -366,7 +371,7 @@ def check_bytes(result: Any) -> int | None:
     return result
 
 
-STEPS_PER_EPOCH = "local_steps_per_epoch must return None or an int >= 1 (the local steps of each epoch)"
+STEPS_PER_EPOCH = "must give as steps None or an int >= 1 (the local steps of each epoch)"
 
 
 def check_steps(result: Any) -> int | None:

@@ -29,6 +29,7 @@ from cfl.engine.hook_rules import (
     check_step_samples,
 )
 from cfl.methods.base import Method
+from cfl.methods.client_hooks import ClientRound, ClientRoundStart, ClientStart, RoundTerms, part_of
 from cfl.methods.hook_types import Linear, Quadratic, Samples, Step
 from cfl.methods.training_hooks import Draw, LossContext, LossTerms, SamplesContext
 from cfl.ops.losses import weighted_mean
@@ -62,6 +63,19 @@ def _numbers(q: Quadratic | Linear) -> dict[str, torch.Tensor | float]:
     return {"weight": q.weight, "anchor": q.anchor, **({} if q.linear is None else {"linear": q.linear})}
 
 
+def round_terms(method: Method, part: str, state: State, use: Any, global_params: Params | None = None,
+                server: State | None = None, finite: dict[str, Any] | None = None) -> Any:
+    """``method.round_terms``'s ``part`` for one client (``use``: the engine's check and use of the part)."""
+    return call(method, "round_terms", ClientRound(part, state, global_params, server),
+                use=lambda result: use(part_of(result, part, method.computes.terms, RoundTerms)), finite=finite)
+
+
+def client_start(method: Method, part: str, use: Any, **ctx: Any) -> Any:
+    """``method.client_start``'s ``part`` (the context's fields ``ctx``; ``use``: the check and use of the part)."""
+    return call(method, "client_start", ClientRoundStart(part, **ctx),
+                use=lambda result: use(part_of(result, part, method.computes.starts, ClientStart)))
+
+
 def penalty_loss(method: Method, params: Params, global_params: Params, server: State, state: State,
                  linear_terms: bool = True) -> torch.Tensor | None:
     """One client's penalty, derived from its declared terms (``linear_terms`` False: the quadratic part alone, None
@@ -72,7 +86,7 @@ def penalty_loss(method: Method, params: Params, global_params: Params, server: 
         if not linear_terms and quadratics and all(isinstance(q, Linear) for q in quadratics.values()):
             return None
         return quadratic_loss(params, quadratics, linear_terms)
-    return call(method, "penalty", global_params, server, state, use=use)
+    return round_terms(method, "penalty", state, use, global_params, server)
 
 
 def _terms(method: Method, global_params: Params, server: State, state: State) -> PenaltyTerms:
@@ -88,7 +102,7 @@ def _terms(method: Method, global_params: Params, server: State, state: State) -
             b = q.anchor * q.weight
             out[k] = (weight, b if q.linear is None else b - q.linear)
         return out
-    return call(method, "penalty", global_params, server, state, use=use)
+    return round_terms(method, "penalty", state, use, global_params, server)
 
 
 def penalty_terms(method: Method, global_params: Params, server: State, stacked: State) -> PenaltyTerms:
@@ -148,16 +162,16 @@ def project(grads: Params, bases: dict[str, torch.Tensor]) -> Params:
 
 
 def projected(method: Method, grads: Params, state: State) -> Params:
-    """One client's gradients projected off ``method.gradient_projection``."""
-    bases = call(method, "gradient_projection", state, use=lambda bases: check_projection(bases, grads),
-                 finite={"state": state})
+    """One client's gradients projected off ``method.round_terms``' projection."""
+    bases = round_terms(method, "projection", state, lambda bases: check_projection(bases, grads),
+                        finite={"state": state})
     return project(grads, bases)
 
 
 def state_free_bases(method: Method, grads: Params) -> dict[str, torch.Tensor]:
-    """``method.gradient_projection({})``, checked against one client's ``grads``: the bases of every client of
-    a stack in which none holds state."""
-    return call(method, "gradient_projection", {}, use=lambda bases: check_projection(bases, grads))
+    """``method.round_terms``' projection of state ``{}``, checked against one client's ``grads``: the bases of every
+    client of a stack in which none holds state."""
+    return round_terms(method, "projection", {}, lambda bases: check_projection(bases, grads))
 
 
 def replayed(method: Method, state: State, generator: torch.Generator, like: torch.Tensor,
@@ -184,19 +198,22 @@ def step_gradient(method: Method, step: Step) -> Params:
     return step.grads if result is None else {k: result[k] for k in step.grads}
 
 
-def carry_start(method: Method, global_params: Params, state: State) -> State:
-    return call(method, "carry_start", global_params, state, use=check_carry_start)
+def carry_start(method: Method, global_params: Params, state: State, server: State) -> State:
+    """One client's running values at its round start, ``method.client_start``'s carry (``{}`` where None)."""
+    return client_start(method, "carry", lambda carry: check_carry_start({} if carry is None else carry),
+                        server=server, state=state, global_params=global_params)
 
 
-def carry_step(method: Method, step: Step, moved: Params) -> State:
-    return call(method, "carry_step", step, moved, use=lambda carry: check_carry_step(carry, step.carry),
-                finite={"step.carry": step.carry, "step.grads": step.grads, "moved": moved})
+def carry_step(method: Method, step: Step) -> State:
+    return call(method, "carry_step", step, use=lambda carry: check_carry_step(carry, step.carry),
+                finite={"step.carry": step.carry, "step.grads": step.grads, "moved": step.moved})
 
 
 def preconditioners(method: Method, params: Params, state: State) -> dict[str, torch.Tensor]:
-    """One client's ``method.layer_preconditioner`` matrices, checked against the parameters (one client's)."""
-    return call(method, "layer_preconditioner", state, use=lambda matrices: check_preconditioner(matrices, params),
-                finite={"state": state})
+    """One client's ``method.round_terms``' preconditioner matrices, checked against the parameters (one
+    client's)."""
+    return round_terms(method, "preconditioner", state, lambda matrices: check_preconditioner(matrices, params),
+                       finite={"state": state})
 
 
 def stacked_preconditioners(method: Method, params: Params, stacked: State) -> dict[str, torch.Tensor]:

@@ -8,9 +8,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from cfl.engine.hook_call import blamed, call
+from cfl.engine import hooks
+from cfl.engine.hook_call import blamed, takes
 from cfl.engine.hook_rules import check_client_states, check_steps
-from cfl.methods.base import Method, overrides
+from cfl.methods.base import Method
+from cfl.methods.declarations import gives
 from cfl.records.client_states import ClientStates, MethodState
 from cfl.tensors import Params, State
 
@@ -51,7 +53,7 @@ class ClientJob:
     #: the BatchNorm running statistics the client starts from (the global ones, or under ``model.buffers: local``
     #: its own); ``{}`` for a model without any (:mod:`cfl.models.buffers`)
     buffers: Params = field(default_factory=dict)
-    #: at most this many steps in each local epoch (``Method.local_steps_per_epoch``); None: all the batches
+    #: at most this many steps in each local epoch (``Method.client_start``'s steps); None: all the batches
     steps_per_epoch: int | None = None
 
 
@@ -83,10 +85,9 @@ class Plugins:
 
 def stacks_client_states(method: Method) -> bool:
     """Whether the batched trainer stacks ``method``'s client states: it overrides a hook run under ``vmap``."""
-    from cfl.methods.declarations import gives
     from cfl.methods.hook_guard import STEP_HOOKS, VMAPPED_HOOKS
 
-    return any(overrides(method, hook) for hook in (*VMAPPED_HOOKS, *STEP_HOOKS)) or gives(method, "step")
+    return any(takes(method, hook) for hook in (*VMAPPED_HOOKS, *STEP_HOOKS))
 
 
 def derive_seed(*parts: int) -> int:
@@ -116,14 +117,15 @@ def client_schedule(job: ClientJob, hp: Hyper) -> list[torch.Tensor]:
 
 
 def limit_epochs(jobs: list[ClientJob], methods: list[Method], broadcasts: list[State]) -> None:
-    """Set each job's ``steps_per_epoch``: the smallest ``local_steps_per_epoch`` of the methods that override it."""
-    limiting = [(m, b) for m, b in zip(methods, broadcasts, strict=True) if overrides(m, "local_steps_per_epoch")]
+    """Set each job's ``steps_per_epoch``: the smallest ``client_start`` ``steps`` of the methods that declare it."""
+    limiting = [(m, b) for m, b in zip(methods, broadcasts, strict=True) if gives(m, "steps")]
     if not limiting:
         return
     for job in jobs:
         counts = []
         for method, broadcast in limiting:
-            counts.append(call(method, "local_steps_per_epoch", len(job.indices), broadcast, use=check_steps))
+            counts.append(hooks.client_start(method, "steps", check_steps, server=broadcast,
+                                             num_samples=len(job.indices)))
         job.steps_per_epoch = min((c for c in counts if c is not None), default=None)
 
 

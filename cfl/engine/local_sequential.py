@@ -14,7 +14,6 @@ from cfl.engine import hooks, local_optim
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, client_schedule, replay_generator
 from cfl.engine.precision import autocast, to_float, warn_if_slow
 from cfl.engine.step_hooks import StepStage, as_batch, step_key, task_loss_of
-from cfl.methods.base import overrides
 from cfl.methods.declarations import gives
 from cfl.methods.hook_types import Samples
 from cfl.ops.losses import masked_cross_entropy
@@ -45,7 +44,7 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
     own_loss = task_loss_of(methods)
     # layer preconditioners (RGO): once per round, from the client's state
     matrices = [hooks.preconditioners(m, global_params, states[i]) for i, m in enumerate(methods)
-                if overrides(m, "layer_preconditioner")]
+                if gives(m, "preconditioner")]
     losses, finite = [], True
     model.train()
     for s, batch in enumerate(client_schedule(job, hp)):
@@ -74,7 +73,7 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
             if gives(m, "extra"):
                 loss = loss + hooks.extra_loss(m, params, xb, tb, wb, broadcasts[i], states[i],
                                                Samples(*drawn[i]) if i in drawn else None)
-            if overrides(m, "penalty"):
+            if gives(m, "penalty"):
                 loss = loss + hooks.penalty_loss(m, params, global_params, broadcasts[i], states[i])
         finite &= bool(torch.isfinite(loss))
         grads = dict(zip(trainable, torch.autograd.grad(loss, [params[k] for k in trainable]), strict=True)) \
@@ -90,7 +89,7 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
             taken = grads
             grads = {k: local_optim.decayed(hp, params[k], g) for k, g in grads.items()}
             for i, m in enumerate(methods):
-                if overrides(m, "gradient_projection"):
+                if gives(m, "projection"):
                     grads = hooks.projected(m, grads, states[i])
             for k in trainable:
                 local_optim.apply_(hp, params[k], grads[k], slots[k], t0 + s + 1)

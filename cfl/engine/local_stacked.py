@@ -16,7 +16,7 @@ from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins
 from cfl.engine.stacked_loss import loss_targets, weighted_cross_entropy
 from cfl.engine.stacked_net import StackedNet
 from cfl.engine.step_hooks import takes_steps
-from cfl.methods.base import overrides
+from cfl.methods.declarations import gives
 from cfl.tensors import Params
 
 
@@ -49,7 +49,7 @@ def _train_block(model: nn.Module, global_params: Params, params: Params, jobs: 
     net.new_state(params, None if r.kept is None else r.kept[0])
     # quadratic penalties' steps from their gradients (no penalty in the loss)
     penalty = net.penalty_steps([hooks.penalty_terms(m, global_params, plugins.broadcasts[i], r.states[i])
-                                 for i, m in enumerate(plugins.methods) if overrides(m, "penalty")], params)
+                                 for i, m in enumerate(plugins.methods) if gives(m, "penalty")], params)
     # layer preconditioners (RGO), once per round: (C or 1, d, d) per weight, the methods' products in order
     matrices = preconditioners_of(plugins, global_params, r.states)
     # the steps' losses, (S, C): their sums and finiteness are read at the end

@@ -19,7 +19,7 @@ from cfl.engine.stacking import client_rows, couples_samples, sample_counts
 from cfl.engine.step_hooks import StepStage, step_key
 from cfl.engine.vmap_losses import grouped_losses, size_groups
 from cfl.engine.vmap_optim import OptimStep, SGDStep
-from cfl.methods.base import overrides
+from cfl.methods.declarations import gives
 from cfl.tensors import Params
 
 
@@ -73,7 +73,7 @@ def _train_block(model: nn.Module, global_params: Params, params: Params, jobs: 
         params = full_params if n == C else {k: v[:n] for k, v in full_params.items()}
         step_states = r.states if n == C else [client_rows(st, n) for st in r.states]
         step_raw = [st[:n] for st in r.raw_states]
-        # the step hooks' draws, after replay's and before the loss (``extra_loss`` may take them)
+        # the step hooks' draws, after replay's and before the loss (``loss``'s extra part may take them)
         counts, drawn = drawn_samples(stage, n, step_raw, r.generators, x, carry, starts) if stage is not None \
             else ({}, {})
         step_allowed = None if r.allowed is None else r.allowed[:n]
@@ -85,7 +85,7 @@ def _train_block(model: nn.Module, global_params: Params, params: Params, jobs: 
                                                    batched_forward, plugins, {i: b for i, (_, b) in to_loss.items()})
         loss_sum[:n] += cross_entropy.detach()
         for i, m in enumerate(plugins.methods):
-            if overrides(m, "penalty"):
+            if gives(m, "penalty"):
                 pen = vmap(lambda p, st, m=m, b=plugins.broadcasts[i]: hooks.penalty_loss(m, p, global_params, b, st),
                            randomness="different")(params, step_states[i])
                 per_client = per_client + pen

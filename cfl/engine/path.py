@@ -19,23 +19,29 @@ from dataclasses import dataclass
 from torch import nn
 
 from cfl.engine import local_optim
+from cfl.engine.hook_call import takes
 from cfl.engine.jobs import Hyper
 from cfl.engine.stacked_net import StackedNet
 from cfl.engine.stacking import couples_samples
 from cfl.engine.step_hooks import STEP_HOOKS
-from cfl.methods.base import Method, overrides, per_client_hooks
-from cfl.methods.declarations import gives
+from cfl.methods.base import Method, per_client_hooks
+from cfl.methods.declarations import HOOK_PARTS, gives
 from cfl.models.buffers import keeps_running_stats
 
 _STEP = "a step hook, which needs each client's materialised gradient"
-#: what the stacked path cannot take (a declared part of loss or samples, or a hook overridden), with the reason
+#: what the stacked path cannot take (a declared part, ``hook.part``, or a hook overridden), with the reason
 _NOT_STACKED = {
-    "extra": ("declares losses 'extra'", "which needs per-sample losses"),
-    "task": ("declares losses 'task'", "which replaces the cross-entropy the fused step differentiates"),
-    "gradient_projection": ("overrides gradient_projection", "whose projection the fused step does not apply"),
-    "step": ("declares draws 'step'", _STEP),
-    **{hook: (f"overrides {hook}", _STEP) for hook in STEP_HOOKS},
+    "loss.extra": "which needs per-sample losses",
+    "loss.task": "which replaces the cross-entropy the fused step differentiates",
+    "round_terms.projection": "whose projection the fused step does not apply",
+    **{hook: _STEP for hook in STEP_HOOKS},
 }
+
+
+def _what(key: str) -> str:
+    """``declares losses 'extra'`` for a part (``loss.extra``), ``overrides step_gradient`` for a hook."""
+    hook, _, part = key.partition(".")
+    return f"declares {HOOK_PARTS[hook][0]} '{part}'" if part else f"overrides {hook}"
 
 
 @dataclass(frozen=True)
@@ -59,15 +65,15 @@ class EnginePath:
 def stacked_refusal(model: nn.Module, hp: Hyper, methods: list[Method]) -> str | None:
     """Why the stacked path cannot train this run, or None when it can."""
     for m in methods:
-        for key, (what, why) in _NOT_STACKED.items():
-            if gives(m, key) if key in ("extra", "task", "step") else overrides(m, key):
-                return f"method {m.name} {what}, {why}"
-    preconditioning = [m.name for m in methods if overrides(m, "layer_preconditioner")]
-    penalising = [m.name for m in methods if overrides(m, "penalty")]
+        for key, why in _NOT_STACKED.items():
+            if takes(m, key):
+                return f"method {m.name} {_what(key)}, {why}"
+    preconditioning = [m.name for m in methods if gives(m, "preconditioner")]
+    penalising = [m.name for m in methods if gives(m, "penalty")]
     if preconditioning and penalising:
         return (f"method {preconditioning[0]} preconditions the gradients and method {penalising[0]} adds a penalty, "
                 "whose fused step would not be preconditioned")
-    if local_optim.plain_sgd(hp) and any(overrides(m, "penalty") for m in methods) and hp.lr * hp.weight_decay == 1.0:
+    if local_optim.plain_sgd(hp) and any(gives(m, "penalty") for m in methods) and hp.lr * hp.weight_decay == 1.0:
         return "lr * weight_decay = 1: the penalty's fused pre-step would divide by 1 - lr * weight_decay"
     return StackedNet.model_refusal(model)
 
@@ -84,7 +90,7 @@ def sequential_refusal(model: nn.Module, methods: list[Method]) -> str | None:
                     f"starts each client from its own parameters (the batched paths start every client of a stack "
                     f"from the global model)")
     # a step draw that only the extra loss reads reaches it unpadded (grouped by real counts)
-    stepping = [m.name for m in methods if any(overrides(m, h) for h in STEP_HOOKS)]
+    stepping = [m.name for m in methods if any(takes(m, h) for h in STEP_HOOKS if h != "samples.step")]
     if stepping and couples_samples(model):
         return (f"method {stepping[0]} takes step hooks and model {type(model).__name__} mixes the samples of a "
                 f"batch (BatchNorm): under vmap its steps' padding would enter the batch statistics")

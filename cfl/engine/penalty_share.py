@@ -2,7 +2,7 @@
 weak to change anything (EWC at its default ``lam`` on split-fmnist gave FedAvg's accuracy matrix digit for digit)
 shows as a share near 0.
 
-Per round and per method with a ``penalty``, for each kept client: ``P / (L + P)``, with ``P`` the quadratic terms
+Per round and per method giving ``round_terms``' ``penalty``, for each kept client: ``P / (L + P)``, with ``P`` the quadratic terms
 of the penalty (a linear term, SCAFFOLD's and FedDyn's corrections ``<c, w>``, is a gradient shift with no loss
 value of its own: left out; a method with linear terms only reports no share) at the
 client's parameters after its local training (from the round's global model, its broadcast and its state, as its
@@ -18,7 +18,8 @@ import torch
 
 from cfl.engine import hooks
 from cfl.engine.jobs import ClientOutcome
-from cfl.methods.base import Method, overrides
+from cfl.methods.base import Method
+from cfl.methods.declarations import gives
 from cfl.records.client_states import MethodState
 from cfl.tensors import Params, State
 
@@ -47,7 +48,7 @@ def record_round(methods: list[Method], states: list[MethodState], broadcasts: l
     kept clients and rounds; ``penalty_share_by_task``; the client-rounds each is over)."""
     with torch.no_grad():
         for method, state, broadcast in zip(methods, states, broadcasts, strict=True):
-            if not overrides(method, "penalty"):
+            if not gives(method, "penalty"):
                 continue
             summed = client_shares(method, state, broadcast, global_params, trained, outcomes, keep)
             if summed is None:

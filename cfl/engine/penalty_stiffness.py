@@ -12,8 +12,9 @@ from dataclasses import fields
 import torch
 
 from cfl.config import Config
-from cfl.engine.hook_call import call
-from cfl.methods.base import Method, overrides
+from cfl.engine import hooks
+from cfl.methods.base import Method
+from cfl.methods.declarations import gives
 from cfl.records.client_states import MethodState
 from cfl.tensors import Params, State
 
@@ -26,7 +27,7 @@ def stiffness_hint(cfg: Config, methods: list[Method], states: list[MethodState]
         return ""
     bound = 2.0 * (1.0 + cfg.momentum) / cfg.lr
     for method, state, broadcast in zip(methods, states, broadcasts, strict=True):
-        if not overrides(method, "penalty"):
+        if not gives(method, "penalty"):
             continue
         worst = _heaviest(method, state, broadcast, params, cids)
         if worst is None or worst[0] < bound:
@@ -47,7 +48,8 @@ def _heaviest(method: Method, state: MethodState, broadcast: State, params: Para
     worst: tuple[float, str, int] | None = None
     for cid in cids:
         try:
-            quadratics = call(method, "penalty", params, broadcast, state.clients.get(cid), use=lambda q: q or {})
+            quadratics = hooks.round_terms(method, "penalty", state.clients.get(cid), lambda q: q or {}, params,
+                                           broadcast)
         except Exception:  # noqa: BLE001 - a diagnosis of a stopped run: the run's own error is what is raised
             return worst
         for name, q in quadratics.items():

@@ -57,15 +57,15 @@ def dry_run_hooks(runner: Runner) -> None:
             broadcast = {**broadcast_of(m, "round", server), **broadcast_of(m, "task_start", server)}
             params, state = _dry_start(runner, m, broadcast)
             read = {"global_params": params, "server": broadcast, "state": state}
-            if overrides(m, "penalty"):
-                with unwritten(m, "penalty", read):
+            if gives(m, "penalty"):
+                with unwritten(m, "round_terms", read):
                     hooks.penalty_loss(m, params, params, broadcast, state)
             if gives(m, "task"):
                 logits = functional_call(runner.model, params, (x, task))
                 with unwritten(m, "loss", {**read, "logits": logits, "x": x, "y": y}):
                     hooks.task_loss(m, params, logits, y, x, task, weight, None, broadcast, state)
-            if overrides(m, "layer_preconditioner"):
-                with unwritten(m, "layer_preconditioner", read):
+            if gives(m, "preconditioner"):
+                with unwritten(m, "round_terms", read):
                     hooks.preconditioners(m, params, state)
             stage = StepStage([m], [broadcast], params, runner.hyper.lr,
                               gradient_function(runner.model, runner.hyper.precision, runner.device))
@@ -76,8 +76,8 @@ def dry_run_hooks(runner: Runner) -> None:
                 with unwritten(m, "loss", {**read, "x": x}):
                     hooks.extra_loss(m, params, x, task, weight, broadcast, state,
                                      Samples(*drawn[0]) if drawn else None)
-            if overrides(m, "gradient_projection"):
-                with unwritten(m, "gradient_projection", read):
+            if gives(m, "projection"):
+                with unwritten(m, "round_terms", read):
                     hooks.projected(m, {k: torch.zeros_like(v) for k, v in params.items()}, state)
             if gives(m, "replay"):
                 with unwritten(m, "samples", read):
@@ -113,7 +113,7 @@ def _dry_step(runner: Runner, stage: StepStage, drawn: dict, batch: tuple[torch.
 
 
 def _dry_round(runner: Runner) -> None:
-    """Two fresh clients of the first round (their ``local_steps_per_epoch`` asked for their real sample counts)
+    """Two fresh clients of the first round (their ``client_start`` ``steps`` asked for their real sample counts)
     train one local step each on two of their samples through the run's own trainer, every method at once, from
     empty client states and copies of the server states; nothing it trains is kept."""
     jobs = runner.schedule.round_jobs(0, 0)[:2]
@@ -143,13 +143,14 @@ def _dry_round(runner: Runner) -> None:
 
 
 def _dry_start(runner: Runner, method: Method, broadcast: State) -> tuple[Params, State]:
-    """A fresh client's starting parameters and state after ``method.client_start`` (the global model and ``{}``
-    where it has none)."""
+    """A fresh client's starting parameters and state after ``method.client_start``'s params (the global model and
+    ``{}`` where it has none)."""
     state: State = {}
-    if not overrides(method, "client_start"):
+    if not gives(method, "params"):
         return runner.params, state
-    return call(method, "client_start", dict(runner.params), state, broadcast, 0,
-                use=lambda start: check_client_start(start, runner.params)), state
+    return hooks.client_start(method, "params", lambda start: check_client_start(
+        runner.params if start is None else start, runner.params), server=broadcast, state=state,
+        params=dict(runner.params), task=0), state
 
 
 def _dry_upload(runner: Runner, method: Method, params: Params, state: State) -> None:

@@ -26,7 +26,7 @@ from cfl.engine import penalty_share, server_events
 from cfl.engine.client_end import client_end
 from cfl.engine.client_params import ClientParams
 from cfl.engine.evaluation import accuracies, accuracy_of, class_accuracy, evaluate
-from cfl.engine.hook_call import call, finite_checks
+from cfl.engine.hook_call import call, finite_checks, takes
 from cfl.engine.jobs import ClientJob, ClientOutcome, Hyper, Plugins, derive_seed, limit_epochs
 from cfl.engine.local_batched import BatchedTrainer
 from cfl.engine.local_sequential import train_sequential
@@ -42,7 +42,7 @@ from cfl.engine.task_end import end_tasks, task_end_draws
 from cfl.engine.task_start import TaskStarts
 from cfl.engine.traffic import record_round, round_upload
 from cfl.methods import METHODS
-from cfl.methods.base import Method, acts_after_rounds, overrides
+from cfl.methods.base import Method, acts_after_rounds
 from cfl.methods.hook_guard import VMAPPED_HOOKS
 from cfl.methods.hook_types import ClientData, LocalTraining, RunInfo
 from cfl.metrics import client_forgetting
@@ -286,7 +286,7 @@ class Runner:
         result checked (:class:`cfl.engine.hook_call.finite_checks`), so a hook that made NaN or inf from finite
         arguments is named (``HookError``, exit code 3) in place of the advice to lower lr. Nothing on the way:
         only methods that make values in local training, only after such a stop."""
-        if not jobs or not any(overrides(m, h) for m in self.methods for h in VMAPPED_HOOKS):
+        if not jobs or not any(takes(m, h) for m in self.methods for h in VMAPPED_HOOKS):
             return
         data = self.stream.tasks[task]
         devices = [self.device] if self.device.type == "cuda" else []
@@ -303,7 +303,7 @@ class Runner:
         return {**trained, **{k: torch.stack([o.buffers[k] for o in outcomes]) for k in self.buffers}}
 
     def _keep_carries(self, outcomes: list[ClientOutcome]) -> None:
-        """The step hooks' running values of the kept clients into their states (``Method.carry_start``)."""
+        """The step hooks' running values of the kept clients into their states (``Method.client_start``'s carry)."""
         for outcome in outcomes:
             for i, carry in outcome.carry.items():
                 clients = self.states[i].clients

@@ -230,7 +230,7 @@ class StackedNet:
         self.stateful = not local_optim.plain_sgd(hp)
         self.slots: dict[str, list[torch.Tensor]] = {}
         self.t = 0
-        # the step's layer preconditioners (``Method.layer_preconditioner``): weight name -> (C or 1, d, d)
+        # the step's layer preconditioners (``Method.round_terms``' preconditioner): weight name -> (C or 1, d, d)
         self.preconditioners: dict[str, torch.Tensor] = {}
         # bf16-mixed: bfloat16 copies of the fused weights and their products' buffers (kept by :meth:`stack`)
         self.bf16 = Bf16Weights({}) if is_mixed(hp.precision) else None

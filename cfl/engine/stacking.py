@@ -22,7 +22,7 @@ from cfl.tensors import State
 @dataclass
 class Batch:
     """Samples stacked over clients ``(C, B, ...)``: ``weight`` is 0 for padding samples; ``extra`` the named
-    per-sample tensors of ``step_samples`` draws ``(C, B, ...)``, zero for padding."""
+    per-sample tensors of step draws (``samples``' step part) ``(C, B, ...)``, zero for padding."""
 
     x: torch.Tensor
     y: torch.Tensor

@@ -6,10 +6,10 @@ step part, outside ``vmap``, from the client's own generator, padded with weight
 as ``ctx.samples`` at its extra part; after the step's loss gradient, the methods' ``step_gradient`` in the run's
 method order (each sees the gradient as the previous one left it); the optimiser takes the result (weight decay,
 GPM's projection, moments). After the optimiser's update, each method's ``carry_step`` gets the step (``grads``:
-the gradient the optimiser took) and ``moved``, the update. A round starts each client's running values from
-``carry_start``; they come back with the client's outcome, and the round engine writes them into the client's
-state (kept clients only) before ``client_end("round")``. A step draw gets the client's running values before the
-step (``ctx.carry``) (a memory filled during the round). Every hook call gets ``step.random``,
+the gradient the optimiser took) and ``step.moved``, the update. A round starts each client's running values from
+``client_start``'s carry; they come back with the client's outcome, and the round engine writes them into the
+client's state (kept clients only) before ``client_end("round")``. A step draw gets the client's running values
+before the step (``ctx.carry``) (a memory filled during the round). Every hook call gets ``step.random``,
 the client's own counter-based random numbers (:class:`cfl.ops.counter_random.StepRandom`), keyed by the client's
 round seed (:func:`step_key`), the method, the hook and the step: usable under ``vmap``, the same on both trainers.
 """
@@ -24,7 +24,7 @@ from torch import nn
 from torch.func import functional_call
 
 from cfl.engine import hooks
-from cfl.engine.hook_call import blamed, unwritten
+from cfl.engine.hook_call import blamed, takes, unwritten
 from cfl.engine.hook_rules import check_carries
 from cfl.engine.jobs import ClientJob, derive_seed
 from cfl.engine.precision import autocast, to_float
@@ -40,7 +40,7 @@ from cfl.tensors import Params, State
 #: the hooks of a local step, besides the loss's (penalty, loss, replay draws) and the optimiser's projection
 
 SampleBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # x, y, task, weight
-#: a ``step_samples`` draw: x, y, task, weight and the named per-sample extras
+#: a step draw (``samples``' step part): x, y, task, weight and the named per-sample extras
 DrawBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]
 _HOOK_IDS = {"step_gradient": 0, "carry_step": 1}
 
@@ -58,12 +58,12 @@ def task_loss_of(methods: list[Method]) -> int | None:
 
 
 def takes_steps(method: Method) -> bool:
-    """Whether ``method`` overrides a step hook or draws step samples."""
-    return any(overrides(method, hook) for hook in STEP_HOOKS) or gives(method, "step")
+    """Whether ``method`` overrides a step hook or declares a step part (``samples.step``, ``client_start.carry``)."""
+    return any(takes(method, hook) for hook in STEP_HOOKS)
 
 
 def carries(method: Method) -> bool:
-    return overrides(method, "carry_start") or overrides(method, "carry_step")
+    return gives(method, "carry") or overrides(method, "carry_step")
 
 
 def gradient_function(model: nn.Module, precision: int | str,
@@ -114,16 +114,17 @@ class StepStage:
     # ---- outside vmap, per client ----
     def start(self, states: list[State]) -> dict[int, State]:
         """One client's running values at the round's start (``states``: its state per method)."""
-        return {i: hooks.carry_start(self.methods[i], self.global_params, states[i]) for i in self.carrying}
+        return {i: hooks.carry_start(self.methods[i], self.global_params, states[i], self.broadcasts[i])
+                for i in self.carrying}
 
     def stacked(self, starts: list[dict[int, State]]) -> dict[int, State]:
         """The clients' running values (``starts``: one :meth:`start` per client) stacked over them per method, a
         leaf the method declares ``ragged`` zero-padded to the widest client; keys or shapes that differ otherwise
-        are refused, naming the method and ``carry_start``."""
+        are refused, naming the method and ``client_start``."""
         out = {}
         for i in self.carrying:
             method = self.methods[i]
-            blamed(method, "carry_start", check_carries, [s[i] for s in starts], method.computes.ragged)
+            blamed(method, "client_start", check_carries, [s[i] for s in starts], method.computes.ragged)
             out[i] = stack_states([s[i] for s in starts], method.computes.ragged)
         return out
 
@@ -154,18 +155,19 @@ class StepStage:
                 "step.params": params, "step.grads": grads, "step.x": x, "step.y": y, "step.task": task,
                 "step.weight": weight, "step.samples": samples.get(i), "step.global_params": self.global_params,
                 "step.server": self.broadcasts[i], "step.state": states[i], "step.carry": carry.get(i),
-                **({} if moved is None else {"moved": moved})}))
+                **({} if moved is None else {"step.moved": moved})}))
         return stack
 
     # ---- one client's step (the batched trainer vmaps these) ----
     def _step(self, i: int, params: Params, grads: Params, batch: SampleBatch, samples: dict[int, DrawBatch],
-              states: list[State], carry: dict[int, State], index: int, key: torch.Tensor, hook: str) -> Step:
+              states: list[State], carry: dict[int, State], index: int, key: torch.Tensor, hook: str,
+              moved: Params | None = None) -> Step:
         x, y, task, weight = batch
         drawn = samples.get(i)
         random = StepRandom(key, (index << 8) | (i << 1) | _HOOK_IDS[hook])
         return Step(params, grads, x, y, task, weight, None if drawn is None else Samples(*drawn),
                     self.global_params, self.broadcasts[i], states[i], carry.get(i, {}), self.lr, index,
-                    self.gradient_at(params), random)
+                    self.gradient_at(params), random, moved)
 
     def rewrite(self, params: Params, grads: Params, batch: SampleBatch, samples: dict[int, DrawBatch],
                 states: list[State], carry: dict[int, State], index: int, key: torch.Tensor) -> Params:
@@ -182,7 +184,7 @@ class StepStage:
         out = dict(carry)
         for i in self.carry_stepping:
             out[i] = hooks.carry_step(self.methods[i], self._step(i, params, grads, batch, samples, states, carry,
-                                                                  index, key, "carry_step"), moved)
+                                                                  index, key, "carry_step", moved))
         return out
 
 

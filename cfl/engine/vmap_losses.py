@@ -22,7 +22,7 @@ from cfl.methods.hook_types import Samples
 from cfl.ops.losses import masked_cross_entropy, weighted_mean
 from cfl.tensors import Params, State
 
-#: client indices (None: all), batch width, replay widths (then those of the draws an ``extra_loss`` takes)
+#: client indices (None: all), batch width, replay widths (then those of the step draws ``loss``'s extra part takes)
 Group = tuple[torch.Tensor | None, int, list[int]]
 
 

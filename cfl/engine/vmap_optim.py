@@ -13,7 +13,8 @@ from torch.func import vmap
 
 from cfl.engine import hooks, local_optim
 from cfl.engine.jobs import Hyper, Plugins
-from cfl.methods.base import Method, overrides
+from cfl.methods.base import Method
+from cfl.methods.declarations import gives
 from cfl.tensors import Params, State
 
 
@@ -28,7 +29,7 @@ class SGDStep:
 
     def __init__(self, hp: Hyper, params: Params, plugins: Plugins, stepping: bool = False) -> None:
         self.hp = hp
-        self.projecting = [i for i, m in enumerate(plugins.methods) if overrides(m, "gradient_projection")]
+        self.projecting = [i for i, m in enumerate(plugins.methods) if gives(m, "projection")]
         # step hooks must see the true gradient, not the folded decay's -g/wd
         self.fused = hp.momentum == 0 and not self.projecting and not stepping
         self.fold_decay = self.fused and hp.weight_decay >= 1e-8  # smaller: -1/wd could overflow float32
@@ -87,7 +88,7 @@ class OptimStep:
 
     def __init__(self, hp: Hyper, params: Params, plugins: Plugins, stepping: bool = False) -> None:  # noqa: ARG002
         self.hp = hp
-        self.projecting = [i for i, m in enumerate(plugins.methods) if overrides(m, "gradient_projection")]
+        self.projecting = [i for i, m in enumerate(plugins.methods) if gives(m, "projection")]
         self.slots: dict[str, list[torch.Tensor]] | None = None
 
     def keep(self, slots: dict[str, list[torch.Tensor]]) -> None:
@@ -112,7 +113,7 @@ class OptimStep:
 
 
 def _projected(method: Method, grads: Params, state: State) -> Params:
-    """The stacked clients' gradients projected off ``method.gradient_projection``, per client under ``vmap``.
+    """The stacked clients' gradients projected off ``method.round_terms``' projection, per client under ``vmap``.
     Where no client of the stack holds state (``state`` is ``{}``) every client's hook sees ``{}``: it is
     called once and its bases, if any, apply to all (a hook that reads no state projects all the same)."""
     if state:

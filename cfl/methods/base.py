@@ -8,27 +8,25 @@ figures; the engine batches clients, stacks and pads their states and chooses it
 is owned by the engine (:class:`cfl.records.client_states.MethodState`), checkpointed with the run, and handed back to
 the hooks of the method that made it. Every hook is called through :func:`cfl.engine.hook_call.call`.
 
-A round (``t`` = task, 0-based): each client takes its batches (each epoch cut to ``local_steps_per_epoch`` where a
-method sets it); every local step's loss is the cross-entropy (or ``loss``'s task part) plus the ``penalty``
-quadratics and ``loss``'s extra part, on a batch joined by ``samples``' replay draw; the step hooks (``samples``' step
-draw, ``step_gradient``,
-``carry_start``, ``carry_step``: :class:`Step`) see and may rewrite each step's gradient and keep running values
-through the round; the optimiser projects the gradients off ``gradient_projection`` and steps; after training,
-``client_end("round")`` on each client, then the server aggregates (``client_upload`` and ``server_aggregate`` for
-parameters a method sends its own way), applies ``server_update`` (x GMA mask) and ``transform_update``, and
-``server_event`` at ``"round"`` reduces the uploads and may set global values. At a task end, ``server_event`` at
-``"before_task_end"`` (the task's final global model; e.g. training a generator), ``client_end("task_end")`` on the
-participants (``task_end_clients``), and ``server_event`` at ``"task_end"`` (which may change the shared frozen
-backbone: LoRM's merge). ``count_bytes`` counts what a method sends its own way; ``param_roles`` names the
-parameters kept per client and the frozen ones.
+A round (``t`` = task, 0-based): each client takes its batches (each epoch cut to ``client_start``'s ``steps`` where
+a method gives it); every local step's loss is the cross-entropy (or ``loss``'s task part) plus ``round_terms``'
+``penalty`` quadratics and ``loss``'s extra part, on a batch joined by ``samples``' replay draw; the step hooks
+(``samples``' step draw, ``step_gradient``, ``client_start``'s ``carry``, ``carry_step``: :class:`Step`) see and may
+rewrite each step's gradient and keep running values through the round; the optimiser projects the gradients off
+``round_terms``' ``projection`` and steps; after training, ``client_end("round")`` on each client, then the server
+aggregates (``client_upload`` and ``server_aggregate`` for parameters a method sends its own way), applies
+``server_update`` (x GMA mask) and ``transform_update``, and ``server_event`` at ``"round"`` reduces the uploads and
+may set global values. At a task end, ``server_event`` at ``"before_task_end"`` (the task's final global model; e.g.
+training a generator), ``client_end("task_end")`` on the participants (``task_end_clients``), and ``server_event`` at
+``"task_end"`` (which may change the shared frozen backbone: LoRM's merge). ``count_bytes`` counts what a method sends
+its own way; ``param_roles`` names the parameters kept per client and the frozen ones.
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import torch
-
+from cfl.methods.client_hooks import ClientRound, ClientRoundStart, ClientStart, RoundTerms
 from cfl.methods.declarations import (
     BROADCAST_EVENTS,
     DECLARATIONS,
@@ -37,7 +35,10 @@ from cfl.methods.declarations import (
     LossPart,
     Requires,
     Sends,
+    StartPart,
+    TermPart,
     check_parts,
+    gives,
     refuse_model_without_running_stats,
     refuse_scenario,
 )
@@ -87,6 +88,8 @@ __all__ = [
     "ParamNames", "ParamRoles", "TrainedClient", "StackedUploads", "Payload",
     # handed on: the contexts and results of loss, samples and client_end (cfl/methods/training_hooks.py)
     "LossContext", "LossTerms", "SamplesContext", "Draw", "ClientEndContext", "LossPart", "DrawPart",
+    # handed on: a client's round start and round terms (cfl/methods/client_hooks.py)
+    "ClientRoundStart", "ClientStart", "StartPart", "ClientRound", "RoundTerms", "TermPart",
     # handed on: the tensor types of the hooks (cfl/tensors.py)
     "Params", "State",
 ]
@@ -113,7 +116,7 @@ class Method:
             value = getattr(cls, attr)
             if not isinstance(value, kind):
                 raise TypeError(f"{cls.__name__}.{attr} is {value!r}; declare {attr} = {kind.__name__}(...)")
-        check_parts(cls, Method, ("loss", "samples"))
+        check_parts(cls, Method)
         if cls.sends.changes_backbone and cls.requires.schedules != ("synchronous",):
             raise TypeError(f"{cls.__name__} declares sends=Sends(changes_backbone=True), which its "
                             "server_event('task_end') may do at the synchronous schedule's task ends only: declare "
@@ -144,11 +147,19 @@ class Method:
         knowledge base). Overriding it sends the run to the sequential path."""
         return ParamRoles()
 
-    def client_start(self, params: Params, state: State, server: State, task: int) -> Params:
-        """A client's starting parameters of a round (per client, outside ``vmap``, before its local training):
-        ``params`` is the global model with the client's local parameters; ``state`` may be updated in place
-        (the training hooks see it). Returns every parameter, shaped as ``params``."""
-        return params
+    def client_start(self, ctx: ClientRoundStart) -> ClientStart | None:
+        """A client's round start, per client, outside ``vmap``, asked once per part the class declares in
+        ``computes.starts``, at the part's moment (``ctx.part``; :class:`ClientStart`'s field of it is taken): ``steps``
+        (when the round's jobs are made: at most this many local steps in each epoch of a client holding
+        ``ctx.num_samples`` samples, its first batches of the epoch's shuffle; TARGET's code zips the real and the
+        synthetic loaders; with several methods the smallest count applies); ``params`` (the sequential trainer's
+        starting parameters: ``ctx.params`` is the global model with the client's local parameters;
+        ``ctx.state`` may be updated in place, the training hooks see it; every parameter, shaped as
+        ``ctx.params``; declaring it sends the run to the sequential path); ``carry`` (the running values the
+        step hooks start the round's local training with, e.g. SI's path integral so far: tensors of fixed
+        shapes; at the round's end the client's state takes the final ones, ``state.update``, before
+        ``client_end("round")``)."""
+        return None
 
     def client_upload(self, ctx: TrainedClient) -> tuple[Params, Params]:
         """After a round's training (``ctx.params``: the client's trained model, ``ctx.state`` its state): what it
@@ -174,14 +185,22 @@ class Method:
         return None
 
     # ---- client side, one client ----
-    def penalty(self, global_params: Params, server: State, state: State) -> dict[str, Quadratic | Linear] | None:
-        """Quadratic and linear penalties added to every local step's loss, per parameter name (others carry none)."""
+    def round_terms(self, ctx: ClientRound) -> RoundTerms | None:
+        """One client's constants of a round, per part the class declares in ``computes.terms`` (``ctx.part``: the one
+        the engine takes; :class:`RoundTerms`). ``penalty``: Quadratic and Linear terms added to every local step's
+        loss, per parameter name (others carry none). ``preconditioner``: per weight a matrix ``P (d, d)`` that
+        multiplies every local step's gradient on the right on the im2col view, ``g <- g P`` (RGO's ``P~``),
+        after the step hooks and before weight decay; the stacked path applies it to a fused layer's inputs
+        instead (``delta^T (X P)``), once per round per client. ``projection``: per parameter an orthonormal
+        basis ``(d, k)`` of the layer-input directions its local gradients must not move along (GPM): ``g <- g -
+        (g M) M^T`` on the im2col view, after weight decay. Run under ``vmap`` over the clients: a pure tensor
+        function of ``ctx.state``; the engine may ask a part once per step."""
         return None
 
     def loss(self, ctx: LossContext) -> LossTerms | None:
-        """A per-sample loss ``(B,)`` of the step's batch ``ctx.x`` (replay included) at ``ctx.params``, per part the
-        class declares in ``computes.losses`` (the engine calls it once per part, ``ctx.part``): ``"task"`` in place of the
-        cross-entropy (GLFC's gradient compensation; one method of a run at most; ``ctx.logits`` ``(B, K)``,
+        """A per-sample loss ``(B,)`` of the step's batch ``ctx.x`` (replay included) at ``ctx.params``, per part
+        the class declares in ``computes.losses`` (the engine calls it once per part, ``ctx.part``): ``"task"`` in place
+        of the cross-entropy (GLFC's gradient compensation; one method of a run at most; ``ctx.logits`` ``(B, K)``,
         ``ctx.y``, ``ctx.allowed`` ``(K,)`` the classes the loss may use or None; the run's ``train_loss`` is its
         mean), ``"extra"`` added to it (distillation, e.g. LwF; an extra part sends the run to the vmap path, said
         on stderr). Returns :class:`LossTerms` with the asked part; the engine averages it over the real samples
@@ -194,27 +213,15 @@ class Method:
         triplet on the batch sum)."""
         return None
 
-    def layer_preconditioner(self, state: State) -> dict[str, torch.Tensor]:
-        """Per parameter, a matrix ``P (d, d)`` that multiplies every local step's gradient on the right on the
-        im2col view, ``g <- g P`` (RGO's ``P~``), after the step hooks and before weight decay; the stacked path
-        applies it to a fused layer's inputs instead (``delta^T (X P)``: cheaper where the batch is smaller than
-        the layer's output). Called once per round per client."""
-        return {}
-
-    def gradient_projection(self, state: State) -> dict[str, torch.Tensor]:
-        """Per parameter, an orthonormal basis ``(d, k)`` of the layer-input directions its local gradients
-        must not move along (GPM): ``g <- g - (g M) M^T`` on the im2col view, after weight decay."""
-        return {}
-
     def samples(self, ctx: SamplesContext) -> Draw | None:
-        """Samples of a local step from the client's own ``ctx.generator``, per part the class declares in ``computes.draws``
-        (the engine calls it once per part, ``ctx.part``): ``"replay"`` samples appended to the step's batch and
-        trained on in its forward (ER's memory, MFCL's synthetic images), drawn first; ``"step"`` samples for the
-        step hooks and not trained on (A-GEM's reference batch, a synthetic batch from a broadcast generator or
-        pool), as ``step.samples`` and the loss's ``ctx.samples``, drawn after every method's replay draw and before
-        the step's loss (``ctx.carry``: the client's running values before the step, a memory filled during the
-        round, DER++). ``ctx.server``: the method's broadcast of the round (``"task_start"`` keys included).
-        Returns :class:`Draw` with the asked part, or None (no samples this step)."""
+        """Samples of a local step from the client's own ``ctx.generator``, per part the class declares in
+        ``computes.draws`` (the engine calls it once per part, ``ctx.part``): ``"replay"`` samples appended to the
+        step's batch and trained on in its forward (ER's memory, MFCL's synthetic images), drawn first; ``"step"``
+        samples for the step hooks and not trained on (A-GEM's reference batch, a synthetic batch from a broadcast
+        generator or pool), as ``step.samples`` and the loss's ``ctx.samples``, drawn after every method's replay draw
+        and before the step's loss (``ctx.carry``: the client's running values before the step, a memory filled during
+        the round, DER++). ``ctx.server``: the method's broadcast of the round (``"task_start"`` keys included). Returns
+        :class:`Draw` with the asked part, or None (no samples this step)."""
         return None
 
     # ---- step hooks, one client (see :class:`Step`) ----
@@ -223,15 +230,9 @@ class Method:
         ``step.grads``, same shapes; None keeps it. The optimiser then takes it (decay, projection, moments)."""
         return None
 
-    def carry_start(self, global_params: Params, state: State) -> State:
-        """The running values a client starts a round's local training with (e.g. SI's path integral so far):
-        tensors of fixed shapes. At the round's end the client's state takes the final ones (``state.update``)
-        before ``client_end("round")``."""
-        return {}
-
-    def carry_step(self, step: Step, moved: Params) -> State:
-        """The running values after the step: ``moved`` is ``new params - step.params`` (the optimiser's actual
-        update); returns a dict shaped like ``step.carry`` (SI: ``path += -grad * moved``)."""
+    def carry_step(self, step: Step) -> State:
+        """The running values after the step: ``step.moved`` is ``new params - step.params`` (the optimiser's
+        actual update); returns a dict shaped like ``step.carry`` (SI: ``path += -grad * moved``)."""
         return step.carry
 
     def client_end(self, ctx: ClientEndContext) -> State | None:
@@ -241,12 +242,6 @@ class Method:
         rate (:class:`LocalTraining`); None at a task end (:class:`ClientEndContext`)."""
         return None
 
-    def local_steps_per_epoch(self, num_samples: int, server: State) -> int | None:
-        """At most this many local steps in each epoch of a client holding ``num_samples`` samples of the task (its
-        first batches of the epoch's shuffle), with ``server`` the round's broadcast; None: all its batches
-        (TARGET's code zips the real and the synthetic loaders, so an epoch stops at the shorter). Called once per
-        client and round; with several methods the smallest count applies."""
-        return None
 
     # ---- server side ----
     def server_event(self, ctx: ServerEvent) -> ServerChange | None:
@@ -289,7 +284,8 @@ PER_CLIENT_HOOKS = ("param_roles", "client_start", "client_upload", "server_aggr
 
 def per_client_hooks(cls: type[Method]) -> list[str]:
     """The hooks of parameters kept per client that the method class ``cls`` overrides."""
-    return [h for h in PER_CLIENT_HOOKS if getattr(cls, h) is not getattr(Method, h)]
+    return [h for h in PER_CLIENT_HOOKS if getattr(cls, h) is not getattr(Method, h)
+            and (h != "client_start" or gives(cls, "params"))]
 
 
 def takes_part_at_task_end(method: Method) -> bool:

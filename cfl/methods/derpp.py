@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from cfl.methods.base import (
+    ClientRoundStart,
+    ClientStart,
     Computes,
     Draw,
     LossContext,
@@ -31,7 +33,7 @@ from cfl.methods.base import (
 )
 from cfl.methods.bounds import SAMPLES_MAX, WEIGHT_MAX
 from cfl.schema import field
-from cfl.tensors import Params, State
+from cfl.tensors import State
 
 MEMORY = ("x", "y", "task", "logits", "seen")
 
@@ -50,17 +52,17 @@ class DERpp(Method):
     name = "derpp"
     about = "DER++: a per-step reservoir of samples and their logits, logit MSE + CE on memory draws"
     Hyperparams = DERppHyperparams
-    computes = Computes(losses=("extra",), draws=("step",))
+    computes = Computes(starts=("carry",), losses=("extra",), draws=("step",))
 
-    def carry_start(self, global_params: Params, state: State) -> State:
-        if "seen" in state:
-            return {k: state[k] for k in MEMORY}
-        m, like = self.hparams.mem_per_client, next(iter(global_params.values()))
-        return {"x": like.new_zeros((m, *self.run_info.input_shape)),
-                "y": torch.zeros(m, dtype=torch.long, device=like.device),
-                "task": torch.zeros(m, dtype=torch.long, device=like.device),
-                "logits": like.new_zeros((m, self.run_info.num_classes)),
-                "seen": torch.zeros((), dtype=torch.long, device=like.device)}
+    def client_start(self, ctx: ClientRoundStart) -> ClientStart:
+        if "seen" in (state := ctx.state):
+            return ClientStart(carry={k: state[k] for k in MEMORY})
+        m, like = self.hparams.mem_per_client, next(iter(ctx.global_params.values()))
+        return ClientStart(carry={"x": like.new_zeros((m, *self.run_info.input_shape)),
+                                  "y": torch.zeros(m, dtype=torch.long, device=like.device),
+                                  "task": torch.zeros(m, dtype=torch.long, device=like.device),
+                                  "logits": like.new_zeros((m, self.run_info.num_classes)),
+                                  "seen": torch.zeros((), dtype=torch.long, device=like.device)})
 
     def samples(self, ctx: SamplesContext) -> Draw | None:
         generator, carry = ctx.generator, ctx.carry
@@ -88,7 +90,7 @@ class DERpp(Method):
             self.hparams.beta * (on_ce * ce).sum() / on_ce.sum().clamp(min=1)
         return LossTerms(extra=term.expand(x.shape[0]))  # a batch-mean term: the mean over real samples keeps it
 
-    def carry_step(self, step: Step, moved: Params) -> State:
+    def carry_step(self, step: Step) -> State:
         """Reservoir sampling (Vitter's algorithm R) of the step's real samples, in batch order: the ``n``-th sample
         seen goes to slot ``n`` while the memory has room, else to a slot drawn in ``[0, n]`` if below its size;
         a slot written twice in one step keeps the later sample."""

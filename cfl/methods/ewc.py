@@ -19,11 +19,19 @@ from dataclasses import dataclass
 
 import torch
 
-from cfl.methods.base import ClientEndContext, Method, Payload, Quadratic, Sends
+from cfl.methods.base import (
+    ClientEndContext,
+    ClientRound,
+    Computes,
+    Method,
+    Payload,
+    Quadratic,
+    RoundTerms,
+    Sends,
+)
 from cfl.methods.bounds import SAMPLES_MAX, WEIGHT_MAX
 from cfl.ops.fisher import diagonal_fisher
 from cfl.schema import field
-from cfl.tensors import Params, State
 
 
 @dataclass(frozen=True)
@@ -44,11 +52,13 @@ class EWC(Method):
     about = "EWC+FL: per-client diagonal-Fisher penalty lambda/2 sum F (w - w*)^2 on finished tasks"
     Hyperparams = EWCHyperparams
     sends = Sends(client_events=("task_end",))
+    computes = Computes(terms=("penalty",))
 
-    def penalty(self, global_params: Params, server: State, state: State) -> dict[str, Quadratic] | None:
-        if "fisher" not in state:  # no finished task yet
+    def round_terms(self, ctx: ClientRound) -> RoundTerms | None:
+        if "fisher" not in (state := ctx.state):  # no finished task yet
             return None
-        return {k: Quadratic(self.hparams.lam * state["fisher"][k], state["anchor"][k]) for k in global_params}
+        return RoundTerms({k: Quadratic(self.hparams.lam * state["fisher"][k], state["anchor"][k])
+                           for k in ctx.global_params})
 
     def count_bytes(self, ctx: Payload) -> int | None:
         """The clients' state: every client keeps a Fisher and an anchor, two model-sized tensors."""

@@ -17,16 +17,19 @@ import torch
 
 from cfl.methods.base import (
     ClientEndContext,
+    ClientRound,
+    Computes,
     Method,
     Payload,
     Quadratic,
+    RoundTerms,
     Sends,
     ServerEvent,
 )
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.ops.fisher import diagonal_fisher
 from cfl.schema import field
-from cfl.tensors import Params, State
+from cfl.tensors import State
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,7 @@ class FedCurv(Method):
     Hyperparams = FedCurvHyperparams
     # nothing at task ends
     sends = Sends(server_events=("round",), broadcast={"round": ("u", "v", "round")}, client_events=("round",))
+    computes = Computes(terms=("penalty",))
 
     # ---- server ----
     def server_event(self, ctx: ServerEvent) -> None:
@@ -72,18 +76,18 @@ class FedCurv(Method):
         state.update(I=fisher, Iw=weighted, round=torch.tensor(stamp, dtype=torch.int32, device=data.y.device))
         return {"I": fisher, "Iw": weighted}
 
-    def penalty(self, global_params: Params, server: State, state: State) -> dict[str, Quadratic] | None:
+    def round_terms(self, ctx: ClientRound) -> RoundTerms | None:
         """``lambda * u' (w - v'/u')^2`` with ``u'``, ``v'`` the other clients' sums: the server's less this
         client's last contribution if they contain it (it took part in the previous round)."""
-        if "u" not in server:
+        if "u" not in (server := ctx.server):
             return None
-        lam, out = self.hparams.lam, {}
+        lam, out, state = self.hparams.lam, {}, ctx.state
         mine = (state["round"] == server["round"] - 1) if "round" in state else None
-        for k in global_params:
+        for k in ctx.global_params:
             u, v = server["u"][k], server["v"][k]
             if mine is not None:
                 u, v = u - mine.to(u.dtype) * state["I"][k], v - mine.to(v.dtype) * state["Iw"][k]
             anchor = v / u
             kept = torch.isfinite(anchor)  # u' = 0: no penalty on that entry
             out[k] = Quadratic(torch.where(kept, 2.0 * lam * u, 0.0), torch.where(kept, anchor, 0.0))
-        return out
+        return RoundTerms(out)

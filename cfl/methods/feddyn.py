@@ -16,17 +16,20 @@ import torch
 
 from cfl.methods.base import (
     ClientEndContext,
+    ClientRound,
+    Computes,
     Method,
     Payload,
     Quadratic,
     Requires,
+    RoundTerms,
     Sends,
     ServerEvent,
     ServerUpdate,
 )
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.schema import field
-from cfl.tensors import Params, State
+from cfl.tensors import Params
 
 
 @dataclass(frozen=True)
@@ -41,13 +44,14 @@ class FedDyn(Method):
     Hyperparams = FedDynHyperparams
     sends = Sends(server_events=("start",), client_events=("round",))
     requires = Requires(unread_keys={"server_lr": "FedDyn's server sets w = mean(w_k) - h/alpha itself"})
+    computes = Computes(terms=("penalty",))
 
     def server_event(self, ctx: ServerEvent) -> None:
         ctx.server["h"] = {k: torch.zeros_like(v) for k, v in ctx.global_params.items()}
 
-    def penalty(self, global_params: Params, server: State, state: State) -> dict[str, Quadratic]:
-        h = state.get("h", {})
-        return {k: Quadratic(self.hparams.alpha, w, -h[k] if k in h else None) for k, w in global_params.items()}
+    def round_terms(self, ctx: ClientRound) -> RoundTerms:
+        h, alpha = ctx.state.get("h", {}), self.hparams.alpha
+        return RoundTerms({k: Quadratic(alpha, w, -h[k] if k in h else None) for k, w in ctx.global_params.items()})
 
     def client_end(self, ctx: ClientEndContext) -> None:
         params, state, training = ctx.params, ctx.state, ctx.training

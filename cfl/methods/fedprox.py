@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cfl.methods.base import Method, Quadratic
+from cfl.methods.base import ClientRound, Computes, Method, Quadratic, RoundTerms
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.schema import field
-from cfl.tensors import Params, State
 
 
 @dataclass(frozen=True)
@@ -18,7 +17,8 @@ class FedProxHyperparams:
 class FedProx(Method):
     name = "fedprox"
     about = "FedProx: proximal term mu/2 ||w - w_global||^2 in the local loss"
+    computes = Computes(terms=("penalty",))
     Hyperparams = FedProxHyperparams
 
-    def penalty(self, global_params: Params, server: State, state: State) -> dict[str, Quadratic]:
-        return {k: Quadratic(self.hparams.mu, w) for k, w in global_params.items()}
+    def round_terms(self, ctx: ClientRound) -> RoundTerms:
+        return RoundTerms({k: Quadratic(self.hparams.mu, w) for k, w in ctx.global_params.items()})

@@ -26,6 +26,8 @@ import torch
 
 from cfl.methods.base import (
     ClientEndContext,
+    ClientRoundStart,
+    ClientStart,
     Computes,
     LossContext,
     LossTerms,
@@ -80,7 +82,7 @@ class FedWeIT(Method):
     #: the task-end participants send their own A; the final global model is of no use to them
     sends = Sends(server_events=("task_end",), broadcast={"task_start": ("kb",)}, client_events=("task_end",),
                   downloads_model_at_task_end=False)
-    computes = Computes(losses=("extra",))
+    computes = Computes(losses=("extra",), starts=("params",))  # client_start: the starting parameters
 
     def __init__(self, hparams: FedWeITHyperparams, run_info: Any) -> None:
         super().__init__(hparams, run_info)
@@ -113,9 +115,9 @@ class FedWeIT(Method):
                           frozen=[n for n in ctx.names if n.rsplit(".", 1)[-1] in FROZEN])
 
     # ---- client hooks ----
-    def client_start(self, params: Params, state: State, server: State, task: int) -> Params:
-        """The client's starting parameters of a round: ``params`` the global bases with its own local
-        parameters (the template's at its first round)."""
+    def client_start(self, ctx: ClientRoundStart) -> ClientStart:
+        """The client's starting parameters of a round, from ``ctx.params``: the global bases with its own locals."""
+        params, state, server, task = ctx.params, ctx.state, ctx.server, ctx.task
         out = dict(params)
         own = state.get("base", {})
         for p in self.layers:
@@ -124,7 +126,7 @@ class FedWeIT(Method):
             out = self._begin_task(out, state, server, task)
         for p in self.layers:
             out[f"{p}.base"] = sparse.merge_base(out[f"{p}.base"], params[f"{p}.base"])
-        return out
+        return ClientStart(params=out)
 
     def _begin_task(self, params: Params, state: State, server: State, task: int) -> Params:
         previous = state.get("task")

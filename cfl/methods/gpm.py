@@ -17,12 +17,19 @@ from dataclasses import dataclass
 
 import torch
 
-from cfl.methods.base import ClientEndContext, Computes, Method, Payload, Sends
+from cfl.methods.base import (
+    ClientEndContext,
+    ClientRound,
+    Computes,
+    Method,
+    Payload,
+    RoundTerms,
+    Sends,
+)
 from cfl.methods.bounds import SAMPLES_MAX
 from cfl.ops.layer_inputs import HeldInputs, layer_inputs_or_grams
 from cfl.ops.subspace import energy_rank, extend_basis, gram_residual_spectrum, thin_residual_spectrum
 from cfl.schema import field
-from cfl.tensors import State
 
 
 @dataclass(frozen=True)
@@ -61,11 +68,11 @@ class GPM(Method):
     name = "gpm"
     about = "GPM+FL: each client projects its local gradients off its own old-task input bases"
     Hyperparams = GPMHyperparams
-    computes = Computes(ragged={"bases": 1})  # k differs between clients
+    computes = Computes(terms=("projection",), ragged={"bases": 1})  # k differs between clients
     sends = Sends(client_events=("task_end",))
 
-    def gradient_projection(self, state: State) -> dict[str, torch.Tensor]:
-        return dict(state.get("bases", {}))
+    def round_terms(self, ctx: ClientRound) -> RoundTerms:
+        return RoundTerms(projection=dict(ctx.state.get("bases", {})))
 
     def count_bytes(self, ctx: Payload) -> int | None:
         """A float32 basis ``(d, k)`` per protected layer, ``k <= d``; for a linear layer ``k`` is also at most the

@@ -17,12 +17,12 @@ from typing import Any
 from cfl.failures import USER_FAILURES, one_line, show_traceback
 from cfl.schema import ConfigError
 
+#: the step hooks: each sees and may rewrite one local step (cfl/engine/step_hooks.py runs them); a declared part is
+#: named ``hook.part`` (``samples.step``, ``client_start.carry``: cfl/engine/hook_call.py ``takes``)
+STEP_HOOKS = ("samples.step", "step_gradient", "client_start.carry", "carry_step")
 #: the hooks the batched engine runs under ``torch.func.vmap`` over clients (docs/plugins.md, "Rules that keep a
 #: method fast and correct"): the one list the engine, the dry call and the messages read
-#: the step hooks: each sees and may rewrite one local step (cfl/engine/step_hooks.py runs them)
-#: (``samples``' step part is one too: ``"step" in draws``)
-STEP_HOOKS = ("step_gradient", "carry_start", "carry_step")
-VMAPPED_HOOKS = ("penalty", "loss", "layer_preconditioner", "gradient_projection", "step_gradient", "carry_step")
+VMAPPED_HOOKS = ("round_terms", "loss", "step_gradient", "carry_step")
 VMAP_HINT = (f"; the batched engine runs {', '.join(VMAPPED_HOOKS[:-1])} and {VMAPPED_HOOKS[-1]} under "
              "torch.func.vmap: write them as pure tensor functions of one client (no .item(), no Python branching on "
              "tensor values, no in-place writes to their inputs; docs/plugins.md)")

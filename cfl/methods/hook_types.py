@@ -94,13 +94,15 @@ class Step:
     global_params: Params  # the round's global model
     server: State  # the method's broadcast of the round
     state: State  # the client's state as the round began (read only during the round)
-    carry: State  # the running values: ``carry_start``'s, then each ``carry_step``'s result
+    carry: State  # the running values: ``client_start``'s carry, then each ``carry_step``'s result
     lr: float
     index: int  # the client's step number in the round, from 0
     gradient: Callable[..., Params]
     #: the client's own random numbers for this hook call (:class:`cfl.ops.counter_random.StepRandom`: ``uniform``,
     #: ``integers``), usable under ``vmap``; deterministic from the run seed, the client, the round, the step
     random: Any = None
+    #: ``carry_step`` only: ``new params - params``, the optimiser's actual update of the step (None before it)
+    moved: Params | None = None
 
 
 @dataclass

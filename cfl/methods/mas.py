@@ -20,11 +20,19 @@ from dataclasses import dataclass
 
 import torch
 
-from cfl.methods.base import ClientEndContext, Method, Payload, Quadratic, Sends
+from cfl.methods.base import (
+    ClientEndContext,
+    ClientRound,
+    Computes,
+    Method,
+    Payload,
+    Quadratic,
+    RoundTerms,
+    Sends,
+)
 from cfl.methods.bounds import SAMPLES_MAX, WEIGHT_MAX
 from cfl.ops.fisher import output_norm_importance
 from cfl.schema import field
-from cfl.tensors import Params, State
 
 
 @dataclass(frozen=True)
@@ -40,12 +48,14 @@ class MAS(Method):
     about = "MAS+FL: per-client importance |d||f(x)||^2/dw| penalty lambda sum Omega (w - w*)^2 on finished tasks"
     Hyperparams = MASHyperparams
     sends = Sends(client_events=("task_end",))
+    computes = Computes(terms=("penalty",))
 
-    def penalty(self, global_params: Params, server: State, state: State) -> dict[str, Quadratic] | None:
-        if "omega" not in state:  # no finished task yet
+    def round_terms(self, ctx: ClientRound) -> RoundTerms | None:
+        if "omega" not in (state := ctx.state):  # no finished task yet
             return None
         # Quadratic is weight/2 (w - anchor)^2: weight 2 lambda Omega gives the paper's lambda Omega (w - w*)^2
-        return {k: Quadratic(2.0 * self.hparams.lam * state["omega"][k], state["anchor"][k]) for k in global_params}
+        lam = 2.0 * self.hparams.lam
+        return RoundTerms({k: Quadratic(lam * state["omega"][k], state["anchor"][k]) for k in ctx.global_params})
 
     def count_bytes(self, ctx: Payload) -> int | None:
         """The clients' state: every client keeps its summed importance and an anchor, two model-sized tensors."""

@@ -39,8 +39,8 @@ OLD_DECLARATIONS: dict[str, str] = {
 OLD_HOOKS: dict[str, str] = {
     "local_params": "param_roles(ctx) -> ParamRoles(local=...)",
     "frozen_params": "param_roles(ctx) -> ParamRoles(frozen=...)",
-    "local_steps_per_epoch": "client_start(ctx) -> ClientStart(steps_per_epoch=...)",
-    "carry_start": "client_start(ctx) -> ClientStart(carry=...)",
+    "local_steps_per_epoch": "client_start(ctx) -> ClientStart(steps=...) (computes=Computes(starts=('steps',)))",
+    "carry_start": "client_start(ctx) -> ClientStart(carry=...) (computes=Computes(starts=('carry',)))",
     "penalty": "round_terms(ctx) -> RoundTerms(penalty=...)",
     "layer_preconditioner": "round_terms(ctx) -> RoundTerms(preconditioner=...)",
     "gradient_projection": "round_terms(ctx) -> RoundTerms(projection=...)",

@@ -3,7 +3,7 @@
 At each task end every client holding data of the task runs the task's final global model on its local data
 and folds the Gram ``G`` of each protected layer's inputs (im2col patches for a conv layer, as GPM+FL) into
 its own preconditioner ``P = alpha (alpha I + G_all)^-1``, kept as the deflation ``D = I - P``. Every later
-local step (``layer_preconditioner``, before the optimiser's weight decay) preconditions the gradient of each
+local step (``round_terms``' preconditioner, before the optimiser's weight decay) preconditions the gradient of each
 protected weight with the trace-normalised ``P~ = d P / trace(P)``: ``g <- g P~`` on the (out, d) view (on the
 stacked path through the layer's inputs, ``delta^T (X P~)``). The server is
 FedAvg and nothing is uploaded. Task 1 (no state) is FedAvg. The maths is in cfl/ops/rgo.py; see
@@ -17,11 +17,18 @@ from typing import Any
 
 import torch
 
-from cfl.methods.base import ClientEndContext, Method, Payload, Sends
+from cfl.methods.base import (
+    ClientEndContext,
+    ClientRound,
+    Computes,
+    Method,
+    Payload,
+    RoundTerms,
+    Sends,
+)
 from cfl.methods.bounds import SAMPLES_MAX, WEIGHT_MAX
 from cfl.ops.rgo import absorb_held, preconditioner_of, task_inputs
 from cfl.schema import ConfigError, field
-from cfl.tensors import State
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,7 @@ class RGO(Method):
     about = "RGO+FL: each client preconditions its local gradients with (alpha I + G)^-1 of its old-task inputs"
     Hyperparams = RGOHyperparams
     sends = Sends(client_events=("task_end",))
+    computes = Computes(terms=("preconditioner",))
 
     @classmethod
     def check(cls, hparams: RGOHyperparams, cfg: Any) -> None:  # noqa: ARG003
@@ -77,7 +85,7 @@ class RGO(Method):
             old = deflations.get(name, torch.zeros(d, d, dtype=dtype, device=inputs.matrix.device))
             deflations[name] = absorb_held(old, inputs, self.hparams.alpha).to(dtype)
 
-    def layer_preconditioner(self, state: State) -> dict[str, torch.Tensor]:
+    def round_terms(self, ctx: ClientRound) -> RoundTerms:
         """``P~ = d P / trace(P)`` with ``P = I - D`` for every protected weight the client holds a deflation of
         (none before its first task end: FedAvg's step)."""
-        return {name: preconditioner_of(d) for name, d in state.get("deflation", {}).items()}
+        return RoundTerms(preconditioner={n: preconditioner_of(d) for n, d in ctx.state.get("deflation", {}).items()})

@@ -14,13 +14,16 @@ import torch
 
 from cfl.methods.base import (
     ClientEndContext,
+    ClientRound,
+    Computes,
     Linear,
     Method,
     Payload,
+    RoundTerms,
     Sends,
     ServerEvent,
 )
-from cfl.tensors import Params, State
+from cfl.tensors import State
 
 
 class Scaffold(Method):
@@ -28,10 +31,11 @@ class Scaffold(Method):
     about = "SCAFFOLD: local steps corrected by the control variates c - c_i (option II)"
     # the server's control variate travels with every round's model
     sends = Sends(server_events=("start", "round"), broadcast={"round": ("c",)}, client_events=("round",))
+    computes = Computes(terms=("penalty",))
 
-    def penalty(self, global_params: Params, server: State, state: State) -> dict[str, Linear]:
-        own = state.get("c", {})
-        return {k: Linear(c - own[k] if k in own else c) for k, c in server["c"].items()}
+    def round_terms(self, ctx: ClientRound) -> RoundTerms:
+        own = ctx.state.get("c", {})
+        return RoundTerms({k: Linear(c - own[k] if k in own else c) for k, c in ctx.server["c"].items()})
 
     def client_end(self, ctx: ClientEndContext) -> State:
         params, state, server, training = ctx.params, ctx.state, ctx.server, ctx.training

@@ -26,10 +26,11 @@ from dataclasses import dataclass
 
 import torch
 
-from cfl.methods.base import ClientEndContext, Method, Payload, Quadratic, Sends, Step
+from cfl.methods.base import ClientEndContext, Computes, Method, Payload, Quadratic, Sends, Step
 from cfl.methods.bounds import WEIGHT_MAX
+from cfl.methods.client_hooks import ClientRound, ClientRoundStart, ClientStart, RoundTerms
 from cfl.schema import field
-from cfl.tensors import Params, State
+from cfl.tensors import State
 
 
 @dataclass(frozen=True)
@@ -48,24 +49,25 @@ class SI(Method):
     about = "SI+FL: per-client path-integral importance (Synaptic Intelligence), penalty c sum Omega (w - w*)^2"
     Hyperparams = SIHyperparams
     sends = Sends(client_events=("task_end",))
+    computes = Computes(terms=("penalty",), starts=("carry",))
 
-    def penalty(self, global_params: Params, server: State, state: State) -> dict[str, Quadratic] | None:
-        if "omega" not in state:  # no finished task yet
+    def round_terms(self, ctx: ClientRound) -> RoundTerms | None:
+        if "omega" not in (state := ctx.state):  # no finished task yet
             return None
-        # Quadratic is weight/2 (w - anchor)^2: weight 2c Omega gives the paper's c Omega (w - w*)^2
-        return {k: Quadratic(2.0 * self.hparams.c * state["omega"][k], state["start"][k]) for k in global_params}
+        c = 2.0 * self.hparams.c  # Quadratic is weight/2 (w - anchor)^2: 2c Omega gives the paper's c Omega (w - w*)^2
+        return RoundTerms({k: Quadratic(c * state["omega"][k], state["start"][k]) for k in ctx.global_params})
 
-    def carry_start(self, global_params: Params, state: State) -> State:
-        path = state.get("path") or {k: torch.zeros_like(v) for k, v in global_params.items()}
-        start = state.get("start") or {k: v.detach().clone() for k, v in global_params.items()}
-        return {"path": path, "start": start}
+    def client_start(self, ctx: ClientRoundStart) -> ClientStart:
+        path = ctx.state.get("path") or {k: torch.zeros_like(v) for k, v in ctx.global_params.items()}
+        start = ctx.state.get("start") or {k: v.detach().clone() for k, v in ctx.global_params.items()}
+        return ClientStart(carry={"path": path, "start": start})
 
-    def carry_step(self, step: Step, moved: Params) -> State:
+    def carry_step(self, step: Step) -> State:
         grads = step.grads
         if "omega" in step.state:  # the task loss's gradient: leave out the surrogate's 2c Omega (w - w*)
             c, omega, anchor = self.hparams.c, step.state["omega"], step.state["start"]
             grads = {k: g - 2.0 * c * omega[k] * (step.params[k] - anchor[k]) for k, g in grads.items()}
-        path = {k: p - grads[k] * moved[k] for k, p in step.carry["path"].items()}
+        path = {k: p - grads[k] * step.moved[k] for k, p in step.carry["path"].items()}
         return {"path": path, "start": step.carry["start"]}
 
     def count_bytes(self, ctx: Payload) -> int | None:

@@ -24,6 +24,8 @@ from torch.func import functional_call
 
 from cfl.data.augment import CropFlip
 from cfl.methods.base import (
+    ClientRoundStart,
+    ClientStart,
     Computes,
     Draw,
     LossContext,
@@ -52,7 +54,6 @@ from cfl.ops.synthetic_pool import client_steps_per_epoch
 from cfl.ops.target_losses import TargetWeights, new_class_cross_entropy, old_class_distillation
 from cfl.ops.target_task_end import TargetTaskEndSettings, target_task_end
 from cfl.schema import ConfigError, field
-from cfl.tensors import State
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ class Target(Method):
                   client_events=())
     requires = Requires(running_stats_model=RUNNING_BN_MODEL, scenarios=("class",),
                         scenarios_why="its synthetic images distil the old classes of one head")
-    computes = Computes(losses=("task", "extra"), draws=("step",))
+    computes = Computes(starts=("steps",), losses=("task", "extra"), draws=("step",))
     # under a schedule: the pool is synthesised when a task's last holder has left it (on the global model of that
     # moment, the old classes those of every task all holders have left) and sent to each client at its next
     # sampled round (cfl/engine/task_start.py)
@@ -146,13 +147,13 @@ class Target(Method):
         weight = torch.ones_like(kd) if samples.weight is None else samples.weight
         return LossTerms(extra=x.new_zeros(x.shape[0]) + self.hparams.kd * (kd * weight).sum() / weight.sum())
 
-    def local_steps_per_epoch(self, num_samples: int, server: State) -> int | None:
-        """The code's epoch: ``zip(real loader, synthetic loader)`` stops at the shorter
+    def client_start(self, ctx: ClientRoundStart) -> ClientStart | None:
+        """The local steps of an epoch, the code's: ``zip(real loader, synthetic loader)`` stops at the shorter
         (:func:`cfl.ops.synthetic_pool.client_steps_per_epoch`); no pool (the first task): every real batch."""
-        if not self.hparams.truncated_epochs or "pool" not in server:
+        if not self.hparams.truncated_epochs or "pool" not in (server := ctx.server):
             return None
-        real_batches = math.ceil(num_samples / self.run_info.batch_size)
-        return client_steps_per_epoch(real_batches, len(server["pool"]), self.hparams.synthetic_batch)
+        real = math.ceil(ctx.num_samples / self.run_info.batch_size)
+        return ClientStart(steps=client_steps_per_epoch(real, len(server["pool"]), self.hparams.synthetic_batch))
 
     def samples(self, ctx: SamplesContext) -> Draw | None:
         """A synthetic batch: ``synthetic_batch`` pool images drawn without replacement, as the model's input."""

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from cfl.plugin import Computes, Draw, LossTerms, Method, Samples, Step, field, register
+from cfl.plugin import ClientStart, Computes, Draw, LossTerms, Method, Samples, Step, field, register
 
 
 @dataclass(frozen=True)
@@ -21,15 +21,15 @@ class MyDERpp(Method):
     name = "my-derpp"
     about = "DER++ written from docs/plugins.md"
     Hyperparams = Hyperparams
-    computes = Computes(losses=("extra",), draws=("step",))
+    computes = Computes(starts=("carry",), losses=("extra",), draws=("step",))
 
-    def carry_start(self, global_params, state):
-        if "seen" in state:  # the memory kept from the client's last round
-            return {k: state[k] for k in ("x", "y", "task", "logits", "seen")}
+    def client_start(self, ctx):
+        if "seen" in ctx.state:  # the memory kept from the client's last round
+            return ClientStart(carry={k: ctx.state[k] for k in ("x", "y", "task", "logits", "seen")})
         n, info = self.hparams.size, self.run_info
-        return {"x": torch.zeros(n, *info.input_shape), "y": torch.zeros(n, dtype=torch.long),
-                "task": torch.zeros(n, dtype=torch.long), "logits": torch.zeros(n, info.num_classes),
-                "seen": torch.zeros((), dtype=torch.long)}
+        return ClientStart(carry={"x": torch.zeros(n, *info.input_shape), "y": torch.zeros(n, dtype=torch.long),
+                                  "task": torch.zeros(n, dtype=torch.long), "logits": torch.zeros(n, info.num_classes),
+                                  "seen": torch.zeros((), dtype=torch.long)})
 
     def samples(self, ctx):
         generator, carry = ctx.generator, ctx.carry
@@ -53,7 +53,7 @@ class MyDERpp(Method):
         term = self.hparams.alpha * mse_loss + self.hparams.beta * ce_loss  # a batch-mean term on every sample
         return LossTerms(extra=term.expand(x.shape[0]))
 
-    def carry_step(self, step: Step, moved):  # under vmap: tensor code, random numbers from step.random
+    def carry_step(self, step: Step):  # under vmap: tensor code, random numbers from step.random
         carry, size, real = step.carry, self.hparams.size, step.weight > 0
         seen = carry["seen"] + torch.cumsum(real.long(), 0) - 1
         slot = torch.where(seen < size, seen, step.random.integers(seen + 1, len(real)))

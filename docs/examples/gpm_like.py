@@ -16,10 +16,11 @@ import torch
 
 from cfl.plugin import (
     ClientEndContext,
+    ClientRound,
     Computes,
     Method,
+    RoundTerms,
     Sends,
-    State,
     field,
     layer_grams,
     register,
@@ -36,11 +37,11 @@ class GPMLike(Method):
     name = "gpm-like"
     about = "GPM-like: project local gradients off each client's old-task input directions (example plugin)"
     Hyperparams = GPMLikeHyperparams
-    computes = Computes(ragged={"bases": 1})  # (d, k): k differs between clients
+    computes = Computes(terms=("projection",), ragged={"bases": 1})  # (d, k): k differs between clients
     sends = Sends(client_events=("task_end",))  # nothing to do after rounds
 
-    def gradient_projection(self, state: State) -> dict[str, torch.Tensor]:
-        return dict(state.get("bases", {}))
+    def round_terms(self, ctx: ClientRound) -> RoundTerms:
+        return RoundTerms(projection=dict(ctx.state.get("bases", {})))
 
     def client_end(self, ctx: ClientEndContext) -> None:
         model, params, data, state = ctx.model, ctx.params, ctx.data, ctx.state

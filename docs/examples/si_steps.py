@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cfl.plugin import Method, Quadratic, Sends, Step, field, register
+from cfl.plugin import ClientStart, Computes, Method, Quadratic, RoundTerms, Sends, Step, field, register
 
 
 @dataclass(frozen=True)
@@ -19,24 +19,25 @@ class MySI(Method):
     about = "SI written from docs/plugins.md"
     Hyperparams = Hyperparams
     sends = Sends(client_events=("task_end",))
+    computes = Computes(terms=("penalty",), starts=("carry",))
 
-    def penalty(self, global_params, server, state):
-        if "omega" not in state:
+    def round_terms(self, ctx):
+        if "omega" not in ctx.state:
             return None
-        return {k: Quadratic(2 * self.hparams.c * state["omega"][k], state["start"][k]) for k in global_params}
+        return RoundTerms({k: Quadratic(2 * self.hparams.c * ctx.state["omega"][k], ctx.state["start"][k])
+                           for k in ctx.global_params})
 
-    def carry_start(self, global_params, state):
-        # the running sums so far in this task (zeros at its first round), and where the task started
-        path = state.get("path") or {k: torch.zeros_like(v) for k, v in global_params.items()}
-        start = state.get("start") or {k: v.clone() for k, v in global_params.items()}
-        return {"path": path, "start": start}
+    def client_start(self, ctx):  # ctx.part == "carry": the running sums so far in this task, where it started
+        path = ctx.state.get("path") or {k: torch.zeros_like(v) for k, v in ctx.global_params.items()}
+        start = ctx.state.get("start") or {k: v.clone() for k, v in ctx.global_params.items()}
+        return ClientStart(carry={"path": path, "start": start})
 
-    def carry_step(self, step: Step, moved):
+    def carry_step(self, step: Step):
         grads = step.grads
         if "omega" in step.state:  # the task loss alone: take out the surrogate's gradient
             grads = {k: g - 2 * self.hparams.c * step.state["omega"][k] * (step.params[k] - step.state["start"][k])
                      for k, g in grads.items()}
-        path = {k: p - grads[k] * moved[k] for k, p in step.carry["path"].items()}
+        path = {k: p - grads[k] * step.moved[k] for k, p in step.carry["path"].items()}
         return {"path": path, "start": step.carry["start"]}
 
     def count_bytes(self, ctx):
