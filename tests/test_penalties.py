@@ -9,11 +9,11 @@ from cfl.engine.runner import Runner
 from cfl.engine.server_state import broadcast_of
 from cfl.engine.stacking import stack_states
 from cfl.methods import METHODS
-from cfl.methods.base import provides
+from cfl.methods.declarations import gives
 from cfl.validation import from_dict
 from tests.conftest import make_stream
 
-PENALTY_METHODS = sorted(name for name, cls in METHODS.items() if provides(cls, "penalty"))
+PENALTY_METHODS = sorted(name for name, cls in METHODS.items() if gives(cls, "penalty"))
 
 
 def test_the_registry_has_quadratic_penalty_methods():

@@ -37,8 +37,8 @@ class ClassMasked:
         info, logits, y = self.run_info, ctx.logits, ctx.y
         if self.hparams.class_mask == "seen" or info.scenario != "class":
             return LossTerms(task=masked_cross_entropy(logits, y, ctx.allowed))
-        table = _table(info.task_classes, logits.shape[-1])
-        return LossTerms(task=current_task_cross_entropy(logits, y, ctx.task, ctx.weight, table))
+        return LossTerms(task=current_task_cross_entropy(logits, y, ctx.task, ctx.weight, _table(info.task_classes,
+                                                                                                 logits.shape[-1])))
 
 
 @functools.cache

@@ -16,20 +16,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from cfl.methods.base import (
-    ClientEndContext,
-    Method,
-    ParamNames,
-    ParamRoles,
-    Params,
-    Payload,
-    Requires,
-    Sends,
-    ServerChange,
-    ServerEvent,
-    State,
-)
-from cfl.methods.traffic_hooks import StackedUploads, TrainedClient
+from cfl.methods.base import ClientEndContext, Method, Params, ServerChange, ServerEvent, State
+from cfl.methods.declarations import Requires, Sends
+from cfl.methods.traffic_hooks import ParamNames, ParamRoles, Payload, StackedUploads, TrainedClient
 
 UNREAD = "a closed-form classifier takes no gradient step (its parameters are frozen: docs/pretrained.md)"
 

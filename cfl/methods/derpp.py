@@ -18,20 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from cfl.methods.base import (
-    ClientRoundStart,
-    ClientStart,
-    Computes,
-    Draw,
-    LossContext,
-    LossTerms,
-    Method,
-    Payload,
-    Samples,
-    SamplesContext,
-    Step,
-)
+from cfl.methods.base import ClientRoundStart, ClientStart, Method, Payload, Samples, Step
 from cfl.methods.bounds import SAMPLES_MAX, WEIGHT_MAX
+from cfl.methods.declarations import Computes
+from cfl.methods.training_hooks import Draw, LossContext, LossTerms, SamplesContext
 from cfl.schema import field
 from cfl.tensors import State
 
@@ -65,15 +55,13 @@ class DERpp(Method):
                                   "seen": torch.zeros((), dtype=torch.long, device=like.device)})
 
     def samples(self, ctx: SamplesContext) -> Draw | None:
-        generator, carry = ctx.generator, ctx.carry
-        filled = min(int(carry["seen"]), self.hparams.mem_per_client) if carry else 0
+        filled = min(int((carry := ctx.carry)["seen"]), self.hparams.mem_per_client) if ctx.carry else 0
         if filled == 0:
             return None
         k, device = self.hparams.replay_batch_size or self.run_info.batch_size, carry["y"].device
-        first = torch.randperm(filled, generator=generator)[:k].to(device)
-        second = torch.randperm(filled, generator=generator)[:k].to(device)
-        pick = torch.cat([first, second])
-        mse = torch.cat([torch.ones(len(first)), torch.zeros(len(second))]).to(device)
+        first = torch.randperm(filled, generator=ctx.generator)[:k].to(device)
+        second = torch.randperm(filled, generator=ctx.generator)[:k].to(device)
+        pick, mse = torch.cat([first, second]), torch.cat([torch.ones(len(first)), torch.zeros(len(second))]).to(device)
         return Draw(step=Samples(carry["x"][pick], carry["y"][pick], carry["task"][pick],
                                  extra={"logits": carry["logits"][pick], "mse": mse}))
 

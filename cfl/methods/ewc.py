@@ -19,16 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cfl.methods.base import (
-    ClientEndContext,
-    ClientRound,
-    Computes,
-    Method,
-    Payload,
-    Quadratic,
-    RoundTerms,
-    Sends,
-)
+from cfl.methods.base import ClientEndContext, ClientRound, Computes, Method, Payload, Quadratic, RoundTerms, Sends
 from cfl.methods.bounds import SAMPLES_MAX, WEIGHT_MAX
 from cfl.ops.fisher import diagonal_fisher
 from cfl.schema import field

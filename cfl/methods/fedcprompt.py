@@ -30,20 +30,10 @@ from typing import Any
 
 import torch
 
-from cfl.methods.base import (
-    ClientEndContext,
-    Computes,
-    LossContext,
-    LossTerms,
-    Method,
-    Payload,
-    Requires,
-    Sends,
-    ServerEvent,
-    Step,
-)
+from cfl.methods.base import ClientEndContext, LossContext, LossTerms, Method, Payload, ServerEvent, Step
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.methods.class_mask import ClassMasked, class_mask_field
+from cfl.methods.declarations import Computes, Requires, Sends
 from cfl.ops.data_free_clients import logits_and_features
 from cfl.ops.distill import evaluating, frozen
 from cfl.pretrained.coda_prompt import orthogonality

@@ -15,18 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from cfl.methods.base import (
-    ClientEndContext,
-    ClientRound,
-    Computes,
-    Method,
-    Payload,
-    Quadratic,
-    RoundTerms,
-    Sends,
-    ServerEvent,
-)
+from cfl.methods.base import ClientEndContext, ClientRound, Method, Payload, Quadratic, RoundTerms, ServerEvent
 from cfl.methods.bounds import WEIGHT_MAX
+from cfl.methods.declarations import Computes, Sends
 from cfl.ops.fisher import diagonal_fisher
 from cfl.schema import field
 from cfl.tensors import State

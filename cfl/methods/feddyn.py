@@ -5,8 +5,7 @@ first) as the linear coefficient of a :class:`Quadratic` (fused on the stacked p
 ``h_k <- h_k - alpha (w_k - w^{t-1})``. The server keeps ``h <- h - alpha/N sum_k (w_k - w^{t-1})`` over the
 round's clients and sets ``w^t = mean_k w_k - h / alpha``. cfl's reading: ``mean_k`` is the run's aggregator
 (weighted by samples under ``aggregator: mean``, the paper's plain mean for equal clients), and ``h``'s sum is
-``|P_t|`` times that mean.
-"""
+``|P_t|`` times that mean."""
 
 from __future__ import annotations
 
@@ -14,20 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from cfl.methods.base import (
-    ClientEndContext,
-    ClientRound,
-    Computes,
-    Method,
-    Payload,
-    Quadratic,
-    Requires,
-    RoundTerms,
-    Sends,
-    ServerEvent,
-    ServerUpdate,
-)
+from cfl.methods.base import ClientEndContext, ClientRound, Method, Payload, Quadratic, RoundTerms
 from cfl.methods.bounds import WEIGHT_MAX
+from cfl.methods.declarations import Computes, Requires, Sends
+from cfl.methods.server_hooks import ServerEvent, ServerUpdate
 from cfl.schema import field
 from cfl.tensors import Params
 
@@ -54,9 +43,8 @@ class FedDyn(Method):
         return RoundTerms({k: Quadratic(alpha, w, -h[k] if k in h else None) for k, w in ctx.global_params.items()})
 
     def client_end(self, ctx: ClientEndContext) -> None:
-        params, state, training = ctx.params, ctx.state, ctx.training
-        h, alpha = state.get("h", {}), self.hparams.alpha
-        state["h"] = {k: (h[k] if k in h else 0.0) - alpha * (v - training.global_params[k]) for k, v in params.items()}
+        h, g = ctx.state.get("h", {}), ctx.training.global_params
+        ctx.state["h"] = {k: (h[k] if k in h else 0.0) - self.hparams.alpha * (v - g[k]) for k, v in ctx.params.items()}
 
     def server_update(self, ctx: ServerUpdate) -> Params:
         alpha, share = self.hparams.alpha, self.run_info.clients_per_round / self.run_info.num_clients

@@ -25,19 +25,9 @@ from typing import Optional
 import torch
 from torch.func import functional_call
 
-from cfl.methods.base import (
-    ClientEndContext,
-    Computes,
-    Draw,
-    LossContext,
-    LossTerms,
-    Method,
-    Payload,
-    Requires,
-    SamplesContext,
-    Sends,
-)
+from cfl.methods.base import ClientEndContext, Draw, LossContext, LossTerms, Method, Payload, SamplesContext
 from cfl.methods.bounds import SAMPLES_MAX
+from cfl.methods.declarations import Computes, Requires, Sends
 from cfl.methods.episodic_memory import draw_memory
 from cfl.ops.distill import evaluating, frozen
 from cfl.ops.features import head_features
@@ -72,8 +62,7 @@ class FediCaRL(Method):
     computes = Computes(losses=("task",), draws=("replay",))
 
     def count_bytes(self, ctx: Payload) -> int | None:
-        """Every client: the memory (an input, a label and a task id (int64), a valid flag per slot), one model-sized
-        teacher and the old-classes mask."""
+        """Every client: its memory (input, label, task id (int64), valid flag per slot), a teacher, the old classes."""
         return None if (s := ctx.sizing) is None else s.num_clients * (
             self.hparams.memory_size * (s.sample_bytes + 8 + 8 + 1) + s.model_bytes + s.num_classes)
 
@@ -91,8 +80,8 @@ class FediCaRL(Method):
         return LossTerms(task=relation_distillation(logits, y, old_logits, columns, old & columns, "code"))
 
     def samples(self, ctx: SamplesContext) -> Draw | None:
-        size = self.hparams.replay_batch_size or self.run_info.batch_size
-        return Draw(replay=draw_memory(ctx.state, ctx.generator, size))
+        size, info = self.hparams.replay_batch_size, self.run_info
+        return Draw(replay=draw_memory(ctx.state, ctx.generator, size or info.batch_size))
 
     def client_end(self, ctx: ClientEndContext) -> None:
         """At a task end: the task's final global model becomes the teacher, the task's classes old, and the memory

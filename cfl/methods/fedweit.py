@@ -24,24 +24,11 @@ from typing import Any, ClassVar
 
 import torch
 
-from cfl.methods.base import (
-    ClientEndContext,
-    ClientRoundStart,
-    ClientStart,
-    Computes,
-    LossContext,
-    LossTerms,
-    Method,
-    ParamNames,
-    ParamRoles,
-    Payload,
-    Requires,
-    Sends,
-    ServerEvent,
-    StackedUploads,
-    TrainedClient,
-)
+from cfl.methods.base import ClientRoundStart, ClientStart, Method, ServerEvent
 from cfl.methods.bounds import WEIGHT_MAX
+from cfl.methods.declarations import Computes, Requires, Sends
+from cfl.methods.traffic_hooks import ParamNames, ParamRoles, Payload, StackedUploads, TrainedClient
+from cfl.methods.training_hooks import ClientEndContext, LossContext, LossTerms
 from cfl.models.fedweit_net import FROZEN, SHARED
 from cfl.models.fedweit_weight import fold_knowledge, hard_threshold
 from cfl.ops import fedweit_sparse as sparse

@@ -18,15 +18,7 @@ from typing import Any, Optional
 
 import torch
 
-from cfl.methods.base import (
-    ClientEndContext,
-    Method,
-    Payload,
-    RunInfo,
-    Sends,
-    ServerEvent,
-    TransformUpdate,
-)
+from cfl.methods.base import ClientEndContext, Method, Payload, RunInfo, Sends, ServerEvent, TransformUpdate
 from cfl.methods.bounds import SAMPLES_MAX
 from cfl.models.alexnet import AlexNetLike
 from cfl.models.mlp import MLP

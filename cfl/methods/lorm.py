@@ -40,21 +40,10 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from cfl.methods.base import (
-    BackboneUpdate,
-    ClientData,
-    ClientEndContext,
-    Method,
-    Params,
-    Payload,
-    Requires,
-    Sends,
-    ServerChange,
-    ServerEvent,
-    State,
-    Step,
-)
+from cfl.methods.base import ClientEndContext, Method, Params, Payload, ServerChange, ServerEvent, State
 from cfl.methods.class_mask import ClassMasked, class_mask_field
+from cfl.methods.declarations import Requires, Sends
+from cfl.methods.hook_types import BackboneUpdate, ClientData, Step
 from cfl.pretrained.lora import LoRALinear
 from cfl.pretrained.regmean import projected_gram, regmean, shrunk
 from cfl.schema import ConfigError, field

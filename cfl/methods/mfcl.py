@@ -21,20 +21,9 @@ from dataclasses import dataclass
 import torch
 from torch.func import functional_call
 
-from cfl.methods.base import (
-    Computes,
-    Draw,
-    LossContext,
-    LossTerms,
-    Method,
-    Requires,
-    RunInfo,
-    Samples,
-    SamplesContext,
-    Sends,
-    ServerEvent,
-)
+from cfl.methods.base import Draw, LossContext, LossTerms, Method, RunInfo, Samples, SamplesContext, ServerEvent
 from cfl.methods.bounds import GENERATED_BATCH_MAX, LR_MAX, NOISE_MAX, STEPS_MAX, WEIGHT_MAX, WIDTH_MAX
+from cfl.methods.declarations import Computes, Requires, Sends
 from cfl.models.buffers import RUNNING_BN_MODEL, running_stats
 from cfl.models.generator import MfclGenerator
 from cfl.ops.data_free_clients import logits_and_features
@@ -146,9 +135,8 @@ class MFCL(Method):
         with torch.no_grad(), evaluating(model):
             images = functional_call(self.generator_module(), weights, (z.to(weights["project.weight"]),))
             tasks = torch.zeros(len(images), dtype=torch.long, device=images.device)
-            old_logits = functional_call(model, server["old_model"], (images, tasks))
-        labels = old_logits.masked_fill(~server["old_classes"], float("-inf")).argmax(-1)
-        return Draw(replay=Samples(images, labels, tasks))
+            old = functional_call(model, server["old_model"], (images, tasks))
+        return Draw(replay=Samples(images, old.masked_fill(~server["old_classes"], float("-inf")).argmax(-1), tasks))
 
     def loss(self, ctx: LossContext) -> LossTerms:
         """Per sample of the batch (real and synthetic, one forward), MFCL's loss, weighted so that the engine's mean

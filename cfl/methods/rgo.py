@@ -17,15 +17,7 @@ from typing import Any
 
 import torch
 
-from cfl.methods.base import (
-    ClientEndContext,
-    ClientRound,
-    Computes,
-    Method,
-    Payload,
-    RoundTerms,
-    Sends,
-)
+from cfl.methods.base import ClientEndContext, ClientRound, Computes, Method, Payload, RoundTerms, Sends
 from cfl.methods.bounds import SAMPLES_MAX, WEIGHT_MAX
 from cfl.ops.rgo import absorb_held, preconditioner_of, task_inputs
 from cfl.schema import ConfigError, field

@@ -12,17 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from cfl.methods.base import (
-    ClientEndContext,
-    ClientRound,
-    Computes,
-    Linear,
-    Method,
-    Payload,
-    RoundTerms,
-    Sends,
-    ServerEvent,
-)
+from cfl.methods.base import ClientEndContext, ClientRound, Linear, Method, Payload, RoundTerms, ServerEvent
+from cfl.methods.declarations import Computes, Sends
 from cfl.tensors import State
 
 

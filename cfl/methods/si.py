@@ -71,8 +71,7 @@ class SI(Method):
         return {"path": path, "start": step.carry["start"]}
 
     def count_bytes(self, ctx: Payload) -> int | None:
-        """The clients' state: every client keeps its path integral, the task's start, and its importance, three
-        model-sized tensors (the anchor is the start)."""
+        """The clients' state: each keeps its path integral, the task's start and its importance (the anchor: start)."""
         return None if (s := ctx.sizing) is None else s.num_clients * 3 * s.model_bytes
 
     def client_end(self, ctx: ClientEndContext) -> None:

@@ -23,20 +23,7 @@ from torch import nn
 from torch.func import functional_call
 
 from cfl.data.augment import CropFlip
-from cfl.methods.base import (
-    ClientRoundStart,
-    ClientStart,
-    Computes,
-    Draw,
-    LossContext,
-    LossTerms,
-    Method,
-    Requires,
-    Samples,
-    SamplesContext,
-    Sends,
-    ServerEvent,
-)
+from cfl.methods.base import ClientRoundStart, ClientStart, Method, Samples, ServerEvent
 from cfl.methods.bounds import (
     GENERATED_BATCH_MAX,
     LR_MAX,
@@ -47,6 +34,8 @@ from cfl.methods.bounds import (
     WEIGHT_MAX,
     WIDTH_MAX,
 )
+from cfl.methods.declarations import Computes, Requires, Sends
+from cfl.methods.training_hooks import Draw, LossContext, LossTerms, SamplesContext
 from cfl.models.buffers import RUNNING_BN_MODEL, running_stats
 from cfl.ops.distill import evaluating
 from cfl.ops.synthesis import Images, Logits, TargetSettings, normalising
