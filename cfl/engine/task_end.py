@@ -11,9 +11,9 @@ every plan:
   whose holders have left it), then a ``last_holder`` method's ``server_event("task_end")``.
 
 Under the synchronous plan every client leaves a task at once, and each method's whole task end runs in turn,
-``before_task_end`` first (its clients' hooks read what it made): ``before_task_end``, the clients',
-``task_end`` (which may change the shared frozen backbone: synchronous only); under any other plan every method's
-client task ends come first, then each left task's server task end.
+``server_event("before_task_end")`` first (its clients' hooks read what it made): ``server_event("before_task_end")``,
+the clients', ``server_event("task_end")`` (which may change the shared frozen backbone: synchronous only); under
+any other plan every method's client task ends come first, then each left task's server task end.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Classifiers set in closed form from the clients' statistics of frozen features (fedncm, afcl): nothing trains by
-SGD. How the round loop treats them: every parameter is frozen (``frozen_params``), so a client's local epochs are
-forward passes only (its ``train_loss`` is the current classifier's) and its model comes back unchanged; it sends no
-parameters (``client_upload`` names them all at 0 bytes and the server keeps their global values); in
+SGD. How the round loop treats them: every parameter is frozen (``param_roles``' ``frozen``), so a client's local epochs
+are forward passes only (its ``train_loss`` is the current classifier's) and its model comes back unchanged; it sends
+no parameters (``client_upload`` names them all at 0 bytes and the server keeps their global values); in
 ``client_end("round")`` it uploads its statistics of the task once, at its first sampled round of the task
 (counted as upload bytes); ``server_event("round")`` adds them to the server's running sums and sets the
 head from them, so evaluation at the task's end sees every statistic uploaded by then.

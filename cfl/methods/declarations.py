@@ -36,7 +36,7 @@ BroadcastEvent = Literal["round", "task_start", "task_end"]
 Scenario = Literal["domain", "task", "class"]
 #: the ``model.train`` a backbone method needs ("": any model, trained from scratch or not)
 ModelTrain = Literal["", "head", "prompts", "components", "lora", "all"]
-#: under a schedule other than the synchronous one, when ``server_end("task_end", ...)`` runs
+#: under a schedule other than the synchronous one, when ``server_event("task_end")`` runs
 ServerTaskEnd = Literal["switch", "last_holder"]
 
 BROADCAST_EVENTS: tuple[BroadcastEvent, ...] = get_args(BroadcastEvent)
@@ -139,10 +139,10 @@ class Sends(_Frozen):
     #: synchronous schedule only (``requires = Requires(schedules=("synchronous",))``), a pretrained backbone run
     #: through its adapter (refused when the config is validated)
     changes_backbone: bool = False
-    #: under a schedule other than the synchronous one, when ``server_end("task_end", uploads, task)`` runs:
+    #: under a schedule other than the synchronous one, when ``server_event("task_end")`` runs:
     #: "switch" after each round at which clients leave ``task``, with their uploads; "last_holder": once, when the
-    #: task's last holder has left it (after ``before_task_end``), with every upload held since the clients' own
-    #: task ends (cfl/engine/task_end.py)
+    #: task's last holder has left it (after ``server_event("before_task_end")``), with every upload held since the
+    #: clients' own task ends (cfl/engine/task_end.py)
     server_task_end: ServerTaskEnd = "switch"
 
     def __post_init__(self) -> None:

@@ -3,8 +3,8 @@ Inter-client Transfer", ICML 2021, arXiv 2003.03196), task-incremental; the offi
 (TensorFlow 2) is the reference where the paper is silent (``docs/methods/fedweit.md``).
 
 It trains FedWeIT's networks only (``cfl.models.fedweit_net``: models ``fedweit-mlp``, ``fedweit-lenet``) and
-keeps every parameter but the layers' bases on its clients (``local_params``, the engine's per-client parameters:
-the sequential path). Per client, while it learns task ``t``:
+keeps every parameter but the layers' bases on its clients (``param_roles``' ``local``, the engine's per-client
+parameters: the sequential path). Per client, while it learns task ``t``:
 - round start (``client_start``): at a new task, the finished task's knowledge sum folded into ``kb_mix``
   (``cfl.models.fedweit_weight.fold_knowledge``), the stored weights of the past tasks taken from the client's own
   base (the drift anchors), the server's knowledge base loaded into ``kb`` (the broadcast ``task_start``); every

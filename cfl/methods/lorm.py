@@ -11,7 +11,7 @@ the official code).
 Per round a client uploads its trained factor and head (the model upload) and, from ``client_end("round")``, the
 Gram matrices of its data at its trained model: of each LoRA layer's input (``in x in`` when ``A`` trained,
 projected onto the shared ``A`` to ``r x r`` when ``B`` trained: the same merge, ``A G A^T``), and of the head's
-input; the Grams are counted in the upload bytes (``payload_bytes``), the factor and head copies they travel with
+input; the Grams are counted in the upload bytes (``count_bytes``), the factor and head copies they travel with
 are the model upload's values, counted there.
 
 At each task end (synchronous schedule only) the task's LoRA update merges into the shared frozen backbone

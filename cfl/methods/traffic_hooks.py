@@ -12,7 +12,7 @@ from cfl.tensors import Params, State
 
 #: what ``count_bytes`` is asked to count: ``client_upload`` one client's ``client_upload`` (``sent`` and
 #: ``info``); ``round_upload`` / ``task_end_upload`` one client's ``client_end`` upload of a round / a task end;
-#: ``round`` / ``task_start`` / ``task_end`` one client's copy of the broadcast of that event (``Method.broadcast``);
+#: ``round`` / ``task_start`` / ``task_end`` one client's copy of the broadcast of that event (``sends.broadcast``);
 #: ``client_state`` the estimate of all clients' state (``sizing``)
 PayloadKind = Literal["client_upload", "round_upload", "task_end_upload", "round", "task_start", "task_end",
                       "client_state"]

@@ -56,7 +56,7 @@ class SamplesContext:
     state: State  # the client's state
     generator: torch.Generator  # the client's own (seeded per client and round): draw from it, in order
     server: State  # the method's broadcast of the round ("task_start" keys included)
-    carry: State  # "step": the client's running values before the step (carry_start's, then carry_step's), else {}
+    carry: State  # "step": the client's running values before the step (client_start's carry, then carry_step's), or {}
 
 
 @dataclass
