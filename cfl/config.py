@@ -68,11 +68,11 @@ class ModelConfig:
                                       "embeddings (timm's filter)", min=16)
     train: str = field("head", "pretrained backbones: what trains; head: the backbone is frozen, its features of "
                        "every sample are computed once (cached on disk) and the run trains a head on them (linear "
-                       "probing; fedncm, afcl); prompts (an L2P prompt pool and its keys, method l2p), components "
-                       "(CODA-P's prompt components, keys and attention vectors, method codap or fedcprompt), lora "
-                       "(LoRA factors of every attention qkv projection, method lora) or all (full fine-tuning): the "
-                       "images go through the backbone each step, frozen and shared by all clients, and only what "
-                       "trains is kept per client and sent (docs/pretrained.md)",
+                       "probing; fedncm, afcl, ranpac); prompts (an L2P prompt pool and its keys, method l2p), "
+                       "components (CODA-P's prompt components, keys and attention vectors, method codap or "
+                       "fedcprompt), lora (LoRA factors of every attention qkv projection, method lora) or all (full "
+                       "fine-tuning): the images go through the backbone each step, frozen and shared by all "
+                       "clients, and only what trains is kept per client and sent (docs/pretrained.md)",
                        choices=("head", "prompts", "components", "lora", "all"))
     prompt_pool: int = field(10, "model.train: prompts | components: prompts in the pool (L2P's M; CODA-P's "
                              "components)", min=1, max=4096)

@@ -123,9 +123,10 @@ def test_feature_cache_hit_and_invalidation(weights, tmp_path, capsys):
     assert "computed in" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("method", ["fedavg", "afcl"])
+@pytest.mark.parametrize("method", ["fedavg", "afcl", "ranpac"])
 def test_run_from_a_weights_file_resumes_bit_identically(weights, tmp_path, monkeypatch, method):
-    cfg = from_dict({**config(tmp_path, weights=str(weights)), "method": {"name": method}, "checkpoint_every": 1})
+    spec = {"name": method, **({"projection_dim": 256} if method == "ranpac" else {})}  # its W_rand: regenerated
+    cfg = from_dict({**config(tmp_path, weights=str(weights)), "method": spec, "checkpoint_every": 1})
     full, resumed = killed_and_resumed(cfg, tmp_path, monkeypatch)  # killed after round 3's checkpoint
     assert full["backbone"]["sha256"] == sha256_of(weights) and full["random_backbone"] is False
     assert full["method"] == method and full["acc"] > 50

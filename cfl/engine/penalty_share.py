@@ -4,12 +4,12 @@ shows as a share near 0.
 
 Per round and per method giving ``round_terms``' ``penalty``, for each kept client: ``P / (L + P)``, with ``P`` the
 quadratic terms of the penalty (a linear term, SCAFFOLD's and FedDyn's corrections ``<c, w>``, is a gradient shift
-with no loss value of its own: left out; a method with linear terms only reports no share) at the
-client's parameters after its local training (from the round's global model, its broadcast and its state, as its
-steps took it) and ``L`` its task loss (the round's ``train_loss`` of the client: the mean over its steps of the
-weighted cross-entropy, no penalty). The shares are summed on the device and read once per round and method (no
-per-step host sync; the stacked path never forms a penalty's value in its steps). The method's server state
-``stats`` keeps, per task and over the run, the mean over the kept clients of every round.
+with no loss value of its own: left out; a method with linear terms only reports no share) at the client's
+parameters after its local training (from the round's global model, its broadcast and its state, as its steps took
+it) and ``L`` its task loss (the round's ``train_loss`` of the client: the mean over its steps of the weighted
+cross-entropy, no penalty). The shares are summed on the device and read once per round and method (no per-step host
+sync; the stacked path never forms a penalty's value in its steps). The method's server state ``stats`` keeps, per
+task and over the run, the mean over the kept clients of every round.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from cfl.methods.lora import LoRA
 from cfl.methods.lorm import LoRM
 from cfl.methods.mas import MAS
 from cfl.methods.mfcl import MFCL
+from cfl.methods.ranpac import RanPAC
 from cfl.methods.rgo import RGO
 from cfl.methods.scaffold import Scaffold
 from cfl.methods.si import SI
@@ -68,6 +69,7 @@ register(Target)  # class-incremental, a model with BatchNorm running statistics
 register(MFCL)
 register(FedNCM)  # on a pretrained backbone's cached features (docs/pretrained.md)
 register(AFCL)
+register(RanPAC)  # a ridge regression on a fixed random projection ReLU(x W_rand) of the features
 register(L2P)  # model.train: prompts on a pretrained backbone
 register(CodaP)  # model.train: components on a pretrained backbone
 register(FedCPrompt)  # model.train: components, task-specific, with the contrastive continual loss

@@ -39,3 +39,9 @@ NOISE_MAX = 4096
 #: a generator's channel widths (official: TARGET's ngf 64, MFCL's 128 and 64): with :data:`NOISE_MAX` at most
 #: 512 channels in its first map (TARGET's is 2 ngf wide, so ngf <= 256)
 WIDTH_MAX = 512
+#: the width M of a random feature projection (RanPAC: the paper's and official code's 10000): the clients' and the
+#: server's float64 Gram is M x M, 3.2 GB at 20,000 (per head slot), and each solve is O(M^3)
+PROJECTION_MAX = 20_000
+#: the ridge lambda of a closed-form head on random features: the official RanPAC code searches 1e-8..1e8 (its Gram
+#: grows with M and the samples, so the lambda that matters is larger than a penalty weight's)
+RIDGE_MAX = 1e8

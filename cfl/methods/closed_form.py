@@ -1,10 +1,10 @@
-"""Classifiers set in closed form from the clients' statistics of frozen features (fedncm, afcl): nothing trains by
-SGD. How the round loop treats them: every parameter is frozen (``param_roles``' ``frozen``), so a client's local epochs
-are forward passes only (its ``train_loss`` is the current classifier's) and its model comes back unchanged; it sends
-no parameters (``client_upload`` names them all at 0 bytes and the server keeps their global values); in
-``client_end("round")`` it uploads its statistics of the task once, at its first sampled round of the task
-(counted as upload bytes); ``server_event("round")`` adds them to the server's running sums and sets the
-head from them, so evaluation at the task's end sees every statistic uploaded by then.
+"""Classifiers set in closed form from the clients' statistics of frozen features (fedncm, afcl, ranpac): nothing trains
+by SGD. How the round loop treats them: every parameter is frozen (``param_roles``' ``frozen``), so a client's local
+epochs are forward passes only (its ``train_loss`` is the current classifier's) and its model comes back unchanged;
+it sends no parameters (``client_upload`` names them all at 0 bytes and the server keeps their global values); in
+``client_end("round")`` it uploads its statistics of the task once, at its first sampled round of the task (counted
+as upload bytes); ``server_event("round")`` adds them to the server's running sums and sets the heads whose sums
+changed from them, so evaluation at the task's end sees every statistic uploaded by then.
 
 The statistics are kept per head: one slot per task with one head per task (task-incremental), else one slot.
 """
@@ -72,19 +72,21 @@ class ClosedFormHead(Method, ABC):
 
     def server_event(self, ctx: ServerEvent) -> ServerChange | None:
         server, global_params = ctx.server, ctx.global_params
+        updated: set[int] = set()
         for upload in ctx.uploads.values():
             s = int(upload["slot"])
+            updated.add(s)
             for key, value in upload.items():
                 if key == "slot":
                     continue
                 if key not in server:
                     server[key] = torch.zeros(self.slots, *value.shape, dtype=value.dtype, device=value.device)
                 server[key][s] += value
-        if not any(k in server for k in self.statistic_keys):
+        if not updated:  # no new statistics: every head is as its last solve left it (frozen, never averaged)
             return None
         weight, bias = global_params["head.weight"], global_params["head.bias"]
         new_w, new_b = weight.clone(), bias.clone()
-        for s in range(self.slots):
+        for s in sorted(updated):  # the slots whose sums changed (an M x M solve each: ranpac)
             solved = self.solve(server, s)
             if solved is None:
                 continue

@@ -1,6 +1,7 @@
 """The frozen backbone's features of every sample of a stream, computed once and cached on disk (issue 39, item
 3): for methods whose backbone input does not depend on what trains (linear probing, fedncm's class means,
-afcl's ridge regression), the run trains only the head, on a stream of ``(D,)`` feature vectors.
+afcl's ridge regression, ranpac's on a random projection), the run trains only the head, on a stream of ``(D,)``
+feature vectors.
 
 The cache file is keyed by the backbone (cfl and timm names, timm's version), the weights file's SHA-256 (or the
 seed of a random backbone), the preprocessing (size, mean/std, interpolation, the stream's range map) and the
