@@ -34,11 +34,10 @@ class ClassMasked:
 
     def loss(self, ctx: LossContext) -> LossTerms:
         """Per sample, the cross-entropy over the sample's task's classes (``current``) or the seen ones."""
-        info, logits, y = self.run_info, ctx.logits, ctx.y
-        if self.hparams.class_mask == "seen" or info.scenario != "class":
-            return LossTerms(task=masked_cross_entropy(logits, y, ctx.allowed))
-        return LossTerms(task=current_task_cross_entropy(logits, y, ctx.task, ctx.weight, _table(info.task_classes,
-                                                                                                 logits.shape[-1])))
+        classes, z, y = self.run_info.task_classes, ctx.logits, ctx.y
+        if self.hparams.class_mask == "seen" or self.run_info.scenario != "class":
+            return LossTerms(task=masked_cross_entropy(z, y, ctx.allowed))
+        return LossTerms(task=current_task_cross_entropy(z, y, ctx.task, ctx.weight, _table(classes, z.shape[-1])))
 
 
 @functools.cache
