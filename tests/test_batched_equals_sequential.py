@@ -613,9 +613,9 @@ class _DrawsRagged(Method):
 
 
 def test_drawn_samples_reach_the_extra_loss_unpadded_on_batch_norm():
-    """On a BatchNorm model a draw that only ``extra_loss`` reads keeps the run on the vmap path, whose losses run
-    per group of clients with equal batch and draw sizes (padding would enter the batch statistics): the same
-    parameters as the sequential trainer, with ragged draws (1-3 samples) and ragged batches (6, 5 at 4)."""
+    """On a BatchNorm model a step draw that only ``loss``'s extra part reads keeps the run on the vmap path, whose
+    losses run per group of clients with equal batch and draw sizes (padding would enter the batch statistics): the
+    same parameters as the sequential trainer, with ragged draws (1-3 samples) and ragged batches (6, 5 at 4)."""
     torch.manual_seed(0)
     model = build_model("resnet18-mini", ModelShape(IMAGE, 3, 2, True))
     method = _DrawsRagged(None, RunInfo(2, "task", 2, 2, 0, model))
