@@ -9,7 +9,9 @@ Each run is made with ``python -m cfl run`` in each checkout (its own ``cfl`` on
 machine and not the run (wall and train seconds, the record's provenance, the rounds a run was resumed after); of
 ``engine_path`` the path taken is compared, and a reason that reads differently (its prose names hooks) is said.
 A record's config is written out from its results.json and run as it is. ``--only-base`` makes the base's runs
-alone, ``--reuse-base`` then compares a branch against them (the same OUT and RUN list). Prints one line per run and
+alone, ``--reuse-base`` then compares a branch against them (the same OUT and RUN list); ``--reuse-branch`` takes the
+branch's too (runs made by another call, e.g. two ``--only-base`` calls in parallel, one per checkout, whose
+``OUT/base`` of the branch is moved to ``OUT/branch``): the comparison alone. Prints one line per run and
 exits 1 if any differ (the differing keys named).
 """
 
@@ -107,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reuse-base", action="store_true",
                         help="take the base's results.json that an earlier call left under OUT/base (the base's "
                              "checkout unchanged), so a base run is made once for several branches")
+    parser.add_argument("--reuse-branch", action="store_true",
+                        help="take the branch's results.json left under OUT/branch as well (compare only)")
     parser.add_argument("--only-base", action="store_true", help="make the base's runs only (for a later --reuse-base)")
     parser.add_argument("--allow", action="append", default=[], metavar="DOTTED.KEY",
                         help="leave this key out of the comparison (a config key the change adds with its default, "
@@ -119,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.only_base:
             print(f"base  {run}  ACC {base.get('acc')}", flush=True)
             continue
-        branch = run_at(args.branch.resolve(), run, args.out / "branch" / str(i))
+        branch = run_at(args.branch.resolve(), run, args.out / "branch" / str(i), args.reuse_branch)
         keys = differing_keys(base, branch, tuple(args.allow))
         failed += bool(keys)
         print(f"{'DIFFERS' if keys else 'same'}  {run}  ACC {base.get('acc')} / {branch.get('acc')}"

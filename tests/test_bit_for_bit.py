@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
+import bit_for_bit  # noqa: E402
 from bit_for_bit import differing_keys  # noqa: E402
 
 
@@ -35,3 +37,15 @@ def test_an_allowed_key_is_left_out_and_a_timing_key_anywhere_in_a_name_is_dropp
     assert differing_keys(a, b) == ["config"]
     assert differing_keys(a, b, ("config.schedule.forgetting",)) == []
     assert differing_keys(a, {**b, "acc": 2.0}, ("config.schedule.forgetting",)) == ["acc"]
+
+
+def test_two_calls_made_apart_are_compared_alone(tmp_path, capsys) -> None:
+    """``--reuse-base --reuse-branch``: the results two ``--only-base`` calls left are compared, nothing is run."""
+    for side, acc in (("base", 90.0), ("branch", 90.0)):
+        (tmp_path / side / "0" / "run").mkdir(parents=True)
+        (tmp_path / side / "0" / "run" / "results.json").write_text(json.dumps({"acc": acc, "wall_seconds": 1}))
+    argv = ["--base", "nowhere", "--branch", "nowhere", "--out", str(tmp_path), "--reuse-base", "--reuse-branch",
+            "configs/quickstart.yaml"]
+    assert bit_for_bit.main(argv) == 0 and "1 of 1 runs bit for bit" in capsys.readouterr().out
+    (tmp_path / "branch" / "0" / "run" / "results.json").write_text(json.dumps({"acc": 90.01, "wall_seconds": 2}))
+    assert bit_for_bit.main(argv) == 1 and "DIFFERS" in capsys.readouterr().out

@@ -20,9 +20,9 @@ def test_client_end_runs_for_the_declared_events_only(method):
     seen: list[str] = []
     real = m.client_end
 
-    def recording(event, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-        seen.append(event)
-        return real(event, *args, **kwargs)
+    def recording(ctx):  # noqa: ANN001, ANN202
+        seen.append(ctx.event)
+        return real(ctx)
 
     m.client_end = recording
     runner.run()
