@@ -46,7 +46,7 @@ def test_my_si_from_the_guide_gives_the_built_in_si_numbers(capsys):
     _load(SI)
     stream = make_stream("task", num_tasks=3)
     mine = _run(_cfg({"name": "my-si", "c": 0.5}), stream)
-    reason = "engine: vmap path (reason: method my-si overrides client_start.carry, a step hook"
+    reason = "engine: vmap path (reason: method my-si declares starts 'carry', a step hook"
     assert reason in capsys.readouterr().err
     built_in = _run(_cfg({"name": "si", "c": 0.5}), stream)
     for k in built_in.params:

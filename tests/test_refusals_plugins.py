@@ -30,7 +30,8 @@ OLD_VALUES = {"broadcast": {"round": ("c",)}, "ragged": {"bases": 1}, "downloads
               "client_events": ("task_end",), "sequential_reason": "scipy", "unread_keys": {"server_lr": "own"},
               "models": ("mlp",), "running_stats_model": "resnet18-reduced-running-bn", "backbone_only": True,
               "model_train": "head", "scenarios": ("class",), "scenarios_why": "one head",
-              "schedules": ("synchronous",), "schedules_why": "one task", "server_task_end": "last_holder"}
+              "schedules": ("synchronous",), "schedules_why": "one task", "server_task_end": "last_holder",
+              "losses": ("extra",), "draws": ("step",), "terms": ("penalty",), "starts": ("carry",)}
 TASK_END_MARK = ("    sends = Sends(client_events=('task_end',))\n"
                  "    def client_end(self, ctx):\n"
                  "        ctx.state['seen'] = torch.ones(1)\n")
