@@ -11,6 +11,7 @@ import torch
 
 from cfl.methods import METHODS
 from cfl.methods.class_mask import ClassMasked
+from cfl.methods.training_hooks import LossContext
 from cfl.ops.losses import current_task_cross_entropy, masked_cross_entropy, task_class_table
 
 TASKS = ((0, 1), (2, 3))
@@ -37,12 +38,12 @@ class _Masked(ClassMasked):
 def test_the_task_loss_follows_the_option_and_seen_is_todays_cross_entropy():
     logits, y, task = torch.randn(3, 4), torch.tensor([2, 3, 2]), torch.ones(3, dtype=torch.long)
     weight, allowed = torch.ones(3), torch.ones(4, dtype=torch.bool)
-    args = ({}, logits, y, None, task, weight, allowed, {}, {})
-    assert torch.equal(_Masked("seen").task_loss(*args), masked_cross_entropy(logits, y, allowed))
+    ctx = LossContext("task", {}, None, task, weight, {}, {}, None, logits, y, allowed)
+    assert torch.equal(_Masked("seen").loss(ctx).task, masked_cross_entropy(logits, y, allowed))
     only_task = masked_cross_entropy(logits, y, torch.tensor([False, False, True, True]))
-    assert torch.allclose(_Masked("current").task_loss(*args), only_task)
+    assert torch.allclose(_Masked("current").loss(ctx).task, only_task)
     # task- and domain-incremental: one mask (the run's own)
-    assert torch.equal(_Masked("current", "task").task_loss(*args), masked_cross_entropy(logits, y, allowed))
+    assert torch.equal(_Masked("current", "task").loss(ctx).task, masked_cross_entropy(logits, y, allowed))
 
 
 @pytest.mark.parametrize("name", ["l2p", "codap", "fedcprompt", "lorm"])

@@ -31,11 +31,13 @@ BEFORE = {
 
 #: (CPU model, torch version) -> method -> sum of |parameters| where it differs from the EPYC's at d4b1c84 (same
 #: rows, same bytes): the generators of TARGET and MFCL amplify float32's last digits, which move with the CPU and
-#: with torch's kernels; each measured at the base and at the branch of a change that kept every number
+#: with torch's kernels; each measured at the base and at the branch of a change that kept every number (a tuple:
+#: the VMs sold under one model name differ; each value was measured on one of them, at a base and its branch)
 CHECKSUM_ON = {
     ("Intel(R) Xeon(R) Processor", "2.14.1+cu130"): {"target": 20374.098455733547, "mfcl": 19863.52786258161,
                                                      "fedweit": 3347.2627124159603},
-    ("AMD EPYC", "2.14.1+cu130"): {"target": 20374.550998248706, "mfcl": 19864.00244971161},
+    ("AMD EPYC", "2.14.1+cu130"): {"target": (20374.550998248706, 20377.88772619151),
+                                   "mfcl": (19864.00244971161, 19866.17219831563)},
 }
 
 
@@ -52,7 +54,9 @@ def test_a_synchronous_run_gives_the_results_from_before_per_client_task_ends(na
     finally:
         torch.set_num_threads(threads)
     row, up, down, total = BEFORE[name]
-    total = CHECKSUM_ON.get((cpu_model(), torch.__version__), {}).get(name, total)
+    totals = CHECKSUM_ON.get((cpu_model(), torch.__version__), {}).get(name, total)
     assert runner.progress.acc_matrix[-1] == pytest.approx(row, abs=1e-9)
     assert (runner.comm.upload_bytes, runner.comm.download_bytes) == (up, down)
-    assert sum(float(v.double().abs().sum()) for v in runner.params.values()) == pytest.approx(total, rel=1e-9)
+    checksum = sum(float(v.double().abs().sum()) for v in runner.params.values())
+    assert any(checksum == pytest.approx(t, rel=1e-9) for t in (totals if isinstance(totals, tuple) else (totals,))), (
+        checksum, totals)
