@@ -277,7 +277,7 @@ HOOKS = sorted(name for name, v in vars(Method).items()
                if inspect.isfunction(v) and not name.startswith("_") and name != "count_bytes"
                and name not in PER_CLIENT_HOOKS)
 # (``server_event("start")`` runs once when the runner is built, before any round, on the server alone: one round
-# cannot show it; tests/test_plugin_hooks38.py runs it through both engines. A backbone change at
+# cannot show it; tests/test_plugin_hook_values.py runs it through both engines. A backbone change at
 # ``server_event("task_end")`` changes a pretrained backbone's shared frozen part, which this test's MLP does not
 # have (validation refuses it there); tests/test_lorm.py runs LoRM through both engines)
 

@@ -1,11 +1,12 @@
 """The contexts of the merged client hooks (cfl/methods/client_hooks.py) carry every argument the old hooks took,
-and a class's declared parts must match its overrides."""
+and a class's declared parts must match its overrides, for each of the four hooks asked by part."""
 
 import dataclasses
+import re
 
 import pytest
 
-from cfl.methods.base import ClientRound, ClientRoundStart, Computes, Method, RoundTerms, Step
+from cfl.methods.base import ClientRound, ClientRoundStart, Computes, Method, Step
 from cfl.schema import ConfigError
 
 #: old hook -> its arguments, each a field of the new context (``carry_step``'s ``moved``: ``Step.moved``)
@@ -24,17 +25,27 @@ def test_a_context_carries_every_argument_of_the_old_hook(hook):
     assert not hasattr(Method, hook) or hook in ("client_start", "carry_step")
 
 
-def test_declared_parts_must_match_the_override():
-    with pytest.raises(TypeError, match=r"overrides round_terms, which the engine asks by part: declare the parts it "
-                                        r"gives, computes=Computes\(terms=\(\.\.\.\)\)"):
-        type("Undeclared", (Method,), {"round_terms": lambda _self, _ctx: RoundTerms()})
-    with pytest.raises(TypeError, match=r"declares computes=Computes\(starts=\['carry'\]\) but does not override "
-                                        r"client_start"):
-        type("Unused", (Method,), {"computes": Computes(starts=("carry",))})
-    with pytest.raises(TypeError, match=r"Computes.starts names the part\(s\) \['moves'\]; they are "
-                                        r"\['steps', 'params', 'carry'\]"):
-        Computes(starts=("moves",))
-    with pytest.raises(ConfigError, match=r"terms -> computes=Computes\(terms=...\)"):
-        type("Plain", (Method,), {"terms": ("penalty",), "round_terms": lambda _self, _ctx: None})
-    ok = type("Ok", (Method,), {"computes": Computes(terms=("penalty",)), "round_terms": lambda _self, _ctx: None})
-    assert ok.computes.terms == ("penalty",)
+#: each hook asked by part: its declaration field, a part, a part that is not one, the parts
+PART_HOOKS = [("round_terms", "terms", "penalty", "moves", "['penalty', 'preconditioner', 'projection']"),
+              ("client_start", "starts", "carry", "moves", "['steps', 'params', 'carry']"),
+              ("loss", "losses", "extra", "other", "['task', 'extra']"),
+              ("samples", "draws", "step", "other", "['replay', 'step']")]
+
+
+@pytest.mark.parametrize(("hook", "field", "part", "unknown", "known"), PART_HOOKS)
+def test_declared_parts_must_match_the_override(hook, field, part, unknown, known):
+    with pytest.raises(TypeError, match=rf"overrides {hook}, which the engine asks by part: declare the parts it "
+                                        rf"gives, computes=Computes\({field}=\(\.\.\.\)\)"):
+        type("Undeclared", (Method,), {hook: lambda _self, _ctx: None})
+    with pytest.raises(TypeError, match=rf"declares computes=Computes\({field}=\['{part}'\]\) but does not override "
+                                        rf"{hook}"):
+        type("Unused", (Method,), {"computes": Computes(**{field: (part,)})})
+    with pytest.raises(TypeError, match=rf"Computes.{field} names the part\(s\) \['{unknown}'\]; they are "
+                                        + re.escape(known)):
+        Computes(**{field: (unknown,)})
+    with pytest.raises(TypeError, match="lists a part twice"):
+        Computes(**{field: (part, part)})
+    with pytest.raises(ConfigError, match=rf"{field} -> computes=Computes\({field}=...\)"):
+        type("Plain", (Method,), {field: (part,), hook: lambda _self, _ctx: None})
+    ok = type("Ok", (Method,), {"computes": Computes(**{field: (part,)}), hook: lambda _self, _ctx: None})
+    assert getattr(ok.computes, field) == (part,)

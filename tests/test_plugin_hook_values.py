@@ -1,4 +1,4 @@
-"""Issue 38's plugin interface: ``Samples.extra``, ``step.random``, a carry read by ``samples``' step part,
+"""What the plugin interface hands a hook: ``Samples.extra``, ``step.random``, a carry read by ``samples``' step part,
 ``server_event("start")``, ``client_end``'s ``training``, ``Linear`` and ``Quadratic.linear`` penalties,
 ``num_classes`` in the sizing; with hand-computed values."""
 
