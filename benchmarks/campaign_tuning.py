@@ -1,5 +1,5 @@
 """A tuning table's selection: each method's grid point with the highest final ACC, the note that shows the grid
-and the choice, and the check that a tuned table's sweep runs the chosen values (issue 38 item 12).
+and the choice, and the check that a tuned table's sweep runs the chosen values.
 
 A *tuning* table (``tuning: true`` in benchmarks/results/tables.yaml) runs each method's grid points (its sweeps'
 ``variant`` entries, one label each) on tuning seeds. A method's *chosen* point is the one with the highest final

@@ -2,7 +2,7 @@
 
 Each entry is a test id or the start of one (a file, a test, or a test's parameter cases by a common prefix).
 Chosen from ``pytest --durations=60 --durations-min=1.5 FILE...`` over the files that start processes or train
-real models (issue 37 item 17, on 2 CPU cores shared with other jobs): every test that took 4 s or more there.
+real models (on 2 CPU cores shared with other jobs): every test that took 4 s or more there.
 To keep the list true: run ``pytest --durations=30 -m "not slow"`` now and then and add what is slow; an entry
 that matches no test of a collected file stops the collection (a renamed test must be renamed here too).
 """

@@ -209,7 +209,7 @@ CHEAP_TASK_END = {"fot": {"eps": 0.5, "sketch_factor": 0.25, "conv_sketch_factor
 
 
 #: local optimisers besides the default SGD, checked on the MLP (stacked and vmap paths) with every method: the
-#: config keys of each (issue 28: Adam's moments per client, bias correction by each client's own step count)
+#: config keys of each (Adam's moments per client, bias correction by each client's own step count)
 OPTIMIZERS = {"adam": {"optimizer": {"name": "adam"}, "weight_decay": 0.01}}
 
 
@@ -387,7 +387,7 @@ VARIANTS["layer_preconditioner"] = (
     if "basis" in state else {},
 )
 
-#: the step hooks (issue 28); a hook that changes nothing alone comes with the hook that makes it count
+#: the step hooks; a hook that changes nothing alone comes with the hook that makes it count
 VARIANTS.update({
     "step_gradient": (
         _nudged_by("batch"),
@@ -410,7 +410,7 @@ VARIANTS.update({
 
 def _server_event(self, ctx, reads: bool) -> None:
     """After the round: the uploads counted and the new model's norm (``reads``: scaled by the server's ``scale``,
-    then halved); before the task end (issue 31: the test runs the task end after the round), the teacher."""
+    then halved); before the task end (the test runs the task end after the round), the teacher."""
     server, model = ctx.server, ctx.model
     if ctx.event not in ("round", "before_task_end"):  # "start": before the states are seeded
         return
@@ -480,7 +480,7 @@ def _step_draw_of_state(_self, ctx):
     return Draw(step=Samples(state["x"], state["y"], torch.zeros_like(state["y"])) if "x" in state else None)
 
 
-#: the other part of ``loss`` and ``samples`` (each hook's main variant is of one part), and issue 31's newer
+#: the other part of ``loss`` and ``samples`` (each hook's main variant is of one part), and the newer
 #: arguments (the step draw's ``server``, the extra loss's ``samples``), the state-dependent variants reading
 #: ``scale`` from the "task_start" broadcast
 ARGUMENT_VARIANTS = {
@@ -594,7 +594,7 @@ def _round_differs(a: tuple, b: tuple) -> bool:
 
 class _DrawsRagged(Method):
     """A synthetic batch of 1-3 samples per client and step (the client's generator decides), whose loss has a
-    forward of its own (issue 31: TARGET's KD on a synthetic batch)."""
+    forward of its own (TARGET's KD on a synthetic batch)."""
 
     name = "draws-ragged"
     computes = Computes(losses=("extra",), draws=("step",))

@@ -1,4 +1,4 @@
-"""``server_event("before_task_end")`` (issue 31): the server's hook at a task end sees the task's final global
+"""``server_event("before_task_end")``: the server's hook at a task end sees the task's final global
 model (the last round's aggregate) and the classes seen so far, runs once per task end before the task-end broadcast is
 read, writes the server state, and its wall time goes to ``method_stats``."""
 

@@ -1,4 +1,4 @@
-"""Resume across a task end (issue 31): a method whose ``server_event`` writes a synthetic pool into its server
+"""Resume across a task end: a method whose ``server_event`` writes a synthetic pool into its server
 state (from the final global model and torch's generator), ships it as ``"task_start"`` and trains on it with
 ``samples``' step draw and ``loss``'s extra part ends bit for bit like an uninterrupted run, bytes included, whether
 it stopped just after the task end or in the next task."""

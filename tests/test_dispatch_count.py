@@ -90,7 +90,7 @@ def _stacked_round(precision: int | str = 32):
 
 
 def test_a_stacked_engine_round_dispatches_a_bounded_number_of_kernels_per_step() -> None:
-    """The stacked path's kernels per batched local step on the PMNIST MLP (with dropout): issue 41 asked for
+    """The stacked path's kernels per batched local step on the PMNIST MLP (with dropout): the target was
     a third of the 118.1 a step of 2026-11-28; this round took 93.2 a step before the cut and 39.5 after it (its
     fixed per-round operators, the four clients' shuffles among them, spread over only 4 steps), so a change
     that adds per-step operators fails here, on the CPU, before any GPU minute is spent."""

@@ -1,6 +1,6 @@
 """Labels and sizes matplotlib cannot draw are refused before any work; a figure that fails anyway costs a run
 its figure only, never its results; report options and results that would be used silently are refused
-(issue 37, item 10; cfl/drawable.py)."""
+(cfl/drawable.py)."""
 
 from __future__ import annotations
 

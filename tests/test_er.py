@@ -92,7 +92,7 @@ def test_replay_batch_mixes_memory_with_weights_and_pads_an_empty_client():
 
 
 def test_replay_draws_uniformly_from_the_whole_memory():
-    """Issue 27 item 19 (iii): a replay batch is a random draw without replacement from all valid memory rows
+    """ A replay batch is a random draw without replacement from all valid memory rows
     (the generator's), not the first rows: over 240 draws of 5 from 12 rows each row comes ~100 times."""
     er, state = _er(mem=12, replay=5), {}
     _end(er, _task_data(0), state, torch.Generator().manual_seed(0))

@@ -1,4 +1,4 @@
-"""Issue 7 speed-ups keep the results: folded weight decay, gradient-layout parameters, bit-noise dropout."""
+"""The engine's speed-ups keep the results: folded weight decay, gradient-layout parameters, bit-noise dropout."""
 
 import platform
 

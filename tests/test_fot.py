@@ -187,7 +187,7 @@ def test_explicit_sketch_factors_override_the_reference_and_unknown_models_must_
 
 
 def test_eps_grows_by_eps_inc_after_each_task_and_stops_at_1():
-    """Issue 27 item 19 (i): GPSE of task t uses ``min(1, eps + t * eps_inc)`` (the reference's +0.001 per task)."""
+    """ GPSE of task t uses ``min(1, eps + t * eps_inc)`` (the reference's +0.001 per task)."""
     hparams = FOTHyperparams(eps=0.998, eps_inc=0.001, sketch_factor=1.0, conv_sketch_factor=1.0)
     fot = FOT(hparams, _run_info(_ConvNet()))
     state = MethodState()

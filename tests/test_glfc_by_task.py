@@ -148,7 +148,7 @@ def _by_task_code_loss(z: list[list[float]], old: list[list[float]], y: list[int
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_the_loss_is_unchanged_by_the_class_incremental_distillation_of_every_finished_class(scenario):
-    """Issue 37 item 1 changed the class-incremental L_RD only: here no ``old_classes`` is recorded at a task end, and
+    """The class-incremental L_RD changed alone: here no ``old_classes`` is recorded at a task end, and
     the loss of a client that learned task 0's label 0 only is the adaptation's formula (its memory sample of label 1
     of task 0 would be old under the class-incremental rule; it is new here, distilled as a one-hot)."""
     method, model, params = make(scenario)

@@ -85,7 +85,7 @@ def _official_compute_loss(output: list[list[float]], old_output: list[list[floa
 
 
 def test_the_distillation_covers_every_class_of_the_finished_tasks_as_the_official_code():
-    """Issue 37's batch: 6 classes seen (3 tasks of 2), an old model of the 4 classes of tasks 0 and 1, a client that
+    """The audit's batch: 6 classes seen (3 tasks of 2), an old model of the 4 classes of tasks 0 and 1, a client that
     learned only {0, 1} (it held no class of task 1); 7 samples of its memory (0, 1) and of task 2 (4, 5). The
     official loss distils classes 2 and 3 too (their target is the old model's sigmoid, not 0); the client's learned
     classes only group L_GC's weights."""

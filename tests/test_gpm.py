@@ -113,7 +113,7 @@ def test_stats_report_client_state_bytes_and_nothing_is_uploaded():
 
 
 def test_eps_grows_by_eps_inc_per_task_and_stops_at_1(monkeypatch):
-    """Issue 27 item 19 (i): a client's basis step of task t uses ``min(1, eps + t * eps_inc)``."""
+    """ A client's basis step of task t uses ``min(1, eps + t * eps_inc)``."""
     model = TwoLayerNet()
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     gpm = GPM(GPMHyperparams(eps=0.998, eps_inc=0.001), _gpm(model, 0.9).run_info)
@@ -128,7 +128,7 @@ def test_eps_grows_by_eps_inc_per_task_and_stops_at_1(monkeypatch):
 
 @pytest.mark.parametrize("trainer", [train_sequential, BatchedTrainer()], ids=["sequential", "batched"])
 def test_weight_decay_is_projected_with_the_gradient(trainer):
-    """Issue 27 item 19 (ii), docs/methods/gpm.md: each local step projects ``g + wd * w`` (after weight decay),
+    """docs/methods/gpm.md: each local step projects ``g + wd * w`` (after weight decay),
     so one step moves fc1.weight by ``-lr * (g + wd w)(I - M M^T)``, nothing along the basis M. Projecting
     before the decay would move it by ``-lr * wd * w M M^T`` along M (checked below to be large)."""
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""The install checks that torch and torchvision import together and names the fix (issue 37 item 17); `make
+"""The install checks that torch and torchvision import together and names the fix; `make
 check` is the documented quick subset and `make test` stays the whole suite."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Local optimisers (issue 28): SGD with momentum, Adam and AdamW, the same step on every training path."""
+"""Local optimisers: SGD with momentum, Adam and AdamW, the same step on every training path."""
 
 import copy
 from dataclasses import replace

@@ -1,5 +1,5 @@
 """Every numeric parameter of every registered method has finite bounds, and a value beyond them is refused when
-the config is validated (exit code 2), naming the key (issue 37, item 12; cfl/methods/bounds.py)."""
+the config is validated (exit code 2), naming the key (cfl/methods/bounds.py)."""
 
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ def test_rounds_to_targets():
 
 
 def test_an_accuracy_equal_to_the_target_reaches_it():
-    """Issue 27 item 19 (iv): "reaches" is ``>=`` (``>`` would give 85 at round 10 and 90 never)."""
+    """"Reaches" is ``>=`` (``>`` would give 85 at round 10 and 90 never)."""
     assert rounds_to_targets([(5, 85.0), (10, 90.0)], [85, 90]) == {"85": 5, "90": 10}
     assert rounds_to_targets([(5, 84.999)], [85]) == {"85": None}
 
@@ -61,7 +61,7 @@ def test_target_accuracies_documented_as_each_tasks_own_accuracy():
     assert "own test accuracy" in doc and "mean" not in doc
 
 
-# ---- issue 30 item 6: average incremental accuracy, forward transfer, per-class accuracy ----
+# ---- average incremental accuracy, forward transfer, per-class accuracy ----
 def test_average_incremental_accuracy_is_the_mean_of_acc_after_each_task():
     # ACC after task 0: 90; after task 1: (80 + 70) / 2 = 75; after task 2: (60 + 65 + 95) / 3 = 73.33
     assert matrix.average_incremental_accuracy(MATRIX) == pytest.approx((90 + 75 + 220 / 3) / 3)  # 79.44

@@ -1,4 +1,4 @@
-"""The MFCL method (issue 31 item 3): one client's loss through the method's hooks equals the building block's
+"""The MFCL method: one client's loss through the method's hooks equals the building block's
 (tests/test_mfcl_losses.py checks that against hand values), a task end trains a generator that lowers its objective,
 and a tiny class-incremental run ships the generator and the old model once per client and task, counted."""
 

@@ -1,4 +1,4 @@
-"""Each quadratic penalty's share of its clients' local loss, in ``method_stats`` (issue 37 item 16)."""
+"""Each quadratic penalty's share of its clients' local loss, in ``method_stats``."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Pretrained backbones (issue 39): a tiny timm ViT's random weights saved to a file and loaded back through
+"""Pretrained backbones: a tiny timm ViT's random weights saved to a file and loaded back through
 model.weights; refusals before any data; the random flag; the feature cache; an end-to-end run that resumes."""
 
 from __future__ import annotations

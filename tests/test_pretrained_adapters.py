@@ -1,4 +1,4 @@
-"""Training through a frozen pretrained ViT (issue 39, item 2): L2P's prompt selection by hand, LoRA equal to its
+"""Training through a frozen pretrained ViT: L2P's prompt selection by hand, LoRA equal to its
 merged weight, only the trainable subset kept per client, sent and checkpointed, batched equal to sequential, a
 run that resumes bit-identically, and the refusals of model.train."""
 

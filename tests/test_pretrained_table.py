@@ -1,4 +1,4 @@
-"""The pretrained-backbone table (issue 39 item 8): its sweep's rows and labels, and every command docs/results.md
+"""The pretrained-backbone table: its sweep's rows and labels, and every command docs/results.md
 gives for reproducing the published settings with real weights validates (with ``model.weights: random``: no
 weight file here). Needs the pretrained extra (timm)."""
 
@@ -27,7 +27,7 @@ def test_the_sweep_has_every_row_on_both_streams_with_a_random_vit_at_224(tmp_pa
     runs = load_sweep(ROOT / "benchmarks" / "pretrained" / "split-3x224.yaml", out=tmp_path)
     labels = list(dict.fromkeys(r.config.label for r in runs))
     assert labels[:7] == ["linear-probe", "full-fine-tune", "fedncm", "afcl", "l2p", "codap", "lora"]
-    assert set(labels[7:]) <= {"lorm", "fedcprompt", "powder"}  # the rows enabled once their branches are merged
+    assert labels[7:] == ["lorm", "fedcprompt", "ranpac"]
     assert {r.config.stream.name for r in runs} == {"split-digits", "split-fmnist"}
     assert len(runs) == len(labels) * 2 * 3  # every row on both streams, 3 seeds
     for run in runs:

@@ -160,7 +160,7 @@ def test_the_guide_examples_run_in_order(tmp_path, monkeypatch):
      "pathlib.Path); it holds int 3"),
 ], ids=["out=5", "resume(5)", "plugins='x.py'", "plugins=[3]"])
 def test_arguments_of_another_type_raise_type_error_naming_them(tmp_path, call, words):
-    """Issue 37, item 13: these used to fail deep inside (Path(5)) or read 'x.py' as the files 'x', '.', ..."""
+    """ These used to fail deep inside (Path(5)) or read 'x.py' as the files 'x', '.', ..."""
     with pytest.raises(TypeError, match=re.escape(words)):
         call(tmp_path)
     assert not list(tmp_path.iterdir())

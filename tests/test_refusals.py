@@ -26,7 +26,7 @@ CASES = [
     ("wrong type: int", ["{cfg}", "--set", "num_clients=ten"], ["'num_clients'", "integer"]),
     ("wrong type: float", ["{cfg}", "--set", "lr=fast"], ["'lr'", "number"]),
     ("wrong type: bool", ["{cfg}", "--set", "stream.download=maybe"], ["'stream.download'", "true or false"]),
-    # issue 30 item 9 (keep_client_states)
+    # keep_client_states
     ("wrong type: keep_client_states", ["{cfg}", "--set", "keep_client_states=maybe"],
      ["'keep_client_states'", "true or false"]),
     ("wrong type: list", ["{cfg}", "--set", "target_accuracies=50"], ["'target_accuracies'", "list"]),
@@ -40,10 +40,10 @@ CASES = [
     ("out of range: list item", ["{cfg}", "--set", "target_accuracies=[50, 101]"], ["'target_accuracies'"]),
     ("out of range: checkpoint_every", ["{cfg}", "--set", "checkpoint_every=-1"], ["'checkpoint_every'"]),
     ("out of range: method parameter", ["{cfg}", "--set", "method={{name: fedprox, mu: -1}}"], ["'method.mu'"]),
-    # issue 37 item 10: a label the run's figures (matplotlib's mathtext) or a LaTeX table cell cannot take
+    # a label the run's figures (matplotlib's mathtext) or a LaTeX table cell cannot take
     ("label: broken mathtext", ["{cfg}", "--set", "label='$\\sqrt{{2$'"], ["'label'", "mathtext", "matplotlib"]),
     ("label: a line break", ["{cfg}", "--set", "label=\"EWC\\n\\nlam\""], ["'label'", "line break"]),
-    # issue 37 item 12: every built-in method parameter has an upper bound (cfl/methods/bounds.py)
+    # every built-in method parameter has an upper bound (cfl/methods/bounds.py)
     ("out of range: method parameter's upper bound", ["{cfg}", "--set", "method={{name: gem, margin: 1e300}}"],
      ["'method.margin'", "<= 10.0"]),
     ("bad choice: loss", ["{cfg}", "--set", "loss=mse"], ["'loss: mse'", "ce, tce"]),
@@ -124,7 +124,7 @@ CASES = [
      ["the W&B run id in checkpoint.pt '../../elsewhere' is not a W&B id", "--overwrite"]),
     ("--trust-callables outside a W&B sweep", ["{cfg}", "--trust-callables"],
      ["--trust-callables is read only under a W&B sweep"]),
-    # ---- issue 27 item 6: a key the chosen component does not read, set away from its default ----
+    # ---- a key the chosen component does not read, set away from its default ----
     ("ignored key: dirichlet alpha with iid", ["{cfg}", "--set", "partition.alpha=0.3"],
      ["'partition.alpha: 0.3' has no effect with 'partition.name: iid'", "only dirichlet reads it",
       "remove partition.alpha, or set partition.name: dirichlet"]),
@@ -154,20 +154,20 @@ CASES = [
       "permuted-digits", "remove stream.seed"]),
     ("ignored key: stream.download of a bundled stream", ["{cfg}", "--set", "stream.download=true"],
      ["'stream.download: true' has no effect with 'stream.name: split-digits'", "remove stream.download"]),
-    # ---- issue 27 item 9: NaN and infinities anywhere in a config ----
+    # ---- NaN and infinities anywhere in a config ----
     ("non-finite: stream.args, nested", ["{cfg}", "--set", "stream={{name: avalanche, benchmark: nowhere.make, "
                                                            "args: {{noise: [1, .nan]}}}}"],
      ["'stream.args.noise[1]' is nan", "not a finite number"]),
     ("non-finite: stream.args by --set", ["{cfg}", "--set", "stream.args.noise=.inf"],
      ["'stream.args.noise' is inf", "not a finite number"]),
-    # ---- issue 27 item 16: YAML aliases expanded beyond the limit ----
+    # ---- YAML aliases expanded beyond the limit ----
     ("YAML alias bomb in a --set value", ["{cfg}", "--set", "stream.args=" + "[&a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1], "
                                           + ", ".join(f"&{b} [{', '.join([f'*{a}'] * 10)}]" for a, b in
                                                       zip("abcdefgh", "bcdefghi", strict=True)) + "]"],
      ["--set stream.args", "more than 100,000 values", "aliases"]),
-    # ---- issue 27 item 18: smaller messages ----
+    # ---- smaller messages ----
     ("config file is a directory", ["{tmp}"], ["config file '{tmp}' is a directory", "cfl run --resume"]),
-    # -- local optimisers (issue 28 item 2) --
+    # -- local optimisers --
     ("optimizer: unknown name", ["{cfg}", "--set", "optimizer.name=rmsprop"], ["'optimizer.name'", "adamw"]),
     ("optimizer: a beta of 1", ["{cfg}", "--set", "optimizer={{name: adam, betas: [0.9, 1.0]}}"],
      ["'optimizer.betas'", "two numbers in [0, 1)"]),
@@ -182,7 +182,7 @@ CASES = [
      ["'momentum: 0.9' has no effect with 'optimizer.name: adam'", "optimizer.betas"]),
     ("ignored key: betas with sgd", ["{cfg}", "--set", "optimizer.betas=[0.8, 0.99]"],
      ["'optimizer.betas: [0.8, 0.99]' has no effect with 'optimizer.name: sgd'", "set optimizer.name: adam"]),
-    # -- FedLwF / FLwF-2T (issue 28) --
+    # -- FedLwF / FLwF-2T --
     ("fedlwf: negative lambda", ["{cfg}", "--set", "method={{name: fedlwf, lam: -1}}"], ["'method.lam'", ">= 0"]),
     ("fedlwf: zero temperature", ["{cfg}", "--set", "method={{name: fedlwf, temperature: 0}}"],
      ["'method.temperature'", "> 0"]),
@@ -192,20 +192,20 @@ CASES = [
      ["'method.alpha'", "> 0"]),
     ("flwf2t: alpha + beta > 1", ["{cfg}", "--set", "method={{name: flwf2t, alpha: 0.8, beta: 0.3}}"],
      ["'method.alpha' + 'method.beta'", "exceeds 1"]),
-    # -- RGO+FL (issue 29 item 1) --
+    # -- RGO+FL --
     ("rgo: fel (the paper's feature encoding layer) is not implemented", ["{cfg}", "--set",
                                                                          "method={{name: rgo, fel: true}}"],
      ["'method.fel: true'", "use method.fel: false"]),
     ("rgo: alpha of 0", ["{cfg}", "--set", "method={{name: rgo, alpha: 0}}"], ["'method.alpha'", "> 0"]),
     ("rgo: unknown gram normalisation", ["{cfg}", "--set", "method={{name: rgo, gram: max}}"],
      ["'method.gram' must be one of ['sum', 'mean']", "got 'max'"]),
-    # -- clients joining at each task (issue 29 item 3, GLFC's protocol) --
+    # -- clients joining at each task (GLFC's protocol) --
     ("clients_join_per_task: negative", ["{cfg}", "--set", "clients_join_per_task=-1"],
      ["'clients_join_per_task'", ">= 0"]),
     ("clients_join_per_task: first task below clients_per_round", ["{cfg}", "--set", "clients_join_per_task=4"],
      ["'clients_join_per_task: 4' over 2 tasks", "= 2 clients in the first task", "clients_per_round=3",
       "raise num_clients to at least 7"]),
-    # issue 31 item 4: FedWeIT and its own networks
+    # FedWeIT and its own networks
     ("fedweit with another model", ["{cfg}", "--set", "method.name=fedweit", "--set", "model.name=digits-mlp"],
      ["method fedweit trains its own networks only (fedweit-mlp, fedweit-lenet)", "set model.name: fedweit-mlp"]),
     ("fedweit's network with another method", ["{cfg}", "--set", "model.name=fedweit-mlp"],
@@ -219,20 +219,20 @@ CASES = [
      ["method fedweit aggregates with its own client_upload/server_aggregate", "set aggregator.name: mean"]),
     ("fedweit: client forgetting", ["{cfg}", "--set", "method.name=fedweit", "--set", "client_forgetting_clients=2"],
      ["method fedweit keeps parameters per client", "set client_forgetting_clients: 0"]),
-    # -- BatchNorm running statistics through federated training (issue 31 item 1) --
+    # -- BatchNorm running statistics through federated training --
     ("model.buffers: unknown setting", ["{cfg}", "--set", "model.buffers=median"],
      ["'model.buffers' must be one of ['averaged', 'local'], got 'median'"]),
     ("model.buffers: local on a model without running statistics", ["{cfg}", "--set", "model.buffers=local"],
      ["'model.buffers: local' has no effect with 'model.name: digits-mlp'", "keeps no BatchNorm running statistics",
       "resnet18-reduced-running-bn"]),
-    # -- issue 31 item 2: TARGET --
+    # -- TARGET --
     ("target on a model without running statistics", ["{cfg}", "--set", "method.name=target", "--set",
                                                       "stream.scenario=class", "--set", "model.name=mlp"],
      ["method target matches its synthetic images to the model's BatchNorm running statistics",
       "model mlp keeps none", "set model.name: resnet18-reduced-running-bn"]),
     ("target: task-incremental", ["{cfg}", "--set", "method.name=target", "--set", "stream.scenario=task"],
      ["method target is class-incremental only", "set stream.scenario: class"]),
-    # -- MFCL (issue 31 item 3) --
+    # -- MFCL --
     ("mfcl: task-incremental", ["{cfg}", "--set", "method.name=mfcl", "--set", "stream.name=split-fmnist", "--set",
                                 "stream.scenario=task"],
      ["method mfcl is class-incremental", "the run's scenario is task", "set stream.scenario: class"]),
@@ -302,7 +302,7 @@ def test_refusal(case, argv, words, files, monkeypatch, capsys):
     assert after == before  # nothing written, nothing created
 
 
-# ---- issue 27 items 9, 16, 18 (and 6 in a sweep): cases that write their own files, run from tmp_path ----
+# ---- cases that write their own files, run from tmp_path ----
 def laughs(leaf: str = "lol") -> str:
     """A 'billion laughs' flow mapping under 1 KB: nine levels of ten aliases each, 10**9 leaves expanded."""
     levels = [f"a: &a [{', '.join([leaf] * 10)}]"]
@@ -357,7 +357,7 @@ OWN_FILE_CASES = [
                                              "grid: {partition.name: [iid, dirichlet]}\n"}, {}, ["sweep", "s.yaml"],
      ["sweep combination partition=iid: 'partition.alpha: 0.3' has no effect with 'partition.name: iid'",
       "variant: [{{label: a, partition.name: iid}}, {{label: b, partition.name: dirichlet, partition.alpha: 0.3}}]"]),
-    # ---- issue 30 items 4 and 5: cfl report ----
+    # ---- cfl report ----
     ("report: one config and seed with different results", {"a/results.json": REPORTED.format(acc=70),
                                                             "b/results.json": REPORTED.format(acc=71)}, {},
      ["report", "a", "b"], ["seed 0 has 2 runs of the same config whose results differ (acc)", "a, b"]),
@@ -368,7 +368,7 @@ OWN_FILE_CASES = [
      ["report", "a", "--caption", "Results."], ["--caption is read only with --format latex (this is --format md)"]),
     ("report: --order names no row", {"a/results.json": REPORTED.format(acc=70)}, {},
      ["report", "a", "--order", "fedavg,fedprx"], ["--order names 'fedprx', which no row has", "(fedavg)"]),
-    # ---- issue 30 item 1: figure options of `cfl report --plots`, refused before any figure is written ----
+    # ---- figure options of `cfl report --plots`, refused before any figure is written ----
     ("report: an unknown group in the style", {"r/results.json": RUN, "st.yaml": "groups: [{group: fedprox}]\n"}, {},
      ["report", "r", "--plots", "figs", "--plot-style", "st.yaml"],
      ["figure style: no group 'fedprox' among the runs", "the groups are 'fedavg'"]),
@@ -391,7 +391,7 @@ OWN_FILE_CASES = [
      ["report", "r", "--layout", "methods-x-settings"], ["--layout is read only with --format latex"]),
     ("report: no such style file", {"r/results.json": RUN}, {},
      ["report", "r", "--plots", "figs", "--plot-style", "nope.yaml"], ["--plot-style nope.yaml: no such file"]),
-    # ---- issue 30 item 3: a grid of methods x a method parameter points to the variant entry ----
+    # ---- a grid of methods x a method parameter points to the variant entry ----
     ("sweep: methods crossed with a method parameter", {"s.yaml": "base: ok.yaml\ngrid: {method.name: [fedavg, ewc], "
                                                                   "method.lam: [10, 100]}\n"}, {}, ["sweep", "s.yaml"],
      ["unknown config key 'method.lam'", "so method.lam reaches every method of the grid", "'variant' entry",

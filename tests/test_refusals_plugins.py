@@ -68,11 +68,11 @@ PLUGINS = {
     "late_client_end": method("lc", "    sends = Sends(client_events=('task_end',))\n"
                                     "    def client_end(self, ctx):\n"
                                     "        raise KeyError('fisher')\n"),
-    # issue 28 item 6: a taken name, by another definition (the same definition registered again replaces)
+    # a taken name, by another definition (the same definition registered again replaces)
     "takes_fedavg": method("fedavg", "", "MyAvg"),
     "takes_mine": method("mine", "", "Mine"),
     "takes_mine_too": method("mine", "", "Mine"),
-    # issue 28: the step hooks
+    # the step hooks
     "step_shape": method("ss", "    def step_gradient(self, step):\n"
                                "        return {k: g.flatten() for k, g in step.grads.items()}\n"),
     "carry_keys": method("ck", "    computes = Computes(starts=('carry',))\n"
@@ -80,7 +80,7 @@ PLUGINS = {
                                "        return ClientStart(carry={'path': torch.zeros(2)})\n"
                                "    def carry_step(self, step):\n"
                                "        return {'paths': step.carry['path']}\n"),
-    # issue 31 item 4: parameters kept per client
+    # parameters kept per client
     "local_name": method("ln", "    def param_roles(self, ctx):\n        return ParamRoles(local=['nope'])\n"),
     "start_shape": method("st", "    computes = Computes(starts=('params',))\n"
                                 "    def client_start(self, ctx):\n"
@@ -96,7 +96,7 @@ PLUGINS = {
                                "        if step.grads['body.1.weight'].sum().item() > 0:\n"
                                "            return None\n"
                                "        return None\n"),
-    # issue 31: the task-end server hook, the task_start broadcast, synthetic samples reaching loss's extra part
+    # the task-end server hook, the task_start broadcast, synthetic samples reaching loss's extra part
     "broadcast_event": method("be", "    sends = Sends(broadcast={'task_begin': ('pool',)})\n"),
     # the declarations of the interface before Requires, Sends and Computes
     "old_declarations": method("od", "".join(f"    {name} = {value!r}\n" for name, value in OLD_VALUES.items())),
@@ -117,7 +117,7 @@ PLUGINS = {
                                        "                  server_events=('round', 'task_end'))\n"
                                        "    def server_event(self, ctx):\n"
                                        "        ctx.server['pool'] = torch.ones(1)  # a new tensor each round\n"),
-    # issue 37 items 4-8: failures that escaped as tracebacks or went unnoticed
+    # failures that escaped as tracebacks or went unnoticed
     "carry_counter": method("cc", "    calls = 0\n"
                                   "    computes = Computes(starts=('carry',))\n"
                                   "    def client_start(self, ctx):\n"
@@ -231,7 +231,7 @@ CASES = [
     ("loss: a scalar extra part instead of (B,)", ["run", "{cfg}", "--plugin", "{tmp}/extra_shape.py", "--set",
                                               "method.name=es", "--out", "{tmp}/es"], 2,
      ["hook loss", "tensor of shape (B,)", "got a torch.float32 tensor of shape ()"]),
-    # issue 28: step hooks breaking their rules, refused by the dry call before any file
+    # step hooks breaking their rules, refused by the dry call before any file
     ("step_gradient: a gradient of the wrong shape", ["run", "{cfg}", "--plugin", "{tmp}/step_shape.py", "--set",
                                                       "method.name=ss", "--out", "{tmp}/ss"], 2,
      ["method 'ss'", "hook step_gradient", "tensor shaped like it", "for 'body.1.weight'"]),
@@ -252,7 +252,7 @@ CASES = [
     ("mid-run: client_end raises at a task end", ["run", "{cfg}", "--plugin", "{tmp}/late_client_end.py", "--set",
                                                   "method.name=lc", "--out", "{tmp}/lc"], 3,
      ["method 'lc'", "hook client_end raised KeyError: 'fisher'", "at the end of task 0 (0-based)", "is kept"]),
-    # issue 31 item 4: parameters kept per client, refused by the dry call or the config check before any file
+    # parameters kept per client, refused by the dry call or the config check before any file
     ("param_roles: a name that is no parameter", ["run", "{cfg}", "--plugin", "{tmp}/local_name.py", "--set",
                                                    "method.name=ln", "--out", "{tmp}/ln"], 2,
      ["method 'ln'", "hook param_roles", "parameter names", "local names ['nope']", "body.1.weight"]),
@@ -269,7 +269,7 @@ CASES = [
     ("count_bytes: a negative count", ["run", "{cfg}", "--plugin", "{tmp}/negative_bytes.py", "--set",
                                         "method.name=nb", "--out", "{tmp}/nb"], 2,
      ["method 'nb'", "hook count_bytes", "an int >= 0 (bytes)", "got int -1"]),
-    # issue 28 item 6: a taken name
+    # a taken name
     ("a plugin taking a built-in method's name", ["list", "--plugin", "{tmp}/takes_fedavg.py"], 2,
      ["plugin file '{tmp}/takes_fedavg.py' at line 6: method 'fedavg' is already registered (by FedAvg in ",
       "MyAvg in {tmp}/takes_fedavg.py is another definition", "choose another name"]),
@@ -277,7 +277,7 @@ CASES = [
                                                "{tmp}/takes_mine_too.py"], 2,
      ["method 'mine' is already registered (by Mine in {tmp}/takes_mine.py; Mine in {tmp}/takes_mine_too.py is "
       "another definition)"]),
-    # issue 31: the task-end server hook, the task_start broadcast, synthetic samples reaching loss's extra part
+    # the task-end server hook, the task_start broadcast, synthetic samples reaching loss's extra part
     ("an unknown broadcast event", ["list", "--plugin", "{tmp}/broadcast_event.py"], 2,
      ["broadcast_event.py", "broadcast names the event(s) ['task_begin']",
       "they are ['round', 'task_start', 'task_end']"]),
@@ -295,7 +295,6 @@ CASES = [
                                                   "method.name=tr", "--out", "{tmp}/tr"], 3,
      ["method 'tr'", "hook server_event", "must return None", "got dict", "at the end of task 0 (0-based)",
       "is kept"]),
-    # issue 37 items 4-8
     ("client_start carry: sizes differing", ["run", "{cfg}", "--plugin", "{tmp}/carry_counter.py", "--set",
                                                       "method.name=cc", "--out", "{tmp}/cc"], 2,
      ["method 'cc'", "hook client_start", "must give as carry", "the same keys and shapes for every client",

@@ -39,7 +39,7 @@ CASES = [
     ("server step diverges", ["{cfg}", "--out", "{tmp}/diverged", "--set", "server_lr=1.0e39"], "", 3,
      ["non-finite global model after the server step", "round 1 of the task", "every client update was finite",
       "lower server_lr (now 1e+39)", "aggregator (mean)", "after round 0"]),
-    # issue 37 item 12: the adaptive server's own server_lr is bounded (cfl/methods/bounds.py, LR_MAX), so the
+    # the adaptive server's own server_lr is bounded (cfl/methods/bounds.py, LR_MAX), so the
     # server step of fedadam diverging at 1e39 is now refused before any work
     ("server optimiser lr beyond its bound", ["{cfg}", "--out", "{tmp}/adam", "--set",
                                               "method={{name: fedadam, server_lr: 1.0e39}}"], "", 2,
@@ -51,7 +51,7 @@ CASES = [
      ["disk full (OSError 28", "{tmp}/full0/.cfl-run", "nothing was trained"]),  # the marker: written first
 ]
 
-# ---- run directories, the lock, the disk client-state store, file-system faults (issue 27, items 12-15) ----
+# ---- run directories, the lock, the disk client-state store, file-system faults ----
 STATE_ERROR = ["client_states/0-ewc/seg-", "the record of client", "is damaged", "checksum mismatch",
                "named by the checkpoint (after round 4)"]
 CASES += [
@@ -77,20 +77,20 @@ CASES += [
     ("binary W&B sweep parameter file", ["{cfg}"], "binary params", 2,
      ["W&B sweep parameter file '{tmp}/params.bin'", "is not UTF-8 text", "WANDB_SWEEP_PARAM_PATH"]),
 ]
-# ---- issue 30 item 9: a finished run that dropped its client states (keep_client_states: false) ----
+# ---- a finished run that dropped its client states (keep_client_states: false) ----
 CASES += [
     ("resume a run that dropped its client states", ["--resume", "{tmp}/dropped"], "states dropped", 2,
      ["--resume {tmp}/dropped: this run finished and dropped its client states (keep_client_states: false)",
       "its outputs (results.json) are complete", "--overwrite and keep_client_states: true"]),
 ]
-# ---- issue 37 item 11: a marker that is a directory is no marker (--overwrite ended in IsADirectoryError) ----
+# ---- a marker that is a directory is no marker (--overwrite ended in IsADirectoryError) ----
 CASES += [
     ("marker is a directory, --overwrite", ["{cfg}", "--out", "{tmp}/marker-dir", "--overwrite"], "marker dir", 2,
      ["{tmp}/marker-dir/.cfl-run is a directory", "nothing in it is deleted", "rmdir {tmp}/marker-dir/.cfl-run"]),
     ("marker is a directory, with outputs", ["{cfg}", "--out", "{tmp}/marker-dir-out", "--overwrite"], "marker dir",
      2, ["{tmp}/marker-dir-out/.cfl-run is a directory", "move {tmp}/marker-dir-out/.cfl-run away"]),
 ]
-# ---- issue 37 item 13: a checkpoint changed after cfl wrote it, and one of another model ----
+# ---- a checkpoint changed after cfl wrote it, and one of another model ----
 CASES += [
     ("checkpoint with edited weights", ["--resume", "{tmp}/edited"], "ckpt edited", 2,
      ["--resume {tmp}/edited: {tmp}/edited/checkpoint.pt was changed after cfl wrote it", "SHA-256",

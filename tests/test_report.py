@@ -66,7 +66,7 @@ def test_labels_tell_apart_the_rows_of_one_stream_and_partition_only(tmp_path):
         ("split-digits", "fedavg lr=10 num_clients=5", "1"), ("split-digits", "fedavg lr=10 num_clients=7", "1")]
 
 
-# ---- issue 30 item 4: a config and a seed count once ----
+# ---- a config and a seed count once ----
 def test_the_same_runs_in_two_sweeps_count_once_per_seed(tmp_path, capsys):
     """Two sweeps that both hold seeds 0 and 1 of one config: n = 2 (it was 4, with a std shrunk to 0.61)."""
     for sweep in ("sweep-a", "sweep-b"):
@@ -172,7 +172,7 @@ def test_a_target_no_run_reached_says_so(tmp_path):
 
 
 def test_a_group_that_set_no_target_is_not_said_to_have_missed_it(tmp_path):
-    """Issue 27 item 5: the group without target_accuracies showed "never reached" (the CSV was right)."""
+    """ The group without target_accuracies showed "never reached" (the CSV was right)."""
     write_results(tmp_path / "a", 0, 70.0, 1.0, config={"lr": 0.05}, rounds_to_target={"0": {"90": None}})
     write_results(tmp_path / "b", 0, 80.0, 1.0, config={"lr": 0.5, "target_accuracies": [50]},
                   rounds_to_target={"0": {"50": 3}})

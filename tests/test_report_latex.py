@@ -1,4 +1,4 @@
-"""`cfl report --format latex` (issue 30 item 5): booktabs, caption and label, the best per column in bold by each
+"""`cfl report --format latex`: booktabs, caption and label, the best per column in bold by each
 metric's direction, chosen columns, the row order given; a structural check always, pdflatex when installed."""
 
 import re

@@ -1,4 +1,4 @@
-"""Tables and figures a paper takes as they are (issue 38 items 9-11): bold only results, a methods x settings
+"""Tables and figures a paper takes as they are: bold only results, a methods x settings
 LaTeX layout that compiles, a paired test against a reference row (hand-computed), ACC over the last k
 evaluations, figures faceted by setting with one colour and marker per method, no title by default."""
 

@@ -1,4 +1,4 @@
-"""A report of a plugin's runs needs no plugin file (issue 37 item 14): a run records its methods' display names and
+"""A report of a plugin's runs needs no plugin file: a run records its methods' display names and
 defaults in ``results.json`` (``method_info``), ``--order`` takes the labels the table and legends show, and
 ``cfl config-reference --plugin F`` lists the plugin's parameters."""
 

@@ -1,5 +1,5 @@
 """A run on an untrained backbone (results.json's ``random_backbone``) is flagged "(random backbone)" in every
-table row, figure legend and LaTeX label, also where a sweep variant's ``label`` names its row (issue 39: numbers
+table row, figure legend and LaTeX label, also where a sweep variant's ``label`` names its row (numbers
 from a random backbone must never pass for pretrained ones); ordering by the plain label still finds the row."""
 
 from __future__ import annotations

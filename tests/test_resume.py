@@ -159,11 +159,11 @@ VARIANTS = {
     "gma": {"aggregator": {"name": "gma", "tau": 0.5}},
     "tce": {"loss": "tce", "partition": {"name": "shards"}},
     "class-incremental": {"stream": {"name": "split-digits", "num_tasks": 2, "scenario": "class"}},
-    # GLFC (issue 29): the memory, the proxy's monitor set, best and old models, the round counter; small settings
+    # GLFC: the memory, the proxy's monitor set, best and old models, the round counter; small settings
     "glfc": {"stream": {"name": "split-digits", "num_tasks": 2, "scenario": "class"},
              "method": {"name": "glfc", "memory_size": 10, "perturb_steps": 1, "reconstruction_steps": 1,
                         "reconstructions_kept": 1, "reconstruction_iterations": 2}},
-    # GLFC's task-incremental adaptation (issue 29 item 4): the learned mask and monitor labels by global class id
+    # GLFC's task-incremental adaptation: the learned mask and monitor labels by global class id
     "glfc-task": {"stream": {"name": "split-digits", "num_tasks": 2, "scenario": "task"},
                   "method": {"name": "glfc", "memory_size": 10, "perturb_steps": 1, "reconstruction_steps": 1,
                              "reconstructions_kept": 1, "reconstruction_iterations": 2}},

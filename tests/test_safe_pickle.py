@@ -74,7 +74,7 @@ def test_any_other_global_is_refused_before_it_runs(tmp_path: Path, call, named)
 
 def test_a_bytearray_of_protocol_5_loads_and_the_bytearray_global_is_refused():
     """Protocol 5 writes a bytearray with the BYTEARRAY8 opcode (no global); ``bytearray(n)`` as a call, which a
-    60-byte file used to ask for 10 GB with, names a global no data file needs (issue 37, item 13)."""
+    60-byte file used to ask for 10 GB with, names a global no data file needs."""
     assert load_data_pickle(io.BytesIO(pickle.dumps({"b": bytearray(b"xy")}, protocol=5))) == {"b": bytearray(b"xy")}
     call = b"\x80\x02cbuiltins\nbytearray\nJ\x00\xe1\xf5\x05\x85R."  # bytearray(10**8)
     assert len(call) < 60

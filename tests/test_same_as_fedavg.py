@@ -1,4 +1,4 @@
-"""`cfl report` marks a row whose accuracy matrices equal FedAvg's under the same settings (issue 37 item 16)."""
+"""`cfl report` marks a row whose accuracy matrices equal FedAvg's under the same settings."""
 
 import csv
 import io

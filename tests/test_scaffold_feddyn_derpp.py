@@ -1,4 +1,4 @@
-"""SCAFFOLD, FedDyn and DER++ (issue 38): hand-computed client and server updates, the reservoir, and the path the
+"""SCAFFOLD, FedDyn and DER++: hand-computed client and server updates, the reservoir, and the path the
 engine takes (SCAFFOLD and FedDyn stacked, said on stderr)."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""The schedules table's sweeps (benchmarks/schedules/, issue 40 item 5): every run validates, every scheduled row has a
+"""The schedules table's sweeps (benchmarks/schedules/): every run validates, every scheduled row has a
 synchronous twin that differs from it in ``schedule`` (and label) only, each reference schedule keeps its shape,
 and the campaign table shows the rows in pairs with the schedule's own columns."""
 

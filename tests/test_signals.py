@@ -107,7 +107,7 @@ def test_a_second_sigterm_stops_at_once_with_143(config, monkeypatch, capsys):
 @pytest.mark.parametrize("count", [1, 2])
 def test_sigterm_while_the_plots_are_written(config, monkeypatch, capsys, count):
     """One signal: the outputs are completed (exit 0). Two: stopped at once, but results.json is written before any
-    figure (issue 37 item 10), so the results are kept; a resume draws the figures again."""
+    figure, so the results are kept; a resume draws the figures again."""
     out = config.parent / f"plots{count}"
     real = cfl.single_run.write_plots
 

@@ -1,5 +1,5 @@
 
-"""The vmap-free stacked path (issue 7): a fused SGD step in each linear layer's backward, same results."""
+"""The vmap-free stacked path: a fused SGD step in each linear layer's backward, same results."""
 
 from dataclasses import replace
 
@@ -80,7 +80,7 @@ def test_stacked_path_only_on_listed_layers_and_fused_hooks():
     plain = Hyper(lr=0.1, momentum=0.0, weight_decay=0.0, local_epochs=1, batch_size=4)
     assert choose_path(model, plain, [FedAvg(None, None)]).path == "stacked"
     assert choose_path(model, plain, [FedProx(FedProxHyperparams(), None)]).path == "stacked"  # a fused penalty
-    momentum = choose_path(model, Hyper(0.1, 0.9, 0.0, 1, 4), [FedAvg(None, None)])  # issue 28: momentum, Adam
+    momentum = choose_path(model, Hyper(0.1, 0.9, 0.0, 1, 4), [FedAvg(None, None)])  # momentum, Adam
     assert momentum.path == "stacked" and "SGD with momentum 0.9" in momentum.reason
     adam = choose_path(model, replace(plain, optimizer="adam"), [FedProx(FedProxHyperparams(), None)])
     assert adam.path == "stacked" and "adam steps" in adam.reason

@@ -182,7 +182,7 @@ def test_an_interrupted_sweep_resumes_the_cut_off_run_and_skips_finished_ones(tm
 
 
 def test_sigint_in_a_runs_last_round_stops_the_sweep_with_that_run_complete(tmp_path, monkeypatch, capsys):
-    """Issue 37, item 9: a signal in the last round lets the run finish its outputs, then the sweep stops
+    """ A signal in the last round lets the run finish its outputs, then the sweep stops
     (it used to go on with every remaining run)."""
     import signal
 

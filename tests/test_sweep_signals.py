@@ -1,4 +1,4 @@
-"""`cfl sweep --jobs 2` as a real process, signalled (issue 37, item 9): a SIGKILL of the sweep leaves no worker
+"""`cfl sweep --jobs 2` as a real process, signalled: a SIGKILL of the sweep leaves no worker
 and no resource tracker holding its stdout (so `cfl sweep ... | tee log` ends), and a SIGINT starts no further
 run, stops the running ones with their checkpoints and exits with 130. Every process started is killed."""
 

@@ -1,5 +1,5 @@
 """Synthetic samples drawn from the round's broadcast at every local step, with a loss on them through a forward of
-their own (issue 31: TARGET's KD on a synthetic batch, MFCL's loss on generated samples): ``samples``' step part sees
+their own (TARGET's KD on a synthetic batch, MFCL's loss on generated samples): ``samples``' step part sees
 the broadcast (``ctx.server``), ``loss``'s extra part takes the draw (``ctx.samples``), and the step's gradient changes
 by the hand-computed amount on both trainers."""
 

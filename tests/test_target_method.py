@@ -1,4 +1,4 @@
-"""The registered method ``target`` (issue 31): the client loss through the method against hand values, the task
+"""The registered method ``target``: the client loss through the method against hand values, the task
 end producing a pool and an old model, a tiny class-incremental run with its bytes counted, and its refusals."""
 
 from __future__ import annotations

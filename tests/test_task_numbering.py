@@ -1,4 +1,4 @@
-"""One task numbering wherever a user reads a task index: from 0, as in results.json (issue 37 item 15)."""
+"""One task numbering wherever a user reads a task index: from 0, as in results.json."""
 
 import re
 import signal

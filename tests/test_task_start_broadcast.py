@@ -1,4 +1,4 @@
-"""``broadcast["task_start"]`` (issue 31): the keys go to a client at its first sampled round of each task, are
+"""``broadcast["task_start"]``: the keys go to a client at its first sampled round of each task, are
 counted once per client and task, and the client's hooks see them in every round of the task; a key changed
 during a task, an unknown event, or a key sent both each round and at task starts are refused."""
 

@@ -55,7 +55,7 @@ def test_thin_and_gram_paths_agree_with_and_without_a_basis(d, n, rank, eps):
 
 @pytest.mark.parametrize("scale", [1e-9, 1.0, 1e7])
 def test_the_noise_cut_off_is_relative_to_the_top_singular_value(scale):
-    """Issue 27 item 19 (v): directions with ``S_j <= 1e-6 S_1`` are noise whatever the inputs' scale. Rank-3
+    """ Directions with ``S_j <= 1e-6 S_1`` are noise whatever the inputs' scale. Rank-3
     inputs keep exactly 3 directions at every scale; an absolute cut (``S_j > 1e-6``) keeps none at 1e-9
     and rounding noise at 1e7 (eigh's error on ``R^T R`` there is ~1e-16 * 1e14: singular values ~0.1)."""
     a = _inputs(10, 6, 3) * scale

@@ -1,4 +1,4 @@
-"""Builders of the streams of the pretrained-backbone papers read from one file per image (issue 39, item 5):
+"""Builders of the streams of the pretrained-backbone papers read from one file per image:
 ImageNet-R and CUB-200 (class-incremental, 10 tasks of 20 classes), DomainNet (domain-incremental, one task per
 domain, 345 classes). The images a run's tasks need are decoded at the stored size (224 px,
 :mod:`cfl.data.image_files`) and cached as uint8 tensors under ``<data root>/cache/``; each is then normalised

@@ -1,4 +1,4 @@
-"""Each quadratic penalty's share of its clients' local loss, in ``method_stats`` (issue 37 item 16): a penalty too
+"""Each quadratic penalty's share of its clients' local loss, in ``method_stats``: a penalty too
 weak to change anything (EWC at its default ``lam`` on split-fmnist gave FedAvg's accuracy matrix digit for digit)
 shows as a share near 0.
 

@@ -1,4 +1,4 @@
-"""The shared frozen backbone changed by a method at a task end (``ServerChange.backbone``; issue 39).
+"""The shared frozen backbone changed by a method at a task end (``ServerChange.backbone``).
 
 A pretrained model trained through its adapter (``model.train: prompts | components | lora``) holds its frozen
 weights as buffers of the run's template model: one copy, run by every client (never stacked, sent or

@@ -1,4 +1,4 @@
-"""Upper bounds of the built-in methods' numeric parameters, by kind (issue 37, item 12).
+"""Upper bounds of the built-in methods' numeric parameters, by kind.
 
 A parameter without one lets a typo through that breaks a run late (GEM ``margin: 1e300`` fails in the solver,
 FedLwF ``temperature: 1e300`` silently flattens the distillation to nothing) or never ends (a generator of

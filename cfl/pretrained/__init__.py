@@ -1,2 +1,2 @@
-"""Pretrained backbones from timm, loaded from a local weights file (issue 39; docs/pretrained.md): the backbone
+"""Pretrained backbones from timm, loaded from a local weights file (docs/pretrained.md): the backbone
 table, weight files, the preprocessing the backbone expects, and the frozen-feature stream with its disk cache."""

@@ -1,5 +1,5 @@
-"""A pretrained ViT that trains through its frozen backbone (``model.train: prompts | lora | all``; issue 39,
-item 2): the backbone's weights are **buffers** of the model, not parameters, so the engine never stacks, copies,
+"""A pretrained ViT that trains through its frozen backbone (``model.train: prompts | lora | all``):
+the backbone's weights are **buffers** of the model, not parameters, so the engine never stacks, copies,
 uploads or checkpoints them per client. Only the trainable subset is a parameter: the prompt pool and its keys
 (``prompts``), the LoRA factors of every block's attention ``qkv`` projection (``lora``), or everything (``all``:
 full fine-tuning), and always the head.

@@ -1,5 +1,5 @@
-"""The frozen backbone's features of every sample of a stream, computed once and cached on disk (issue 39, item
-3): for methods whose backbone input does not depend on what trains (linear probing, fedncm's class means,
+"""The frozen backbone's features of every sample of a stream, computed once and cached on disk:
+for methods whose backbone input does not depend on what trains (linear probing, fedncm's class means,
 afcl's ridge regression, ranpac's on a random projection), the run trains only the head, on a stream of ``(D,)``
 feature vectors.
 

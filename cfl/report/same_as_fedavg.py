@@ -1,5 +1,5 @@
-"""Rows whose accuracy matrices equal FedAvg's under the same settings: a method that changed nothing (issue 37
-item 16; EWC at its default ``lam`` on class-incremental split-fmnist gives FedAvg's matrix digit for digit).
+"""Rows whose accuracy matrices equal FedAvg's under the same settings: a method that changed nothing
+(EWC at its default ``lam`` on class-incremental split-fmnist gives FedAvg's matrix digit for digit).
 
 A row is marked when a FedAvg row has the same config but for the method (the keys ``method.*``, ``plugins.*``,
 ``aggregator.*`` and ``loss``, which make the method label) and, in every seed the two rows share (one at
