@@ -1,8 +1,8 @@
 """bf16-mixed's master-weight step, compiled pass against eager passes (docs/performance.md, "Mixed precision").
 
 For one fused layer's stack (default the Permuted-MNIST MLP's first layer at 64 clients: 64 x 400 x 784
-weights, batch 64), times a step and the next forward's cast: :meth:`cfl.engine.precision.Bf16Weights.step`
-then ``cast``, with the compiled pass (:mod:`cfl.engine.bf16_step`) and with the eager passes, their repeats
+weights, batch 64), times a step and the next forward's cast: :meth:`cfl.engine.local.precision.Bf16Weights.step`
+then ``cast``, with the compiled pass (:mod:`cfl.engine.local.bf16_step`) and with the eager passes, their repeats
 interleaved so that both see the same load, and the elementwise part alone (the step and cast without the
 product). Also the first call's time, which compiles the pass (Inductor's on-disk cache makes a later
 process's first call shorter; ``TORCHINDUCTOR_CACHE_DIR`` set to an empty folder times a cold compile).
@@ -20,8 +20,8 @@ import time
 
 import torch
 
-from cfl.engine import bf16_step
-from cfl.engine.precision import Bf16Weights
+from cfl.engine.local import bf16_step
+from cfl.engine.local.precision import Bf16Weights
 
 
 def main() -> None:

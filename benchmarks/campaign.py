@@ -58,7 +58,7 @@ from campaign_records import pack, unpack, write_record  # noqa: E402
 from campaign_tables import check_tables, write_tables  # noqa: E402
 from campaign_tuning import tuned_sweep_problems  # noqa: E402
 
-from cfl.config import ConfigError  # noqa: E402
+from cfl.config.keys import ConfigError  # noqa: E402
 
 #: seconds a cut-off run gets to finish its round and write its checkpoint before it is terminated
 GRACE_SECONDS = 300

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 from campaign_records import record_block, write_json
 
 if TYPE_CHECKING:  # the campaign puts the checkout on sys.path (campaign_plan.py); nothing else is needed here
-    from cfl.config import Config
+    from cfl.config.keys import Config
 
 FAILED = "failed.json"
-#: the exit code of a run stopped on non-finite values (cfl/single_run.py's EXIT_NONFINITE)
+#: the exit code of a run stopped on non-finite values (cfl/app/single_run.py's EXIT_NONFINITE)
 EXIT_DIVERGED = 3
 #: what a stop message of docs/reliability.md's "Non-finite values" says, and no other exit-3 stop does
 DIVERGENCE = ("non-finite loss or update", "non-finite global model", "made non-finite values")

@@ -26,8 +26,8 @@ if str(ROOT) not in sys.path:  # run as `python benchmarks/campaign.py` from any
 
 from campaign_published import check_published  # noqa: E402
 
-from cfl.config import Config, ConfigError, _set_dotted  # noqa: E402
-from cfl.sweep import is_complete, load_sweep, resumable  # noqa: E402
+from cfl.app.sweep import is_complete, load_sweep, resumable  # noqa: E402
+from cfl.config.keys import Config, ConfigError, _set_dotted  # noqa: E402
 
 TABLES_FILE = ROOT / "benchmarks" / "results" / "tables.yaml"
 RESULTS_ROOT = ROOT / "benchmarks" / "results"

@@ -13,7 +13,7 @@ from itertools import combinations
 from statistics import mean
 from typing import Any
 
-from cfl.config import ConfigError
+from cfl.config.keys import ConfigError
 
 
 def check_published(path: Any, name: str, published: Any) -> None:

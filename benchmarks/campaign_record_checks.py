@@ -3,7 +3,7 @@
 matrix or summary was edited by hand stops ``tables --check`` and ``tables --write``.
 
 Only a synchronous run's summary is the matrix's; under another schedule the summary comes from the
-evaluations in ``metrics.jsonl`` (``cfl/metrics/schedule.py``), which a record does not keep, and its matrix
+evaluations in ``metrics.jsonl`` (``cfl/metrics/asynchronous.py``), which a record does not keep, and its matrix
 is only checked to be square with the task count.
 """
 

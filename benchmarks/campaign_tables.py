@@ -6,7 +6,7 @@ Each table of ``benchmarks/results/tables.yaml`` is a region of docs/results.md 
 holds, and the commits and machines that made them; then the runs that diverged (failure records, by run name and
 short cause, never as rows: benchmarks/campaign_failures.py); a tuning table's region adds its grid and chosen
 values (benchmarks/campaign_tuning.py). A table without records says so and names the command that makes them.
-``tests/test_results_tables.py`` checks that the committed docs equal what this prints.
+``tests/project/test_results_tables.py`` checks that the committed docs equal what this prints.
 """
 
 from __future__ import annotations

@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the campaign's sibli
 from campaign_failures import load_failures, short_cause  # noqa: E402
 from campaign_plan import RESULTS_ROOT, ROOT, TABLES_FILE, load_tables  # noqa: E402
 
-from cfl.config import ConfigError  # noqa: E402
-from cfl.sweep import load_sweep  # noqa: E402
+from cfl.app.sweep import load_sweep  # noqa: E402
+from cfl.config.keys import ConfigError  # noqa: E402
 
 
 @dataclass

@@ -2,7 +2,7 @@
 # The device check: what runs first on a GPU machine held for a few minutes, as one command (docs/performance.md,
 # "The device check"). At most BUDGET_S seconds (default 480) on one GPU:
 #   1. the machine (nvidia-smi, torch, the GPU's name) into $OUT/device.json;
-#   2. tests/test_device_parity.py on cuda: every registered method on both engines and every model, trained on
+#   2. tests/engine/test_device_parity.py on cuda: every registered method on both engines and every model, trained on
 #      the GPU and on the CPU in float64, accuracy matrices equal and parameters within 1e-8 (log: $OUT/parity.log);
 #   3. benchmarks/perf_engine.py --device cuda for the PMNIST, CIFAR and ResNet setups ($OUT/perf.jsonl: one
 #      JSON line each, kernels and host reads per round included);
@@ -56,7 +56,7 @@ cat "$OUT/device.json"
 
 step "2/4 device parity tests"
 CFL_TEST_DEVICE=$DEVICE timeout $(( $(left) * 2 / 5 )) "$PY" -m pytest -o addopts= -q -p no:cacheprovider \
-  tests/test_device_parity.py > "$OUT/parity.log" 2>&1
+  tests/engine/test_device_parity.py > "$OUT/parity.log" 2>&1
 PARITY=$?
 tail -n 5 "$OUT/parity.log"
 

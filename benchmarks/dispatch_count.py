@@ -17,7 +17,7 @@ commit can be compared on this machine without a GPU.
   tensor is a CPU tensor, so there ``syncs`` is 0 and ``host_reads`` is the bound: it also counts the engine's
   host-side bookkeeping (the batch schedule is built in CPU tensors on every device), which ``host_read_ops``
   lets a reader tell apart.
-- bf16-mixed's compiled step (:func:`cfl.engine.bf16_step.step_cast`, one Inductor kernel): ``torch.compile``
+- bf16-mixed's compiled step (:func:`cfl.engine.local.bf16_step.step_cast`, one Inductor kernel): ``torch.compile``
   refuses to run under a non-infra dispatch mode (``fullgraph=True`` raises "found no compiled frames"), so
   while counting, the compiled pass runs outside this mode (its compilation too, uncounted) and counts as one
   kernel, ``compiled_step_cast`` in ``by_op``: what a GPU launches for it.
@@ -35,9 +35,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from cfl.engine import bf16_step
+from cfl.engine.local import bf16_step
 
-#: operators whose output size depends on the values: the host reads a count before allocating the output
 DATA_DEPENDENT = {"nonzero", "masked_select", "unique", "_unique", "_unique2", "unique_consecutive",
                   "unique_dim", "repeat_interleave", "index_select_backward_dense", "nonzero_static_fallback"}
 #: operators that return a host value computed on the device

@@ -16,7 +16,7 @@ For the MLP, ``products_floor_sec_per_round`` is the time of the round's batched
 engine's precision (:func:`linear_products_floor`) and ``speedup_bound_vs_naive`` the speedup an engine
 would reach if everything else (activations, dropout, loss, data gathering) cost nothing.
 
-``--precision bf16-mixed``: the engine trains in bf16-mixed (``cfl/engine/precision.py``), and the float32
+``--precision bf16-mixed``: the engine trains in bf16-mixed (``cfl/engine/local/precision.py``), and the float32
 engine is timed in the same run, its rounds interleaved with the bf16 ones so that both see the same load:
 ``engine_sec_per_round`` is then bf16-mixed's, ``fp32_engine_sec_per_round`` float32's,
 ``speedup_vs_fp32`` their ratio, and ``fp32_peak_gflops`` / ``bf16_peak_gflops`` the 2048x2048 rates.
@@ -57,10 +57,11 @@ from dispatch_count import DispatchCounter  # noqa: E402  (a sibling: this scrip
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from cfl.engine.jobs import ClientJob, Hyper, Plugins, derive_seed  # noqa: E402
-from cfl.engine.local_batched import BatchedTrainer  # noqa: E402
-from cfl.engine.path import choose_path  # noqa: E402
-from cfl.engine.precision import LOW, has_bf16_units  # noqa: E402
+from cfl.config.precision import is_mixed, parse_precision  # noqa: E402
+from cfl.engine.local.batched import BatchedTrainer  # noqa: E402
+from cfl.engine.local.jobs import ClientJob, Hyper, Plugins, derive_seed  # noqa: E402
+from cfl.engine.local.path import choose_path  # noqa: E402
+from cfl.engine.local.precision import LOW, has_bf16_units  # noqa: E402
 from cfl.methods.base import RunInfo  # noqa: E402
 from cfl.methods.ewc import EWC, EWCHyperparams  # noqa: E402
 from cfl.methods.fedavg import FedAvg  # noqa: E402
@@ -68,7 +69,6 @@ from cfl.methods.fedprox import FedProx, FedProxHyperparams  # noqa: E402
 from cfl.methods.rgo import RGO, RGOHyperparams  # noqa: E402
 from cfl.models import ModelShape, build_model  # noqa: E402
 from cfl.models.layers import protected_layers  # noqa: E402
-from cfl.precision_setting import is_mixed, parse_precision  # noqa: E402
 from cfl.records.client_states import MethodState  # noqa: E402
 
 SETUPS = {

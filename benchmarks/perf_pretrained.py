@@ -5,7 +5,7 @@ clients and steps, in the same process, the two alternating (docs/pretrained.md)
 
 Setup: a random ViT-Ti/16 (``--model``) at ``--size`` px, ``--train`` prompts (L2P: pool 10, length 5, top 5, the
 surrogate key loss) or lora, ``--clients`` clients of ``--samples`` each, all sampled, batch ``--batch``, one local
-epoch, SGD. ``cfl`` is a real Runner round (cfl/engine/local_batched.py); ``loop`` copies the template model (backbone
+epoch, SGD. ``cfl`` is a real Runner round (cfl/engine/local/batched.py); ``loop`` copies the template model (backbone
 included) per client, loads the global trainable values, trains its batches with the same losses and returns the
 trainable values. Peak memory: each kind's round in a fresh child process, the growth of the peak resident set
 over the round (Linux's ``VmHWM``, reset before it). Prints a JSON line.
@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cfl.data.stream import Stream, Task  # noqa: E402
-from cfl.engine.runner import Runner  # noqa: E402
+from cfl.engine.rounds.runner import Runner  # noqa: E402
 from cfl.ops.losses import masked_cross_entropy  # noqa: E402
 from cfl.pretrained.features import with_backbone  # noqa: E402
 from cfl.pretrained.prompt_pool import key_distance  # noqa: E402

@@ -2,7 +2,7 @@
 
 The Permuted-MNIST reference setup (MLP 784-400-400-400-10, batch 64, lr 0.01) on Permuted Fashion-MNIST
 (``configs/permuted-fmnist.yaml``), 20 sampled clients a round, for each method and ``num_clients``. Each
-setting is a fresh process running ``cfl run`` in-process (``cfl.single_run.execute``, W&B off, quiet) with
+setting is a fresh process running ``cfl run`` in-process (``cfl.app.single_run.execute``, W&B off, quiet) with
 timers around the round, the task end and the checkpoint writer; it prints one JSON line:
 
 - ``peak_rss_mb``: the process's peak resident memory (``ru_maxrss``), data and model included;
@@ -48,11 +48,11 @@ def timed(owner: Any, name: str, into: list[float]) -> None:
 
 
 def one(method: str, clients: int, tasks: int, rounds: int, out: Path, sets: list[str]) -> dict[str, Any]:
-    from cfl import single_run
-    from cfl.engine.disk_states import DiskClientStates
-    from cfl.engine.runner import Runner
+    from cfl.app import single_run
+    from cfl.config.schema import ConfigError
+    from cfl.engine.rounds.runner import Runner
+    from cfl.engine.stores.disk_states import DiskClientStates
     from cfl.records.client_states import ClientStates
-    from cfl.schema import ConfigError
     from cfl.validation import load_config
 
     overrides = [f"method.name={method}", f"num_clients={clients}", "clients_per_round=20",

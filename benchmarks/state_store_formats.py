@@ -6,7 +6,7 @@ clients), after dropping them from the page cache (``posix_fadvise(DONTNEED)`` o
 come from the disk. Each format runs in a fresh process; ``rss_growth_mb`` is its peak RSS less the RSS before
 the first write (one state is ~5 MB, so a format that keeps nothing resident grows by a few states at most).
 
-- ``segment``: ``cfl.engine.disk_states.DiskClientStates`` (append-only segment log, one fsync at the end).
+- ``segment``: ``cfl.engine.stores.disk_states.DiskClientStates`` (append-only segment log, one fsync at the end).
 - ``sqlite``: one table ``(cid INTEGER PRIMARY KEY, state BLOB)``, the same encoded records, one transaction.
 - ``files``: one file per client (the same record), each fsynced (a checkpoint must be durable).
 - ``mmap``: one preallocated file mapped with ``numpy.memmap``, a fixed slot per client, flushed at the end.
@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cfl.engine.disk_states import DiskClientStates
-from cfl.engine.state_codec import decode, encode
+from cfl.engine.stores.disk_states import DiskClientStates
+from cfl.engine.stores.state_codec import decode, encode
 
 PARAMS = 784 * 400 + 400 + 2 * (400 * 400 + 400) + 400 * 10 + 10  # reference MLP 784-400-400-400-10
 

@@ -11,7 +11,7 @@ __version__ = "0.1.0"
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 #: the Python API (docs/python-api.md), imported on first use so that ``import cfl`` stays cheap
-_LAZY = {"run": "cfl.api", "resume": "cfl.api", "Config": "cfl.config", "ConfigError": "cfl.schema",
+_LAZY = {"run": "cfl.app.api", "resume": "cfl.app.api", "Config": "cfl.config.keys", "ConfigError": "cfl.config.schema",
          "Stream": "cfl.data.stream", "Task": "cfl.data.stream"}
 __all__ = ["run", "resume", "Config", "ConfigError", "Stream", "Task", "streams", "__version__"]
 

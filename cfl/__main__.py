@@ -1,5 +1,5 @@
 import sys
 
-from cfl.cli import main
+from cfl.app.cli import main
 
 sys.exit(main())

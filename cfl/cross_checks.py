@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
+from cfl.config.schema import ConfigError
 from cfl.failures import USER_FAILURES
 from cfl.methods.base import Method
 from cfl.methods.hook_guard import hook_error
 from cfl.pretrained.backbones import BACKBONES, is_backbone
-from cfl.schema import ConfigError
 
 #: the shape a model is built for to see whether it keeps BatchNorm running statistics (any square image it takes)
 RUNNING_STATS_PROBE_INPUT = (3, 32, 32)
@@ -27,7 +27,7 @@ THREADS_PER_CPU = 4
 
 
 def stream_entry(name: str) -> Any:
-    from cfl.data.streams import STREAMS
+    from cfl.data.stream_registry import STREAMS
 
     return STREAMS[name]
 
@@ -156,7 +156,7 @@ def _keeps_running_stats(model_name: str, shape: Any) -> bool:
 def check_methods(cfg: Any, specs: list[dict[str, Any]]) -> None:
     """Each method's scenarios (``Method.requires.scenarios``; ``auto``: the stream's default) and own constraints
     against the rest of the config (``Method.check``)."""
-    from cfl.data.streams import STREAMS
+    from cfl.data.stream_registry import STREAMS
     from cfl.methods import METHODS
     from cfl.methods.declarations import refuse_scenario
 

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from cfl.schema import ConfigError
+from cfl.config.schema import ConfigError
 
 #: the resolution every PNG is written at (``savefig(dpi=...)``)
 PNG_DPI = 120

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-from cfl.schema import ConfigError
+from cfl.config.schema import ConfigError
 
 #: within :func:`tolerated`: an ignored key is printed, not refused
 _TOLERATED: ContextVar[bool] = ContextVar("cfl_ignored_keys_tolerated", default=False)
@@ -49,7 +49,7 @@ class IgnoredKey(ConfigError):
         self.key, self.value, self.chooser, self.chosen, self.reader = key, value, chooser, chosen, reader
 
     def sweep_advice(self) -> str:
-        """How a sweep sets the key only where it is read: a ``variant`` grid entry (cfl/sweep.py)."""
+        """How a sweep sets the key only where it is read: a ``variant`` grid entry (cfl/app/sweep.py)."""
         other = f"{self.chooser}: {self.reader}, " if self.reader else ""
         return (f"a sweep sets '{self.key}' on every combination, so set it only on those that read it, with a "
                 f"'variant' grid entry, e.g. variant: [{{label: a, {self.chooser}: {self.chosen}}}, "
@@ -118,7 +118,7 @@ def _check_methods(cfg: Any, specs: list[dict[str, Any]]) -> None:
 def _check_stream(stream: Any) -> None:
     """``stream.seed`` / ``stream.download`` set for a registered stream whose builder does not read it (a
     stream that declares nothing, such as a plugin's, reads them all; the Avalanche route checks its own)."""
-    from cfl.data.streams import OPTIONAL_FIELDS, STREAMS
+    from cfl.data.stream_registry import OPTIONAL_FIELDS, STREAMS
 
     entry = STREAMS.get(stream.name)
     reads = getattr(entry, "reads", None)

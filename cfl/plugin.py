@@ -7,11 +7,12 @@ models, partitioners, aggregators and losses are registered on their registries 
 builder)``). This module only hands names on: the interface lives in :mod:`cfl.methods.base`, the values
 its hooks receive and return in :mod:`cfl.methods.hook_types`, the registries with what they hold. It imports no
 engine code, so a plugin file stays cheap to load (``cfl list``, the Ray and ``--jobs`` workers import it too).
-``cfl.plugins`` is something else: the loader of ``--plugin`` files.
+``cfl.plugin_files`` is something else: the loader of ``--plugin`` files.
 """
 
 from __future__ import annotations
 
+from cfl.config.schema import ConfigError, field
 from cfl.data.derive import permuted_tasks, split_tasks
 from cfl.data.partition import PARTITIONERS
 from cfl.data.stream import Stream, Task
@@ -56,7 +57,6 @@ from cfl.ops.aggregate import AGGREGATORS
 from cfl.ops.fisher import diagonal_fisher, output_norm_importance
 from cfl.ops.layer_inputs import layer_grams
 from cfl.ops.losses import LOSSES
-from cfl.schema import ConfigError, field
 from cfl.streams import StreamRequest
 from cfl.streams import register as register_stream
 from cfl.tensors import Params, State, nbytes

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from cfl.config.schema import ConfigError
 from cfl.distribution import extra_install
-from cfl.schema import ConfigError
 
 INSTALL_HINT = extra_install("ray")
 

@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Generic, TypeVar, overload
 
+from cfl.config.schema import ConfigError
 from cfl.redefinition import Definition, definition_of, warn_replaced
-from cfl.schema import ConfigError
 
 T = TypeVar("T")
 

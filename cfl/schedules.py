@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 
+from cfl.config.schema import ConfigError
 from cfl.registry import Registry
-from cfl.schema import ConfigError
 
-#: ``schedule.forgetting``: when a task counts as learned under a schedule (cfl/metrics/schedule.py)
+#: ``schedule.forgetting``: when a task counts as learned under a schedule (cfl/metrics/asynchronous.py)
 FORGETTING = ("last_finisher", "first_finisher")
 
 #: the derived seed stream of schedule draws (task orders, durations): apart from sampling's and partitions'

@@ -8,15 +8,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from cfl.config.schema import ConfigError
 from cfl.data.avalanche_in import from_avalanche
 from cfl.data.avalanche_out import to_avalanche
 from cfl.data.request import StreamRequest
 from cfl.data.stream import SCENARIOS, Stream, Task, prefix
 from cfl.data.stream_checks import check_stream
-from cfl.data.streams import STREAMS, StreamEntry
+from cfl.data.stream_registry import STREAMS, StreamEntry
 from cfl.redefinition import Definition, definition_of
 from cfl.registry import name_error
-from cfl.schema import ConfigError
 
 __all__ = ["STREAMS", "SCENARIOS", "Stream", "StreamRequest", "Task", "register", "registered", "unregister",
            "lent", "from_avalanche", "to_avalanche"]

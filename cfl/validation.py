@@ -9,7 +9,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from cfl.config import Config, _set_dotted, parse_overrides, read_yaml
+from cfl.config.keys import Config, _set_dotted, parse_overrides, read_yaml
+from cfl.config.precision import parse_precision
+from cfl.config.schema import ConfigError, build, refuse_nonfinite, to_dict
 from cfl.cross_checks import (
     check_backbone_changes,
     check_client_params,
@@ -23,17 +25,15 @@ from cfl.cross_checks import (
     resolve_model,
 )
 from cfl.data.partition import PARTITIONERS
-from cfl.data.streams import STREAMS
+from cfl.data.stream_registry import STREAMS
 from cfl.drawable import check_label
 from cfl.ignored_keys import check_ignored_keys
 from cfl.methods import METHODS
 from cfl.models import MODELS
 from cfl.ops.aggregate import AGGREGATORS
 from cfl.ops.losses import LOSSES
-from cfl.precision_setting import parse_precision
 from cfl.pretrained.loaded import check_backbone
 from cfl.schedules import build_plan, check_methods_schedule, check_plan, check_schedule_keys
-from cfl.schema import ConfigError, build, refuse_nonfinite, to_dict
 
 __all__ = ["from_dict", "load_config", "resolve_saved_model", "validate_names"]
 

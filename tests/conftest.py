@@ -41,7 +41,7 @@ def tiny_config(**overrides: object):
 
 
 #: what the registry-wide tests (each method of METHODS) give a method beyond its name: GLFC runs class-incremental
-#: streams there, its own form (its task- and domain-incremental adaptation: tests/test_glfc_by_task.py and
+#: streams there, its own form (its task- and domain-incremental adaptation: tests/methods/test_glfc_by_task.py and
 #: test_glfc_runs_alike_in_both_engines_on_task_and_domain_streams), of square images (its LeNet encodes them: 16
 #: inputs are a 4x4 image), here with a small memory and a short proxy server
 METHOD_SETTINGS = {"fedicarl": {"memory_size": 6},
@@ -95,12 +95,12 @@ METHOD_STREAMS.update({name: {"dim": 192, "image": (3, 8, 8), "model": "vit-ti16
 
 def any_method_models() -> list[str]:
     """The registered models every method may train (not a method's own family, e.g. FedWeIT's networks, which
-    their method alone trains: tests/test_fedweit_engine.py)."""
+    their method alone trains: tests/methods/test_fedweit_engine.py)."""
     from cfl.cross_checks import model_family_error
     from cfl.models import MODELS
     from cfl.pretrained.backbones import is_backbone
 
-    # a pretrained backbone's model is a head on its cached features (tests/test_pretrained.py)
+    # a pretrained backbone's model is a head on its cached features (tests/pretrained/test_pretrained.py)
     return [n for n in MODELS if model_family_error(n, ["fedavg"]) is None and not is_backbone(n)]
 
 
@@ -122,7 +122,7 @@ def blobs() -> Stream:
 
 def changes_training(make_cfg, method: dict) -> bool:
     """Whether ``method`` trains a two-task domain stream to other weights than FedAvg (its penalty acts)."""
-    from cfl.engine.runner import Runner
+    from cfl.engine.rounds.runner import Runner
 
     stream = make_stream("domain", num_tasks=2)
     plain, other = Runner(make_cfg(method={"name": "fedavg"}), stream), Runner(make_cfg(method=method), stream)
@@ -136,7 +136,7 @@ def run_both_paths(make_cfg, stream: Stream, **kw):
 
     Parameters must match within float tolerance and the accuracy matrices exactly. Returns both runners.
     """
-    from cfl.engine.runner import Runner
+    from cfl.engine.rounds.runner import Runner
 
     runs = []
     for execution in ("batched", "sequential"):
@@ -152,7 +152,7 @@ def run_both_paths(make_cfg, stream: Stream, **kw):
 
 @pytest.fixture(autouse=True, scope="session")
 def _probe_cache_in_a_temporary_directory(tmp_path_factory):
-    """bf16-mixed's speed probe (cfl/engine/bf16_probe.py) caches its rates here, not in the user's cache."""
+    """bf16-mixed's speed probe (cfl/engine/local/bf16_probe.py) caches its rates here, not in the user's cache."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CFL_PROBE_CACHE", str(tmp_path_factory.mktemp("probe") / "bf16_probe.json"))
         yield

@@ -23,7 +23,7 @@ def killed_and_resumed(cfg: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                        after_round: int = 3) -> tuple[dict, dict]:
     """``cfg`` run straight through into ``tmp_path/full``, and into ``tmp_path/part`` killed after the
     checkpoint of global round ``after_round`` and resumed there: both runs' results."""
-    from cfl.single_run import Checkpointer, execute, resume_config
+    from cfl.app.single_run import Checkpointer, execute, resume_config
 
     full = execute(cfg, tmp_path / "full", quiet=True)
     saving = Checkpointer.__call__

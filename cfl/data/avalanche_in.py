@@ -10,9 +10,9 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from cfl.config.schema import ConfigError
 from cfl.data.stream import SCENARIOS, Stream, Task
 from cfl.data.stream_checks import check_stream
-from cfl.schema import ConfigError
 
 SUPPORTED = ("from_avalanche supports classification benchmarks whose experiences hold (input, class id"
              "[, task label]) samples with tensor or PIL-image inputs, one task label per experience, "

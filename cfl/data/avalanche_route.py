@@ -17,11 +17,11 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from cfl.config.schema import ConfigError
 from cfl.data.avalanche_in import from_avalanche
 from cfl.data.stream import Stream, prefix
-from cfl.data.streams import STREAMS, StreamEntry
+from cfl.data.stream_registry import STREAMS, StreamEntry
 from cfl.failures import USER_FAILURES, one_line
-from cfl.schema import ConfigError
 
 ROUTE = "avalanche"
 EXAMPLE = ("e.g. stream: {name: avalanche, benchmark: avalanche.benchmarks.classic.SplitMNIST, "

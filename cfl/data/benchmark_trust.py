@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from cfl.schema import ConfigError
+from cfl.config.schema import ConfigError
 
 TRUST_ENV = "CFL_TRUST_CALLABLES"
 AVALANCHE = "avalanche.benchmarks"
@@ -26,7 +26,7 @@ def trusted_by_env() -> bool:
 def admitted_modules() -> tuple[str, ...]:
     """Modules whose callables a config from another author may name: Avalanche's benchmarks and the
     ``--plugin`` files imported in this process."""
-    from cfl.plugins import LOADED
+    from cfl.plugin_files import LOADED
 
     return (AVALANCHE, *sorted(module.__name__ for module in LOADED.values()))
 

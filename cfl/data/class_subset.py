@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from cfl.config.schema import ConfigError
 from cfl.data.stream import Stream
-from cfl.schema import ConfigError
 
 SPLITS = ("train", "test")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from cfl.config.schema import ConfigError
 from cfl.data.stream import Task
-from cfl.schema import ConfigError
 
 
 def permuted_tasks(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from cfl.schema import ConfigError
+from cfl.config.schema import ConfigError
 
 
 def missing_data(dataset: str, looked: Iterable[Path], how: str, detail: str = "") -> ConfigError:

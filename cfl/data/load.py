@@ -8,13 +8,13 @@ from typing import Any
 
 import torch
 
+from cfl.config.schema import ConfigError
 from cfl.data.class_subset import subset_per_class
 from cfl.data.fingerprint import fingerprint
 from cfl.data.request import StreamRequest
 from cfl.data.stream import Stream
 from cfl.data.stream_checks import check_stream
-from cfl.data.streams import STREAMS
-from cfl.schema import ConfigError
+from cfl.data.stream_registry import STREAMS
 
 
 def root_dir(data_root: str | None) -> Path:

@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from cfl.config.schema import ConfigError
 from cfl.registry import Registry
-from cfl.schema import ConfigError
 
 
 def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator, **_: float) -> list[np.ndarray]:

@@ -1,5 +1,5 @@
 """What a stream builder is asked for (:class:`StreamRequest`): the built-in builders
-(cfl/data/streams.py, cfl/data/benchmarks.py) and a user's registered ones take it."""
+(cfl/data/stream_registry.py, cfl/data/benchmarks.py) and a user's registered ones take it."""
 
 from __future__ import annotations
 

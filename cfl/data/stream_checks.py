@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from cfl.config.schema import ConfigError
 from cfl.data.stream import Stream, Task
-from cfl.schema import ConfigError
 
 LABEL_DTYPES = (torch.int64, torch.int32)  # the index dtypes the engine's gathers take
 

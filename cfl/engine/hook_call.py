@@ -13,8 +13,8 @@ from typing import Any, NoReturn
 
 import torch
 
-from cfl.engine.checkpoint import CheckpointError, check_plain
 from cfl.engine.hook_rules import FINITE, PLAIN_STATE, READ_ONLY
+from cfl.engine.stores.checkpoint import CheckpointError, check_plain
 from cfl.methods.base import Method, overrides
 from cfl.methods.declarations import gives
 from cfl.methods.hook_guard import BrokenRule, guarded, hook_error
@@ -72,7 +72,7 @@ def refuse(method: Any, hook: str, rule: str) -> NoReturn:
 
 def plain_server(method: Method, hook: str, server: State) -> None:
     """Refuse a server state that ``method.hook`` left unfit for a checkpoint (a function, a module, a numpy array:
-    :func:`cfl.engine.checkpoint.check_plain`), naming the hook, before the next checkpoint would fail on it."""
+    :func:`cfl.engine.stores.checkpoint.check_plain`), naming the hook, before the next checkpoint would fail on it."""
     try:
         check_plain(server, "server")
     except CheckpointError as err:

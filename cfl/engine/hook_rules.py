@@ -309,7 +309,7 @@ def check_some_params(result: Any, params: Params, rule: str) -> Params:
     return dict(result)
 
 
-# ---- parameters kept per client (cfl/engine/client_params.py) ----
+# ---- parameters kept per client (cfl/engine/rounds/client_params.py) ----
 NAMES = ("must return ParamRoles(local=, frozen=), each a list of the model's parameter names (a subset of the names "
          "it is given)")
 CLIENT_START = "must give as params the client's starting parameters: {every parameter name: tensor shaped like it}"

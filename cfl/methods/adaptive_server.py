@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
+from cfl.config.schema import field
 from cfl.methods.base import Method, Requires, ServerUpdate
 from cfl.methods.bounds import LR_MAX
-from cfl.schema import field
 from cfl.tensors import Params
 
 

@@ -4,8 +4,8 @@ regression on frozen features, solved in closed form. Each client sends, once pe
 ``X^T X`` and the cross-covariance ``X^T Y`` of its features (a column of ones appended: the bias) and one-hot
 labels, in float64; the server sums them over clients and tasks and solves
 ``W = (sum X^T X + gamma I)^-1 sum X^T Y`` in float64. The result equals the centralised ridge regression on the
-union of every client's data of the tasks seen (tests/test_pretrained_methods.py checks it to 1e-8): invariant to
-how the data is split among clients and to the order in which they arrive.
+union of every client's data of the tasks seen (tests/pretrained/test_pretrained_methods.py checks it to 1e-8):
+invariant to how the data is split among clients and to the order in which they arrive.
 
 cfl's reading: the paper's random-projection buffer layer and its recursive (Woodbury) update are not used
 (sums of Gram matrices give the same solution); gamma regularises the bias as well."""
@@ -17,9 +17,9 @@ from typing import ClassVar
 
 import torch
 
+from cfl.config.schema import field
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.methods.closed_form import ClosedFormHead
-from cfl.schema import field
 from cfl.tensors import State
 
 

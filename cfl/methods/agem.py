@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
+from cfl.config.schema import field
 from cfl.methods.base import Computes, Draw, SamplesContext, Step
 from cfl.methods.bounds import SAMPLES_MAX
 from cfl.methods.episodic_memory import EpisodicMemory
-from cfl.schema import field
 from cfl.tensors import Params
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from cfl.config.schema import ConfigError
 from cfl.methods.client_hooks import ClientRound, ClientRoundStart, ClientStart, RoundTerms
 from cfl.methods.declarations import (
     BROADCAST_EVENTS,
@@ -68,7 +69,6 @@ from cfl.methods.server_hooks import (
 )
 from cfl.methods.traffic_hooks import ParamNames, ParamRoles, Payload, StackedUploads, TrainedClient
 from cfl.methods.training_hooks import ClientEndContext, Draw, LossContext, LossTerms, SamplesContext
-from cfl.schema import ConfigError
 from cfl.tensors import Params, State
 
 __all__ = [

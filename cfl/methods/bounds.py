@@ -4,13 +4,13 @@ A parameter without one lets a typo through that breaks a run late (GEM ``margin
 FedLwF ``temperature: 1e300`` silently flattens the distillation to nothing) or never ends (a generator of
 ``nz: 10**12``). Each bound is far above every value the papers and official code use, and low enough that the
 state and memory it implies fit one machine; each field's ``max`` cites the kind it belongs to.
-``tests/test_method_bounds.py`` checks that every numeric parameter of every registered method has finite bounds
+``tests/methods/test_method_bounds.py`` checks that every numeric parameter of every registered method has finite bounds
 and that a value beyond them is refused when the config is validated (exit code 2, naming the key).
 """
 
 from __future__ import annotations
 
-from cfl.config import BATCH_SIZE_MAX
+from cfl.config.keys import BATCH_SIZE_MAX
 
 #: weights of a loss term or penalty: published values span 1e-3..1e4 (EWC grids reach 1e4); 1e6 leaves two
 #: orders of headroom, and above it ``lr * weight`` passes the penalty's stability bound (docs/reliability.md,

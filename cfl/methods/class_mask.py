@@ -12,10 +12,10 @@ from typing import Any, ClassVar
 
 import torch
 
+from cfl.config.schema import field
 from cfl.methods.declarations import Computes
 from cfl.methods.training_hooks import LossContext, LossTerms
 from cfl.ops.losses import CLASS_MASKS, current_task_cross_entropy, masked_cross_entropy, task_class_table
-from cfl.schema import field
 
 
 def class_mask_field(default: str = "current") -> Any:

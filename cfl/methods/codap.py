@@ -28,11 +28,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cfl.config.schema import field
 from cfl.methods.base import Computes, LossContext, LossTerms, Method, Requires
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.methods.class_mask import ClassMasked, class_mask_field
 from cfl.pretrained.coda_prompt import orthogonality
-from cfl.schema import field
 
 #: the factor inside the beta release's ``ortho_penalty`` (GT-RIPL/CODA-Prompt 22948d2, models/zoo.py)
 BETA_FACTOR = 1e-6

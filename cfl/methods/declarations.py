@@ -24,10 +24,10 @@ from typing import Any, Literal, get_args
 
 from torch import nn
 
+from cfl.config.schema import ConfigError
 from cfl.methods.hook_types import EVENTS, Event
 from cfl.methods.server_hooks import SERVER_EVENTS, ServerMoment
 from cfl.models.buffers import keeps_running_stats
-from cfl.schema import ConfigError
 
 #: when a method's ``broadcast`` keys are sent: with every round's model, to a client at its first sampled round
 #: of each task (kept by the client for the task's later rounds), to the task-end participants
@@ -142,7 +142,7 @@ class Sends(_Frozen):
     #: under a schedule other than the synchronous one, when ``server_event("task_end")`` runs:
     #: "switch" after each round at which clients leave ``task``, with their uploads; "last_holder": once, when the
     #: task's last holder has left it (after ``server_event("before_task_end")``), with every upload held since the
-    #: clients' own task ends (cfl/engine/task_end.py)
+    #: clients' own task ends (cfl/engine/rounds/task_end.py)
     server_task_end: ServerTaskEnd = "switch"
 
     def __post_init__(self) -> None:

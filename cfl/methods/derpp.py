@@ -18,11 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
+from cfl.config.schema import field
 from cfl.methods.base import ClientRoundStart, ClientStart, Method, Payload, Samples, Step
 from cfl.methods.bounds import SAMPLES_MAX, WEIGHT_MAX
 from cfl.methods.declarations import Computes
 from cfl.methods.training_hooks import Draw, LossContext, LossTerms, SamplesContext
-from cfl.schema import field
 from cfl.tensors import State
 
 MEMORY = ("x", "y", "task", "logits", "seen")

@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from cfl.config.schema import field
 from cfl.methods.base import Computes, Draw, SamplesContext
 from cfl.methods.bounds import SAMPLES_MAX
 from cfl.methods.episodic_memory import EpisodicMemory
-from cfl.schema import field
 
 
 @dataclass(frozen=True)

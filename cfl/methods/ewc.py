@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
+from cfl.config.schema import field
 from cfl.methods.base import ClientEndContext, ClientRound, Computes, Method, Payload, Quadratic, RoundTerms, Sends
 from cfl.methods.bounds import SAMPLES_MAX, WEIGHT_MAX
 from cfl.ops.fisher import diagonal_fisher
-from cfl.schema import field
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from cfl.config.schema import ConfigError, field
 from cfl.methods.base import ClientEndContext, LossContext, LossTerms, Method, Payload, ServerEvent, Step
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.methods.class_mask import ClassMasked, class_mask_field
@@ -38,7 +39,6 @@ from cfl.ops.data_free_clients import logits_and_features
 from cfl.ops.distill import evaluating, frozen
 from cfl.pretrained.coda_prompt import orthogonality
 from cfl.pretrained.contrastive_continual import batch_contrastive_continual_loss, contrastive_continual_loss, task_rows
-from cfl.schema import ConfigError, field
 from cfl.tensors import Params
 
 #: the component tensors (first dim: the pool) whose rows belong to one task each

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
+from cfl.config.schema import field
 from cfl.methods.base import ClientEndContext, ClientRound, Method, Payload, Quadratic, RoundTerms, ServerEvent
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.methods.declarations import Computes, Sends
 from cfl.ops.fisher import diagonal_fisher
-from cfl.schema import field
 from cfl.tensors import State
 
 

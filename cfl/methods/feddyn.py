@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
+from cfl.config.schema import field
 from cfl.methods.base import ClientEndContext, ClientRound, Method, Payload, Quadratic, RoundTerms
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.methods.declarations import Computes, Requires, Sends
 from cfl.methods.server_hooks import ServerEvent, ServerUpdate
-from cfl.schema import field
 from cfl.tensors import Params
 
 

@@ -25,6 +25,7 @@ from typing import Optional
 import torch
 from torch.func import functional_call
 
+from cfl.config.schema import field
 from cfl.methods.base import ClientEndContext, Draw, LossContext, LossTerms, Method, Payload, SamplesContext
 from cfl.methods.bounds import SAMPLES_MAX
 from cfl.methods.declarations import Computes, Requires, Sends
@@ -33,7 +34,6 @@ from cfl.ops.distill import evaluating, frozen
 from cfl.ops.features import head_features
 from cfl.ops.glfc_losses import relation_distillation
 from cfl.ops.glfc_memory import herd_into
-from cfl.schema import field
 
 #: the columns iCaRL's BCE averages over: the classes seen so far (cfl's class-incremental mask, the growing head
 #: of the FCL papers' code) or all the head's (the official iCaRL code's fixed head, future classes' target 0)

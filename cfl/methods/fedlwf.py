@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
+from cfl.config.schema import field
 from cfl.methods.base import ClientEndContext, Computes, LossContext, LossTerms, Method, Payload, Sends
 from cfl.methods.bounds import TEMPERATURE_MAX, WEIGHT_MAX
 from cfl.ops.distill import Teacher, distillation, frozen, head_weights
-from cfl.schema import field
 
 
 @dataclass(frozen=True)

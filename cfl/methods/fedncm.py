@@ -12,8 +12,8 @@ from typing import ClassVar
 
 import torch
 
+from cfl.config.schema import field
 from cfl.methods.closed_form import ClosedFormHead
-from cfl.schema import field
 from cfl.tensors import State
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cfl.config.schema import field
 from cfl.methods.base import ClientRound, Computes, Method, Quadratic, RoundTerms
 from cfl.methods.bounds import WEIGHT_MAX
-from cfl.schema import field
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from cfl.config.schema import ConfigError, field
 from cfl.methods.base import ClientRoundStart, ClientStart, Method, ServerEvent
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.methods.declarations import Computes, Requires, Sends
@@ -34,7 +35,6 @@ from cfl.models.fedweit_weight import fold_knowledge, hard_threshold
 from cfl.ops import fedweit_sparse as sparse
 from cfl.ops.fedweit_losses import RegulariserWeights, drift_anchors, regulariser
 from cfl.ops.fedweit_order import own_anchors, regulariser_own
-from cfl.schema import ConfigError, field
 from cfl.tensors import Params, State
 
 

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 import torch
 
+from cfl.config.schema import ConfigError, field
 from cfl.methods.base import ClientEndContext, Computes, LossContext, LossTerms, Method, Payload, Sends
 from cfl.methods.bounds import TEMPERATURE_MAX
 from cfl.ops.distill import Teacher, distillation, frozen, head_weights
-from cfl.schema import ConfigError, field
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 import torch
 
+from cfl.config.schema import ConfigError, field
 from cfl.methods.base import ClientEndContext, Method, Payload, RunInfo, Sends, ServerEvent, TransformUpdate
 from cfl.methods.bounds import SAMPLES_MAX
 from cfl.models.alexnet import AlexNetLike
@@ -26,7 +27,6 @@ from cfl.models.resnet import ReducedResNet18
 from cfl.ops.gpse import client_sketch, server_extend
 from cfl.ops.layer_inputs import iter_layer_inputs
 from cfl.ops.subspace import project_out, residual
-from cfl.schema import ConfigError, field
 from cfl.tensors import Params, State, nbytes
 
 #: The FOT reference code's sketch widths, ``m = factor * d``, per model class and layer kind: m = d for the

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from cfl.config.schema import field
 from cfl.methods.base import Computes, Step
 from cfl.methods.bounds import SAMPLES_MAX
 from cfl.methods.episodic_memory import EpisodicMemory
-from cfl.schema import field
 from cfl.tensors import Params
 
 

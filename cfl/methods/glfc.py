@@ -29,6 +29,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from cfl.config.schema import ConfigError, field
 from cfl.methods.base import ClientData, Computes, Method, Payload, Sends, ServerEvent
 from cfl.methods.bounds import LR_MAX, SAMPLES_MAX, STEPS_MAX
 from cfl.methods.episodic_memory import draw_memory
@@ -39,7 +40,6 @@ from cfl.ops.features import head_features
 from cfl.ops.glfc_losses import FORMS, glfc_loss, glfc_loss_by_task
 from cfl.ops.glfc_memory import herd_into
 from cfl.ops.glfc_proxy import BestModel, accuracy, finish_task, keep_best, monitor_set, prototype_gradients
-from cfl.schema import ConfigError, field
 from cfl.tensors import Params, State
 
 

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 import torch
 
+from cfl.config.schema import field
 from cfl.methods.base import ClientEndContext, ClientRound, Computes, Method, Payload, RoundTerms, Sends
 from cfl.methods.bounds import SAMPLES_MAX
 from cfl.ops.layer_inputs import HeldInputs, layer_inputs_or_grams
 from cfl.ops.subspace import energy_rank, extend_basis, gram_residual_spectrum, thin_residual_spectrum
-from cfl.schema import field
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ traceback from deep inside the engine (often from under ``torch.func.vmap``).
 The engine wraps each hook call and the use of its result in ``with guarded(method, "hook"):``; the rule
 checks of :mod:`cfl.engine.hook_rules` raise :class:`BrokenRule` inside that block. A ``HookError`` is a
 ``ConfigError`` (exit code 2, nothing written) until training starts; during training the run stops with
-exit code 3 and its last checkpoint kept (``cfl.single_run``).
+exit code 3 and its last checkpoint kept (``cfl.app.single_run``).
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import sys
 from types import TracebackType
 from typing import Any
 
+from cfl.config.schema import ConfigError
 from cfl.failures import USER_FAILURES, one_line, show_traceback
-from cfl.schema import ConfigError
 
-#: the step hooks: each sees and may rewrite one local step (cfl/engine/step_hooks.py runs them); a declared part is
-#: named ``hook.part`` (``samples.step``, ``client_start.carry``: cfl/engine/hook_call.py ``takes``)
+#: the step hooks: each sees and may rewrite one local step (cfl/engine/local/step_hooks.py runs them); a declared part
+#: is named ``hook.part`` (``samples.step``, ``client_start.carry``: cfl/engine/hook_call.py ``takes``)
 STEP_HOOKS = ("samples.step", "step_gradient", "client_start.carry", "carry_step")
 #: the hooks the batched engine runs under ``torch.func.vmap`` over clients (docs/plugins.md, "Rules that keep a
 #: method fast and correct"): the one list the engine, the dry call and the messages read

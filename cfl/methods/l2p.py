@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cfl.config.schema import field
 from cfl.methods.base import Computes, LossContext, LossTerms, Method, Requires
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.methods.class_mask import ClassMasked, class_mask_field
 from cfl.pretrained.prompt_pool import key_distance
-from cfl.schema import field
 
 
 @dataclass(frozen=True)

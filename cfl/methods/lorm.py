@@ -40,13 +40,13 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from cfl.config.schema import ConfigError, field
 from cfl.methods.base import ClientEndContext, Method, Params, Payload, ServerChange, ServerEvent, State
 from cfl.methods.class_mask import ClassMasked, class_mask_field
 from cfl.methods.declarations import Requires, Sends
 from cfl.methods.hook_types import BackboneUpdate, ClientData, Step
 from cfl.pretrained.lora import LoRALinear
 from cfl.pretrained.regmean import projected_gram, regmean, shrunk
-from cfl.schema import ConfigError, field
 
 #: the server-state flag broadcast each round: 1 when the round trains every ``B``, 0 when it trains every ``A``
 TRAIN_B = "train_b"

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch.func import functional_call
 
+from cfl.config.schema import ConfigError, field
 from cfl.methods.base import Draw, LossContext, LossTerms, Method, RunInfo, Samples, SamplesContext, ServerEvent
 from cfl.methods.bounds import GENERATED_BATCH_MAX, LR_MAX, NOISE_MAX, STEPS_MAX, WEIGHT_MAX, WIDTH_MAX
 from cfl.methods.declarations import Computes, Requires, Sends
@@ -31,7 +32,6 @@ from cfl.ops.distill import evaluating
 from cfl.ops.losses import masked_cross_entropy
 from cfl.ops.mfcl_losses import MfclWeights, feature_distillation
 from cfl.ops.synthesis import Logits, MfclSettings, train_mfcl_generator
-from cfl.schema import ConfigError, field
 from cfl.tensors import Params
 
 
@@ -74,7 +74,7 @@ class MFCL(Method):
                         scenarios_why="its generator replays the earlier classes into one head")
     # under a schedule: the generator is trained when a task's last holder has left it (on the global model of that
     # moment, the old classes those of every task all holders have left) and sent to each client at its next
-    # sampled round (cfl/engine/task_start.py)
+    # sampled round (cfl/engine/rounds/task_start.py)
     computes = Computes(losses=("task",), draws=("replay",),
                         sequential_reason="its loss's own forward of a model with BatchNorm running statistics "
                                           "updates them in place, which vmap cannot")

@@ -4,7 +4,7 @@ features ``x`` (``W_rand``: ``(D, M)``, entries N(0, 1), drawn once), then a rid
 sends, once per task, the Gram ``G = h^T h`` ``(M, M)`` and ``C = h^T Y`` ``(M, K)`` of its data (one-hot ``Y``) in
 float64; the server sums them over clients and tasks and solves ``W_out = (G + lam I)^-1 C`` in float64; the logits
 are ``h W_out``. The result equals the centralised solution on the union of the clients' data of the tasks seen
-(tests/test_ranpac.py checks it to 1e-8), whatever the split among clients and the order of the tasks.
+(tests/methods/test_ranpac.py checks it to 1e-8), whatever the split among clients and the order of the tasks.
 
 ``W_rand`` is a function of the run's seed, ``D`` and ``M`` (:func:`random_projection`): every client and the
 server regenerate the same matrix, so it is never sent (0 bytes); the method puts it before the model's head
@@ -20,11 +20,11 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from cfl.config.schema import ConfigError, field
 from cfl.methods.afcl import ridge
 from cfl.methods.bounds import PROJECTION_MAX, RIDGE_MAX
 from cfl.methods.closed_form import ClosedFormHead
 from cfl.models.feature_head import FeatureHead
-from cfl.schema import ConfigError, field
 from cfl.tensors import State
 
 #: mixed with the run's seed for W_rand's generator (no other draw of the run shares it)

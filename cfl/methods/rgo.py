@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
+from cfl.config.schema import ConfigError, field
 from cfl.methods.base import ClientEndContext, ClientRound, Computes, Method, Payload, RoundTerms, Sends
 from cfl.methods.bounds import SAMPLES_MAX, WEIGHT_MAX
 from cfl.ops.rgo import absorb_held, preconditioner_of, task_inputs
-from cfl.schema import ConfigError, field
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 import torch
 
+from cfl.config.schema import field
 from cfl.methods.base import ClientEndContext, Computes, Method, Payload, Quadratic, Sends, Step
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.methods.client_hooks import ClientRound, ClientRoundStart, ClientStart, RoundTerms
-from cfl.schema import field
 from cfl.tensors import State
 
 

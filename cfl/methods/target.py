@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from cfl.config.schema import ConfigError, field
 from cfl.data.augment import CropFlip
 from cfl.methods.base import ClientRoundStart, ClientStart, Method, Samples, ServerEvent
 from cfl.methods.bounds import (
@@ -42,7 +43,6 @@ from cfl.ops.synthesis import Images, Logits, TargetSettings, normalising
 from cfl.ops.synthetic_pool import client_steps_per_epoch
 from cfl.ops.target_losses import TargetWeights, new_class_cross_entropy, old_class_distillation
 from cfl.ops.target_task_end import TargetTaskEndSettings, target_task_end
-from cfl.schema import ConfigError, field
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ class Target(Method):
     computes = Computes(starts=("steps",), losses=("task", "extra"), draws=("step",))
     # under a schedule: the pool is synthesised when a task's last holder has left it (on the global model of that
     # moment, the old classes those of every task all holders have left) and sent to each client at its next
-    # sampled round (cfl/engine/task_start.py)
+    # sampled round (cfl/engine/rounds/task_start.py)
 
     def __init__(self, hparams: TargetHyperparams, run_info: Any) -> None:
         super().__init__(hparams, run_info)

@@ -57,7 +57,7 @@ def scheduled_results(cfg: Any, num_tasks: int, evaluations: list[dict[str, Any]
     """ACC, FGT, BWT, AIA and FWT under a schedule (from the evaluations, global and per client; FGT and AIA
     from the evaluations ``schedule.forgetting`` names; FWT from ``before``, ``acc_before_task``, and ``init``,
     ``acc_init``) in place of the matrix's. An unfinished run has none."""
-    from cfl.metrics.schedule import scheduled_metrics
+    from cfl.metrics.asynchronous import scheduled_metrics
     from cfl.schedules import build_plan
 
     plan = build_plan(cfg, num_tasks)
@@ -107,7 +107,7 @@ def build_results(run: RunSnapshot, wall_seconds: float) -> dict[str, Any]:
         # what a report needs to label the run without the plugin files that registered its methods
         "method_info": method_info([m.name for m in run.methods]),
     }
-    if not cfg.schedule.name == "synchronous":  # clients on their own tasks: cfl/metrics/schedule.py
+    if not cfg.schedule.name == "synchronous":  # clients on their own tasks: cfl/metrics/asynchronous.py
         results.update(scheduled_results(cfg, stream.num_tasks, prog.evaluations, done == stream.num_tasks,
                                          prog.acc_before_task, prog.acc_init))
     if stream.scenario == "class":

@@ -30,6 +30,6 @@ class AlexNetLike(nn.Module):
         return self.head(self.classifier(self.features(x)), task)
 
     def stack_layers(self) -> list[tuple[str, nn.Module]]:
-        """The layers before ``head`` in order, with their parameter prefixes (``cfl.engine.stacked_net``)."""
+        """The layers before ``head`` in order, with their parameter prefixes (``cfl.engine.local.stacked_net``)."""
         return [(f"{part}.{name}", m) for part in ("features", "classifier")
                 for name, m in getattr(self, part).named_children()]

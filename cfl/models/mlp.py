@@ -40,5 +40,5 @@ class MLP(nn.Module):
         return self.head(self.body(x), task)
 
     def stack_layers(self) -> list[tuple[str, nn.Module]]:
-        """The layers before ``head`` in order, with their parameter prefixes (``cfl.engine.stacked_net``)."""
+        """The layers before ``head`` in order, with their parameter prefixes (``cfl.engine.local.stacked_net``)."""
         return [(f"body.{name}", m) for name, m in self.body.named_children()]

@@ -30,7 +30,7 @@ def hash32(x: torch.Tensor) -> torch.Tensor:
 
 
 def key_of(seed: int) -> int:
-    """A 32-bit key from a 63-bit seed (:func:`cfl.engine.jobs.derive_seed`)."""
+    """A 32-bit key from a 63-bit seed (:func:`cfl.engine.local.jobs.derive_seed`)."""
     return (seed ^ (seed >> 32)) & _MASK32
 
 

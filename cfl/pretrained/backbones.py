@@ -9,8 +9,8 @@ from typing import Any
 
 from torch import nn
 
+from cfl.config.schema import ConfigError
 from cfl.distribution import extra_install
-from cfl.schema import ConfigError
 
 EXTRA = extra_install("pretrained")
 

@@ -10,10 +10,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from cfl.config.schema import ConfigError
 from cfl.pretrained.backbones import BACKBONES, build_backbone, is_backbone, require_timm
 from cfl.pretrained.preprocessing import Preprocessing, of_backbone
 from cfl.pretrained.weights import RANDOM, LoadedWeights, load_weights, sha256_of
-from cfl.schema import ConfigError
 
 #: appended to the method in results.json, every table row and figure legend and the W&B names of a run whose
 #: backbone is untrained: its numbers must never pass for a pretrained backbone's
@@ -95,7 +95,7 @@ ADAPTER_KEYS = {"prompts": ("prompt_pool", "prompt_length", "prompt_top_k"),
 
 
 def _default(key: str) -> Any:
-    from cfl.config import ModelConfig
+    from cfl.config.keys import ModelConfig
 
     return ModelConfig.__dataclass_fields__[key].default
 
@@ -152,7 +152,7 @@ def check_backbone(cfg: Any, trains: dict[str, str]) -> None:
             raise ConfigError(f"{keys} is read only by the pretrained backbones ({', '.join(BACKBONES)}); model "
                               f"{model.name} trains from scratch: remove it")
         return
-    from cfl.data.streams import STREAMS
+    from cfl.data.stream_registry import STREAMS
 
     shape = tuple(STREAMS[cfg.stream.name].input_shape)
     if len(shape) != 3 or shape[0] not in (1, 3):

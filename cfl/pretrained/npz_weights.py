@@ -14,8 +14,8 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from cfl.config.schema import ConfigError
 from cfl.pretrained.weights_messages import mismatch, resampled_note, wrong_shape
-from cfl.schema import ConfigError
 
 #: the file's own classifier (ImageNet's classes; the pre-logits layer of older files): not loaded, and said
 CLASSIFIER = ("head/", "pre_logits/")

@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from cfl.config.schema import ConfigError
 from cfl.pretrained.weights_messages import mismatch, resampled_note, wrong_shape
-from cfl.schema import ConfigError
 
 RANDOM = "random"
 SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".npz")

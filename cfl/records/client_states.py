@@ -3,7 +3,7 @@ whole state (:class:`MethodState`: its server state and its clients').
 
 A client's state is a (nested) dict of tensors that one method made for that client. The engine takes it
 out with :meth:`ClientStates.get`, hands it to the method's hooks and writes it back with
-:meth:`ClientStates.put`, so the on-disk store (:class:`cfl.engine.disk_states.DiskClientStates`, chosen by
+:meth:`ClientStates.put`, so the on-disk store (:class:`cfl.engine.stores.disk_states.DiskClientStates`, chosen by
 ``client_state_store``) can replace this in-memory one.
 """
 

@@ -1,7 +1,7 @@
 """What a run has accumulated, as one typed value: checkpoints and ``results.json`` are built from it.
 
 :class:`RunSnapshot` holds references, not copies (tensors and states are shared with the runner), so
-taking one is free; it is read right away (:func:`cfl.engine.checkpoint.capture`,
+taking one is free; it is read right away (:func:`cfl.engine.stores.checkpoint.capture`,
 :func:`cfl.metrics.results.build_results`) or handed back to the runner after a restore.
 """
 
@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import torch
 
-from cfl.config import Config
+from cfl.config.keys import Config
 from cfl.data.stream import Stream
 from cfl.methods.base import Method
 from cfl.records.client_states import ClientStates, MethodState
@@ -40,10 +40,10 @@ class Progress:
     # class-incremental: the accuracy per seen class ({str(class id): %}) after the last finished task
     class_acc: dict[str, float] = field(default_factory=dict)
     # under a schedule: per method index, the first global rounds (0-based) after each task end that changed its
-    # "task_start" keys (cfl/engine/task_start.py: the clients are sent them again)
+    # "task_start" keys (cfl/engine/rounds/task_start.py: the clients are sent them again)
     task_start_changes: dict[str, list[int]] = field(default_factory=dict)
     # the changes a method made to the shared frozen backbone ({task, method, tensors, values, bytes} each;
-    # cfl/engine/shared_backbone.py), and per client (str id) how many of them it has downloaded
+    # cfl/engine/rounds/shared_backbone.py), and per client (str id) how many of them it has downloaded
     backbone_changes: list[dict[str, Any]] = field(default_factory=list)
     backbone_versions: dict[str, int] = field(default_factory=dict)
     train_seconds: float = 0.0
@@ -57,7 +57,7 @@ class Progress:
 class RunSnapshot:
     """The state of one run at a round boundary: config, stream, global parameters, methods and their
     states, communication ledger and progress (``model_bytes``: bytes of one global model; ``engine_path``:
-    the training path the run takes and why, :class:`cfl.engine.path.EnginePath`)."""
+    the training path the run takes and why, :class:`cfl.engine.local.path.EnginePath`)."""
 
     cfg: Config
     stream: Stream

@@ -28,6 +28,7 @@ from typing import Any
 
 from matplotlib.lines import Line2D
 
+from cfl.config.schema import ConfigError
 from cfl.drawable import drawn as figure
 from cfl.report.compare_data import (
     Row,
@@ -43,7 +44,6 @@ from cfl.report.figure_style import FigureOptions, Look, fitted_range, looks
 from cfl.report.files import check_writable
 from cfl.report.groups import Group, group_runs, load_runs
 from cfl.report.plots import as_matrix, draw_matrix, fit_accuracy_axis, mark_tasks, plt, save, wrapped_title
-from cfl.schema import ConfigError
 
 SEED_SPREAD = "error bars: ± 1 sample std over seeds"
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from cfl.config import ConfigError
+from cfl.config.keys import ConfigError
 
 #: the results a run of a config and a seed must reproduce; duplicates that differ in any of them are refused
 OUTCOME_KEYS = ("acc_matrix", "acc", "fgt", "bwt", "aia", "fwt", "class_acc", "rounds_to_target", "upload_bytes",

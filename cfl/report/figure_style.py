@@ -21,8 +21,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from cfl.config.schema import ConfigError
 from cfl.drawable import check_label, check_size
-from cfl.schema import ConfigError
 
 #: twelve filled markers, each distinct in shape
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*", "h", "p")
@@ -170,7 +170,7 @@ def parse_group(entry: Any, where: str) -> GroupStyle:
 
 def read_style(path: str | Path) -> FigureOptions:
     """The options of a style file (module docstring), refused with a ConfigError when anything is off."""
-    from cfl.config import read_yaml
+    from cfl.config.keys import read_yaml
 
     where = f"--plot-style {path}"
     if not Path(path).is_file():

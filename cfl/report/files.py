@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from cfl.schema import ConfigError
+from cfl.config.schema import ConfigError
 
 
 def _clean(obj: Any) -> Any:

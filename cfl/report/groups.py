@@ -30,7 +30,8 @@ from typing import Any
 
 import yaml
 
-from cfl.config import ConfigError, ScheduleConfig, parse_yaml
+from cfl.config.keys import ConfigError, ScheduleConfig, parse_yaml
+from cfl.config.schema import to_dict
 from cfl.records.run_dir import is_resume_safe
 from cfl.report.duplicates import one_per_seed
 from cfl.report.labels import (
@@ -43,11 +44,10 @@ from cfl.report.labels import (
     stream_label,
     with_defaults,
 )
-from cfl.schema import to_dict
 
 TEXT_FIELDS = ("stream", "partition", "method")
 NUMBER_FIELDS = ("acc", "fgt")
-# In the method label already (cfl.config.Config.method_label) or in a column of their own.
+# In the method label already (cfl.config.keys.Config.method_label) or in a column of their own.
 SHOWN_ELSEWHERE = ("stream.name", "stream.scenario", "method.name", "aggregator.name", "loss")
 
 

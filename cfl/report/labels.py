@@ -110,7 +110,7 @@ def partition_label(results: dict[str, Any], config: dict[str, Any]) -> str:
 
 def partition_reads(name: str) -> tuple[list[str], dict[str, Any]]:
     """The partition keys the registered partitioner ``name`` reads, and their config defaults."""
-    from cfl.config import PartitionConfig
+    from cfl.config.keys import PartitionConfig
     from cfl.data.partition import PARTITIONERS
     from cfl.ignored_keys import parameter_names
 

@@ -17,7 +17,7 @@ import json
 import statistics
 import sys
 
-from cfl.config import ConfigError
+from cfl.config.keys import ConfigError
 from cfl.report.groups import Run
 from cfl.report.jsonl import EVALUATION, line_kind
 

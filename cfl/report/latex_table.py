@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import textwrap
 
-from cfl.config import ConfigError
+from cfl.config.keys import ConfigError
 from cfl.report.cells import Cell, Column, Stat
 from cfl.report.groups import Group
 from cfl.report.labels import row_label, short_keys

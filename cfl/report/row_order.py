@@ -8,7 +8,7 @@ method's display name (``EWC+FL``) or its label as figure legends show it (``Fed
 
 from __future__ import annotations
 
-from cfl.config import ConfigError
+from cfl.config.keys import ConfigError
 from cfl.report.groups import Group
 from cfl.report.labels import RANDOM_BACKBONE, display_name, row_label
 

@@ -19,7 +19,7 @@ import math
 import sys
 from dataclasses import dataclass
 
-from cfl.config import ConfigError
+from cfl.config.keys import ConfigError
 from cfl.report.cells import Column
 from cfl.report.groups import Group
 from cfl.report.row_order import matches

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cfl.config import ConfigError
+from cfl.config.keys import ConfigError
 from cfl.report.cells import Better, Cell, Column, Stat
 from cfl.report.groups import Group, Run, group_runs, is_number, load_runs, mean_std
 from cfl.report.latex_table import latex

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from cfl.schema import ConfigError
+from cfl.config.schema import ConfigError
 
 SAFE_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")
 

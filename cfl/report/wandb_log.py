@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from cfl.config import Config
+from cfl.config.keys import Config
 from cfl.records.run_dir import CHECKPOINT
 from cfl.report.wandb_names import default_group, default_name, default_tags, flat
 from cfl.report.wandb_sweep import PARAM_PATH_ENV, RunSource

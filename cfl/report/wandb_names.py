@@ -11,9 +11,9 @@ import hashlib
 import json
 from typing import Any
 
-from cfl.config import Config
+from cfl.config.keys import Config
+from cfl.config.schema import ConfigError, build, to_dict
 from cfl.records.run_dir import is_resume_safe
-from cfl.schema import ConfigError, build, to_dict
 
 #: W&B refuses longer group names
 GROUP_MAX = 128

@@ -1,0 +1,393 @@
+"""The run configuration's schema: YAML -> frozen dataclasses of typed, range-checked keys.
+
+Every key is documented here (``cfl config-reference`` prints the table). Names that the registries
+hold (stream, model, partitioner, methods and their parameters, aggregator, loss) are checked by
+:mod:`cfl.validation`, which builds every config a run, sweep or resume uses.
+"""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import yaml
+
+from cfl.config.schema import ConfigError, field, to_dict
+
+__all__ = ["Config", "ConfigError", "parse_overrides", "read_yaml"]
+
+#: numpy's RandomState (Avalanche's task permutations) takes seeds below 2**32
+SEED_MAX = 2**32 - 1
+#: above any bundled task's training set (the largest, SVHN's, has 73,257 samples)
+BATCH_SIZE_MAX = 2**20
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    name: str = field("split-digits", "stream name (see `cfl list`)")
+    num_tasks: Optional[int] = field(None, "use the first N tasks of the stream (null: all)", min=1)
+    scenario: str = field("auto", "auto (the stream's default), domain, task or class incremental",
+                          choices=("auto", "domain", "task", "class"))
+    seed: Optional[int] = field(None, "seed of the task permutations (null: the run seed); below 2**32",
+                                 min=0, max=SEED_MAX)
+    download: bool = field(False, "download missing data files (needs network)")
+    train_per_class: Optional[int] = field(None, "keep a seeded, class-balanced subset of each task's training "
+                                           "samples: N of every class (seed: stream.seed, else the run seed; "
+                                           "null: all); refused above a class's count or where it keeps all "
+                                           "(docs/data.md)", min=1)
+    test_per_class: Optional[int] = field(None, "the same for each task's test samples (null: all)", min=1)
+    benchmark: Optional[str] = field(None, "name: avalanche: dotted path of a callable returning an Avalanche "
+                                     "benchmark, e.g. avalanche.benchmarks.classic.SplitMNIST (docs/streams.md)")
+    args: Optional[dict[str, Any]] = field(None, "name: avalanche: keyword arguments of that callable, e.g. "
+                                           "{n_experiences: 5, seed: 0} (null: none)")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = field("auto", "model name (see `cfl list`); auto: the stream's reference model, written as its "
+                      "name into the resolved config.yaml and results.json")
+    buffers: str = field("averaged", "a model with BatchNorm running statistics (e.g. resnet18-reduced-running-bn): "
+                         "averaged, the clients' buffers averaged by the server like the parameters (weighted by "
+                         "sample counts; num_batches_tracked: the weighted mean, rounded down) and sent down with "
+                         "them; local (FedBN), each client keeps its own across its rounds and only uploads them, "
+                         "and evaluation uses their weighted mean over the last round's clients (docs/concepts.md)",
+                         choices=("averaged", "local"))
+    weights: Optional[str] = field(None, "pretrained backbones (vit-ti16, vit-s16, vit-b16; the extra pretrained): "
+                                   "a local weights file (.safetensors, .pth or .npz; never downloaded) or random (an "
+                                   "untrained backbone: flagged in results.json and every table, figure and W&B name); "
+                                   "required for them, refused for other models (docs/pretrained.md)")
+    weights_sha256: Optional[str] = field(None, "the weights file's SHA-256 (hex): a file that differs is refused "
+                                          "(null: not checked; the hash read is recorded in results.json)")
+    weights_trained: bool = field(False, "true: the weights file is trained although its statistics are an "
+                                  "initialisation's (every LayerNorm at weight 1 and bias 0), so it is not flagged "
+                                  "as a random backbone (docs/pretrained.md)")
+    image_size: Optional[int] = field(None, "pretrained backbones: input size in pixels (null: the backbone's "
+                                      "pretrained config, 224); a different size resamples a weights file's position "
+                                      "embeddings (timm's filter)", min=16)
+    train: str = field("head", "pretrained backbones: what trains; head: the backbone is frozen, its features of "
+                       "every sample are computed once (cached on disk) and the run trains a head on them (linear "
+                       "probing; fedncm, afcl, ranpac); prompts (an L2P prompt pool and its keys, method l2p), "
+                       "components (CODA-P's prompt components, keys and attention vectors, method codap or "
+                       "fedcprompt), lora (LoRA factors of every attention qkv projection, method lora) or all (full "
+                       "fine-tuning): the images go through the backbone each step, frozen and shared by all "
+                       "clients, and only what trains is kept per client and sent (docs/pretrained.md)",
+                       choices=("head", "prompts", "components", "lora", "all"))
+    prompt_pool: int = field(10, "model.train: prompts | components: prompts in the pool (L2P's M; CODA-P's "
+                             "components)", min=1, max=4096)
+    prompt_length: int = field(5, "model.train: prompts | components: tokens per prompt (L2P's L_p; CODA-P's "
+                               "prompt length)", min=1, max=1024)
+    prompt_top_k: int = field(5, "model.train: prompts: prompts each input selects (L2P's N; at most prompt_pool)",
+                              min=1, max=4096)
+    lora_rank: int = field(4, "model.train: lora: rank r of the factors", min=1, max=4096)
+    lora_alpha: float = field(4.0, "model.train: lora: the update is scaled by lora_alpha / lora_rank", gt=0,
+                              max=1e6)
+
+
+@dataclass(frozen=True)
+class PartitionConfig:
+    name: str = field("iid", "iid, shards, dirichlet, quantity or classes")
+    shards_per_client: int = field(2, "shards: label shards per client", min=1)
+    alpha: float = field(0.5, "dirichlet: concentration of the class proportions", gt=0)
+    beta: float = field(0.5, "quantity: concentration of the client sizes", gt=0)
+    min_samples: int = field(1, "dirichlet/quantity: fewest samples a client may get", min=1)
+    classes_per_client: int = field(6, "classes: classes of each task a client draws (GLFC's protocol: 6 of 10)", min=1)
+    overlap: bool = field(True, "classes: a client holds every sample of its classes, shared with the clients that "
+                          "drew them (GLFC's official code); false: each class's samples split between them")
+
+
+@dataclass(frozen=True)
+class AggregatorConfig:
+    name: str = field("mean", "server aggregation of client updates: mean (FedAvg) or gma")
+    tau: float = field(0.4, "gma: agreement threshold of the soft mask (0 = plain averaging)",
+                       min=0.0, max=1.0)
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    name: str = field("sgd", "local optimiser: sgd (with the top-level momentum and weight_decay), adam (weight_decay "
+                      "as an L2 term in the gradient, as torch.optim.Adam) or adamw (decoupled weight decay, as "
+                      "torch.optim.AdamW); see docs/concepts.md", choices=("sgd", "adam", "adamw"))
+    betas: list[float] = field([0.9, 0.999], "adam/adamw: decay rates of the first and second moment estimates, "
+                               "each in [0, 1)", min=0.0)
+    eps: float = field(1e-8, "adam/adamw: added to the root of the second moment", gt=0)
+    state: str = field("fresh", "the optimiser's state (momentum buffer, Adam moments and step count): fresh, "
+                       "started anew by every client every round, or kept, carried per client from its last round "
+                       "(in memory and in the checkpoint: slots x model size per client that trained)",
+                       choices=("fresh", "kept"))
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    name: str = field("synchronous", "which task each client trains on at each round (see `cfl list`): synchronous "
+                      "(every client switches to the stream's next task at once), staggered, per_client_order or "
+                      "random; docs/concepts.md, Schedules")
+    order: str = field("auto", "each client's order of tasks: stream, permuted (a seeded permutation per client), "
+                       "subset (tasks_per_client consecutive tasks of a seeded permutation, overlap shared with the "
+                       "previous client); auto: permuted for per_client_order, else stream",
+                       choices=("auto", "stream", "permuted", "subset"))
+    tasks_per_client: Optional[int] = field(None, "order: subset: tasks each client trains on (null: all)", min=1)
+    overlap: int = field(0, "order: subset: tasks a client shares with the previous client", min=0)
+    every: int = field(0, "rounds a client spends on each task (0: rounds_per_task); random: the mean", min=0)
+    group: int = field(1, "staggered: clients that switch together", min=1)
+    offset: int = field(1, "staggered: rounds between one group's switch and the next group's", min=0)
+    spread: Optional[int] = field(None, "random: each client's rounds on a task are drawn from every - spread .. "
+                                  "every + spread (null: every // 2)", min=0)
+    seed: Optional[int] = field(None, "seed of the schedule's draws (orders, random durations; null: the run "
+                                "seed); below 2**32", min=0, max=SEED_MAX)
+    join_per_task: int = field(0, "synchronous: clients joining at each task after the first (GLFC's protocol; the "
+                               "top-level clients_join_per_task is the same key)", min=0)
+    late_clients: int = field(0, "the last N clients join at join_round (each then starts its order)", min=0)
+    join_round: int = field(0, "global round (0-based) at which the late clients join", min=0)
+    leave_clients: int = field(0, "the first N clients leave the federation at leave_round", min=0)
+    leave_round: int = field(0, "global round (0-based) from which the leaving clients take no part", min=0)
+    forgetting: str = field("last_finisher", "every schedule but synchronous: the evaluation a task's FGT and the "
+                            "schedule's AIA count from: last_finisher, after the round its last holder left it "
+                            "(Powder's and Fed-CPrompt's reading), or first_finisher, after the round some client "
+                            "first finished it (cfl's earlier reading); docs/concepts.md, Metrics under a schedule",
+                            choices=("last_finisher", "first_finisher"))
+
+
+@dataclass(frozen=True)
+class WandbConfig:
+    mode: str = field("offline", "offline (default, sync later), online or disabled",
+                      choices=("offline", "online", "disabled"))
+    project: str = field("cfl", "W&B project")
+    entity: Optional[str] = field(None, "W&B entity (team or user)")
+    group: Optional[str] = field(None, "W&B group (null: stream/partition/method, the keys that differ from the "
+                                 "config file, and a hash of the config without the seed, so that the seeds of "
+                                 "one config and only they share a group; see docs/wandb.md)")
+    name: Optional[str] = field(None, "W&B run name (null: <stream>-<method>-<partition>[-<keys that differ from the "
+                                "config file, as in the group>]-s<seed>; see docs/wandb.md)")
+    tags: list[str] = field([], "W&B tags besides the automatic ones (stream, partition, method names)")
+    job_type: str = field("train", "W&B job type")
+    log_artifacts: bool = field(True, "log results.json, metrics.jsonl, config.yaml and the plots as a W&B "
+                                "artifact (type cfl-run)")
+    log_checkpoint: bool = field(False, "also put the final checkpoint.pt into that artifact")
+
+
+@dataclass(frozen=True)
+class Config:
+    seed: int = field(0, "seed of sampling, partitions, initialisation, data order and dropout; below 2**32 "
+                      "(numpy's RandomState draws the Avalanche permutations)", min=0, max=SEED_MAX)
+    stream: StreamConfig = field(StreamConfig(), "")
+    model: ModelConfig = field(ModelConfig(), "")
+    partition: PartitionConfig = field(PartitionConfig(), "")
+    num_clients: int = field(10, "number of clients", min=1)
+    clients_per_round: int = field(10, "clients sampled (without replacement) each round", min=1)
+    clients_join_per_task: int = field(0, "clients joining at each task after the first (GLFC's protocol): "
+                                       "num_clients is the total at the last task, the first task has num_clients - "
+                                       "clients_join_per_task x (num_tasks - 1), and rounds, task ends and the "
+                                       "partition use only the clients that have joined (0: all from the start; "
+                                       "docs/methods/glfc.md)", min=0)
+    rounds_per_task: int = field(20, "communication rounds per task (a schedule's default time per task)", min=1)
+    schedule: ScheduleConfig = field(ScheduleConfig(), "")
+    local_epochs: int = field(1, "local epochs per round", min=1)
+    batch_size: int = field(32, "local mini-batch size, at most 2**20 (the batched engine sizes its step masks "
+                            "by it)", min=1, max=BATCH_SIZE_MAX)
+    lr: float = field(0.01, "local learning rate (of optimizer.name)", gt=0)
+    momentum: float = field(0.0, "local SGD momentum (optimizer.name: sgd; fresh each round)", min=0.0, max=0.999)
+    weight_decay: float = field(0.0, "local weight decay (sgd, adam: an L2 term in the gradient; adamw: decoupled)",
+                                min=0.0)
+    optimizer: OptimizerConfig = field(OptimizerConfig(), "")
+    server_lr: float = field(1.0, "server learning rate eta_g applied to the aggregated update (not read by fedadam "
+                             "and fedyogi, which have their own)", gt=0)
+    loss: str = field("ce", "client loss: ce or tce (truncated cross-entropy)")
+    method: dict[str, Any] = field({"name": "fedavg"}, "method name and its parameters (see docs/methods)")
+    plugins: list[dict[str, Any]] = field([], "extra methods combined with `method` (e.g. fedprox)")
+    aggregator: AggregatorConfig = field(AggregatorConfig(), "")
+    eval_every: int = field(0, "evaluate all seen tasks every N rounds (0: only at task ends)", min=0)
+    target_accuracies: list[float] = field([], "per task, the first round (from the task's start) at which that "
+                                           "task's own test accuracy reaches each value (%)",
+                                           min=0.0, max=100.0)
+    client_forgetting_clients: int = field(0, "TCE paper's local client forgetting F_ki/F_k on this many of each "
+                                           "round's clients (0: off, else >= 2; one test evaluation each)", min=0)
+    client_execution: str = field("batched", "batched (all sampled clients at once) or sequential",
+                                  choices=("batched", "sequential"))
+    client_block: int = field(0, "batched: clients trained together at a time (0: auto: all of them, but one at a "
+                              "time for convolutional nets on CPU, where that keeps the working set in cache; "
+                              "see docs/performance.md)", min=0)
+    backend: str = field("local", "where clients train: local (this process) or ray (groups of the sampled clients "
+                         "on Ray workers; needs the extra ray; see docs/scaling.md)",
+                         choices=("local", "ray"))
+    ray_workers: int = field(2, "backend: ray: groups (Ray tasks, one CPU each) a round's clients are split into; "
+                             "also the CPUs of a local Ray instance", min=1)
+    ray_address: Optional[str] = field(None, "backend: ray: address of an existing Ray cluster (null: start a "
+                                       "local instance)")
+    on_nonfinite: str = field("stop", "a NaN/inf loss or update: stop the run, or skip_client (drop it, warn)",
+                              choices=("stop", "skip_client"))
+    checkpoint_every: int = field(10, "also checkpoint every N rounds (0: only at task ends; see "
+                                  "docs/reliability.md)", min=0)
+    client_state_store: str = field("auto", "where the methods' per-client state lives: memory, disk (the run "
+                                    "directory's client_states/, read for the clients in play; checkpoints rewrite "
+                                    "no unchanged client) or auto (disk when the estimated state of all clients "
+                                    "exceeds 256 MiB; see docs/scaling.md)", choices=("auto", "memory", "disk"))
+    keep_client_states: bool = field(True, "keep the methods' per-client state once the run has finished (false: "
+                                     "drop it after results.json is written: the client_states/ directory and the "
+                                     "client states in checkpoint.pt; such a run cannot be resumed, and says so; "
+                                     "see docs/scaling.md)")
+    device: str = field("cpu", "cpu, cuda or cuda:N", choices=None)
+    precision: Union[int, str] = field(32, "32: float32 throughout; bf16-mixed: the matrix products and convolutions "
+                                       "of local training in bfloat16 (float32 accumulation) over float32 master "
+                                       "weights; losses, steps, aggregation, method algebra and metrics in float32 "
+                                       "(docs/performance.md)", choices=(32, "32", "bf16-mixed"))
+    threads: int = field(0, "torch CPU threads (0: torch's default; at most 4 per CPU of the machine)", min=0)
+    data_root: Optional[str] = field(None, "data directory (null: $CFL_DATA, else the user cache)")
+    wandb: WandbConfig = field(WandbConfig(), "")
+    label: Optional[str] = field(None, "name of this config in `cfl report` rows, figure legends and W&B group and run "
+                                 "names, in place of the method label (null: the method label); one line, its $...$ "
+                                 "mathtext must parse (matplotlib draws it); changes no result; a sweep's `variant` "
+                                 "entry sets it to its own label")
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
+    def clients_joined(self, task: int, num_tasks: int) -> int:
+        """The clients that take part in ``task`` (0-based): ids ``0 .. clients_joined - 1``; all ``num_clients``
+        unless ``clients_join_per_task`` is set."""
+        return self.num_clients - self.clients_join_per_task * (num_tasks - 1 - task)
+
+    @property
+    def method_label(self) -> str:
+        """The method as reported: method + plugins, plus the aggregator and loss when not the defaults
+        (e.g. ``ewc+fedprox``, ``fedavg+gma``, ``fedavg+tce``)."""
+        parts = [self.method["name"], *(p["name"] for p in self.plugins)]
+        if self.aggregator.name != "mean":
+            parts.append(self.aggregator.name)
+        if self.loss != "ce":
+            parts.append(self.loss)
+        return "+".join(parts)
+
+    def stream_fields(self) -> dict[str, Any]:
+        """The stream section as :func:`cfl.data.load.load_stream` takes it: the permutation seed and the data
+        root as given (``stream.seed`` null: the run seed; ``data_root`` null: resolved by the loader)."""
+        stream = self.stream
+        return {"name": stream.name, "num_tasks": stream.num_tasks, "scenario": stream.scenario,
+                "seed": self.seed if stream.seed is None else stream.seed, "data_root": self.data_root,
+                "download": stream.download, "benchmark": stream.benchmark, "args": stream.args,
+                "train_per_class": stream.train_per_class, "test_per_class": stream.test_per_class}
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for k in keys[:-1]:
+        child = node.get(k)
+        if child is None:
+            child = node[k] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {dotted}: '{k}' is not a section")
+        node = child
+    node[keys[-1]] = value
+
+
+#: most values (scalars, lists, mappings) one YAML document may hold once its aliases are expanded: a config or
+#: sweep file holds a few hundred, while a 1 KB "billion laughs" file of nested aliases expands to 10**9
+YAML_VALUE_LIMIT = 100_000
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+
+def expanded_size(root: yaml.Node, limit: int = YAML_VALUE_LIMIT) -> int | None:
+    """The values of a composed YAML document with every alias expanded (counted up to ``limit + 1``; each
+    shared node is visited once, so a bomb costs no more than its text), or None for a recursive alias."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()  # the path from the root to the node being counted
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_counted = stack.pop()
+        if children_counted:
+            open_nodes.discard(id(node))
+            sizes[id(node)] = min(limit + 1, 1 + sum(sizes[id(c)] for c in _children(node)))
+        elif id(node) in open_nodes:
+            return None
+        elif id(node) not in sizes:
+            open_nodes.add(id(node))
+            stack.append((node, True))
+            stack.extend((child, False) for child in _children(node))
+    return sizes[id(root)]
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (plain YAML keeps the last silently) and a
+    document of more than ``YAML_VALUE_LIMIT`` values once its aliases are expanded (or a recursive alias)."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        size = expanded_size(node)
+        if size is None:
+            raise ConfigError("a YAML alias (*name) refers to a list or mapping that holds the alias itself; "
+                              "write the values out")
+        if size > YAML_VALUE_LIMIT:
+            raise ConfigError(f"it holds more than {YAML_VALUE_LIMIT:,} values once its YAML aliases (*name) are "
+                              f"expanded (the limit of a config; a config holds a few hundred): write it without "
+                              f"nested aliases")
+        return super().construct_document(node)
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` then overriding a key is fine
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, typing.Hashable) and key in seen:
+                where = f"lines {seen[key]} and {line}" if seen[key] != line else f"line {line}"
+                raise ConfigError(f"key '{key}' is given twice in one mapping ({where}); keep one")
+            if isinstance(key, typing.Hashable):
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_yaml(text: str) -> Any:
+    """YAML text to plain data, refusing duplicate keys (:class:`ConfigError` naming key and lines)."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 -- a SafeLoader subclass
+
+
+def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
+    """Parse ``key=value`` strings (values read as YAML, so 0.1 is a number and [1,2] a list)."""
+    out = []
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"malformed --set '{item}': expected dotted.key=value, e.g. --set lr=0.05")
+        try:
+            value = parse_yaml(raw) if raw != "" else ""
+        except yaml.YAMLError as err:
+            raise ConfigError(f"--set {key}: value {raw!r} is not valid YAML ({err})") from None
+        except ConfigError as err:
+            raise ConfigError(f"--set {key}: {err}") from None
+        out.append((key.strip(), value))
+    return out
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config file '{path}' is a directory; pass a YAML file such as configs/quickstart.yaml "
+                          "(to continue the run in a run directory: cfl run --resume DIR)")
+    if not path.is_file():
+        state = "does not exist" if not path.exists() else "is not a regular file"
+        raise ConfigError(f"config file '{path}' {state}; pass a YAML file such as configs/quickstart.yaml")
+    try:
+        data = parse_yaml(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config file '{path}' is not UTF-8 text ({err.reason} at byte {err.start}); "
+                          "pass a YAML file such as configs/quickstart.yaml") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file '{path}' is not valid YAML: {err}") from None
+    except ConfigError as err:
+        raise ConfigError(f"config file '{path}': {err}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file '{path}' must hold a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def dump_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
