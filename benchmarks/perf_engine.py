@@ -59,7 +59,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from cfl.config.precision import is_mixed, parse_precision  # noqa: E402
 from cfl.engine.local.batched import BatchedTrainer  # noqa: E402
-from cfl.engine.local.jobs import ClientJob, Hyper, Plugins, derive_seed  # noqa: E402
+from cfl.engine.local.jobs import ClientJob, Hyper, RoundMethods, derive_seed  # noqa: E402
 from cfl.engine.local.path import choose_path  # noqa: E402
 from cfl.engine.local.precision import LOW, has_bf16_units  # noqa: E402
 from cfl.methods.base import RunInfo  # noqa: E402
@@ -183,14 +183,14 @@ def linear_products_floor(model: nn.Module, clients: int, batch: int, device: st
     return total
 
 
-def method_plugins(name: str, params: dict[str, torch.Tensor], clients: int, model: nn.Module) -> Plugins:
+def method_round(name: str, params: dict[str, torch.Tensor], clients: int, model: nn.Module) -> RoundMethods:
     """The engine's method; EWC's clients get a random diagonal Fisher and anchor, RGO's a d x d deflation per
     protected layer (one random symmetric matrix shared by all: the values do not change the cost), as after
     a task end."""
     if name == "fedavg":
-        return Plugins([FedAvg(None, None)], [MethodState()], [{}])
+        return RoundMethods([FedAvg(None, None)], [MethodState()], [{}])
     if name == "fedprox":
-        return Plugins([FedProx(FedProxHyperparams(mu=0.01), None)], [MethodState()], [{}])
+        return RoundMethods([FedProx(FedProxHyperparams(mu=0.01), None)], [MethodState()], [{}])
     state = MethodState()
     if name == "rgo":
         protected = protected_layers(model)
@@ -202,11 +202,11 @@ def method_plugins(name: str, params: dict[str, torch.Tensor], clients: int, mod
             deflation[k] = a @ a.T / (a.norm() ** 2)  # symmetric, eigenvalues in [0, 1)
         for c in range(clients):
             state.clients.put(c, {"deflation": deflation})
-        return Plugins([RGO(RGOHyperparams(), info)], [state], [{}])
+        return RoundMethods([RGO(RGOHyperparams(), info)], [state], [{}])
     for c in range(clients):
         state.clients.put(c, {"fisher": {k: torch.rand_like(v) for k, v in params.items()},
                               "anchor": {k: v + 0.01 * torch.randn_like(v) for k, v in params.items()}})
-    return Plugins([EWC(EWCHyperparams(lam=10.0), None)], [state], [{}])
+    return RoundMethods([EWC(EWCHyperparams(lam=10.0), None)], [state], [{}])
 
 
 def ratio(a: float | None, b: float | None, digits: int = 2) -> float | None:
@@ -250,8 +250,8 @@ def main() -> None:
                optimizer=args.optimizer)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     num_params = sum(v.numel() for v in params.values())
-    plugins = method_plugins(args.method, params, s["clients"], model)
-    path = "vmap" if args.vmap else choose_path(model, hp, plugins.methods).path
+    round_methods = method_round(args.method, params, s["clients"], model)
+    path = "vmap" if args.vmap else choose_path(model, hp, round_methods.methods).path
     hp = replace(hp, path=path)
     hp32 = replace(hp, precision=32)  # the float32 engine
     naive_hp = replace(hp32, optimizer="sgd")  # the naive loop is plain SGD
@@ -265,7 +265,7 @@ def main() -> None:
     def engine_round(name: str, r: int) -> None:
         jobs = [ClientJob(c, parts[c], None, derive_seed(0, 0, r, c)) for c in sampled]
         trainer, hyper = engines[name]
-        trainer(model, params, jobs, x, y, 0, hyper, plugins)
+        trainer(model, params, jobs, x, y, 0, hyper, round_methods)
 
     times = {name: [0.0, 0.0] for name in engines}
     for name in engines:

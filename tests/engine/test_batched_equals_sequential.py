@@ -25,7 +25,7 @@ import torch
 from cfl.cross_checks import model_family_error
 from cfl.data.stream import Stream
 from cfl.engine.local.batched import BatchedTrainer, train_batched
-from cfl.engine.local.jobs import ClientJob, Hyper, Plugins
+from cfl.engine.local.jobs import ClientJob, Hyper, RoundMethods
 from cfl.engine.local.path import choose_path
 from cfl.engine.local.sequential import train_sequential
 from cfl.engine.local.stacking import couples_samples
@@ -74,9 +74,9 @@ def test_every_model_trains_alike_in_both_engines_with_ragged_clients(name):
     jobs = [ClientJob(0, torch.arange(6), None, 1, buffers), ClientJob(1, torch.arange(6, 11), None, 2, buffers)]
     hp = Hyper(lr=0.05, momentum=0.0, weight_decay=0.0, local_epochs=1, batch_size=4, client_block=2)
     start = {k: v.detach().clone() for k, v in model.named_parameters()}
-    plugins = Plugins([FedAvg(None, None)], [MethodState()], [{}])
-    batched, batched_out = train_batched(model, start, jobs, x, y, 1, hp, plugins)
-    sequential, sequential_out = train_sequential(model, start, jobs, x, y, 1, hp, plugins)
+    round_methods = RoundMethods([FedAvg(None, None)], [MethodState()], [{}])
+    batched, batched_out = train_batched(model, start, jobs, x, y, 1, hp, round_methods)
+    sequential, sequential_out = train_sequential(model, start, jobs, x, y, 1, hp, round_methods)
     assert_params_close(batched, sequential)
     for b, s in zip(batched_out, sequential_out, strict=True):
         assert b.buffers.keys() == s.buffers.keys() == buffers.keys()
@@ -103,9 +103,9 @@ def test_every_model_trains_alike_in_both_engines_in_bf16_mixed(name):
     hp = Hyper(lr=0.05, momentum=0.0, weight_decay=0.0, local_epochs=1, batch_size=4, client_block=2,
                precision="bf16-mixed")
     start = {k: v.detach().clone() for k, v in model.named_parameters()}
-    plugins = Plugins([FedAvg(None, None)], [MethodState()], [{}])
-    batched, _ = train_batched(model, start, jobs, x, y, 1, hp, plugins)
-    sequential, _ = train_sequential(model, start, jobs, x, y, 1, hp, plugins)
+    round_methods = RoundMethods([FedAvg(None, None)], [MethodState()], [{}])
+    batched, _ = train_batched(model, start, jobs, x, y, 1, hp, round_methods)
+    sequential, _ = train_sequential(model, start, jobs, x, y, 1, hp, round_methods)
     for k in sequential:
         assert batched[k].dtype == torch.float32
         error = float((batched[k] - sequential[k]).norm() / (sequential[k] - start[k]).norm())
@@ -624,9 +624,10 @@ def test_drawn_samples_reach_the_extra_loss_unpadded_on_batch_norm():
     x, y = torch.randn(11, *IMAGE), torch.arange(11) % 3
     jobs = [ClientJob(0, torch.arange(6), None, 1), ClientJob(1, torch.arange(6, 11), None, 2)]
     start = {k: v.detach().clone() for k, v in model.named_parameters()}
-    plugins = Plugins([method], [MethodState()], [{}])
-    batched, _ = train_batched(model, start, jobs, x, y, 1, hp, plugins)
-    sequential, _ = train_sequential(model, start, jobs, x, y, 1, hp, plugins)
+    round_methods = RoundMethods([method], [MethodState()], [{}])
+    batched, _ = train_batched(model, start, jobs, x, y, 1, hp, round_methods)
+    sequential, _ = train_sequential(model, start, jobs, x, y, 1, hp, round_methods)
     assert_params_close(batched, sequential)
-    plain, _ = train_sequential(model, start, jobs, x, y, 1, hp, Plugins([FedAvg(None, None)], [MethodState()], [{}]))
+    plain, _ = train_sequential(model, start, jobs, x, y, 1, hp,
+                                RoundMethods([FedAvg(None, None)], [MethodState()], [{}]))
     assert any(not torch.allclose(plain[k], sequential[k], atol=1e-4) for k in plain)  # the loss counts

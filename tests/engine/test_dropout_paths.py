@@ -13,7 +13,7 @@ import torch
 from torch.func import vmap
 
 from cfl.engine.local.batched import train_batched
-from cfl.engine.local.jobs import ClientJob, Hyper, Plugins
+from cfl.engine.local.jobs import ClientJob, Hyper, RoundMethods
 from cfl.engine.local.sequential import train_sequential
 from cfl.engine.local.stacked_net import StackedNet
 from cfl.methods.fedavg import FedAvg
@@ -62,10 +62,10 @@ def _train(name: str, path: str, rng: int) -> dict[str, torch.Tensor]:
     hp = Hyper(lr=0.05, momentum=0.0, weight_decay=0.0, local_epochs=1, batch_size=4, client_block=3,
                path="" if path == "sequential" else path)
     start = {k: v.detach().clone() for k, v in model.named_parameters()}
-    plugins = Plugins([FedAvg(None, None)], [MethodState()], [{}])
+    round_methods = RoundMethods([FedAvg(None, None)], [MethodState()], [{}])
     torch.manual_seed(rng)
     trainer = train_sequential if path == "sequential" else train_batched
-    return trainer(model, start, jobs, x, y, 1, hp, plugins)[0]
+    return trainer(model, start, jobs, x, y, 1, hp, round_methods)[0]
 
 
 def test_the_models_without_dropout_are_trained_as_they_are_elsewhere():

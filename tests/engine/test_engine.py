@@ -56,7 +56,7 @@ def test_fedavg_round_is_the_weighted_mean_of_client_results():
     cfg = _cfg(rounds_per_task=1, partition={"name": "quantity", "beta": 0.5})
     runner = Runner(cfg, stream)
     start = {k: v.clone() for k, v in runner.params.items()}
-    from cfl.engine.local.jobs import ClientJob, Plugins, derive_seed
+    from cfl.engine.local.jobs import ClientJob, RoundMethods, derive_seed
     from cfl.engine.local.sequential import train_one
 
     parts = runner.schedule.client_indices(0)
@@ -64,9 +64,9 @@ def test_fedavg_round_is_the_weighted_mean_of_client_results():
     results = []
     for c in cids:
         job = ClientJob(c, parts[c], None, derive_seed(cfg.seed, 0, 0, c))
-        plugins = Plugins(runner.methods, runner.states, [{}])
+        round_methods = RoundMethods(runner.methods, runner.states, [{}])
         results.append(train_one(runner.model, start, job, stream.tasks[0].train_x, stream.tasks[0].train_y, 0,
-                                 runner.hyper, plugins)[0])
+                                 runner.hyper, round_methods)[0])
     sizes = torch.tensor([float(len(parts[c])) for c in cids])
     runner.run()
     for k in start:

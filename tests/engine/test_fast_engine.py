@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.func import vmap
 
-from cfl.engine.local.jobs import Hyper, Plugins
+from cfl.engine.local.jobs import Hyper, RoundMethods
 from cfl.engine.local.vmap import _match_grad_layout, _stacked_leaf
 from cfl.engine.local.vmap_optim import SGDStep
 from cfl.engine.rounds.runner import Runner
@@ -37,10 +37,10 @@ def test_folded_weight_decay_and_ragged_prefix_match_sequential(partition, momen
 def test_fold_is_one_sgd_step_with_decay_and_skips_inactive_clients():
     hp = Hyper(lr=0.5, momentum=0.0, weight_decay=0.1, local_epochs=1, batch_size=1)
     p = {"w": torch.tensor([[1.0, 2.0], [1.0, 2.0]])}
-    step = SGDStep(hp, p, Plugins([FedAvg(None, None)], [], []))
+    step = SGDStep(hp, p, RoundMethods([FedAvg(None, None)], [], []))
     assert step.fold_decay and step.loss_scale == pytest.approx(-10.0)
     g = {"w": torch.tensor([[0.2, -0.4], [0.2, -0.4]]) * step.loss_scale}  # autograd of the scaled loss
-    step(0, p, g, torch.tensor([True, False]), [], Plugins([], [], []))
+    step(0, p, g, torch.tensor([True, False]), [], RoundMethods([], [], []))
     # active client: w - lr (g + wd w) = [1 - 0.5 (0.2 + 0.1), 2 - 0.5 (-0.4 + 0.2)] = [0.85, 2.1]
     assert torch.allclose(p["w"], torch.tensor([[0.85, 2.1], [1.0, 2.0]]))
 

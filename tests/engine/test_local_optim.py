@@ -8,7 +8,7 @@ import torch
 
 from cfl.engine.local import local_optim
 from cfl.engine.local.batched import train_batched
-from cfl.engine.local.jobs import ClientJob, Hyper, Plugins, client_schedule
+from cfl.engine.local.jobs import ClientJob, Hyper, RoundMethods, client_schedule
 from cfl.engine.local.path import choose_path
 from cfl.engine.local.sequential import train_sequential
 from cfl.methods.fedavg import FedAvg
@@ -89,11 +89,11 @@ def test_each_path_trains_one_client_as_torch_optim(path, optimizer):
         opt.zero_grad()
         masked_cross_entropy(ref(x[batch], torch.zeros_like(y[batch])), y[batch], None).mean().backward()
         opt.step()
-    plugins = Plugins([FedAvg(None, None)], [MethodState()], [{}])
+    round_methods = RoundMethods([FedAvg(None, None)], [MethodState()], [{}])
     if path == "sequential":
-        out, _ = train_sequential(model, start, [job], x, y, 0, hp, plugins)
+        out, _ = train_sequential(model, start, [job], x, y, 0, hp, round_methods)
     else:
-        out, _ = train_batched(model, start, [job], x, y, 0, replace(hp, path=path), plugins)
+        out, _ = train_batched(model, start, [job], x, y, 0, replace(hp, path=path), round_methods)
     for k, v in ref.named_parameters():
         assert torch.allclose(out[k][0], v.detach(), atol=1e-6, rtol=1e-5), k
         assert not torch.allclose(out[k][0], start[k], atol=1e-4), k  # it trained
@@ -109,11 +109,11 @@ def test_ragged_clients_with_a_penalty_train_as_one_at_a_time(path, optimizer, m
     parts = torch.arange(40).split([13, 9, 18])
     jobs = [ClientJob(c, parts[c], None, 100 + c) for c in range(3)]
     start = {k: v.detach().clone() for k, v in model.named_parameters()}
-    plugins = Plugins([FedProx(FedProxHyperparams(mu=0.5), None)], [MethodState()], [{}])
+    round_methods = RoundMethods([FedProx(FedProxHyperparams(mu=0.5), None)], [MethodState()], [{}])
     hp = Hyper(lr=0.01, momentum=momentum, weight_decay=0.01, local_epochs=2, batch_size=4, optimizer=optimizer)
-    assert choose_path(model, hp, plugins.methods).path == "stacked"
-    ref, _ = train_sequential(model, start, jobs, x, y, 0, hp, plugins)
-    out, _ = train_batched(model, start, jobs, x, y, 0, replace(hp, path=path), plugins)
+    assert choose_path(model, hp, round_methods.methods).path == "stacked"
+    ref, _ = train_sequential(model, start, jobs, x, y, 0, hp, round_methods)
+    out, _ = train_batched(model, start, jobs, x, y, 0, replace(hp, path=path), round_methods)
     for k in ref:
         assert torch.allclose(out[k], ref[k], atol=1e-6, rtol=1e-5), k
 
@@ -123,8 +123,8 @@ def test_adam_differs_from_sgd():
     model, x, y = _client_data()
     job = ClientJob(0, torch.arange(10), None, 5)
     start = {k: v.detach().clone() for k, v in model.named_parameters()}
-    plugins = Plugins([FedAvg(None, None)], [MethodState()], [{}])
+    round_methods = RoundMethods([FedAvg(None, None)], [MethodState()], [{}])
     sgd = replace(ADAM, optimizer="sgd", path="stacked")
-    a, _ = train_batched(model, start, [job], x, y, 0, sgd, plugins)
-    b, _ = train_batched(model, start, [job], x, y, 0, replace(sgd, optimizer="adam"), plugins)
+    a, _ = train_batched(model, start, [job], x, y, 0, sgd, round_methods)
+    b, _ = train_batched(model, start, [job], x, y, 0, replace(sgd, optimizer="adam"), round_methods)
     assert not torch.allclose(a["head.weight"], b["head.weight"])

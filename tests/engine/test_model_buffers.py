@@ -199,9 +199,9 @@ def test_a_model_without_running_statistics_carries_nothing():
 
 
 def _plugins(runner: Runner):
-    from cfl.engine.local.jobs import Plugins
+    from cfl.engine.local.jobs import RoundMethods
 
-    return Plugins(runner.methods, runner.states, [{} for _ in runner.methods])
+    return RoundMethods(runner.methods, runner.states, [{} for _ in runner.methods])
 
 
 def test_client_forgetting_evaluates_each_client_with_its_own_statistics(monkeypatch):

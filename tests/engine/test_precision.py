@@ -15,7 +15,7 @@ from cfl.config.precision import parse_precision
 from cfl.config.schema import ConfigError
 from cfl.engine.local import precision
 from cfl.engine.local.batched import train_batched
-from cfl.engine.local.jobs import ClientJob, Hyper, Plugins
+from cfl.engine.local.jobs import ClientJob, Hyper, RoundMethods
 from cfl.engine.local.path import choose_path
 from cfl.engine.local.precision import Bf16Weights, autocast, cpu_flags, warn_if_slow
 from cfl.engine.local.sequential import train_sequential
@@ -156,10 +156,10 @@ def _products_of_a_step(name: str, path: str, precision_: int | str) -> Counter:
     hp = Hyper(lr=0.05, momentum=0.0, weight_decay=0.0, local_epochs=1, batch_size=4, client_block=2,
                path="" if path == "sequential" else path, precision=precision_)
     start = {k: v.detach().clone() for k, v in model.named_parameters()}
-    plugins = Plugins([FedAvg(None, None)], [MethodState()], [{}])
+    round_methods = RoundMethods([FedAvg(None, None)], [MethodState()], [{}])
     trainer = train_sequential if path == "sequential" else train_batched
     with ProductDtypes() as seen:
-        trainer(model, start, jobs, x, y, 1, hp, plugins)
+        trainer(model, start, jobs, x, y, 1, hp, round_methods)
     return seen.counts
 
 

@@ -9,7 +9,7 @@ import torch
 from cfl.engine.local import batched as local_batched
 from cfl.engine.local import stacked as local_stacked
 from cfl.engine.local.batched import train_batched
-from cfl.engine.local.jobs import ClientJob, Hyper, Plugins
+from cfl.engine.local.jobs import ClientJob, Hyper, RoundMethods
 from cfl.engine.local.path import choose_path
 from cfl.engine.local.stacked_net import FusedLinearSGD, ReluDropout, StackedNet
 from cfl.methods.er import ER, ERHyperparams
@@ -46,10 +46,10 @@ def test_input_gradient_uses_the_weights_before_the_step():
     assert torch.allclose(grad_x, torch.tensor([[[1.0, 3.0]]]))  # W before the step, not after
 
 
-def _train(model, plugins, hp, jobs, x, y, stacked: bool):
+def _train(model, round_methods, hp, jobs, x, y, stacked: bool):
     hp = replace(hp, path="stacked" if stacked else "vmap")
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    return train_batched(model, params, jobs, x, y, 1, hp, plugins)
+    return train_batched(model, params, jobs, x, y, 1, hp, round_methods)
 
 
 @pytest.mark.parametrize("multi_head", [False, True])
@@ -68,9 +68,9 @@ def test_stacked_path_matches_vmap_path(multi_head, replay):
         for c in range(3):
             states[0].clients.put(c, dict(x=torch.randn(5, 6), y=torch.randint(0, 3, (5,)),
                                           task=torch.zeros(5, dtype=torch.long), valid=torch.arange(5) < 4))
-    plugins = Plugins([method], states, [{}])
-    fast, fast_out = _train(model, plugins, hp, jobs, x, y, True)
-    ref, ref_out = _train(model, plugins, hp, jobs, x, y, False)
+    round_methods = RoundMethods([method], states, [{}])
+    fast, fast_out = _train(model, round_methods, hp, jobs, x, y, True)
+    ref, ref_out = _train(model, round_methods, hp, jobs, x, y, False)
     for k in ref:
         assert torch.allclose(fast[k], ref[k], atol=1e-6, rtol=1e-5), k
     assert [o.mean_loss for o in fast_out] == pytest.approx([o.mean_loss for o in ref_out], rel=1e-5)
@@ -114,9 +114,9 @@ def test_stacked_alexnet_grouped_convolutions_match_vmap_path():
     parts = torch.arange(14).split([5, 9])
     jobs = [ClientJob(c, parts[c], None, 7 + c) for c in range(2)]
     hp = Hyper(lr=0.05, momentum=0.0, weight_decay=0.01, local_epochs=1, batch_size=4)
-    plugins = Plugins([FedAvg(None, None)], [MethodState()], [{}])
-    fast, _ = _train(model, plugins, hp, jobs, x, y, True)
-    ref, _ = _train(model, plugins, hp, jobs, x, y, False)
+    round_methods = RoundMethods([FedAvg(None, None)], [MethodState()], [{}])
+    fast, _ = _train(model, round_methods, hp, jobs, x, y, True)
+    ref, _ = _train(model, round_methods, hp, jobs, x, y, False)
     for k in ref:
         assert torch.allclose(fast[k], ref[k], atol=1e-5, rtol=1e-4), k
 
@@ -144,13 +144,13 @@ def test_a_kept_workspace_is_reused_and_changes_no_result():
     x, y = torch.randn(40, 6), torch.randint(0, 3, (40,))
     jobs = [ClientJob(c, part, None, 7 + c) for c, part in enumerate(torch.arange(40).split(10))]
     hp = Hyper(lr=0.2, momentum=0.0, weight_decay=0.01, local_epochs=1, batch_size=4)
-    plugins = Plugins([FedAvg(None, None)], [MethodState()], [{}])
+    round_methods = RoundMethods([FedAvg(None, None)], [MethodState()], [{}])
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    fresh, _ = train_batched(model, params, jobs, x, y, 0, hp, plugins)
+    fresh, _ = train_batched(model, params, jobs, x, y, 0, hp, round_methods)
     trainer = local_batched.BatchedTrainer()
-    first = {k: v.clone() for k, v in trainer(model, params, jobs, x, y, 0, hp, plugins)[0].items()}
+    first = {k: v.clone() for k, v in trainer(model, params, jobs, x, y, 0, hp, round_methods)[0].items()}
     pointers = {k: v.data_ptr() for k, v in trainer.workspace.items()}
-    second, _ = trainer(model, params, jobs, x, y, 0, hp, plugins)
+    second, _ = trainer(model, params, jobs, x, y, 0, hp, round_methods)
     assert {k: v.data_ptr() for k, v in second.items()} == {k: pointers[k] for k in second}  # overwritten
     assert {k: v.data_ptr() for k, v in trainer.workspace.items()} == pointers  # the step's scratch buffers too
     assert any(k.startswith("scratch:") for k in pointers)
@@ -165,12 +165,12 @@ def test_client_blocks_give_the_results_of_one_block(method):
     x, y = torch.randn(40, 6), torch.randint(0, 3, (40,))
     jobs = [ClientJob(c, part, None, 7 + c) for c, part in enumerate(torch.arange(40).split([13, 9, 18]))]
     local = FedAvg(None, None) if method == "fedavg" else FedProx(FedProxHyperparams(mu=0.5), None)
-    plugins = Plugins([local], [MethodState()], [{}])
+    round_methods = RoundMethods([local], [MethodState()], [{}])
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     results = {}
     for block in (0, 1, 2):  # 0: auto, all three together for an MLP
         hp = Hyper(lr=0.2, momentum=0.0, weight_decay=0.01, local_epochs=2, batch_size=4, client_block=block)
-        trained, outcomes = train_batched(model, params, jobs, x, y, 0, hp, plugins)
+        trained, outcomes = train_batched(model, params, jobs, x, y, 0, hp, round_methods)
         results[block] = ({k: v.clone() for k, v in trained.items()}, [o.cid for o in outcomes])
     for block in (1, 2):
         assert results[block][1] == [0, 1, 2]  # outcomes in job order
@@ -207,7 +207,7 @@ def test_fused_relu_dropout_epilogue_and_folded_scale_match_autograd():
         assert torch.allclose(stepped, decay * before.detach() - lr * grad, atol=1e-5)
 
 
-def _penalty_plugins(name: str, params: dict, clients: int) -> Plugins:
+def _penalty_round_methods(name: str, params: dict, clients: int) -> RoundMethods:
     """The method with states (and broadcast) as they are after a finished task / a FedCurv round."""
     g = torch.Generator().manual_seed(3)
     rand = lambda v: torch.rand(v.shape, generator=g)  # noqa: E731
@@ -226,7 +226,7 @@ def _penalty_plugins(name: str, params: dict, clients: int) -> Plugins:
         for c in range(clients - 1):  # the last client has no contribution yet; client 0's is inside u, v
             state.clients.put(c, {"I": rand_params(), "Iw": rand_params(),
                                   "round": torch.tensor(3 if c == 0 else 1, dtype=torch.int32)})
-    return Plugins([method], [state], [broadcast])
+    return RoundMethods([method], [state], [broadcast])
 
 
 @pytest.mark.parametrize("name", ["fedprox", "ewc", "fedcurv"])
@@ -239,10 +239,10 @@ def test_stacked_path_takes_quadratic_penalties_like_the_vmap_path(name, multi_h
     jobs = [ClientJob(c, parts[c], None, 100 + c) for c in range(3)]
     hp = Hyper(lr=0.2, momentum=0.0, weight_decay=0.01, local_epochs=2, batch_size=4)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    plugins = _penalty_plugins(name, params, 3)
-    fast, _ = _train(model, plugins, hp, jobs, x, y, True)
-    ref, _ = _train(model, plugins, hp, jobs, x, y, False)
-    plain, _ = _train(model, Plugins([FedAvg(None, None)], [MethodState()], [{}]), hp, jobs, x, y, True)
+    round_methods = _penalty_round_methods(name, params, 3)
+    fast, _ = _train(model, round_methods, hp, jobs, x, y, True)
+    ref, _ = _train(model, round_methods, hp, jobs, x, y, False)
+    plain, _ = _train(model, RoundMethods([FedAvg(None, None)], [MethodState()], [{}]), hp, jobs, x, y, True)
     for k in ref:
         assert torch.allclose(fast[k], ref[k], atol=1e-5, rtol=1e-4), k
     assert any(not torch.allclose(plain[k], ref[k], atol=1e-3) for k in ref)  # the penalty mattered
@@ -257,9 +257,9 @@ def test_stacked_alexnet_takes_fedprox_on_its_convolutions_like_the_vmap_path():
     x, y = torch.randn(10, 3, 32, 32), torch.randint(0, 4, (10,))
     jobs = [ClientJob(c, part, None, 7 + c) for c, part in enumerate(torch.arange(10).split([4, 6]))]
     hp = Hyper(lr=0.05, momentum=0.0, weight_decay=0.01, local_epochs=1, batch_size=4)
-    plugins = Plugins([FedProx(FedProxHyperparams(mu=5.0), None)], [MethodState()], [{}])
-    fast, _ = _train(model, plugins, hp, jobs, x, y, True)
-    ref, _ = _train(model, plugins, hp, jobs, x, y, False)
+    round_methods = RoundMethods([FedProx(FedProxHyperparams(mu=5.0), None)], [MethodState()], [{}])
+    fast, _ = _train(model, round_methods, hp, jobs, x, y, True)
+    ref, _ = _train(model, round_methods, hp, jobs, x, y, False)
     for k in ref:
         assert torch.allclose(fast[k], ref[k], atol=1e-5, rtol=1e-4), k
 
@@ -287,12 +287,12 @@ def test_bf16_mixed_stacked_path_matches_vmap_path_within_bfloat16_rounding(mode
     x, y = torch.randn(40, *shape), torch.randint(0, 3, (40,))
     parts = torch.arange(40).split([13, 9, 18])
     jobs = [ClientJob(c, parts[c], None, 100 + c) for c in range(3)]
-    plugins = Plugins([FedAvg(None, None)], [MethodState()], [{}])
+    round_methods = RoundMethods([FedAvg(None, None)], [MethodState()], [{}])
     start = {k: v.detach().clone() for k, v in model.named_parameters()}
     hp = Hyper(lr=0.05, momentum=0.0, weight_decay=0.01, local_epochs=2, batch_size=4, precision="bf16-mixed")
-    fast, fast_out = _train(model, plugins, hp, jobs, x, y, True)
-    ref, ref_out = _train(model, plugins, hp, jobs, x, y, False)
-    full, _ = _train(model, plugins, Hyper(0.05, 0.0, 0.01, 2, 4), jobs, x, y, True)
+    fast, fast_out = _train(model, round_methods, hp, jobs, x, y, True)
+    ref, ref_out = _train(model, round_methods, hp, jobs, x, y, False)
+    full, _ = _train(model, round_methods, Hyper(0.05, 0.0, 0.01, 2, 4), jobs, x, y, True)
     assert all(v.dtype == torch.float32 for v in fast.values())
     assert update_error(fast, ref, start) < 0.25
     assert [o.mean_loss for o in fast_out] == pytest.approx([o.mean_loss for o in ref_out], rel=0.02)
@@ -306,7 +306,7 @@ def test_one_dropout_draw_for_all_layers_gives_the_per_layer_masks(monkeypatch):
     x, y = torch.randn(40, 6), torch.randint(0, 3, (40,))
     jobs = [ClientJob(c, part, None, 7 + c) for c, part in enumerate(torch.arange(40).split(10))]
     hp = Hyper(lr=0.2, momentum=0.0, weight_decay=0.01, local_epochs=1, batch_size=4, path="stacked")
-    plugins = Plugins([FedAvg(None, None)], [MethodState()], [{}])
+    round_methods = RoundMethods([FedAvg(None, None)], [MethodState()], [{}])
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     drawn, original = [], StackedNet._draw_masks
 
@@ -316,10 +316,10 @@ def test_one_dropout_draw_for_all_layers_gives_the_per_layer_masks(monkeypatch):
 
     monkeypatch.setattr(StackedNet, "_draw_masks", recorded)
     torch.manual_seed(5)
-    at_once, _ = local_batched.BatchedTrainer()(model, params, jobs, x, y, 0, hp, plugins)
+    at_once, _ = local_batched.BatchedTrainer()(model, params, jobs, x, y, 0, hp, round_methods)
     assert drawn and all(names == ["body.1", "body.4"] for names in drawn), drawn[:1]
     monkeypatch.setattr(StackedNet, "_draw_masks", lambda *_: None)  # each layer draws its own
     torch.manual_seed(5)
-    per_layer, _ = local_batched.BatchedTrainer()(model, params, jobs, x, y, 0, hp, plugins)
+    per_layer, _ = local_batched.BatchedTrainer()(model, params, jobs, x, y, 0, hp, round_methods)
     for k in at_once:
         assert torch.equal(at_once[k], per_layer[k]), k

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cfl.engine.local.jobs import ClientJob, Hyper, Plugins
+from cfl.engine.local.jobs import ClientJob, Hyper, RoundMethods
 from cfl.engine.local.sequential import train_sequential
 from cfl.engine.local.stacked import train_stacked
 from cfl.engine.local.vmap import train_vmap
@@ -32,12 +32,12 @@ def _setup():
 @pytest.mark.parametrize("path", ["stacked", "vmap"])
 def test_each_path_on_its_own_matches_the_sequential_trainer(path, block):
     model, params, jobs, x, y, hp = _setup()
-    plugins = Plugins([FedAvg(None, None)], [MethodState()], [{}])
+    round_methods = RoundMethods([FedAvg(None, None)], [MethodState()], [{}])
     if path == "stacked":
-        got, outcomes = train_stacked(model, params, jobs, x, y, 0, hp, plugins, block, {})
+        got, outcomes = train_stacked(model, params, jobs, x, y, 0, hp, round_methods, block, {})
     else:
-        got, outcomes = train_vmap(model, params, jobs, x, y, 0, hp, plugins, block)
-    ref, ref_outcomes = train_sequential(model, params, jobs, x, y, 0, hp, plugins)
+        got, outcomes = train_vmap(model, params, jobs, x, y, 0, hp, round_methods, block)
+    ref, ref_outcomes = train_sequential(model, params, jobs, x, y, 0, hp, round_methods)
     for k in ref:
         assert torch.allclose(got[k], ref[k], atol=1e-6, rtol=1e-5), k
     assert [o.steps for o in outcomes] == [o.steps for o in ref_outcomes] == [10, 8, 6]
@@ -53,7 +53,7 @@ def test_stacked_path_refuses_step_hooks_before_any_work():
 
     model, params, jobs, x, y, hp = _setup()
     workspace = {}
-    plugins = Plugins([Rewriting(None, None)], [MethodState()], [{}])
+    round_methods = RoundMethods([Rewriting(None, None)], [MethodState()], [{}])
     with pytest.raises(ValueError, match="the stacked path takes no step hooks"):
-        train_stacked(model, params, jobs, x, y, 0, hp, plugins, 3, workspace)
+        train_stacked(model, params, jobs, x, y, 0, hp, round_methods, 3, workspace)
     assert workspace == {}

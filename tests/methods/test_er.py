@@ -5,7 +5,7 @@ from collections import Counter
 import pytest
 import torch
 
-from cfl.engine.local.jobs import ClientJob, Hyper, Plugins
+from cfl.engine.local.jobs import ClientJob, Hyper, RoundMethods
 from cfl.engine.local.sequential import train_one
 from cfl.engine.local.stacking import pad_samples
 from cfl.engine.rounds.runner import Runner
@@ -132,7 +132,7 @@ def test_replayed_samples_train_their_own_task_head():
             state = {}
             _end(er, data, state, torch.Generator(), model, params)
             states[0].clients.put(0, state)
-        out, _ = train_one(model, params, job, x1, y1, 1, hp, Plugins([er], states, [{}]))
+        out, _ = train_one(model, params, job, x1, y1, 1, hp, RoundMethods([er], states, [{}]))
         moved.append(not torch.equal(out["head.weight"][0], params["head.weight"][0]))
     assert moved == [False, True]  # training on task 1 touches head 0 only through replayed task-0 samples
 

@@ -6,7 +6,7 @@ from torch import nn
 
 from cfl.engine.local.batched import BatchedTrainer
 from cfl.engine.local.hooks import projected as projected_by
-from cfl.engine.local.jobs import ClientJob, Hyper, Plugins
+from cfl.engine.local.jobs import ClientJob, Hyper, RoundMethods
 from cfl.engine.local.sequential import train_sequential
 from cfl.engine.local.stacking import stack_states
 from cfl.engine.rounds.runner import Runner
@@ -141,7 +141,7 @@ def test_weight_decay_is_projected_with_the_gradient(trainer):
     lr, wd = 0.1, 0.5
     hp = Hyper(lr, 0.0, wd, 1, 6)  # one step on all 6 samples
     trained, _ = trainer(model, params, [ClientJob(0, torch.arange(6), None, 0)], x, y, 0, hp,
-                         Plugins([_gpm(model, 0.9)], states, [{}]))
+                         RoundMethods([_gpm(model, 0.9)], states, [{}]))
     moved = trained["fc1.weight"][0] - params["fc1.weight"]
     p = {k: v.clone().requires_grad_() for k, v in params.items()}
     loss = nn.functional.cross_entropy(torch.func.functional_call(model, p, (x, None)), y)

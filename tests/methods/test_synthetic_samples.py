@@ -10,7 +10,7 @@ import torch
 from torch.func import functional_call
 
 from cfl.engine.local.batched import train_batched
-from cfl.engine.local.jobs import ClientJob, Hyper, Plugins
+from cfl.engine.local.jobs import ClientJob, Hyper, RoundMethods
 from cfl.engine.local.sequential import train_sequential
 from cfl.methods.base import Method, RunInfo, Samples
 from cfl.methods.fedavg import FedAvg
@@ -53,8 +53,8 @@ def test_the_synthetic_loss_moves_the_step_by_its_gradient(trainer):
     hp = Hyper(lr=LR, momentum=0.0, weight_decay=0.0, local_epochs=1, batch_size=8)
     start = {k: v.detach().clone() for k, v in model.named_parameters()}
     method = FirstLogit(None, RunInfo(1, "domain", 2, 2, 0, model))
-    with_pool, _ = trainer(model, start, jobs, x, y, 0, hp, Plugins([method], [MethodState()], [{"pool": pool}]))
-    plain, _ = trainer(model, start, jobs, x, y, 0, hp, Plugins([FedAvg(None, None)], [MethodState()], [{}]))
+    with_pool, _ = trainer(model, start, jobs, x, y, 0, hp, RoundMethods([method], [MethodState()], [{"pool": pool}]))
+    plain, _ = trainer(model, start, jobs, x, y, 0, hp, RoundMethods([FedAvg(None, None)], [MethodState()], [{}]))
     with torch.no_grad():
         features = model.body(pool).mean(0)
     for c in range(2):
@@ -91,7 +91,8 @@ def test_a_plugin_without_the_new_arguments_runs_unchanged(trainer):
     hp = Hyper(lr=LR, momentum=0.0, weight_decay=0.0, local_epochs=1, batch_size=4)
     start = {k: v.detach().clone() for k, v in model.named_parameters()}
     trained, outcomes = trainer(model, start, jobs, x, y, 0, hp,
-                                Plugins([Legacy(None, RunInfo(1, "domain", 2, 2, 0, model))], [MethodState()], [{}]))
+                                RoundMethods([Legacy(None, RunInfo(1, "domain", 2, 2, 0, model))], [MethodState()],
+                                             [{}]))
     assert all(o.finite for o in outcomes) and not torch.equal(trained["head.bias"][0], start["head.bias"])
 
 
@@ -117,14 +118,14 @@ def test_replay_sees_the_broadcast_on_both_trainers():
     hp = Hyper(lr=LR, momentum=0.0, weight_decay=0.0, local_epochs=1, batch_size=8)
     start = {k: v.detach().clone() for k, v in model.named_parameters()}
     method = PoolReplay(None, RunInfo(1, "domain", 1, 1, 0, model))
-    plugins = Plugins([method], [MethodState()], [{"pool": pool}])
-    runs = [trainer(model, start, [ClientJob(0, torch.arange(8), None, 1)], x, y, 0, hp, plugins)[0]
+    round_methods = RoundMethods([method], [MethodState()], [{"pool": pool}])
+    runs = [trainer(model, start, [ClientJob(0, torch.arange(8), None, 1)], x, y, 0, hp, round_methods)[0]
             for trainer in (train_sequential, train_batched)]
     joined = torch.cat([x, pool])
     plain, _ = train_sequential(model, start, [ClientJob(0, torch.arange(12), None, 1)], joined,
                                 torch.cat([y, torch.zeros(4, dtype=torch.long)]), 0,
                                 Hyper(lr=LR, momentum=0.0, weight_decay=0.0, local_epochs=1, batch_size=12),
-                                Plugins([FedAvg(None, None)], [MethodState()], [{}]))
+                                RoundMethods([FedAvg(None, None)], [MethodState()], [{}]))
     for k in start:
         assert torch.allclose(runs[0][k], runs[1][k], atol=1e-6)
         assert torch.allclose(runs[0][k], plain[k], atol=1e-6)

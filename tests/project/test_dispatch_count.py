@@ -67,7 +67,7 @@ needs_bf16_units = pytest.mark.skipif(has_bf16_units(torch.device("cpu")) is not
 def _stacked_round(precision: int | str = 32):
     """One stacked engine round of 4 clients x 4 steps of the PMNIST MLP, counted after a warm-up round."""
     from cfl.engine.local.batched import BatchedTrainer
-    from cfl.engine.local.jobs import ClientJob, Hyper, Plugins, derive_seed
+    from cfl.engine.local.jobs import ClientJob, Hyper, RoundMethods, derive_seed
     from cfl.methods.fedavg import FedAvg
     from cfl.models import ModelShape, build_model
     from cfl.records.client_states import MethodState
@@ -80,12 +80,12 @@ def _stacked_round(precision: int | str = 32):
     parts = list(torch.arange(4 * 64).split(64))
     hp = Hyper(lr=0.01, momentum=0.0, weight_decay=1e-5, local_epochs=1, batch_size=16, path="stacked",
                precision=precision)
-    plugins = Plugins([FedAvg(None, None)], [MethodState()], [{}])
+    round_methods = RoundMethods([FedAvg(None, None)], [MethodState()], [{}])
     trainer = BatchedTrainer()
     jobs = [ClientJob(c, parts[c], None, derive_seed(0, 0, 0, c)) for c in range(4)]
-    trainer(model, params, jobs, x, y, 0, hp, plugins)  # warm-up: workspaces allocated
+    trainer(model, params, jobs, x, y, 0, hp, round_methods)  # warm-up: workspaces allocated
     with counter_type() as counter:
-        trainer(model, params, jobs, x, y, 0, hp, plugins)
+        trainer(model, params, jobs, x, y, 0, hp, round_methods)
     return counter, 64 // 16
 
 

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from cfl.engine.local.heap import retain_freed_memory
-from cfl.engine.local.jobs import ClientJob, ClientOutcome, Hyper, Plugins
+from cfl.engine.local.jobs import ClientJob, ClientOutcome, Hyper, RoundMethods
 from cfl.engine.local.path import choose_path
 from cfl.engine.local.precision import warn_if_slow
 from cfl.engine.local.stacked import train_stacked
@@ -31,7 +31,7 @@ from cfl.tensors import Params
 
 
 def train_batched(model: nn.Module, global_params: Params, jobs: list[ClientJob], x: torch.Tensor,
-                  y: torch.Tensor, task: int, hp: Hyper, plugins: Plugins,
+                  y: torch.Tensor, task: int, hp: Hyper, round_methods: RoundMethods,
                   workspace: Params | None = None) -> tuple[Params, list[ClientOutcome]]:
     """Run local SGD for every job at once; returns parameters stacked over clients (C, ...).
 
@@ -43,17 +43,18 @@ def train_batched(model: nn.Module, global_params: Params, jobs: list[ClientJob]
     with the same workspace.
     """
     warn_if_slow(hp.precision, x.device)
-    if plugins.starts is not None or plugins.frozen:  # the run's path is sequential then (cfl/engine/local/path.py)
+    # the run's path is sequential then (cfl/engine/local/path.py)
+    if round_methods.starts is not None or round_methods.frozen:
         raise ValueError("train_batched starts every client from the global model and moves every parameter: "
                          "parameters kept per client or frozen ones train with train_sequential")
     order = sorted(range(len(jobs)), key=lambda c: -len(jobs[c].indices))  # stable: ties keep job order
     ordered = [jobs[c] for c in order]
     block = hp.client_block or auto_client_block(model, x.device, len(jobs))
-    path = hp.path or choose_path(model, hp, plugins.methods).path
+    path = hp.path or choose_path(model, hp, round_methods.methods).path
     if path == "stacked":
-        params, outcomes = train_stacked(model, global_params, ordered, x, y, task, hp, plugins, block, workspace)
+        params, outcomes = train_stacked(model, global_params, ordered, x, y, task, hp, round_methods, block, workspace)
     else:
-        params, outcomes = train_vmap(model, global_params, ordered, x, y, task, hp, plugins, block)
+        params, outcomes = train_vmap(model, global_params, ordered, x, y, task, hp, round_methods, block)
     if order == list(range(len(jobs))):
         return params, outcomes
     back = torch.empty(len(order), dtype=torch.long)
@@ -84,5 +85,6 @@ class BatchedTrainer:
         retain_freed_memory()
 
     def __call__(self, model: nn.Module, global_params: Params, jobs: list[ClientJob], x: torch.Tensor,
-                 y: torch.Tensor, task: int, hp: Hyper, plugins: Plugins) -> tuple[Params, list[ClientOutcome]]:
-        return train_batched(model, global_params, jobs, x, y, task, hp, plugins, self.workspace)
+                 y: torch.Tensor, task: int, hp: Hyper,
+                 round_methods: RoundMethods) -> tuple[Params, list[ClientOutcome]]:
+        return train_batched(model, global_params, jobs, x, y, task, hp, round_methods, self.workspace)

@@ -17,7 +17,7 @@ import torch
 
 from cfl.engine.hook_call import takes
 from cfl.engine.local import hooks, local_optim
-from cfl.engine.local.jobs import ClientJob, ClientOutcome, Hyper, Plugins, epoch_orders, replay_generator
+from cfl.engine.local.jobs import ClientJob, ClientOutcome, Hyper, RoundMethods, epoch_orders, replay_generator
 from cfl.engine.local.scratch import Scratch
 from cfl.engine.local.stacking import Batch, pad_samples, stack_states
 from cfl.engine.local.step_hooks import STEP_HOOKS
@@ -121,7 +121,7 @@ class BatchedRound:
 
     @staticmethod
     def of(global_params: Params, jobs: list[ClientJob], x: torch.Tensor, y: torch.Tensor, task: int, hp: Hyper,
-           plugins: Plugins, scratch: Scratch | None) -> BatchedRound:
+           round_methods: RoundMethods, scratch: Scratch | None) -> BatchedRound:
         """The round of ``jobs`` (sorted by steps, most first); ``scratch``: the stacked path's kept buffers, where
         the steps' samples are gathered (None: a fresh buffer)."""
         device = x.device
@@ -130,14 +130,15 @@ class BatchedRound:
         steps_left = torch.tensor([max(k, 1) for k in client_steps], dtype=torch.get_default_dtype(), device=device)
         allowed = None if jobs[0].allowed is None else torch.stack([job.allowed for job in jobs])
         cids = [job.cid for job in jobs]
-        states = [_stacked_states(m, plugins.client_states(i, cids)) for i, m in enumerate(plugins.methods)]
-        replaying = [(m, plugins.client_states(i, cids), plugins.broadcasts[i]) for i, m in enumerate(plugins.methods)
-                     if gives(m, "replay")]
+        methods = round_methods.methods
+        states = [_stacked_states(m, round_methods.client_states(i, cids)) for i, m in enumerate(methods)]
+        replaying = [(m, round_methods.client_states(i, cids), round_methods.broadcasts[i])
+                     for i, m in enumerate(methods) if gives(m, "replay")]
         generators = [replay_generator(job) for job in jobs]
-        raw_states = [plugins.client_states(i, cids) for i in range(len(plugins.methods))]
+        raw_states = [round_methods.client_states(i, cids) for i in range(len(round_methods.methods))]
         kept = None
         if hp.optimizer_state == "kept" and not local_optim.plain_sgd(hp):
-            slots, steps = local_optim.kept_state(hp, global_params, [plugins.optimizer.get(c) for c in cids])
+            slots, steps = local_optim.kept_state(hp, global_params, [round_methods.optimizer.get(c) for c in cids])
             kept = ({k: [v.to(device) for v in vs] for k, vs in slots.items()}, steps.to(device))
         task_ids = torch.full((C, hp.batch_size), task, dtype=y.dtype, device=device)
         x_shape = (C * hp.batch_size, *x.shape[1:])

@@ -9,7 +9,7 @@ from torch.func import vmap
 
 from cfl.engine.hook_call import refuse
 from cfl.engine.local import hooks
-from cfl.engine.local.jobs import Plugins
+from cfl.engine.local.jobs import RoundMethods
 from cfl.engine.local.stacking import Batch, client_rows, pad_samples, sample_counts
 from cfl.engine.local.step_hooks import StepStage
 from cfl.methods.base import Method
@@ -17,11 +17,12 @@ from cfl.methods.declarations import gives
 from cfl.tensors import Params, State
 
 
-def preconditioners_of(plugins: Plugins, global_params: Params, states: list[State]) -> dict[str, torch.Tensor]:
+def preconditioners_of(round_methods: RoundMethods, global_params: Params,
+                       states: list[State]) -> dict[str, torch.Tensor]:
     """Each weight's ``round_terms`` preconditioner matrices over the stacked clients, multiplied in the methods'
     order."""
     total: dict[str, torch.Tensor] = {}
-    for i, m in enumerate(plugins.methods):
+    for i, m in enumerate(round_methods.methods):
         if gives(m, "preconditioner"):
             for k, v in hooks.stacked_preconditioners(m, global_params, states[i]).items():
                 total[k] = v if k not in total else torch.matmul(total[k], v)

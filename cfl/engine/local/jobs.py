@@ -58,7 +58,7 @@ class ClientJob:
 
 
 @dataclass
-class Plugins:
+class RoundMethods:
     """The run's methods with their engine-owned states and this round's broadcasts."""
 
     methods: list[Method]

@@ -23,7 +23,7 @@ from torch import nn
 
 from cfl.config.keys import Config
 from cfl.engine.local.batched import train_batched
-from cfl.engine.local.jobs import ClientJob, ClientOutcome, Hyper, Plugins, derive_seed
+from cfl.engine.local.jobs import ClientJob, ClientOutcome, Hyper, RoundMethods, derive_seed
 from cfl.engine.local.path import trainer_kind
 from cfl.engine.local.sequential import train_sequential
 from cfl.methods.base import Method
@@ -59,10 +59,10 @@ def train_group(trainer: str, model: nn.Module, global_params: Params, jobs: lis
     if threads:
         torch.set_num_threads(threads)
     states = [MethodState(clients=ClientStates(cs)) for cs in client_states]
-    plugins = Plugins(methods, states, broadcasts)
+    round_methods = RoundMethods(methods, states, broadcasts)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(group_seed(jobs))
-        params, outcomes = GROUP_TRAINERS[trainer](model, global_params, jobs, x, y, task, hp, plugins)
+        params, outcomes = GROUP_TRAINERS[trainer](model, global_params, jobs, x, y, task, hp, round_methods)
     return params, outcomes
 
 
@@ -78,14 +78,15 @@ class RayClients:
         self.remote = self.ray.remote(train_group).options(num_cpus=1)
 
     def __call__(self, model: nn.Module, global_params: Params, jobs: list[ClientJob], x: torch.Tensor,
-                 y: torch.Tensor, task: int, hp: Hyper, plugins: Plugins) -> tuple[Params, list[ClientOutcome]]:
+                 y: torch.Tensor, task: int, hp: Hyper,
+                 round_methods: RoundMethods) -> tuple[Params, list[ClientOutcome]]:
         ray = self.ray
-        shared = [ray.put(v) for v in (model, global_params, hp, plugins.methods, plugins.broadcasts)]
+        shared = [ray.put(v) for v in (model, global_params, hp, round_methods.methods, round_methods.broadcasts)]
         model_ref, params_ref, hp_ref, methods_ref, broadcasts_ref = shared
         futures = []
         for group in split_groups(jobs, self.groups):
             rows, local_jobs = local_rows(group)
-            states = [{job.cid: st.clients.get(job.cid) for job in group} for st in plugins.states]
+            states = [{job.cid: st.clients.get(job.cid) for job in group} for st in round_methods.states]
             futures.append(self.remote.remote(self.trainer, model_ref, params_ref, local_jobs, x[rows], y[rows], task,
                                               hp_ref, methods_ref, states, broadcasts_ref, self.threads))
         results = ray.get(futures)

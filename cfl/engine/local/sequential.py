@@ -11,7 +11,7 @@ from torch import nn
 from torch.func import functional_call
 
 from cfl.engine.local import hooks, local_optim
-from cfl.engine.local.jobs import ClientJob, ClientOutcome, Hyper, Plugins, client_schedule, replay_generator
+from cfl.engine.local.jobs import ClientJob, ClientOutcome, Hyper, RoundMethods, client_schedule, replay_generator
 from cfl.engine.local.precision import autocast, to_float, warn_if_slow
 from cfl.engine.local.step_hooks import StepStage, as_batch, step_key, task_loss_of
 from cfl.methods.declarations import gives
@@ -21,22 +21,23 @@ from cfl.tensors import Params
 
 
 def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.Tensor, y: torch.Tensor,
-              task: int, hp: Hyper, plugins: Plugins) -> tuple[Params, ClientOutcome]:
+              task: int, hp: Hyper, round_methods: RoundMethods) -> tuple[Params, ClientOutcome]:
     warn_if_slow(hp.precision, x.device)
-    start = plugins.starts[job.cid] if plugins.starts is not None else global_params  # its own (param_roles local)
-    params = {k: v.detach().clone().requires_grad_(k not in plugins.frozen) for k, v in start.items()}
-    trainable = [k for k in params if k not in plugins.frozen]  # param_roles frozen: no gradient, step or state
+    # its own starting point where param_roles makes parameters local
+    start = round_methods.starts[job.cid] if round_methods.starts is not None else global_params
+    params = {k: v.detach().clone().requires_grad_(k not in round_methods.frozen) for k, v in start.items()}
+    trainable = [k for k in params if k not in round_methods.frozen]  # param_roles frozen: no gradient, step or state
     # BatchNorm running statistics: the client's own copy, updated in place by its training forwards
     buffers = {k: v.detach().clone() for k, v in job.buffers.items()}
     tensors = (params, buffers) if buffers else params
-    kept = plugins.optimizer if hp.optimizer_state == "kept" else None
+    kept = round_methods.optimizer if hp.optimizer_state == "kept" else None
     if kept is None:
         slots, t0 = {k: local_optim.new_slots(hp, params[k]) for k in trainable}, 0  # fresh each round
     else:  # the client's own state from its earlier rounds
         stacked, steps = local_optim.kept_state(hp, {k: global_params[k] for k in trainable}, [kept.get(job.cid)])
         slots, t0 = {k: [v[0] for v in vs] for k, vs in stacked.items()}, int(steps[0])
-    methods, broadcasts = plugins.methods, plugins.broadcasts
-    states = [st.clients.get(job.cid) for st in plugins.states]
+    methods, broadcasts = round_methods.methods, round_methods.broadcasts
+    states = [st.clients.get(job.cid) for st in round_methods.states]
     generator = replay_generator(job)
     stage = StepStage.of(methods, broadcasts, global_params, hp.lr, model, hp.precision, x.device)
     carry = stage.start(states) if stage is not None else {}
@@ -105,8 +106,9 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
 
 
 def train_sequential(model: nn.Module, global_params: Params, jobs: list[ClientJob], x: torch.Tensor,
-                     y: torch.Tensor, task: int, hp: Hyper, plugins: Plugins) -> tuple[Params, list[ClientOutcome]]:
+                     y: torch.Tensor, task: int, hp: Hyper,
+                     round_methods: RoundMethods) -> tuple[Params, list[ClientOutcome]]:
     """Same contract as :func:`cfl.engine.local.batched.train_batched`."""
-    results = [train_one(model, global_params, job, x, y, task, hp, plugins) for job in jobs]
+    results = [train_one(model, global_params, job, x, y, task, hp, round_methods) for job in jobs]
     stacked = {k: torch.stack([r[0][k] for r in results]) for k in global_params}
     return stacked, [r[1] for r in results]

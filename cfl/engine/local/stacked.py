@@ -12,7 +12,7 @@ from torch import nn
 from cfl.engine.local import hooks
 from cfl.engine.local.batched_round import BatchedRound, client_blocks, prefix_rows, stacked_buffers, with_replay
 from cfl.engine.local.batched_steps import preconditioners_of
-from cfl.engine.local.jobs import ClientJob, ClientOutcome, Hyper, Plugins
+from cfl.engine.local.jobs import ClientJob, ClientOutcome, Hyper, RoundMethods
 from cfl.engine.local.stacked_loss import loss_targets, weighted_cross_entropy
 from cfl.engine.local.stacked_net import StackedNet
 from cfl.engine.local.step_hooks import takes_steps
@@ -21,37 +21,37 @@ from cfl.tensors import Params
 
 
 def train_stacked(model: nn.Module, global_params: Params, jobs: list[ClientJob], x: torch.Tensor, y: torch.Tensor,
-                  task: int, hp: Hyper, plugins: Plugins, block: int,
+                  task: int, hp: Hyper, round_methods: RoundMethods, block: int,
                   workspace: Params | None) -> tuple[Params, list[ClientOutcome]]:
     """Train the sorted ``jobs`` in blocks of ``block`` clients, each block in its slice of the stacked buffers
     kept in ``workspace`` (returned: valid until the next call with the same workspace)."""
-    if any(takes_steps(m) for m in plugins.methods):
+    if any(takes_steps(m) for m in round_methods.methods):
         raise ValueError("the stacked path takes no step hooks (cfl.engine.local.path.choose_path routes them to vmap)")
     net = StackedNet(model, hp)
     full = net.stack(global_params, len(jobs), workspace)
     outcomes = []
     for start, chunk in client_blocks(jobs, block):
         params = net.leaves({k: v[start : start + len(chunk)] for k, v in full.items()})
-        outcomes += _train_block(model, global_params, params, chunk, x, y, task, hp, plugins, net,
+        outcomes += _train_block(model, global_params, params, chunk, x, y, task, hp, round_methods, net,
                                  stacked_buffers(chunk))
     return {k: v.detach() for k, v in full.items()}, outcomes
 
 
 def _train_block(model: nn.Module, global_params: Params, params: Params, jobs: list[ClientJob], x: torch.Tensor,
-                 y: torch.Tensor, task: int, hp: Hyper, plugins: Plugins, net: StackedNet,
+                 y: torch.Tensor, task: int, hp: Hyper, round_methods: RoundMethods, net: StackedNet,
                  client_buffers: Params) -> list[ClientOutcome]:
     """One block's round, in place in ``params``; ``client_buffers`` come back unchanged in the outcomes (no
     running statistics on this path)."""
     device = x.device
     C = len(jobs)
     token = torch.zeros((), device=device, requires_grad=True)
-    r = BatchedRound.of(global_params, jobs, x, y, task, hp, plugins, net.scratch)
+    r = BatchedRound.of(global_params, jobs, x, y, task, hp, round_methods, net.scratch)
     net.new_state(params, None if r.kept is None else r.kept[0])
     # quadratic penalties' steps from their gradients (no penalty in the loss)
-    penalty = net.penalty_steps([hooks.penalty_terms(m, global_params, plugins.broadcasts[i], r.states[i])
-                                 for i, m in enumerate(plugins.methods) if gives(m, "penalty")], params)
+    penalty = net.penalty_steps([hooks.penalty_terms(m, global_params, round_methods.broadcasts[i], r.states[i])
+                                 for i, m in enumerate(round_methods.methods) if gives(m, "penalty")], params)
     # layer preconditioners (RGO), once per round: (C or 1, d, d) per weight, the methods' products in order
-    matrices = preconditioners_of(plugins, global_params, r.states)
+    matrices = preconditioners_of(round_methods, global_params, r.states)
     # the steps' losses, (S, C): their sums and finiteness are read at the end
     losses = torch.zeros(r.steps, C, device=device) if r.replaying else None
     targets, excluded = None, None if r.allowed is None else ~r.allowed.unsqueeze(-2)

@@ -21,7 +21,7 @@ from cfl.engine.local.batched_steps import (
     preconditioners_of,
     rewritten,
 )
-from cfl.engine.local.jobs import ClientJob, ClientOutcome, Hyper, Plugins
+from cfl.engine.local.jobs import ClientJob, ClientOutcome, Hyper, RoundMethods
 from cfl.engine.local.precision import autocast, to_float
 from cfl.engine.local.stacking import client_rows, couples_samples, sample_counts
 from cfl.engine.local.step_hooks import StepStage, step_key
@@ -32,13 +32,13 @@ from cfl.tensors import Params
 
 
 def train_vmap(model: nn.Module, global_params: Params, jobs: list[ClientJob], x: torch.Tensor, y: torch.Tensor,
-               task: int, hp: Hyper, plugins: Plugins, block: int) -> tuple[Params, list[ClientOutcome]]:
+               task: int, hp: Hyper, round_methods: RoundMethods, block: int) -> tuple[Params, list[ClientOutcome]]:
     """Train the sorted ``jobs`` in blocks of ``block`` clients, each from its own copy of the global parameters;
     the blocks' parameters come back concatenated ``(C, ...)``."""
     parts, outcomes = [], []
     for _, chunk in client_blocks(jobs, block):
         params = {k: _stacked_leaf(v, len(chunk)) for k, v in global_params.items()}
-        trained, block_outcomes = _train_block(model, global_params, params, chunk, x, y, task, hp, plugins,
+        trained, block_outcomes = _train_block(model, global_params, params, chunk, x, y, task, hp, round_methods,
                                                stacked_buffers(chunk))
         parts.append(trained)
         outcomes += block_outcomes
@@ -46,24 +46,25 @@ def train_vmap(model: nn.Module, global_params: Params, jobs: list[ClientJob], x
 
 
 def _train_block(model: nn.Module, global_params: Params, params: Params, jobs: list[ClientJob], x: torch.Tensor,
-                 y: torch.Tensor, task: int, hp: Hyper, plugins: Plugins,
+                 y: torch.Tensor, task: int, hp: Hyper, round_methods: RoundMethods,
                  client_buffers: Params) -> tuple[Params, list[ClientOutcome]]:
     """One block's round from the stacked ``params``. ``client_buffers``: the clients' BatchNorm running statistics
     stacked ``(C, ...)`` (``{}`` without any), updated by their forwards and returned in the outcomes."""
     device = x.device
     C = len(jobs)
     buffers = dict(model.named_buffers())
-    r = BatchedRound.of(global_params, jobs, x, y, task, hp, plugins, None)
+    r = BatchedRound.of(global_params, jobs, x, y, task, hp, round_methods, None)
     coupled = couples_samples(model)
-    stage = StepStage.of(plugins.methods, plugins.broadcasts, global_params, hp.lr, model, hp.precision, device)
+    stage = StepStage.of(round_methods.methods, round_methods.broadcasts, global_params, hp.lr, model, hp.precision,
+                         device)
     starts = [stage.start([st[c] for st in r.raw_states]) for c in range(C)] if stage else []
     carry = stage.stacked(starts) if stage else {}
     keys = torch.stack([step_key(job, device) for job in jobs]) if stage else None
-    update = (SGDStep if hp.optimizer == "sgd" else OptimStep)(hp, params, plugins, stage is not None)
+    update = (SGDStep if hp.optimizer == "sgd" else OptimStep)(hp, params, round_methods, stage is not None)
     if r.kept is not None:
         update.keep(r.kept[0])
     # layer preconditioners (RGO), once per round: (C or 1, d, d) per weight, the methods' products in order
-    matrices = preconditioners_of(plugins, global_params, r.states)
+    matrices = preconditioners_of(round_methods, global_params, r.states)
     loss_sum = torch.zeros(C, device=device)
     finite = torch.ones(C, dtype=torch.bool, device=device)
 
@@ -86,15 +87,17 @@ def _train_block(model: nn.Module, global_params: Params, params: Params, jobs: 
             else ({}, {})
         step_allowed = None if r.allowed is None else r.allowed[:n]
         step_matrices = prefix_rows(matrices, n)
-        to_loss = loss_samples(plugins.methods, counts, drawn)
+        to_loss = loss_samples(round_methods.methods, counts, drawn)
         groups = size_groups(r.sizes[:n, s], [sample_counts(d) for d in step.draws] + [c for c, _ in to_loss.values()],
                              hp.batch_size, coupled, device)
         cross_entropy, per_client = grouped_losses(groups, step.data, step.extras, params, step_allowed, step_states,
-                                                   batched_forward, plugins, {i: b for i, (_, b) in to_loss.items()})
+                                                   batched_forward, round_methods,
+                                                   {i: b for i, (_, b) in to_loss.items()})
         loss_sum[:n] += cross_entropy.detach()
-        for i, m in enumerate(plugins.methods):
+        for i, m in enumerate(round_methods.methods):
             if gives(m, "penalty"):
-                pen = vmap(lambda p, st, m=m, b=plugins.broadcasts[i]: hooks.penalty_loss(m, p, global_params, b, st),
+                broadcast = round_methods.broadcasts[i]
+                pen = vmap(lambda p, st, m=m, b=broadcast: hooks.penalty_loss(m, p, global_params, b, st),
                            randomness="different")(params, step_states[i])
                 per_client = per_client + pen
         finite[:n] &= torch.isfinite(per_client.detach())
@@ -110,7 +113,7 @@ def _train_block(model: nn.Module, global_params: Params, params: Params, jobs: 
             # SGD's decay adds into the gradients in place: carry_step must see the gradient before it
             carrying = stage is not None and bool(stage.carry_stepping)
             update(s if r.kept is None else r.kept[1][:n] + s, params,
-                   {k: g.clone() for k, g in grads.items()} if carrying else grads, None, step_states, plugins)
+                   {k: g.clone() for k, g in grads.items()} if carrying else grads, None, step_states, round_methods)
             if carrying:
                 carry_on(stage, s, n, params, grads, before, drawn, carry, step_data, keys)
     carries = [{i: leaf_row(ci, c, starts[c][i]) for i, ci in carry.items()} for c in range(C)]

@@ -13,7 +13,7 @@ from torch.func import vmap
 
 from cfl.engine.local import hooks
 from cfl.engine.local.batched_round import StepBatch, with_replay
-from cfl.engine.local.jobs import Plugins
+from cfl.engine.local.jobs import RoundMethods
 from cfl.engine.local.stacking import Batch
 from cfl.engine.local.step_hooks import task_loss_of
 from cfl.methods.base import Method
@@ -47,7 +47,7 @@ def size_groups(sizes: torch.Tensor, replay_counts: list[list[int]], width: int,
 
 def grouped_losses(groups: list[Group], data: StepBatch, extras: list[Batch | None], params: Params,
                    allowed: torch.Tensor | None, states: list[State], forward: Callable,
-                   plugins: Plugins, samples: dict[int, Batch | None]) -> tuple[torch.Tensor, torch.Tensor]:
+                   round_methods: RoundMethods, samples: dict[int, Batch | None]) -> tuple[torch.Tensor, torch.Tensor]:
     """Per client (n,): the weighted cross-entropy of the step, and it plus the methods' extra losses; each
     group of :func:`size_groups` runs its own ``vmap``-ed forward on its clients' real samples. ``samples``:
     per method whose loss has an extra part, its step draw (their widths follow the replay
@@ -65,19 +65,19 @@ def grouped_losses(groups: list[Group], data: StepBatch, extras: list[Batch | No
         drawn = {i: cut(e, w) for (i, e), w in zip(samples.items(), widths[len(extras):], strict=True)}
         xb, yb, tb, wb = with_replay(tuple(pick(v)[:, :width] for v in data), replays)
         p = {k: pick(v) for k, v in params.items()}
-        own = task_loss_of(plugins.methods)
+        own = task_loss_of(round_methods.methods)
         if own is None:
             cross_entropy = weighted_mean(masked_cross_entropy(forward(p, xb, tb, idx), yb, None if allowed is None
                                                                else pick(allowed)), wb)
         else:  # the method's own per-sample loss in place of the cross-entropy
-            own_losses = _own_losses(plugins, own, p, forward(p, xb, tb, idx), (xb, yb, tb, wb),
+            own_losses = _own_losses(round_methods, own, p, forward(p, xb, tb, idx), (xb, yb, tb, wb),
                                      None if allowed is None else pick(allowed), client_rows_of(states[own], pick))
-            cross_entropy = weighted_mean(hooks.differentiable(plugins.methods[own], own_losses), wb)
+            cross_entropy = weighted_mean(hooks.differentiable(round_methods.methods[own], own_losses), wb)
         loss = cross_entropy
-        for i, m in enumerate(plugins.methods):
+        for i, m in enumerate(round_methods.methods):
             if gives(m, "extra"):
-                loss = loss + _extra_losses(m, plugins.broadcasts[i], (p, xb, tb, wb, client_rows_of(states[i], pick)),
-                                            drawn.get(i))
+                loss = loss + _extra_losses(m, round_methods.broadcasts[i],
+                                            (p, xb, tb, wb, client_rows_of(states[i], pick)), drawn.get(i))
         ce_parts.append(cross_entropy)
         loss_parts.append(loss)
     if len(groups) == 1:
@@ -97,10 +97,10 @@ def _extra_losses(method: Method, server: State, args: tuple, samples: Batch | N
                 randomness="different")(*args, samples.x, samples.y, samples.task, samples.weight, samples.extra)
 
 
-def _own_losses(plugins: Plugins, i: int, params: Params, logits: torch.Tensor, data: StepBatch,
+def _own_losses(round_methods: RoundMethods, i: int, params: Params, logits: torch.Tensor, data: StepBatch,
                 allowed: torch.Tensor | None, state: State) -> torch.Tensor:
     """Method ``i``'s task loss per client and sample ``(n, B)``, under ``vmap``."""
-    m, server = plugins.methods[i], plugins.broadcasts[i]
+    m, server = round_methods.methods[i], round_methods.broadcasts[i]
     x, y, t, w = data
     if allowed is None:
         return vmap(lambda p, lg, yy, xx, tt, ww, st: hooks.task_loss(m, p, lg, yy, xx, tt, ww, None, server, st),

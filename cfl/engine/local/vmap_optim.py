@@ -12,7 +12,7 @@ import torch
 from torch.func import vmap
 
 from cfl.engine.local import hooks, local_optim
-from cfl.engine.local.jobs import Hyper, Plugins
+from cfl.engine.local.jobs import Hyper, RoundMethods
 from cfl.methods.base import Method
 from cfl.methods.declarations import gives
 from cfl.tensors import Params, State
@@ -27,9 +27,9 @@ class SGDStep:
     writes the parameters once, against three read-write passes for "decay, then step".
     """
 
-    def __init__(self, hp: Hyper, params: Params, plugins: Plugins, stepping: bool = False) -> None:
+    def __init__(self, hp: Hyper, params: Params, round_methods: RoundMethods, stepping: bool = False) -> None:
         self.hp = hp
-        self.projecting = [i for i, m in enumerate(plugins.methods) if gives(m, "projection")]
+        self.projecting = [i for i, m in enumerate(round_methods.methods) if gives(m, "projection")]
         # step hooks must see the true gradient, not the folded decay's -g/wd
         self.fused = hp.momentum == 0 and not self.projecting and not stepping
         self.fold_decay = self.fused and hp.weight_decay >= 1e-8  # smaller: -1/wd could overflow float32
@@ -47,7 +47,7 @@ class SGDStep:
         return {k: [b] for k, b in zip(self.names, self.momentum, strict=True)}
 
     def __call__(self, s: int | torch.Tensor, params: Params, grads: Params, active: torch.Tensor | None, states: list,
-                 plugins: Plugins) -> None:
+                 round_methods: RoundMethods) -> None:
         """``grads`` are those of ``loss_scale`` x the summed client losses; ``active`` (C,) or None (all); ``s``
         the step (kept state: each client's steps so far, ``(n,)``)."""
         hp, p, g = self.hp, list(params.values()), list(grads.values())
@@ -62,7 +62,7 @@ class SGDStep:
         if hp.weight_decay:
             torch._foreach_add_(g, p, alpha=hp.weight_decay)
         for i in self.projecting:
-            g = list(_projected(plugins.methods[i], dict(zip(params, g, strict=True)), states[i]).values())
+            g = list(_projected(round_methods.methods[i], dict(zip(params, g, strict=True)), states[i]).values())
         if hp.momentum > 0:
             if not self.kept and s == 0:
                 self.momentum = [gk.clone() for gk in g]
@@ -86,9 +86,9 @@ class OptimStep:
 
     loss_scale = 1.0
 
-    def __init__(self, hp: Hyper, params: Params, plugins: Plugins, stepping: bool = False) -> None:  # noqa: ARG002
+    def __init__(self, hp: Hyper, params: Params, round_methods: RoundMethods, stepping: bool = False) -> None:  # noqa: ARG002
         self.hp = hp
-        self.projecting = [i for i, m in enumerate(plugins.methods) if gives(m, "projection")]
+        self.projecting = [i for i, m in enumerate(round_methods.methods) if gives(m, "projection")]
         self.slots: dict[str, list[torch.Tensor]] | None = None
 
     def keep(self, slots: dict[str, list[torch.Tensor]]) -> None:
@@ -99,7 +99,7 @@ class OptimStep:
         return self.slots
 
     def __call__(self, s: int | torch.Tensor, params: Params, grads: Params, active: torch.Tensor | None,
-                 states: list, plugins: Plugins) -> None:
+                 states: list, round_methods: RoundMethods) -> None:
         """As :meth:`SGDStep.__call__`; ``active`` must be None (every client in ``params`` steps)."""
         if active is not None:
             raise ValueError("OptimStep steps every client it is given; pass the clients still training")
@@ -107,7 +107,7 @@ class OptimStep:
             self.slots = {k: local_optim.new_slots(self.hp, v) for k, v in params.items()}
         g = {k: local_optim.decayed(self.hp, params[k], gk) for k, gk in grads.items()}
         for i in self.projecting:  # GPM: the projected gradient enters the moments
-            g = _projected(plugins.methods[i], g, states[i])
+            g = _projected(round_methods.methods[i], g, states[i])
         for k, p in params.items():
             local_optim.apply_(self.hp, p, g[k], [slot[: p.shape[0]] for slot in self.slots[k]], s + 1)
 

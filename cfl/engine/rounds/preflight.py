@@ -25,7 +25,7 @@ from cfl.engine.hook_rules import (
 )
 from cfl.engine.local import hooks
 from cfl.engine.local.batched import train_batched
-from cfl.engine.local.jobs import ClientJob, Plugins, limit_epochs
+from cfl.engine.local.jobs import ClientJob, RoundMethods, limit_epochs
 from cfl.engine.local.path import trainer_kind
 from cfl.engine.local.sequential import train_sequential
 from cfl.engine.local.step_hooks import StepStage, as_batch, gradient_function, takes_steps
@@ -126,17 +126,17 @@ def _dry_round(runner: Runner) -> None:
     for job in jobs:
         job.indices, job.steps_per_epoch = job.indices[:2], 1
         job.buffers = {k: v.clone() for k, v in runner.buffers.items()}
-    plugins = Plugins(runner.methods, states, broadcasts, ClientStates() if runner.optimizer_states is not None
-                      else None, frozen=runner.client_params.frozen)
+    kept = ClientStates() if runner.optimizer_states is not None else None
+    round_methods = RoundMethods(runner.methods, states, broadcasts, kept, frozen=runner.client_params.frozen)
     if runner.client_params.active:
-        plugins.starts = runner.client_params.starts(jobs, runner.params, states, broadcasts, 0)
+        round_methods.starts = runner.client_params.starts(jobs, runner.params, states, broadcasts, 0)
     hyper = dataclasses.replace(runner.hyper, local_epochs=1, client_block=0)
     data = runner.stream.tasks[0]
     trainer = train_sequential if trainer_kind(runner.cfg.client_execution, hyper.path) == "sequential" else \
         train_batched
     devices, mode = [runner.device] if runner.device.type == "cuda" else [], runner.model.training
     with torch.random.fork_rng(devices=devices), torch.enable_grad():
-        trainer(runner.model, runner.params, jobs, data.train_x, data.train_y, 0, hyper, plugins)
+        trainer(runner.model, runner.params, jobs, data.train_x, data.train_y, 0, hyper, round_methods)
     runner.model.train(mode)
     if runner.buffers:  # the training forwards may have moved the template's statistics
         load_global_model(runner.model, {}, runner.buffers)

@@ -27,7 +27,7 @@ from cfl.data.stream import Stream
 from cfl.engine.hook_call import call, finite_checks, takes
 from cfl.engine.local import penalty_share
 from cfl.engine.local.batched import BatchedTrainer
-from cfl.engine.local.jobs import ClientJob, ClientOutcome, Hyper, Plugins, derive_seed, limit_epochs
+from cfl.engine.local.jobs import ClientJob, ClientOutcome, Hyper, RoundMethods, derive_seed, limit_epochs
 from cfl.engine.local.path import choose_path, trainer_kind
 from cfl.engine.local.sequential import train_sequential
 from cfl.engine.rounds import server_events
@@ -218,13 +218,13 @@ class Runner:
         task_start = [self.task_starts.payload(i, st.server) for i, st in enumerate(self.states)]
         broadcasts = [{**r, **t} for r, t in zip(each_round, task_start, strict=True)]
         limit_epochs(jobs, self.methods, broadcasts)
-        plugins = Plugins(self.methods, self.states, broadcasts, self.optimizer_states)
+        round_methods = RoundMethods(self.methods, self.states, broadcasts, self.optimizer_states)
         if self.client_params.active:  # each client from its own parameters (param_roles, client_start)
-            plugins.starts = {c: p for t, group in groups for c, p in
+            round_methods.starts = {c: p for t, group in groups for c, p in
                               self.client_params.starts(group, self.params, self.states, broadcasts, t).items()}
-        plugins.frozen = self.client_params.frozen
+        round_methods.frozen = self.client_params.frozen
         start = time.perf_counter()
-        trained, outcomes = self._train(groups, plugins)
+        trained, outcomes = self._train(groups, round_methods)
         self.progress.train_seconds += time.perf_counter() - start
         if self.buffers:  # the hooks' forwards in training may have moved the template's statistics: the global ones
             load_global_model(self.model, {}, self.buffers)
@@ -232,7 +232,7 @@ class Runner:
             keep = self.server.accept(trained, outcomes, task, rnd, broadcasts)
         except NonFiniteError as err:
             for t, group in groups:
-                self._blame_hooks([j for j in group if j.cid in err.clients], t, plugins)
+                self._blame_hooks([j for j in group if j.cid in err.clients], t, round_methods)
             raise
         penalty_share.record_round(self.methods, self.states, broadcasts, self.params, trained, outcomes,
                                    keep.tolist(), task)
@@ -274,16 +274,18 @@ class Runner:
             record["client_forgetting_mean"] = forgetting["mean"]
         return record
 
-    def _train(self, groups: list[tuple[int, list[ClientJob]]], plugins: Plugins) -> tuple[Params, list[ClientOutcome]]:
+    def _train(self, groups: list[tuple[int, list[ClientJob]]],
+               round_methods: RoundMethods) -> tuple[Params, list[ClientOutcome]]:
         """Each task's clients trained on its data; the stacked models and outcomes in the order of ``groups``."""
         parts = [self.trainer(self.model, self.params, group, self.stream.tasks[t].train_x,
-                              self.stream.tasks[t].train_y, t, self.hyper, plugins) for t, group in groups if group]
+                              self.stream.tasks[t].train_y, t, self.hyper, round_methods)
+                 for t, group in groups if group]
         if len(parts) == 1:
             return parts[0]
         return ({k: torch.cat([p[k] for p, _ in parts]) for k in parts[0][0]},
                 [o for _, outcomes in parts for o in outcomes])
 
-    def _blame_hooks(self, jobs: list[ClientJob], task: int, plugins: Plugins) -> None:
+    def _blame_hooks(self, jobs: list[ClientJob], task: int, round_methods: RoundMethods) -> None:
         """After a non-finite round: train the clients it stopped on again, one after another, with every hook's
         result checked (:class:`cfl.engine.hook_call.finite_checks`), so a hook that made NaN or inf from finite
         arguments is named (``HookError``, exit code 3) in place of the advice to lower lr. Nothing on the way:
@@ -293,7 +295,7 @@ class Runner:
         data = self.stream.tasks[task]
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), finite_checks():
-            train_sequential(self.model, self.params, jobs, data.train_x, data.train_y, task, self.hyper, plugins)
+            train_sequential(self.model, self.params, jobs, data.train_x, data.train_y, task, self.hyper, round_methods)
         if self.buffers:
             load_global_model(self.model, {}, self.buffers)
 
