@@ -112,7 +112,9 @@ def _check_methods(cfg: Any, specs: list[dict[str, Any]]) -> None:
                                   "requires.unread_keys")
             if _changed(cfg, key):
                 chooser = "method.name" if i == 0 else f"plugins[{i - 1}].name"
-                raise IgnoredKey(key, getattr(cfg, key), chooser, spec["name"], why, f"remove {key}")
+                default = _shown(_default(cfg, key))  # what a command line sets over a config file's value
+                raise IgnoredKey(key, getattr(cfg, key), chooser, spec["name"], why,
+                                 f"remove {key}, or set it to its default ({key}: {default}, --set {key}={default})")
 
 
 def _check_stream(stream: Any) -> None:

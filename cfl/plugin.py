@@ -2,7 +2,8 @@
 
 A method plugin subclasses :class:`Method` (the hooks and their arguments: ``docs/plugins.md``), declares what it
 requires, sends and how it batches (:class:`Requires`, :class:`Sends`, :class:`Computes`) and registers it with
-``@register``; a stream plugin registers a builder with :func:`register_stream` (``docs/own-dataset.md``);
+``@register`` (a classifier set in closed form on a backbone's cached features subclasses :class:`ClosedFormHead`
+and gives two functions); a stream plugin registers a builder with :func:`register_stream` (``docs/own-dataset.md``);
 models, partitioners, aggregators and losses are registered on their registries (``MODELS.register(name,
 builder)``). This module only hands names on: the interface lives in :mod:`cfl.methods.base`, the values
 its hooks receive and return in :mod:`cfl.methods.hook_types`, the registries with what they hold. It imports no
@@ -19,6 +20,7 @@ from cfl.data.stream import Stream, Task
 from cfl.methods import METHODS, register
 from cfl.methods.base import Method
 from cfl.methods.client_hooks import ClientRound, ClientRoundStart, ClientStart, RoundTerms, StartPart, TermPart
+from cfl.methods.closed_form import ClosedFormHead
 from cfl.methods.declarations import BroadcastEvent, Computes, ModelTrain, Requires, Scenario, Sends, ServerTaskEnd
 from cfl.methods.hook_types import (
     EVENTS,
@@ -75,6 +77,8 @@ __all__ = [
     "LossContext", "LossTerms", "SamplesContext", "Draw", "ClientEndContext",
     # a client's round start and round terms (cfl/methods/client_hooks.py)
     "ClientRoundStart", "ClientStart", "StartPart", "ClientRound", "RoundTerms", "TermPart",
+    # a classifier set in closed form from the clients' statistics of cached features (cfl/methods/closed_form.py)
+    "ClosedFormHead",
     # types and helpers of hooks
     "Params", "State", "nbytes", "field", "ConfigError",
     "diagonal_fisher", "output_norm_importance", "layer_grams",

@@ -13,7 +13,6 @@ cfl's reading: the paper's random-projection buffer layer and its recursive (Woo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
@@ -45,7 +44,6 @@ class AFCL(ClosedFormHead):
     about = ("AFCL: analytic learner, the server's float64 ridge regression on the clients' feature Gram and "
              "cross-covariance, sent once per task (Tang et al. 2025); a pretrained backbone's model")
     Hyperparams = AFCLHyperparams
-    statistic_keys: ClassVar[tuple[str, ...]] = ("gram", "cross")
 
     def statistics(self, x: torch.Tensor, onehot: torch.Tensor) -> State:
         xb = with_bias(x)

@@ -1,10 +1,16 @@
-"""Classifiers set in closed form from the clients' statistics of frozen features (fedncm, afcl, ranpac): nothing trains
-by SGD. How the round loop treats them: every parameter is frozen (``param_roles``' ``frozen``), so a client's local
-epochs are forward passes only (its ``train_loss`` is the current classifier's) and its model comes back unchanged;
-it sends no parameters (``client_upload`` names them all at 0 bytes and the server keeps their global values); in
-``client_end("round")`` it uploads its statistics of the task once, at its first sampled round of the task (counted
-as upload bytes); ``server_event("round")`` adds them to the server's running sums and sets the heads whose sums
-changed from them, so evaluation at the task's end sees every statistic uploaded by then.
+"""Classifiers set in closed form from the clients' statistics of a frozen backbone's cached features (fedncm,
+afcl, ranpac, and plugins: docs/plugins.md, "A classifier in closed form"): nothing trains by SGD. A subclass gives
+two functions, ``statistics`` (one client's upload from its features and one-hot labels, float64) and ``solve``
+(a head from the server's sums); a fixed projection before the head is ``run_info.model.project(W)`` in its
+``__init__``, before this class's (ranpac).
+
+How the round loop treats them: every parameter is frozen (``param_roles``' ``frozen``), so a client's local
+epochs are forward passes only (its ``train_loss`` is the current classifier's, on the sequential trainer) and its
+model comes back unchanged; it sends no parameters (``client_upload`` names them all at 0 bytes and the server
+keeps their global values); in ``client_end("round")`` it uploads its statistics of the task once, at its first
+sampled round of the task (counted as upload bytes); ``server_event("round")`` adds them to the server's running
+sums and sets the heads whose sums changed from them, so evaluation at the task's end sees every statistic uploaded
+by then. ``lr``, ``momentum``, ``weight_decay`` and ``server_lr`` are refused when set (nothing reads them).
 
 The statistics are kept per head: one slot per task with one head per task (task-incremental), else one slot.
 """
@@ -12,12 +18,12 @@ The statistics are kept per head: one slot per task with one head per task (task
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
 from cfl.methods.base import ClientEndContext, Method, Params, ServerChange, ServerEvent, State
-from cfl.methods.declarations import Requires, Sends
+from cfl.methods.declarations import Computes, Requires, Sends
 from cfl.methods.traffic_hooks import ParamNames, ParamRoles, Payload, StackedUploads, TrainedClient
 
 UNREAD = "a closed-form classifier takes no gradient step (its parameters are frozen: docs/pretrained.md)"
@@ -32,6 +38,9 @@ class ClosedFormHead(Method, ABC):
         schedules_why="after each round it solves the head of the server's one current task from the statistics "
                       "uploaded so far")
     sends = Sends(server_events=("round",), client_events=("round",), downloads_model_at_task_end=False)
+    computes = Computes(sequential_reason="a classifier set in closed form: every parameter is frozen, so a "
+                                          "client's local epochs are forward passes only (its train loss), one client "
+                                          "after another")
 
     def __init__(self, hparams: Any, run_info: Any) -> None:
         super().__init__(hparams, run_info)
@@ -96,8 +105,6 @@ class ClosedFormHead(Method, ABC):
             else:
                 new_w, new_b = w.to(weight.dtype), b.to(bias.dtype)
         return ServerChange({"head.weight": new_w, "head.bias": new_b})
-
-    statistic_keys: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def statistics(self, x: torch.Tensor, onehot: torch.Tensor) -> State:

@@ -8,7 +8,6 @@ and the head is the classifier itself (the paper's FedNCM+FT fine-tunes from it 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
@@ -28,7 +27,6 @@ class FedNCM(ClosedFormHead):
     about = ("FedNCM: class means of frozen features from the clients' per-class sums and counts (Legate et al. "
              "2023); a pretrained backbone's model")
     Hyperparams = FedNCMHyperparams
-    statistic_keys: ClassVar[tuple[str, ...]] = ("sums", "counts")
 
     def statistics(self, x: torch.Tensor, onehot: torch.Tensor) -> State:
         return {"sums": onehot.T @ x, "counts": onehot.sum(0)}

@@ -15,7 +15,7 @@ no first-task adapter training (the paper's optional phase 1)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -56,7 +56,6 @@ class RanPAC(ClosedFormHead):
              "regression on the clients' Gram and cross-covariance, sent once per task (McDonnell et al. 2023); a "
              "pretrained backbone's model")
     Hyperparams = RanPACHyperparams
-    statistic_keys: ClassVar[tuple[str, ...]] = ("gram", "cross")
 
     def __init__(self, hparams: Any, run_info: Any) -> None:
         model = run_info.model

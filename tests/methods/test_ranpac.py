@@ -15,11 +15,11 @@ from cfl.engine.rounds.runner import Runner
 from cfl.methods import METHODS
 from cfl.methods.base import ClientData, Payload, RunInfo
 from cfl.methods.ranpac import RanPAC, RanPACHyperparams, random_projection
-from cfl.methods.server_hooks import ServerEvent
 from cfl.methods.training_hooks import ClientEndContext
 from cfl.models.feature_head import FeatureHead
 from cfl.models.mlp import MLP
 from cfl.validation import from_dict
+from tests.closed_form_rounds import federated
 from tests.conftest import method_spec, stream_for, tiny_config
 
 D, M, K, LAM = 6, 20, 3, 0.5
@@ -36,29 +36,6 @@ def task_data(seed: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 TASKS = [task_data(0, 23), task_data(1, 17)]
-
-
-def federated(method: RanPAC, info: RunInfo, tasks: list, split: int) -> tuple[dict, dict]:
-    """``tasks`` in the stream's order, each one's samples dealt at random (``split``) to 3 clients, a random
-    subset of which sends at the task's first round and the rest at its second: the final global head and the
-    server's sums."""
-    g = torch.Generator().manual_seed(split)
-    server, states = {}, [{} for _ in range(3)]
-    params = {k: v.detach().clone() for k, v in info.model.named_parameters()}
-    for task, (x, y) in enumerate(tasks):
-        owner = torch.randint(0, 3, (len(y),), generator=g)
-        first = set(torch.randperm(3, generator=g)[: 1 + split % 2].tolist())
-        for rnd in range(2):
-            uploads = {}
-            for c in range(3) if rnd else sorted(first):
-                data = ClientData(x[owner == c], y[owner == c], task)
-                up = method.client_end(ClientEndContext("round", info.model, params, data, states[c], {}, None))
-                if up is not None:
-                    uploads[c] = up
-            assert len(uploads) == (len(first) if rnd == 0 else 3 - len(first))  # once per client and task
-            change = method.server_event(ServerEvent("round", server, task, params, uploads, info.model))
-            params.update(change.params if change is not None else {})
-    return params, server
 
 
 def centralised(w_rand: torch.Tensor, x: torch.Tensor, y: torch.Tensor, lam: float = LAM) -> torch.Tensor:
