@@ -27,7 +27,8 @@ if str(ROOT) not in sys.path:  # run as `python benchmarks/campaign.py` from any
 from campaign_published import check_published  # noqa: E402
 
 from cfl.app.sweep import is_complete, load_sweep, resumable  # noqa: E402
-from cfl.config.keys import Config, ConfigError, _set_dotted  # noqa: E402
+from cfl.config.keys import Config, ConfigError  # noqa: E402
+from cfl.config.yaml_files import set_dotted  # noqa: E402
 
 TABLES_FILE = ROOT / "benchmarks" / "results" / "tables.yaml"
 RESULTS_ROOT = ROOT / "benchmarks" / "results"
@@ -175,7 +176,7 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
         out[key] = yaml.safe_load(value)
     probe: dict[str, Any] = {}
     for key, value in out.items():
-        _set_dotted(probe, key, value)
+        set_dotted(probe, key, value)
     return out
 
 

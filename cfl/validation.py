@@ -9,9 +9,10 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from cfl.config.keys import Config, _set_dotted, parse_overrides, read_yaml
+from cfl.config.keys import Config
 from cfl.config.precision import parse_precision
 from cfl.config.schema import ConfigError, build, refuse_nonfinite, to_dict
+from cfl.config.yaml_files import parse_overrides, read_yaml, set_dotted
 from cfl.cross_checks import (
     check_backbone_changes,
     check_client_params,
@@ -48,7 +49,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     """A YAML file (None: every default) with ``key=value`` overrides, validated."""
     data = read_yaml(path) if path is not None else {}
     for key, value in parse_overrides(overrides or []):
-        _set_dotted(data, key, value)
+        set_dotted(data, key, value)
     return from_dict(data)
 
 

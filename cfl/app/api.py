@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from cfl.app.run_result import RunResult
-from cfl.config.keys import Config, ConfigError, _set_dotted, read_yaml
+from cfl.config.keys import Config, ConfigError
+from cfl.config.yaml_files import read_yaml, set_dotted
 from cfl.data.stream import Stream
 from cfl.validation import from_dict
 
@@ -34,7 +35,7 @@ def run(config: str | Path | Mapping[str, Any] | Config, *, overrides: Mapping[s
     load_plugins(_plugin_files(plugins))
     data = _mapping(config)
     for key, value in _pairs(overrides):
-        _set_dotted(data, key, value)
+        set_dotted(data, key, value)
     with _lent(stream) as name:
         if name is not None:
             data.setdefault("stream", {})

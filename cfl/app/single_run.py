@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from cfl.config.keys import Config, ConfigError, _set_dotted, dump_yaml, parse_overrides, read_yaml
+from cfl.config.keys import Config, ConfigError, dump_yaml
+from cfl.config.yaml_files import parse_overrides, read_yaml, set_dotted
 from cfl.data.load import load_stream
 from cfl.engine.rounds.drop_states import drop_client_states
 from cfl.engine.rounds.preflight import dry_run_hooks
@@ -72,7 +73,7 @@ def resume_config(run_dir: Path, overrides: list[str] | list[tuple[str, Any]]) -
         raise ConfigError(f"--resume {run_dir}: no config.yaml in it; is it a cfl run directory?")
     data = read_yaml(Path(run_dir) / "config.yaml")
     for key, value in pairs:
-        _set_dotted(data, key, value)
+        set_dotted(data, key, value)
     try:
         with tolerated():  # a key without effect that an older cfl accepted: said, not refused
             return from_dict(data)

@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cfl.config.keys import Config, ConfigError, _set_dotted, read_yaml
+from cfl.config.keys import Config, ConfigError
+from cfl.config.yaml_files import read_yaml, set_dotted
 from cfl.engine.rounds.stop import StopRequest
 from cfl.ignored_keys import IgnoredKey
 from cfl.plugin_files import PluginSource
@@ -109,7 +110,7 @@ def load_sweep(path: str | Path, out: str | Path | None = None) -> list[SweepRun
             settings.extend([*_variant_items(value, path), ("label", str(value["label"]))] if key == "variant"
                             else [(key, value)])
         for key, value in settings:
-            _set_dotted(data, key, value)
+            set_dotted(data, key, value)
         name = "__".join(_name_part(k, v) for k, v in zip(keys, values, strict=True)) or "run"
         if name in named:
             raise _same_name(path, name, keys, named[name], values)
@@ -170,7 +171,7 @@ def _base_config(base: dict[str, Any], fixed: dict[str, Any]) -> Config | None:
     then name no keys, only the config hash)."""
     data = json.loads(json.dumps(base))
     for key, value in fixed.items():
-        _set_dotted(data, key, value)
+        set_dotted(data, key, value)
     try:
         return from_dict(data)
     except ConfigError:

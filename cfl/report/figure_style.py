@@ -170,7 +170,7 @@ def parse_group(entry: Any, where: str) -> GroupStyle:
 
 def read_style(path: str | Path) -> FigureOptions:
     """The options of a style file (module docstring), refused with a ConfigError when anything is off."""
-    from cfl.config.keys import read_yaml
+    from cfl.config.yaml_files import read_yaml
 
     where = f"--plot-style {path}"
     if not Path(path).is_file():

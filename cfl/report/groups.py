@@ -30,8 +30,9 @@ from typing import Any
 
 import yaml
 
-from cfl.config.keys import ConfigError, ScheduleConfig, parse_yaml
+from cfl.config.keys import ConfigError, ScheduleConfig
 from cfl.config.schema import to_dict
+from cfl.config.yaml_files import parse_yaml
 from cfl.records.run_dir import is_resume_safe
 from cfl.report.duplicates import one_per_seed
 from cfl.report.labels import (

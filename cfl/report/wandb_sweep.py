@@ -26,8 +26,8 @@ from typing import Any
 
 import yaml
 
-from cfl.config.keys import Config, ConfigError, parse_overrides, parse_yaml, read_yaml
-from cfl.config.keys import _set_dotted as set_dotted
+from cfl.config.keys import Config, ConfigError
+from cfl.config.yaml_files import parse_overrides, parse_yaml, read_yaml, set_dotted
 from cfl.data.benchmark_trust import check_foreign_benchmark, trusted_by_env
 from cfl.report.wandb_ids import checked_id
 from cfl.validation import from_dict

@@ -3,8 +3,9 @@ from pathlib import Path
 
 import pytest
 
-from cfl.config.keys import Config, parse_overrides, read_yaml
+from cfl.config.keys import Config
 from cfl.config.schema import ConfigError
+from cfl.config.yaml_files import parse_overrides, read_yaml
 from cfl.cross_checks import THREADS_PER_CPU, model_fit_error
 from cfl.data.load import load_stream
 from cfl.data.stream_registry import STREAMS

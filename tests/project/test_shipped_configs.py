@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from cfl.app.sweep import load_sweep
-from cfl.config.keys import read_yaml
+from cfl.config.yaml_files import read_yaml
 from cfl.validation import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
