@@ -11,7 +11,8 @@ from cfl.engine.local import stacked as local_stacked
 from cfl.engine.local.batched import train_batched
 from cfl.engine.local.jobs import ClientJob, Hyper, RoundMethods
 from cfl.engine.local.path import choose_path
-from cfl.engine.local.stacked_net import FusedLinearSGD, ReluDropout, StackedNet
+from cfl.engine.local.stacked_kernels import FusedLinearSGD, ReluDropout
+from cfl.engine.local.stacked_net import StackedNet
 from cfl.methods.er import ER, ERHyperparams
 from cfl.methods.ewc import EWC, EWCHyperparams
 from cfl.methods.fedavg import FedAvg
