@@ -86,11 +86,15 @@ METHOD_CONFIGS["lorm"] = {**METHOD_CONFIGS["lora"]}
 METHOD_CONFIGS["codap"] = {"model": {"name": "vit-ti16", "weights": "random", "image_size": 16, "train": "components",
                                      "prompt_pool": 4, "prompt_length": 2}, "lr": 0.01}
 METHOD_CONFIGS["fedcprompt"] = {**METHOD_CONFIGS["codap"], "weight_decay": 0.0}
+METHOD_CONFIGS["dualprompt"] = {"model": {"name": "vit-ti16", "weights": "random", "image_size": 16,
+                                          "train": "dual-prompts", "prompt_pool": 4, "prompt_length": 2,
+                                          "prompt_top_k": 1, "g_prompt_length": 2, "g_prompt_layers": 1,
+                                          "e_prompt_layers": 2}, "lr": 0.01, "weight_decay": 0.0}
 #: Fed-CPrompt: C2L's scales 1e3 / 1e1 (the code's, for ViT-B/16 features) blow a random tiny ViT's keys up to ~20 in
 #: a few steps, where float32 summation order alone differs by 1e-4 between the engines; 1 / 0.1 keep them small
 METHOD_SETTINGS["fedcprompt"] = {"pull": 1.0, "push": 0.1}
 METHOD_STREAMS.update({name: {"dim": 192, "image": (3, 8, 8), "model": "vit-ti16"}
-                       for name in ("l2p", "lora", "lorm", "codap", "fedcprompt")})
+                       for name in ("l2p", "lora", "lorm", "codap", "fedcprompt", "dualprompt")})
 
 
 def any_method_models() -> list[str]:

@@ -68,16 +68,23 @@ class ModelConfig:
                        "every sample are computed once (cached on disk) and the run trains a head on them (linear "
                        "probing; fedncm, afcl, ranpac); prompts (an L2P prompt pool and its keys, method l2p), "
                        "components (CODA-P's prompt components, keys and attention vectors, method codap or "
-                       "fedcprompt), lora (LoRA factors of every attention qkv projection, method lora) or all (full "
+                       "fedcprompt), dual-prompts (DualPrompt's G- and E-prompts as attention prefixes, method "
+                       "dualprompt), lora (LoRA factors of every attention qkv projection, method lora) or all (full "
                        "fine-tuning): the images go through the backbone each step, frozen and shared by all "
                        "clients, and only what trains is kept per client and sent (docs/pretrained.md)",
-                       choices=("head", "prompts", "components", "lora", "all"))
-    prompt_pool: int = field(10, "model.train: prompts | components: prompts in the pool (L2P's M; CODA-P's "
-                             "components)", min=1, max=4096)
-    prompt_length: int = field(5, "model.train: prompts | components: tokens per prompt (L2P's L_p; CODA-P's "
-                               "prompt length)", min=1, max=1024)
-    prompt_top_k: int = field(5, "model.train: prompts: prompts each input selects (L2P's N; at most prompt_pool)",
-                              min=1, max=4096)
+                       choices=("head", "prompts", "components", "dual-prompts", "lora", "all"))
+    prompt_pool: int = field(10, "model.train: prompts | components | dual-prompts: prompts in the pool (L2P's M; "
+                             "CODA-P's components; DualPrompt's E-prompts)", min=1, max=4096)
+    prompt_length: int = field(5, "model.train: prompts | components | dual-prompts: tokens per prompt (L2P's L_p; "
+                               "CODA-P's prompt length; DualPrompt's E-prompt length)", min=1, max=1024)
+    prompt_top_k: int = field(5, "model.train: prompts | dual-prompts: prompts each input selects (L2P's N; "
+                              "DualPrompt's official 1; at most prompt_pool)", min=1, max=4096)
+    g_prompt_length: int = field(5, "model.train: dual-prompts: tokens of DualPrompt's G-prompt (the official 5)",
+                                 min=1, max=1024)
+    g_prompt_layers: int = field(2, "model.train: dual-prompts: the first blocks that take the G-prompt (the "
+                                 "official layers 0-1: 2)", min=0, max=64)
+    e_prompt_layers: int = field(3, "model.train: dual-prompts: the blocks after them that take the E-prompts (the "
+                                 "official layers 2-4: 3)", min=1, max=64)
     lora_rank: int = field(4, "model.train: lora: rank r of the factors", min=1, max=4096)
     lora_alpha: float = field(4.0, "model.train: lora: the update is scaled by lora_alpha / lora_rank", gt=0,
                               max=1e6)

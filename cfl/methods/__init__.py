@@ -7,6 +7,7 @@ from cfl.methods.agem import AGEM
 from cfl.methods.base import Method
 from cfl.methods.codap import CodaP
 from cfl.methods.derpp import DERpp
+from cfl.methods.dualprompt import DualPrompt
 from cfl.methods.er import ER
 from cfl.methods.ewc import EWC
 from cfl.methods.fedadam import FedAdam
@@ -72,6 +73,7 @@ register(AFCL)
 register(RanPAC)  # a ridge regression on a fixed random projection ReLU(x W_rand) of the features
 register(L2P)  # model.train: prompts on a pretrained backbone
 register(CodaP)  # model.train: components on a pretrained backbone
+register(DualPrompt)  # model.train: dual-prompts (attention prefixes) on a pretrained backbone
 register(FedCPrompt)  # model.train: components, task-specific, with the contrastive continual loss
 register(LoRA)  # model.train: lora on a pretrained backbone
 register(LoRM)  # model.train: lora; closed-form (RegMean) merge of the trained factor

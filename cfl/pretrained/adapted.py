@@ -1,8 +1,10 @@
-"""A pretrained ViT that trains through its frozen backbone (``model.train: prompts | lora | all``):
+"""A pretrained ViT that trains through its frozen backbone (``model.train: prompts | components | dual-prompts |
+lora | all``):
 the backbone's weights are **buffers** of the model, not parameters, so the engine never stacks, copies,
 uploads or checkpoints them per client. Only the trainable subset is a parameter: the prompt pool and its keys
-(``prompts``), the LoRA factors of every block's attention ``qkv`` projection (``lora``), or everything (``all``:
-full fine-tuning), and always the head.
+(``prompts``), CODA-P's components (``components``), DualPrompt's G- and E-prompts, prefixes of the first blocks'
+attention (``dual-prompts``), the LoRA factors of every block's attention ``qkv`` projection (``lora``), or
+everything (``all``: full fine-tuning), and always the head.
 
 In the batched trainer each client's forward is ``functional_call(model, its_params, ...)`` under ``vmap``: the
 frozen buffers are not in the per-client parameters, so ``vmap`` sees them as one unbatched input (``in_dims=None``)
@@ -27,12 +29,14 @@ from torch import nn
 
 from cfl.heads import make_head
 from cfl.pretrained.coda_prompt import ComponentPrompt
+from cfl.pretrained.dual_prompt import DualPrompts
 from cfl.pretrained.lora import LoRALinear
+from cfl.pretrained.prefix_attention import prefixed_block
 from cfl.pretrained.preprocessing import MODES
 from cfl.pretrained.prompt_pool import PromptPool
 from cfl.tensors import nbytes
 
-TRAIN_MODES = ("prompts", "components", "lora", "all")
+TRAIN_MODES = ("prompts", "components", "dual-prompts", "lora", "all")
 
 
 def freeze_into_buffers(module: nn.Module) -> int:
@@ -50,7 +54,8 @@ class AdaptedViT(nn.Module):
     """``model(x, task)``: the timm ViT ``vit`` (copied) frozen except for its adapter, and a head."""
 
     def __init__(self, vit: nn.Module, train: str, classes: int, num_tasks: int, multi_head: bool, size: int,
-                 interpolation: str, prompt: tuple[int, int, int] = (10, 5, 5), lora: tuple[int, float] = (4, 4.0)):
+                 interpolation: str, prompt: tuple[int, int, int] = (10, 5, 5), lora: tuple[int, float] = (4, 4.0),
+                 dual: tuple[int, int, int] = (5, 2, 3)):
         super().__init__()
         if train not in TRAIN_MODES:
             raise ValueError(f"model.train {train!r} is not one of {TRAIN_MODES}")
@@ -62,7 +67,11 @@ class AdaptedViT(nn.Module):
         self.vit.requires_grad_(train == "all")
         width = self.vit.num_features
         self.prompt = PromptPool(*prompt, width) if train == "prompts" else \
-            ComponentPrompt(prompt[0], prompt[1], width) if train == "components" else None
+            ComponentPrompt(prompt[0], prompt[1], width) if train == "components" else \
+            DualPrompts(*prompt, width, *dual) if train == "dual-prompts" else None
+        if train == "dual-prompts" and dual[1] + dual[2] > len(self.vit.blocks):
+            raise ValueError(f"the G- and E-prompts' {dual[1]} + {dual[2]} layers exceed the backbone's "
+                             f"{len(self.vit.blocks)} blocks")
         if train == "lora":
             for block in self.vit.blocks:
                 block.attn.qkv = LoRALinear(block.attn.qkv, *lora)
@@ -79,28 +88,42 @@ class AdaptedViT(nn.Module):
         with torch.no_grad():
             return self.vit(self.resized(x))
 
-    def features(self, x: torch.Tensor) -> torch.Tensor:
+    def features(self, x: torch.Tensor, task: torch.Tensor | None = None) -> torch.Tensor:
+        """The head's input; ``task`` (the inputs' tasks) is read by ``dual-prompts`` at training only."""
         x = self.resized(x)
         if self.prompt is None:
             return self.vit(x)  # the [CLS] token after the final norm (timm's pooled pre-logits)
         v = self.vit
-        prompts = self.prompt(self.query(x))
         tokens = v.norm_pre(v.patch_drop(v._pos_embed(v.patch_embed(x))))  # [CLS] and patches, with positions
+        if self.train_mode == "dual-prompts":
+            return self.prefixed_features(x, tokens, task)
+        prompts = self.prompt(self.query(x))
         tokens = torch.cat([tokens[:, :1], prompts, tokens[:, 1:]], 1)  # the selected prompts after [CLS]
         tokens = v.norm(v.blocks(tokens))
         if self.train_mode == "components":
             return tokens[:, 0]  # CODA-P's head input: the [CLS] token's output
         return tokens[:, 1:1 + prompts.shape[1]].mean(1)  # L2P's head input: the prompt tokens' outputs, averaged
 
+    def prefixed_features(self, x: torch.Tensor, tokens: torch.Tensor, task: torch.Tensor | None) -> torch.Tensor:
+        """DualPrompt's head input: the [CLS] output of blocks whose first layers attend to the prefixes (the
+        official ``head_type: token``); at training each input's E-prompts are its task's, else its query's."""
+        if self.training and task is None:
+            raise ValueError("model.train: dual-prompts trains each input's task's E-prompts: pass its task")
+        prefixes = self.prompt(self.query(x), task if self.training else None)
+        for i, block in enumerate(self.vit.blocks):
+            tokens = prefixed_block(block, tokens, prefixes[i] if i < len(prefixes) else None)
+        return self.vit.norm(tokens)[:, 0]
+
     def forward(self, x: torch.Tensor, task: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x), task)
+        return self.head(self.features(x, task), task)
 
     def summary(self) -> str:
         """The line a run prints: which parameters train and what one client sends per round."""
         params = dict(self.named_parameters())
         groups: dict[str, int] = {}
         for k, v in params.items():
-            prompt = "prompts, keys and attention" if self.train_mode == "components" else "prompts and keys"
+            prompt = "prompts, keys and attention" if self.train_mode == "components" else \
+                "G-prompts, E-prompts and keys" if self.train_mode == "dual-prompts" else "prompts and keys"
             group = "head" if k.startswith("head.") else prompt if k.startswith("prompt.") else \
                 "LoRA factors" if ".lora_" in k else "backbone"
             groups[group] = groups.get(group, 0) + v.numel()
@@ -122,7 +145,7 @@ def adapted_model(cfg: Any, classes: int, num_tasks: int, multi_head: bool, quie
     m = cfg.model
     model = AdaptedViT(backbone.model, m.train, classes, num_tasks, multi_head, backbone.preprocessing.size,
                        backbone.preprocessing.interpolation, (m.prompt_pool, m.prompt_length, m.prompt_top_k),
-                       (m.lora_rank, m.lora_alpha))
+                       (m.lora_rank, m.lora_alpha), (m.g_prompt_length, m.g_prompt_layers, m.e_prompt_layers))
     if not quiet:
         print(model.summary(), file=sys.stderr, flush=True)
     return model

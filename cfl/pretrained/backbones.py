@@ -17,11 +17,12 @@ EXTRA = extra_install("pretrained")
 
 @dataclass(frozen=True)
 class Backbone:
-    """A timm architecture and the width of its pooled features."""
+    """A timm architecture, the width of its pooled features and its number of blocks."""
 
     timm_name: str
     features: int
     about: str
+    depth: int = 12
 
 
 BACKBONES: dict[str, Backbone] = {

@@ -91,7 +91,9 @@ def loaded_backbone(cfg: Any) -> LoadedBackbone:
 
 #: the model keys each ``model.train`` reads (the others are refused away from their defaults)
 ADAPTER_KEYS = {"prompts": ("prompt_pool", "prompt_length", "prompt_top_k"),
-                "components": ("prompt_pool", "prompt_length"), "lora": ("lora_rank", "lora_alpha")}
+                "components": ("prompt_pool", "prompt_length"), "lora": ("lora_rank", "lora_alpha"),
+                "dual-prompts": ("prompt_pool", "prompt_length", "prompt_top_k", "g_prompt_length", "g_prompt_layers",
+                                 "e_prompt_layers")}
 
 
 def _default(key: str) -> Any:
@@ -113,7 +115,11 @@ def check_adapter_keys(model: Any) -> None:
         raise ConfigError(f"model.lora_rank {model.lora_rank} exceeds the width {width} of {model.name}'s attention "
                           f"qkv projections ({width} -> {3 * width}): an update B A of that rank has rank at most "
                           f"{width}, the extra factors only add parameters; set lora_rank at most {width}")
-    if model.train == "prompts" and model.prompt_top_k > model.prompt_pool:
+    depth = BACKBONES[model.name].depth if is_backbone(model.name) else None
+    if model.train == "dual-prompts" and depth is not None and model.g_prompt_layers + model.e_prompt_layers > depth:
+        raise ConfigError(f"model.g_prompt_layers {model.g_prompt_layers} + e_prompt_layers {model.e_prompt_layers} "
+                          f"exceed {model.name}'s {depth} blocks; lower them (the official 2 + 3)")
+    if model.train in ("prompts", "dual-prompts") and model.prompt_top_k > model.prompt_pool:
         raise ConfigError(f"model.prompt_top_k {model.prompt_top_k} selects more prompts than the pool holds "
                           f"(model.prompt_pool {model.prompt_pool}); lower prompt_top_k or raise prompt_pool")
 
@@ -131,6 +137,9 @@ def check_method_train(cfg: Any, trains: dict[str, str]) -> None:
     if train == "prompts" and not any(trains.get(name) == "prompts" for name in names):
         raise ConfigError("model.train: prompts trains a prompt pool whose keys learn only from a prompt method's "
                           "key-query loss; use method l2p (or set model.train: lora, all or head)")
+    if train == "dual-prompts" and not any(trains.get(name) == train for name in names):
+        raise ConfigError("model.train: dual-prompts trains DualPrompt's E-prompts, whose keys learn only from its "
+                          "key-query loss; use method dualprompt (or set model.train: prompts, lora, all or head)")
     if train == "components" and not any(trains.get(name) == train for name in names):
         raise ConfigError("model.train: components trains CODA-P's prompt components; use method codap or "
                           "fedcprompt (or set model.train: prompts, lora, all or head)")

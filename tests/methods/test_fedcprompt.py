@@ -8,7 +8,7 @@ import torch
 from cfl.methods.server_hooks import ServerEvent
 from cfl.methods.training_hooks import ClientEndContext, LossContext
 from cfl.pretrained.contrastive_continual import contrastive_continual_loss, task_rows
-from tests.run_pairs import assert_batched_equals_sequential, checkpointed_params, killed_and_resumed
+from tests.run_pairs import assert_batched_equals_sequential, assert_resumes_bit_identically
 
 
 def test_c2l_is_the_scaled_triplet_on_each_sample():
@@ -145,11 +145,7 @@ def test_batched_equals_sequential_and_each_task_moves_its_own_slice(tmp_path):
 
 def test_resume_is_bit_identical(tmp_path, monkeypatch):
     pytest.importorskip("timm")
-    full, resumed = killed_and_resumed(_config(tmp_path, checkpoint_every=1, num_clients=3), tmp_path, monkeypatch)
-    assert resumed["acc_matrix"] == full["acc_matrix"] and resumed["upload_bytes"] == full["upload_bytes"]
-    assert resumed["download_bytes"] == full["download_bytes"]
-    final, reference = checkpointed_params(tmp_path / "part"), checkpointed_params(tmp_path / "full")
-    assert all(torch.equal(final[k], reference[k]) for k in reference)
+    assert_resumes_bit_identically(_config(tmp_path, checkpoint_every=1, num_clients=3), tmp_path, monkeypatch)
 
 
 def test_the_official_reduction_is_one_hinge_of_the_batch_sum_by_hand():

@@ -27,7 +27,7 @@ def test_the_sweep_has_every_row_on_both_streams_with_a_random_vit_at_224(tmp_pa
     runs = load_sweep(ROOT / "benchmarks" / "pretrained" / "split-3x224.yaml", out=tmp_path)
     labels = list(dict.fromkeys(r.config.label for r in runs))
     assert labels[:7] == ["linear-probe", "full-fine-tune", "fedncm", "afcl", "l2p", "codap", "lora"]
-    assert labels[7:] == ["lorm", "fedcprompt", "ranpac"]
+    assert labels[7:] == ["lorm", "fedcprompt", "ranpac", "dualprompt"]
     assert {r.config.stream.name for r in runs} == {"split-digits", "split-fmnist"}
     assert len(runs) == len(labels) * 2 * 3  # every row on both streams, 3 seeds
     for run in runs:
