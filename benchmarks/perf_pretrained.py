@@ -4,7 +4,8 @@ optimiser (fed-mammoth's way: a client's model moved to the device, trained, mov
 clients and steps, in the same process, the two alternating (docs/pretrained.md).
 
 Setup: a random ViT-Ti/16 (``--model``) at ``--size`` px, ``--train`` prompts (L2P: pool 10, length 5, top 5, the
-surrogate key loss) or lora, ``--clients`` clients of ``--samples`` each, all sampled, batch ``--batch``, one local
+surrogate key loss), dual-prompts (DualPrompt: G-prompt 5 in blocks 0-1, E-prompts 5 in blocks 2-4, the key pull) or
+lora, ``--clients`` clients of ``--samples`` each, all sampled, batch ``--batch``, one local
 epoch, SGD. ``cfl`` is a real Runner round (cfl/engine/local/batched.py); ``loop`` copies the template model (backbone
 included) per client, loads the global trainable values, trains its batches with the same losses and returns the
 trainable values. Peak memory: each kind's round in a fresh child process, the growth of the peak resident set
@@ -30,17 +31,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cfl.data.stream import Stream, Task  # noqa: E402
 from cfl.engine.rounds.runner import Runner  # noqa: E402
+from cfl.methods.dualprompt import pull  # noqa: E402
 from cfl.ops.losses import masked_cross_entropy  # noqa: E402
 from cfl.pretrained.features import with_backbone  # noqa: E402
 from cfl.pretrained.prompt_pool import key_distance  # noqa: E402
 from cfl.validation import from_dict  # noqa: E402
 
-METHOD = {"prompts": "l2p", "lora": "lora"}
+METHOD = {"prompts": "l2p", "lora": "lora", "dual-prompts": "dualprompt"}
+#: the adapter keys of each ``--train`` (DualPrompt's official one E-prompt an input, at least one a task)
+MODEL_KEYS = {"dual-prompts": {"prompt_top_k": 1}}
 
 
 def setup(args: argparse.Namespace, execution: str = "batched") -> Runner:
     cfg = from_dict({"stream": {"name": "split-digits", "num_tasks": 1}, "seed": 0,
-                     "model": {"name": args.model, "weights": "random", "image_size": args.size, "train": args.train},
+                     "model": {"name": args.model, "weights": "random", "image_size": args.size, "train": args.train,
+                               **MODEL_KEYS.get(args.train, {})},
                      "method": {"name": METHOD[args.train]}, "num_clients": args.clients,
                      "clients_per_round": args.clients, "rounds_per_task": 1000, "batch_size": args.batch,
                      "lr": 0.01, "client_execution": execution, "wandb": {"mode": "disabled"}})
@@ -76,6 +81,8 @@ def loop_round(runner: Runner, args: argparse.Namespace) -> None:
             loss = masked_cross_entropy(model(xb, torch.zeros_like(yb)), yb, None).mean()
             if args.train == "prompts":
                 loss = loss + 0.1 * key_distance(model.query(xb), own["prompt.keys"], model.prompt.top_k).mean()
+            if args.train == "dual-prompts":
+                loss = loss + pull(model.query(xb), own["prompt.keys"], torch.zeros_like(yb), 1).mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -99,7 +106,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="vit-ti16")
     p.add_argument("--size", type=int, default=32)
-    p.add_argument("--train", default="prompts", choices=("prompts", "lora"))
+    p.add_argument("--train", default="prompts", choices=("prompts", "lora", "dual-prompts"))
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--samples", type=int, default=64)
     p.add_argument("--batch", type=int, default=16)
@@ -126,7 +133,7 @@ def main() -> None:
     best = {k: min(v) for k, v in times.items()}
     argv = sys.argv[1:]
     memory = {k: peak_growth(k, argv) for k in ("cfl", "loop")}
-    tokens = (args.size // 16) ** 2 + 1 + (25 if args.train == "prompts" else 0)
+    tokens = (args.size // 16) ** 2 + 1 + (25 if args.train == "prompts" else 0)  # prefixes add keys, not tokens
     print(json.dumps({"model": args.model, "size": args.size, "train": args.train, "clients": args.clients,
                       "samples": args.samples, "batch": args.batch, "threads": args.threads, "tokens": tokens,
                       "path": runner.engine_path.path, "cfl_sec_per_round": best["cfl"],
