@@ -53,3 +53,14 @@ def assert_resumes_bit_identically(cfg: Any, tmp_path: Path, monkeypatch: pytest
     assert resumed["download_bytes"] == full["download_bytes"]
     final, reference = checkpointed_params(tmp_path / "part"), checkpointed_params(tmp_path / "full")
     assert all(torch.equal(final[k], reference[k]) for k in reference)
+
+
+def tiny_pretrained_runner(cfg: Any) -> Any:
+    """A Runner of ``cfg`` (a random ViT-Ti/16 config) on a generated class-incremental stream of 2 tasks of
+    1 x 8 x 8 images, 24 train and 8 test a task, normalised for the backbone."""
+    from cfl.engine.rounds.runner import Runner
+    from cfl.pretrained.features import with_backbone
+    from tests.conftest import make_stream
+
+    stream = make_stream("class", num_tasks=2, image=(1, 8, 8), n_train=24, n_test=8)
+    return Runner(cfg, with_backbone(cfg, stream, torch.device("cpu"), quiet=True))

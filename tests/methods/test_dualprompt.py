@@ -193,33 +193,24 @@ def _config(tmp_path, **extra):
                       "data_root": str(tmp_path / "data"), "wandb": {"mode": "disabled"}, **extra})
 
 
-def _runner(cfg):
-    from cfl.engine.rounds.runner import Runner
-    from cfl.pretrained.features import with_backbone
-    from tests.conftest import make_stream
-
-    stream = make_stream("class", num_tasks=2, image=(1, 8, 8), n_train=24, n_test=8)
-    return Runner(cfg, with_backbone(cfg, stream, torch.device("cpu"), quiet=True))
-
-
 def test_an_engine_run_trains_each_tasks_e_prompt_and_seeds_the_next(tmp_path):
     pytest.importorskip("timm")
-    from tests.run_pairs import assert_batched_equals_sequential
+    from tests.run_pairs import assert_batched_equals_sequential, tiny_pretrained_runner
 
-    runs = [_runner(_config(tmp_path))]
-    start = runs[0].params
-    runs[0].run_round(0, 0)
-    after = runs[0].params
+    run = tiny_pretrained_runner(_config(tmp_path))
+    start = run.params
+    run.run_round(0, 0)
+    after = run.params
     assert torch.equal(after["prompt.prompts"][1], start["prompt.prompts"][1])  # task 1's waits
     assert torch.equal(after["prompt.keys"][1], start["prompt.keys"][1])
     assert not torch.equal(after["prompt.prompts"][0], start["prompt.prompts"][0])
     assert not torch.equal(after["prompt.g"], start["prompt.g"])
-    runs[0].run_round(0, 1)
-    runs[0].task_end(0)  # the server's copy: task 1's E-prompt starts from task 0's, its key does not
-    ended = runs[0].params
+    run.run_round(0, 1)
+    run.task_end(0)  # the server's copy: task 1's E-prompt starts from task 0's, its key does not
+    ended = run.params
     assert torch.equal(ended["prompt.prompts"][1], ended["prompt.prompts"][0])
     assert torch.equal(ended["prompt.keys"][1], start["prompt.keys"][1])
-    whole = [_runner(_config(tmp_path, client_execution=e)) for e in ("batched", "sequential")]
+    whole = [tiny_pretrained_runner(_config(tmp_path, client_execution=e)) for e in ("batched", "sequential")]
     for r in whole:
         r.run()
     assert_batched_equals_sequential(*whole)

@@ -8,7 +8,7 @@ import torch
 from cfl.methods.server_hooks import ServerEvent
 from cfl.methods.training_hooks import ClientEndContext, LossContext
 from cfl.pretrained.contrastive_continual import contrastive_continual_loss, task_rows
-from tests.run_pairs import assert_batched_equals_sequential, assert_resumes_bit_identically
+from tests.run_pairs import assert_batched_equals_sequential, assert_resumes_bit_identically, tiny_pretrained_runner
 
 
 def test_c2l_is_the_scaled_triplet_on_each_sample():
@@ -118,19 +118,10 @@ def _config(tmp_path, **extra):
                       "wandb": {"mode": "disabled"}, **extra})
 
 
-def _runner(cfg):
-    from cfl.engine.rounds.runner import Runner
-    from cfl.pretrained.features import with_backbone
-    from tests.conftest import make_stream
-
-    stream = make_stream("class", num_tasks=2, image=(1, 8, 8), n_train=24, n_test=8)
-    return Runner(cfg, with_backbone(cfg, stream, torch.device("cpu"), quiet=True))
-
-
 def test_batched_equals_sequential_and_each_task_moves_its_own_slice(tmp_path):
     pytest.importorskip("timm")
-    start = _runner(_config(tmp_path)).params
-    runs = [_runner(_config(tmp_path, client_execution=e)) for e in ("batched", "sequential")]
+    start = tiny_pretrained_runner(_config(tmp_path)).params
+    runs = [tiny_pretrained_runner(_config(tmp_path, client_execution=e)) for e in ("batched", "sequential")]
     first = runs[0].run_round(0, 0)  # task 0's first round: rows 0, 1 move, rows 2, 3 (task 1's) do not
     assert torch.equal(runs[0].params["prompt.keys"][2:], start["prompt.keys"][2:])
     assert not torch.equal(runs[0].params["prompt.keys"][:2], start["prompt.keys"][:2])
