@@ -7,7 +7,8 @@ anywhere has finished whole seeds of whole tables first. A run is *recorded* whe
 ``benchmarks/results/<table>/<run name>/results.json``, *failed* when a failure record ``failed.json`` is there
 instead (it diverged: benchmarks/campaign_failures.py; not rerun until that file is deleted), *checkpointed* when
 its run directory in the campaign's work directory holds a checkpoint of the same config (it resumes there), else
-*to do*. A recorded or failed run is *done*.
+*to do*. A recorded or failed run is *done*. A table's ``last`` labels (its costliest rows, e.g. GLFC's proxy
+server) wait until every other run of the chosen tables has been taken, so the cheaper rows of all tables land first.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from cfl.config.yaml_files import set_dotted  # noqa: E402
 
 TABLES_FILE = ROOT / "benchmarks" / "results" / "tables.yaml"
 RESULTS_ROOT = ROOT / "benchmarks" / "results"
-TABLE_KEYS = {"title", "sweeps", "seeds", "only", "order", "columns", "tuning", "tuned_by", "published"}
+TABLE_KEYS = {"title", "sweeps", "seeds", "only", "last", "order", "columns", "tuning", "tuned_by", "published"}
 
 
 @dataclass(frozen=True, eq=False)  # hashed by identity: a campaign keys its processes by run
@@ -149,10 +150,10 @@ def table_runs(name: str, table: dict[str, Any], work: Path, results_root: Path 
             if only is not None and run.config.label not in only:
                 continue
             runs.append(PlannedRun(name, run.name, run.config, run.out, results_root / name / run.name))
-    if only is not None:
-        missing = sorted(set(only) - {r.config.label for r in runs})
+    for key in ("only", "last"):
+        missing = sorted(set(table.get(key) or []) - {r.config.label for r in runs})
         if missing:
-            raise ConfigError(f"table {name!r}: 'only' names {missing}, which no variant of its sweeps has")
+            raise ConfigError(f"table {name!r}: {key!r} names {missing}, which no variant of its sweeps has")
     return sorted(runs, key=lambda r: r.config.seed)  # stable: the sweeps' order within a seed
 
 
@@ -163,7 +164,8 @@ def planned_runs(tables: dict[str, dict[str, Any]], work: Path, results_root: Pa
     if unknown:
         raise ConfigError(f"--table: unknown table(s) {unknown}; the tables are {list(tables)}")
     names = [n for n in tables if chosen is None or n in chosen]
-    return [run for n in names for run in table_runs(n, tables[n], work, results_root, extra)]
+    runs = [run for n in names for run in table_runs(n, tables[n], work, results_root, extra)]
+    return sorted(runs, key=lambda r: r.config.label in (tables[r.table].get("last") or []))  # stable
 
 
 def parse_sets(items: list[str]) -> dict[str, Any]:
