@@ -404,11 +404,27 @@ def check_schedule_keys(cfg: Any) -> None:
                           "schedule.join_per_task")
 
 
-def check_methods_schedule(name: str, methods: list[Any]) -> None:
-    """Refuse a method that declares the schedules it runs under (``Method.requires.schedules``) and not ``name``."""
-    for cls in methods:
+def schedules_allowed(cls: Any, spec: dict[str, Any] | None = None) -> tuple[str, ...]:
+    """The schedules method ``cls`` runs under with its spec ``spec`` (its hyperparameters; None: unknown, so
+    ``schedules_unless`` is not granted); empty: every schedule."""
+    req = cls.requires
+    if req.schedules and req.schedules_unless and spec is not None:
+        key, value = req.schedules_unless
+        if spec.get(key, cls.Hyperparams.__dataclass_fields__[key].default) == value:
+            return ()
+    return tuple(req.schedules)
+
+
+def check_methods_schedule(name: str, methods: list[Any], specs: list[dict[str, Any]] | None = None) -> None:
+    """Refuse a method that declares the schedules it runs under (``Method.requires.schedules``) and not ``name``,
+    unless its spec (``specs``, in the order of ``methods``) sets the hyperparameter of ``schedules_unless``."""
+    for i, cls in enumerate(methods):
         req = cls.requires
-        if req.schedules and name not in req.schedules:
-            why = f": {req.schedules_why}" if req.schedules_why else ""
-            raise ConfigError(f"method {cls.name} runs under schedule {' or '.join(req.schedules)} only{why}; the "
-                              f"run's schedule is {name}: set schedule.name: {req.schedules[0]}")
+        allowed = schedules_allowed(cls, None if specs is None else specs[i])
+        if not allowed or name in allowed:
+            continue
+        unless = f", or set method.{req.schedules_unless[0]}: {req.schedules_unless[1]}" if req.schedules_unless \
+            else ""
+        why = f": {req.schedules_why}" if req.schedules_why else ""
+        raise ConfigError(f"method {cls.name} runs under schedule {' or '.join(req.schedules)} only{why}; the "
+                          f"run's schedule is {name}: set schedule.name: {req.schedules[0]}{unless}")

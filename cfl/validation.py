@@ -33,7 +33,7 @@ from cfl.methods import METHODS
 from cfl.models import MODELS
 from cfl.ops.aggregate import AGGREGATORS
 from cfl.ops.losses import LOSSES
-from cfl.pretrained.loaded import check_backbone
+from cfl.pretrained.loaded import check_backbone, resolved_prompt_length
 from cfl.schedules import build_plan, check_methods_schedule, check_plan, check_schedule_keys
 
 __all__ = ["from_dict", "load_config", "resolve_saved_model", "validate_names"]
@@ -165,7 +165,7 @@ def _validate_names(cfg: Config) -> Config:
     if len(set(names)) != len(names):
         raise ConfigError(f"a method appears twice in method + plugins: {names}")
     check_methods(cfg, [method, *plugins])
-    check_methods_schedule(cfg.schedule.name, [METHODS[n] for n in names])
+    check_methods_schedule(cfg.schedule.name, [METHODS[n] for n in names], [method, *plugins])
     check_ignored_keys(cfg, [method, *plugins])
     check_threads(cfg.threads)
     check_optimizer(cfg, [method, *plugins])
@@ -173,7 +173,8 @@ def _validate_names(cfg: Config) -> Config:
     check_client_params(cfg, [method, *plugins])
     cfg = dataclasses.replace(cfg, method=method, plugins=plugins, precision=parse_precision(cfg.precision),
                               model=dataclasses.replace(cfg.model, name=resolve_model(cfg.stream.name, cfg.model.name,
-                                                                                      method["name"])))
+                                                                                      method["name"]),
+                                                        prompt_length=resolved_prompt_length(cfg.model)))
     check_model_family(cfg)
     check_model_fits(cfg)
     check_model_buffers(cfg)

@@ -45,10 +45,11 @@ def checkpointed_params(run_dir: Path) -> dict[str, torch.Tensor]:
     return torch.load(run_dir / "checkpoint.pt", weights_only=False)["params"]
 
 
-def assert_resumes_bit_identically(cfg: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``cfg`` killed after a checkpoint and resumed equals one run straight through: accuracy matrix, bytes
-    and every checkpointed parameter."""
-    full, resumed = killed_and_resumed(cfg, tmp_path, monkeypatch)
+def assert_resumes_bit_identically(cfg: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                   after_round: int = 3) -> None:
+    """``cfg`` killed after the checkpoint of global round ``after_round`` and resumed equals one run straight
+    through: accuracy matrix, bytes and every checkpointed parameter."""
+    full, resumed = killed_and_resumed(cfg, tmp_path, monkeypatch, after_round)
     assert resumed["acc_matrix"] == full["acc_matrix"] and resumed["upload_bytes"] == full["upload_bytes"]
     assert resumed["download_bytes"] == full["download_bytes"]
     final, reference = checkpointed_params(tmp_path / "part"), checkpointed_params(tmp_path / "full")

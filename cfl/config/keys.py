@@ -75,8 +75,10 @@ class ModelConfig:
                        choices=("head", "prompts", "components", "dual-prompts", "lora", "all"))
     prompt_pool: int = field(10, "model.train: prompts | components | dual-prompts: prompts in the pool (L2P's M; "
                              "CODA-P's components; DualPrompt's E-prompts)", min=1, max=4096)
-    prompt_length: int = field(5, "model.train: prompts | components | dual-prompts: tokens per prompt (L2P's L_p; "
-                               "CODA-P's prompt length; DualPrompt's E-prompt length)", min=1, max=1024)
+    prompt_length: Optional[int] = field(None, "model.train: prompts | components | dual-prompts: tokens per prompt "
+                                         "(L2P's L_p; CODA-P's prompt length; DualPrompt's E-prompt length); null: "
+                                         "the official code's, 5 (L2P, DualPrompt), 8 (CODA-P's prefix form) or 5 "
+                                         "(components with component_layers: 0)", min=1, max=1024)
     prompt_top_k: int = field(5, "model.train: prompts | dual-prompts: prompts each input selects (L2P's N; "
                               "DualPrompt's official 1; at most prompt_pool)", min=1, max=4096)
     g_prompt_length: int = field(5, "model.train: dual-prompts: tokens of DualPrompt's G-prompt (the official 5)",
@@ -85,6 +87,11 @@ class ModelConfig:
                                  "official layers 0-1: 2)", min=0, max=64)
     e_prompt_layers: int = field(3, "model.train: dual-prompts: the blocks after them that take the E-prompts (the "
                                  "official layers 2-4: 3)", min=1, max=64)
+    component_layers: int = field(5, "model.train: components: the first blocks whose attention takes CODA-P's "
+                                  "components as prefixes (prefix tuning: a prompt's first prompt_length / 2 tokens "
+                                  "the keys, the rest the values; the official layers 0-4: 5); 0: prompt tuning, "
+                                  "the weighted prompt prepended after [CLS] (cfl's form before 2026-12-03)",
+                                  min=0, max=64)
     lora_rank: int = field(4, "model.train: lora: rank r of the factors", min=1, max=4096)
     lora_alpha: float = field(4.0, "model.train: lora: the update is scaled by lora_alpha / lora_rank", gt=0,
                               max=1e6)

@@ -46,7 +46,7 @@ FINITE = ("made non-finite values (NaN or inf) from finite arguments (the run st
           "zero, log of 0 or overflow, not lr, is the cause)")
 CARRY_STEP = "must return a dict shaped like step.carry: the same keys, each tensor of the same shape and dtype"
 UPLOAD = "must return None or the client's upload, a dict"
-BEFORE_TASK_END = ("must return None at 'start' and 'before_task_end': it writes what it keeps into its server state "
+BEFORE_TASK_END = ("must return None at 'before_task_end': it writes what it keeps into its server state "
                    "(ctx.server) in place")
 SERVER_UPDATE = "must return None or the new global parameters: {every parameter name: float tensor shaped like it}"
 TRANSFORM = "must return the server step: {every parameter name: float tensor shaped like it}"

@@ -248,7 +248,8 @@ class Method:
         """The server's moments the method declares in ``sends.server_events`` (:class:`ServerEvent`; ``ctx.server``
         changed in place). "start": once, before the first round (not again on resume: the server state is
         checkpointed), create the server state the first broadcast sends (SCAFFOLD's ``c``; a broadcast key missing
-        from it is not sent). "round": after each round's server step, reduce the round's uploads and look at the
+        from it is not sent), and may return the initial global values of some parameters (CODA-P's first task's
+        components). "round": after each round's server step, reduce the round's uploads and look at the
         new global model (GLFC's proxy server scores it); may return new global values of some parameters
         (a closed-form classifier: fedncm, afcl). "before_task_end": at the end of every task but the last, before
         the task-end broadcast is sent and before ``client_end("task_end")``, on the task's final global model

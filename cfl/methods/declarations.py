@@ -101,6 +101,9 @@ class Requires(_Frozen):
     #: the schedules (``schedule.name``, cfl/schedules.py) the method runs under (empty: every one), and why
     schedules: tuple[str, ...] = ()
     schedules_why: str = ""
+    #: a hyperparameter setting ``(name, value)`` under which ``schedules`` does not hold (e.g. codap's
+    #: ``("start", "at-once")``: no component enters at a task end); empty: ``schedules`` always holds
+    schedules_unless: tuple[str, ...] = ()
     #: top-level config keys the method makes unread -> why (a run setting one away from its default is refused,
     #: cfl/ignored_keys.py), e.g. an adaptive server's ``{"server_lr": "..."}``
     unread_keys: Mapping[str, str] = field(default_factory=dict)

@@ -19,7 +19,13 @@ The round's global model reaches the loss as a broadcast (the server keeps a cop
 after each server step); it is the model the client downloads that round anyway, so it is counted as 0 bytes.
 The previous task's model is each client's own copy of the global model at its task end (state, one trainable
 subset per client). The cross-entropy's softmax runs over the client's current task's classes only
-(``class_mask: current``, the code's old logits set to ``-inf``); ``seen``: every class seen so far. See
+(``class_mask: current``, the code's old logits set to ``-inf``); ``seen``: every class seen so far.
+
+The model is the official code's by default: prefix tuning in blocks 0-4 (``model.component_layers``, 5;
+``models/vit_coda_p.py``). ``start: at-once`` (the default) puts every slice in the forward from the start, drawn
+orthonormal, and runs under every schedule; ``start: orthogonal`` is the code's exclusion of future slices (a
+task's rows enter the global model at its task's start, with their values of the run's first orthonormal draw:
+cfl/methods/component_start.py), synchronous schedule only, since the server places a slice at the task end. See
 docs/methods/fedcprompt.md for cfl's reading of the paper and code.
 """
 
@@ -31,7 +37,8 @@ from typing import Any
 import torch
 
 from cfl.config.schema import ConfigError, field
-from cfl.methods.base import ClientEndContext, LossContext, LossTerms, Method, Payload, ServerEvent, Step
+from cfl.methods import component_start
+from cfl.methods.base import ClientEndContext, LossContext, LossTerms, Method, Payload, ServerChange, ServerEvent, Step
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.methods.class_mask import ClassMasked, class_mask_field
 from cfl.methods.declarations import Computes, Requires, Sends
@@ -60,6 +67,8 @@ class FedCPromptHyperparams:
     ortho: float = field(0.0, "weight of CODA-P's orthogonality penalty on components, keys and attention vectors "
                               "(0: off, as the official Fed-CPrompt scripts run it)", min=0, max=WEIGHT_MAX)
     class_mask: str = class_mask_field("current")
+    start: str = component_start.start_field("at-once", "every slice in the forward from the start, drawn "
+                                                        "orthonormal, each task training its own")
 
 
 class FedCPrompt(ClassMasked, Method):
@@ -67,8 +76,11 @@ class FedCPrompt(ClassMasked, Method):
     about = ("Fed-CPrompt: task-specific CODA-P prompt components and the contrastive continual loss C2L on a "
              "frozen pretrained ViT (Bagwe et al. 2023), FedAvg of components and head; model.train: components")
     Hyperparams = FedCPromptHyperparams
-    requires = Requires(model_train="components")
-    sends = Sends(server_events=("start", "round"), broadcast={"round": ("global",)}, client_events=("task_end",))
+    requires = Requires(model_train="components", schedules=("synchronous",),
+                        schedules_why="each task's components enter the global model at the synchronous task end",
+                        schedules_unless=("start", "at-once"))
+    sends = Sends(server_events=("start", "round", "task_end"), broadcast={"round": ("global",)},
+                  client_events=("task_end",))
     computes = Computes(losses=("task", "extra"))
 
     def __init__(self, hparams: Any, run_info: Any) -> None:
@@ -80,7 +92,7 @@ class FedCPrompt(ClassMasked, Method):
         self.owner = task_rows(pool, run_info.num_tasks)
 
     @classmethod
-    def check(cls, hparams: Any, cfg: Any) -> None:  # noqa: ARG003
+    def check(cls, hparams: Any, cfg: Any) -> None:
         if cfg.weight_decay != 0:
             raise ConfigError(f"method fedcprompt freezes the prompt components of the other tasks, which weight "
                               f"decay would still shrink; set weight_decay: 0 (it is {cfg.weight_decay})")
@@ -88,10 +100,25 @@ class FedCPrompt(ClassMasked, Method):
         if tasks is not None and cfg.model.prompt_pool < tasks:
             raise ConfigError(f"method fedcprompt gives each task its own prompt components: model.prompt_pool "
                               f"{cfg.model.prompt_pool} is fewer than stream.num_tasks {tasks}; raise prompt_pool")
+        component_start.check_start(cls.name, hparams, cfg)
 
     # ---- the round's global model, kept by the server and broadcast ----
-    def server_event(self, ctx: ServerEvent) -> None:
-        ctx.server["global"] = frozen(ctx.global_params)
+    def server_event(self, ctx: ServerEvent) -> ServerChange | None:
+        """The round's global model, kept; at the start only task 0's components, at a task end the next task's
+        enter (``start``; the kept model then holds them)."""
+        info, layered = self.run_info, bool(self.run_info.model.prompt.layers)
+        change = None
+        if ctx.event == "start":
+            new = component_start.at_start(self.hparams, ctx.global_params, ctx.server, info.seed, info.num_tasks,
+                                           layered)
+            change = ServerChange(new) if new else None
+        elif ctx.event == "task_end":
+            change = component_start.at_task_end(self.hparams, ctx.global_params, ctx.server, info.seed,
+                                                 info.num_tasks, ctx.task, layered)
+            if change is None:
+                return None
+        ctx.server["global"] = frozen({**ctx.global_params, **(change.params if change else {})})
+        return change
 
     def count_bytes(self, ctx: Payload) -> int | None:
         """The round's broadcast is the global model the client downloads that round anyway: 0 more bytes; every

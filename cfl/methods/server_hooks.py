@@ -45,10 +45,10 @@ class ServerEvent:
 
 @dataclass
 class ServerChange:
-    """What :meth:`Method.server_event` may return at "round" and "task_end" (None: nothing changes): ``params``,
-    new global values of some parameters (``{name: tensor}``, each shaped and typed like it: a closed-form
-    classifier); ``backbone``, at "task_end" only, a change of the shared frozen backbone (a method declaring
-    ``changes_backbone``)."""
+    """What :meth:`Method.server_event` may return at "start", "round" and "task_end" (None: nothing changes):
+    ``params``, new global values of some parameters (``{name: tensor}``, each shaped and typed like it: a
+    closed-form classifier; at "start", the initial model's: CODA-P's first task's components); ``backbone``, at
+    "task_end" only, a change of the shared frozen backbone (a method declaring ``changes_backbone``)."""
 
     params: Params = field(default_factory=dict)
     backbone: BackboneUpdate | None = None

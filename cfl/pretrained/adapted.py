@@ -2,7 +2,8 @@
 lora | all``):
 the backbone's weights are **buffers** of the model, not parameters, so the engine never stacks, copies,
 uploads or checkpoints them per client. Only the trainable subset is a parameter: the prompt pool and its keys
-(``prompts``), CODA-P's components (``components``), DualPrompt's G- and E-prompts, prefixes of the first blocks'
+(``prompts``), CODA-P's components (``components``: as attention prefixes of the first ``component_layers``
+blocks, or prepended to the tokens), DualPrompt's G- and E-prompts, prefixes of the first blocks'
 attention (``dual-prompts``), the LoRA factors of every block's attention ``qkv`` projection (``lora``), or
 everything (``all``: full fine-tuning), and always the head.
 
@@ -55,7 +56,7 @@ class AdaptedViT(nn.Module):
 
     def __init__(self, vit: nn.Module, train: str, classes: int, num_tasks: int, multi_head: bool, size: int,
                  interpolation: str, prompt: tuple[int, int, int] = (10, 5, 5), lora: tuple[int, float] = (4, 4.0),
-                 dual: tuple[int, int, int] = (5, 2, 3)):
+                 dual: tuple[int, int, int] = (5, 2, 3), component_layers: int = 0):
         super().__init__()
         if train not in TRAIN_MODES:
             raise ValueError(f"model.train {train!r} is not one of {TRAIN_MODES}")
@@ -67,8 +68,11 @@ class AdaptedViT(nn.Module):
         self.vit.requires_grad_(train == "all")
         width = self.vit.num_features
         self.prompt = PromptPool(*prompt, width) if train == "prompts" else \
-            ComponentPrompt(prompt[0], prompt[1], width) if train == "components" else \
+            ComponentPrompt(prompt[0], prompt[1], width, component_layers) if train == "components" else \
             DualPrompts(*prompt, width, *dual) if train == "dual-prompts" else None
+        if train == "components" and component_layers > len(self.vit.blocks):
+            raise ValueError(f"model.component_layers {component_layers} exceeds the backbone's "
+                             f"{len(self.vit.blocks)} blocks")
         if train == "dual-prompts" and dual[1] + dual[2] > len(self.vit.blocks):
             raise ValueError(f"the G- and E-prompts' {dual[1]} + {dual[2]} layers exceed the backbone's "
                              f"{len(self.vit.blocks)} blocks")
@@ -95,7 +99,7 @@ class AdaptedViT(nn.Module):
             return self.vit(x)  # the [CLS] token after the final norm (timm's pooled pre-logits)
         v = self.vit
         tokens = v.norm_pre(v.patch_drop(v._pos_embed(v.patch_embed(x))))  # [CLS] and patches, with positions
-        if self.train_mode == "dual-prompts":
+        if self.train_mode == "dual-prompts" or getattr(self.prompt, "layers", 0):
             return self.prefixed_features(x, tokens, task)
         prompts = self.prompt(self.query(x))
         tokens = torch.cat([tokens[:, :1], prompts, tokens[:, 1:]], 1)  # the selected prompts after [CLS]
@@ -105,11 +109,15 @@ class AdaptedViT(nn.Module):
         return tokens[:, 1:1 + prompts.shape[1]].mean(1)  # L2P's head input: the prompt tokens' outputs, averaged
 
     def prefixed_features(self, x: torch.Tensor, tokens: torch.Tensor, task: torch.Tensor | None) -> torch.Tensor:
-        """DualPrompt's head input: the [CLS] output of blocks whose first layers attend to the prefixes (the
-        official ``head_type: token``); at training each input's E-prompts are its task's, else its query's."""
-        if self.training and task is None:
+        """The head input of a prefix form: the [CLS] output of blocks whose first layers attend to the prefixes
+        (DualPrompt's official ``head_type: token``; CODA-P's ``out[:, 0, :]``). DualPrompt: at training each
+        input's E-prompts are its task's, else its query's; CODA-P: its components, weighted by its query."""
+        if self.train_mode == "components":
+            prefixes = self.prompt(self.query(x))
+        elif self.training and task is None:
             raise ValueError("model.train: dual-prompts trains each input's task's E-prompts: pass its task")
-        prefixes = self.prompt(self.query(x), task if self.training else None)
+        else:
+            prefixes = self.prompt(self.query(x), task if self.training else None)
         for i, block in enumerate(self.vit.blocks):
             tokens = prefixed_block(block, tokens, prefixes[i] if i < len(prefixes) else None)
         return self.vit.norm(tokens)[:, 0]
@@ -145,7 +153,8 @@ def adapted_model(cfg: Any, classes: int, num_tasks: int, multi_head: bool, quie
     m = cfg.model
     model = AdaptedViT(backbone.model, m.train, classes, num_tasks, multi_head, backbone.preprocessing.size,
                        backbone.preprocessing.interpolation, (m.prompt_pool, m.prompt_length, m.prompt_top_k),
-                       (m.lora_rank, m.lora_alpha), (m.g_prompt_length, m.g_prompt_layers, m.e_prompt_layers))
+                       (m.lora_rank, m.lora_alpha), (m.g_prompt_length, m.g_prompt_layers, m.e_prompt_layers),
+                       m.component_layers)
     if not quiet:
         print(model.summary(), file=sys.stderr, flush=True)
     return model

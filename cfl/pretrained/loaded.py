@@ -91,9 +91,16 @@ def loaded_backbone(cfg: Any) -> LoadedBackbone:
 
 #: the model keys each ``model.train`` reads (the others are refused away from their defaults)
 ADAPTER_KEYS = {"prompts": ("prompt_pool", "prompt_length", "prompt_top_k"),
-                "components": ("prompt_pool", "prompt_length"), "lora": ("lora_rank", "lora_alpha"),
+                "components": ("prompt_pool", "prompt_length", "component_layers"), "lora": ("lora_rank", "lora_alpha"),
                 "dual-prompts": ("prompt_pool", "prompt_length", "prompt_top_k", "g_prompt_length", "g_prompt_layers",
                                  "e_prompt_layers")}
+
+
+def resolved_prompt_length(model: Any) -> int | None:
+    """``model.prompt_length``, null resolved to the official code's for ``model.train`` (None where unread)."""
+    if model.prompt_length is not None or model.train not in ("prompts", "components", "dual-prompts"):
+        return model.prompt_length
+    return 8 if model.train == "components" and model.component_layers else 5
 
 
 def _default(key: str) -> Any:
@@ -119,6 +126,13 @@ def check_adapter_keys(model: Any) -> None:
     if model.train == "dual-prompts" and depth is not None and model.g_prompt_layers + model.e_prompt_layers > depth:
         raise ConfigError(f"model.g_prompt_layers {model.g_prompt_layers} + e_prompt_layers {model.e_prompt_layers} "
                           f"exceed {model.name}'s {depth} blocks; lower them (the official 2 + 3)")
+    if model.train == "components" and depth is not None and model.component_layers > depth:
+        raise ConfigError(f"model.component_layers {model.component_layers} exceeds {model.name}'s {depth} blocks; "
+                          "lower it (the official 5)")
+    if model.train == "components" and model.component_layers and model.prompt_length % 2:
+        raise ConfigError(f"model.component_layers {model.component_layers} prefixes the attention with each prompt's "
+                          f"key and value halves: model.prompt_length {model.prompt_length} is odd; set an even "
+                          "prompt_length (the official 8), or component_layers: 0 (prompt tuning)")
     if model.train in ("prompts", "dual-prompts") and model.prompt_top_k > model.prompt_pool:
         raise ConfigError(f"model.prompt_top_k {model.prompt_top_k} selects more prompts than the pool holds "
                           f"(model.prompt_pool {model.prompt_pool}); lower prompt_top_k or raise prompt_pool")

@@ -76,7 +76,7 @@ def test_extra_loss_is_the_pull_then_the_triplet_after_a_task_end():
     method.hparams = FedCPromptHyperparams(reduction="sample")  # a hinge per sample (the default: the batch sum)
     params = dict(model.named_parameters())
     server: dict = {}
-    method.server_event(ServerEvent("start", server, 0, params))
+    assert method.server_event(ServerEvent("start", server, 0, params)) is None  # at-once: every slice in place
     x, task = torch.randn(3, 3, 8, 8), torch.zeros(3, dtype=torch.long)
     # at the global model itself: no pull, no previous task: 0
     assert torch.allclose(method.loss(LossContext("extra", params, x, task, torch.ones(len(x)), server, {})).extra,
@@ -167,7 +167,7 @@ def test_the_method_defaults_to_the_batch_sum_and_offers_the_per_sample_mean():
     method, model = _method()
     params = dict(model.named_parameters())
     server: dict = {}
-    method.server_event(ServerEvent("start", server, 0, params))
+    assert method.server_event(ServerEvent("start", server, 0, params)) is None  # at-once: every slice in place
     x, task = torch.randn(4, 3, 8, 8), torch.zeros(4, dtype=torch.long)
     moved = {k: v + 0.1 if k == "prompt.prompts" else v for k, v in params.items()}
     z, z_glob = (logits_and_features(model, p, x, task)[1] for p in (moved, params))

@@ -8,6 +8,7 @@ import pytest
 from cfl.config.schema import ConfigError
 from cfl.engine.stores import checkpoint
 from cfl.methods import METHODS
+from cfl.schedules import schedules_allowed
 from tests.conftest import METHOD_STREAMS, method_spec, stream_for, tiny_config
 from tests.engine.test_checkpoint import assert_same_run, run_to_end
 
@@ -24,14 +25,15 @@ def _config(name: str, schedule: dict, **kw: object):
 @pytest.mark.parametrize("schedule", sorted(SCHEDULES_RUN))
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_every_method_runs_or_refuses_each_schedule(name, schedule, tmp_path):
+    allowed = schedules_allowed(METHODS[name], method_spec(name))  # the method at its defaults
     try:
         cfg, stream = _config(name, SCHEDULES_RUN[schedule])
     except ConfigError as err:  # refused at validation, with the method's reason
-        assert METHODS[name].requires.schedules and schedule not in METHODS[name].requires.schedules
-        allowed = " or ".join(METHODS[name].requires.schedules)
-        assert f"method {name} runs under schedule {allowed} only: {METHODS[name].requires.schedules_why}" in str(err)
+        assert allowed and schedule not in allowed
+        assert f"method {name} runs under schedule {' or '.join(allowed)} only: " \
+               f"{METHODS[name].requires.schedules_why}" in str(err)
         return
-    assert not METHODS[name].requires.schedules or schedule in METHODS[name].requires.schedules
+    assert not allowed or schedule in allowed
     whole = run_to_end(cfg, stream)
     assert whole.progress.global_round == whole.plan.rounds
     if schedule == "staggered":  # after round 2 clients 0-1 have switched, clients 2-3 not yet

@@ -91,7 +91,8 @@ class Runner:
         self.server = Server(cfg, {k: v.detach().clone() for k, v in self.model.named_parameters()}, self.methods,
                              [MethodState(clients=s) for s in self.client_stores.stores],
                              running_stats(self.model))
-        server_events.at_start(self.methods, self.states, self.params)  # server state before round 1 (SCAFFOLD's c)
+        # server state before round 1 (SCAFFOLD's c), and the initial values a method sets (CODA-P's components)
+        self.params = server_events.at_start(self.methods, self.states, self.params)
         # model.buffers: local (FedBN): each client's own BatchNorm running statistics between its rounds
         self.buffer_states = ClientStates() if cfg.model.buffers == "local" and self.buffers else None
         self.initial_buffers = {k: v.clone() for k, v in self.buffers.items()}  # a local client's first start

@@ -9,7 +9,7 @@ from typing import Any
 from torch import nn
 
 from cfl.engine.hook_call import call
-from cfl.engine.hook_rules import AFTER_SERVER_STEP, BEFORE_TASK_END, SERVER_CHANGE, check_none, check_some_params
+from cfl.engine.hook_rules import AFTER_SERVER_STEP, SERVER_CHANGE, check_some_params
 from cfl.methods.base import Method, overrides
 from cfl.methods.hook_guard import BrokenRule
 from cfl.methods.server_hooks import ServerChange, ServerEvent, ServerMoment
@@ -34,12 +34,16 @@ def checked_change(result: Any, method: Method, event: ServerMoment, params: Par
     return ServerChange(check_some_params(result.params, params, AFTER_SERVER_STEP), result.backbone)
 
 
-def at_start(methods: list[Method], states: list[MethodState], params: Params) -> None:
-    """``server_event("start")``: the server states before round 1 (SCAFFOLD's ``c``), from a copy of ``params``."""
+def at_start(methods: list[Method], states: list[MethodState], params: Params) -> Params:
+    """``server_event("start")``: the server states before round 1 (SCAFFOLD's ``c``), from a copy of ``params``;
+    the initial global parameters with the values each method set (CODA-P's first task's components)."""
     for m, st in zip(methods, states, strict=True):
         if acts(m, "start"):
             ctx = ServerEvent("start", st.server, 0, {k: v.clone() for k, v in params.items()})
-            call(m, "server_event", ctx, use=lambda r: check_none(r, BEFORE_TASK_END), server=st.server)
+            change = call(m, "server_event", ctx, use=lambda r, m=m, p=params: checked_change(r, m, "start", p),
+                          server=st.server)
+            params = {**params, **change.params}
+    return params
 
 
 def after_round(methods: list[Method], states: list[MethodState], uploads: list[dict[int, State]], model: nn.Module,
