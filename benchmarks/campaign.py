@@ -207,6 +207,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "plan":
         print(plan_text(runs))
+        from campaign_stale import record_changes
+
+        for run in runs:  # a record that its sweep no longer plans (tables --check fails on it)
+            if diff := record_changes(run):
+                print(f"of another config: {run.table}/{run.name} ({diff}); delete its record to re-make it")
         return 0
     device = str(extra.get("device", "cpu"))
     if args.command == "record-failed":
@@ -255,13 +260,15 @@ def committed(path: Path) -> bool:
 
 def tables_command(tables: dict, args: argparse.Namespace) -> int:
     from campaign_record_checks import inconsistent_records
+    from campaign_stale import stale_records
 
-    problems = tuned_sweep_problems(tables, args.results) + inconsistent_records(args.results, tables)
+    problems = (tuned_sweep_problems(tables, args.results) + inconsistent_records(args.results, tables)
+                + stale_records(tables, args.results))
     for problem in problems:
         print(f"campaign: {problem}", file=sys.stderr)
     if args.write and problems:
         print(f"campaign: {args.write} not written: a tuned sweep differs from its tuning records, or a record from "
-              "itself", file=sys.stderr)
+              "itself or from its sweep's config", file=sys.stderr)
         return 2
     if args.write:
         write_tables(args.write, tables, args.results)

@@ -121,3 +121,9 @@ def test_a_record_whose_acc_matrix_was_edited_stops_tables_check(tmp_path: Path)
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "campaign.py"), "tables", "--check", str(doc),
                            "--results", str(root)], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 1 and f"{path}: acc is" in done.stderr, done.stderr
+
+
+def test_every_committed_record_is_of_the_config_its_sweep_gives_today() -> None:
+    from campaign_stale import stale_records
+
+    assert stale_records(load_tables(), RESULTS_ROOT) == []

@@ -31,6 +31,7 @@ from cfl.config.keys import Config, ScheduleConfig
 from cfl.config.schema import ConfigError, to_dict
 from cfl.data.fingerprint import differences, fingerprint
 from cfl.data.stream import Stream
+from cfl.engine.stores.saved_configs import unread_model_keys, with_added_keys
 from cfl.records.run_dir import CHECKPOINT, is_resume_safe
 from cfl.records.snapshot import Progress, RunSnapshot
 from cfl.report.files import atomic_write_bytes
@@ -241,7 +242,9 @@ def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def config_changes(saved: dict[str, Any], cfg: Config) -> str:
     """``key: old in the checkpoint, new now`` for each key that would change results ('' when none)."""
     saved = {"schedule": to_dict(ScheduleConfig()), **saved}  # a checkpoint from before schedules: synchronous
-    old, new = _flat(resolve_saved_model(saved)), _flat(cfg.to_dict())
+    old, new = _flat(with_added_keys(resolve_saved_model(saved))), _flat(cfg.to_dict())
+    unread = unread_model_keys(old) & unread_model_keys(new)  # adapter keys neither run's model.train reads
+    old, new = ({k: v for k, v in flat.items() if k not in unread} for flat in (old, new))
     # schedule.forgetting trains nothing: it says how results.json reads the evaluations, which the resumed run
     # computes at its end with the config it resumes with (a checkpoint from before the key lacks it)
     changed = sorted(k for k in old.keys() | new.keys() if not is_resume_safe(k) and k != "schedule.forgetting"
