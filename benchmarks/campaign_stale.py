@@ -2,7 +2,7 @@
 sweep gives today (a default changed since it was made, or the sweep was edited) would stand in the table under
 a label that now means another run. ``tables --check`` fails and ``tables --write`` refuses (nothing written)
 while such a record is there; ``plan`` counts them. Keys added to cfl after a record was made read as the value
-it ran with (``cfl/engine/stores/saved_configs.py``), and keys that change no result (``threads``, W&B, ...) are
+it ran with (``cfl/records/saved_configs.py``), and keys that change no result (``threads``, W&B, ...) are
 not compared, as for ``cfl run --resume``.
 """
 

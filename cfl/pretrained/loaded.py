@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from cfl.config.adapter_keys import ADAPTER_KEYS
 from cfl.config.schema import ConfigError
 from cfl.pretrained.backbones import BACKBONES, build_backbone, is_backbone, require_timm
 from cfl.pretrained.preprocessing import Preprocessing, of_backbone
@@ -87,13 +88,6 @@ def loaded_backbone(cfg: Any) -> LoadedBackbone:
     _LOADED.clear()  # one backbone held at a time (a ViT-B/16 is 350 MB)
     _LOADED[key] = loaded
     return loaded
-
-
-#: the model keys each ``model.train`` reads (the others are refused away from their defaults)
-ADAPTER_KEYS = {"prompts": ("prompt_pool", "prompt_length", "prompt_top_k"),
-                "components": ("prompt_pool", "prompt_length", "component_layers"), "lora": ("lora_rank", "lora_alpha"),
-                "dual-prompts": ("prompt_pool", "prompt_length", "prompt_top_k", "g_prompt_length", "g_prompt_layers",
-                                 "e_prompt_layers")}
 
 
 def resolved_prompt_length(model: Any) -> int | None:

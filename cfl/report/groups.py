@@ -34,6 +34,7 @@ from cfl.config.keys import ConfigError, ScheduleConfig
 from cfl.config.schema import to_dict
 from cfl.config.yaml_files import parse_yaml
 from cfl.records.run_dir import is_resume_safe
+from cfl.records.saved_configs import unread_model_keys, with_added_keys
 from cfl.report.duplicates import one_per_seed
 from cfl.report.labels import (
     RANDOM_BACKBONE,
@@ -227,7 +228,8 @@ def result_keys(config: dict[str, Any]) -> dict[str, Any]:
 
 def compared_keys(run: Run) -> dict[str, Any]:
     """:func:`result_keys` of the run's config as runs are compared: method and plugin parameters with their
-    defaults filled in, ``stream.scenario`` the scenario the run resolved it to (``results.json``)."""
+    defaults filled in, keys added since the run read as the value it ran with (cfl/records/saved_configs.py),
+    ``stream.scenario`` the scenario the run resolved it to (``results.json``)."""
     config = dict(run.config)
     if "schedule" not in config:  # a run from before schedules: the synchronous one, as a run at its default
         config["schedule"] = to_dict(ScheduleConfig())
@@ -241,7 +243,9 @@ def compared_keys(run: Run) -> dict[str, Any]:
     if isinstance(config.get("plugins"), list):
         config["plugins"] = [with_defaults(p, run.method_info) if isinstance(p, dict) else p
                              for p in config["plugins"]]
-    keys = result_keys(config)
+    keys = result_keys(with_added_keys(config))  # a key added since the run: the value it ran with
+    for key in unread_model_keys(keys):  # adapter keys its model.train does not read change nothing
+        keys.pop(key, None)
     if isinstance(run.results.get("scenario"), str):
         keys["stream.scenario"] = run.results["scenario"]
     return keys

@@ -1,4 +1,4 @@
-"""benchmarks/campaign_stale.py and cfl/engine/stores/saved_configs.py: a record whose config its sweep no longer
+"""benchmarks/campaign_stale.py and cfl/records/saved_configs.py: a record whose config its sweep no longer
 plans (a default changed since it was made) is named with its differences; one made before a key existed reads as
 the value it ran with; adapter keys its model.train does not read are not compared."""
 
@@ -14,7 +14,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from campaign_stale import stale_records  # noqa: E402
 
 from cfl.engine.stores.checkpoint import config_changes  # noqa: E402
-from cfl.engine.stores.saved_configs import with_added_keys  # noqa: E402
+from cfl.records.saved_configs import with_added_keys  # noqa: E402
 from tests.conftest import tiny_config  # noqa: E402
 
 
@@ -62,3 +62,16 @@ def test_adapter_keys_no_model_train_reads_are_not_compared_but_a_read_one_is() 
     old["model"]["prompt_length"] = 5  # the default of the cfl that wrote it
     assert config_changes(old, cfg) == ""
     assert "model.name" in config_changes({**old, "model": {**old["model"], "name": "mlp-400"}}, cfg)
+
+
+def test_a_report_row_holds_runs_made_before_and_after_a_key_was_added(tmp_path: Path) -> None:
+    from cfl.report.groups import Run, compared_keys
+
+    new = tiny_config(method={"name": "fedavg"}).to_dict()
+    old = {**new, "model": {k: v for k, v in new["model"].items() if k not in ("weights_trained",
+                                                                               "component_layers")}}
+    runs = [Run(tmp_path / f"{i}" / "results.json", {"method": "fedavg"}, c) for i, c in enumerate((new, old))]
+    assert compared_keys(runs[0]) == compared_keys(runs[1])
+    codap = {**old, "model": {**old["model"], "train": "components"}, "method": {"name": "codap"}}
+    # a codap run from before the key: prompt tuning, not today's prefixes
+    assert compared_keys(Run(tmp_path / "c" / "results.json", {}, codap))["model.component_layers"] == 0

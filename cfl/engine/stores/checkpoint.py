@@ -31,8 +31,8 @@ from cfl.config.keys import Config, ScheduleConfig
 from cfl.config.schema import ConfigError, to_dict
 from cfl.data.fingerprint import differences, fingerprint
 from cfl.data.stream import Stream
-from cfl.engine.stores.saved_configs import unread_model_keys, with_added_keys
 from cfl.records.run_dir import CHECKPOINT, is_resume_safe
+from cfl.records.saved_configs import unread_model_keys, with_added_keys
 from cfl.records.snapshot import Progress, RunSnapshot
 from cfl.report.files import atomic_write_bytes
 from cfl.report.wandb_ids import checked_id

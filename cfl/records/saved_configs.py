@@ -5,7 +5,7 @@ it. A key added later is absent there; compared with today's default it would lo
 behaved exactly as that default does, and where the default changed the behaviour (CODA-P's prefix form) it must
 look changed. :data:`ADDED` says, per key, the value that reproduces what a config without it ran; a key not listed
 there reads as today's default. Model adapter keys that the saved run's ``model.train`` does not read
-(``cfl/pretrained/loaded.py``'s ``ADAPTER_KEYS``) are left out of a comparison: they change nothing. Used by
+(``cfl/config/adapter_keys.py``) are left out of a comparison: they change nothing. Used by
 ``cfl run --resume`` and the campaign's check that a record is of its sweep's config (``config_changes``).
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cfl.pretrained.loaded import ADAPTER_KEYS
+from cfl.config.adapter_keys import ADAPTER_KEYS
 
 #: dotted key -> (the methods it applies to, or None: every run; the value a config saved before it ran with)
 ADDED: dict[str, tuple[tuple[str, ...] | None, Any]] = {
