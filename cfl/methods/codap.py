@@ -32,15 +32,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from cfl.config.schema import field
 from cfl.methods import component_start
 from cfl.methods.base import Computes, LossContext, LossTerms, Method, Requires, ServerChange, ServerEvent, Step
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.methods.class_mask import ClassMasked, class_mask_field
 from cfl.methods.declarations import Sends
-from cfl.pretrained.coda_prompt import layer_orthogonality
+from cfl.pretrained.contrastive_continual import task_rows
 from cfl.tensors import Params
 
 #: the factor inside the beta release's ``ortho_penalty`` (GT-RIPL/CODA-Prompt 22948d2, models/zoo.py)
@@ -69,6 +67,12 @@ class CodaP(ClassMasked, Method):
     sends = Sends(server_events=("start", "task_end"))
     computes = Computes(losses=("task", "extra"))
 
+    def __init__(self, hparams: Any, run_info: Any) -> None:
+        super().__init__(hparams, run_info)
+        #: each component row's task under a per-task start (None: every row trains at every task)
+        self.owner = (task_rows(run_info.model.prompt.prompts.shape[0], run_info.num_tasks)
+                      if component_start.per_task(hparams) else None)
+
     @classmethod
     def check(cls, hparams: Any, cfg: Any) -> None:
         component_start.check_start(cls.name, hparams, cfg)
@@ -88,24 +92,17 @@ class CodaP(ClassMasked, Method):
 
     def step_gradient(self, step: Step) -> Params:
         """Under a per-task start, only the client's task's components move (earlier ones are frozen)."""
-        if not component_start.per_task(self.hparams):
+        if self.owner is None:
             return step.grads
-        pool = step.params["prompt.keys"].shape[0]
-        return component_start.task_rows_only(step.grads, pool, self.run_info.num_tasks, step.task)
+        return component_start.task_rows_only(step.grads, self.owner, step.task)
 
     def loss(self, ctx: LossContext) -> LossTerms:
         if ctx.part == "task":
             return super().loss(ctx)
         if not self.hparams.ortho:  # off (the default): no penalty to compute
             return LossTerms(extra=ctx.x.new_zeros(ctx.x.shape[0]))
-        visible = None
-        if component_start.per_task(self.hparams):  # the components of the tasks up to the batch's
-            pool = ctx.params["prompt.keys"].shape[0]
-            owner = torch.arange(pool, device=ctx.task.device) // (pool // self.run_info.num_tasks)
-            visible = owner <= ctx.task[0]
-        layered = self._layered()
-        penalty = sum(layer_orthogonality(ctx.params[f"prompt.{k}"], layered, visible)
-                      for k in ("keys", "attention", "prompts"))
+        penalty = component_start.penalty(self.hparams, ctx.params, self.owner, ctx.task, self._layered(),
+                                          ("prompt.keys", "prompt.attention", "prompt.prompts"))
         if self.hparams.ortho_form == "beta":
             penalty = penalty * BETA_FACTOR
         return LossTerms(extra=self.hparams.ortho * penalty * ctx.x.new_ones(ctx.x.shape[0]))

@@ -19,6 +19,7 @@ import torch
 
 from cfl.config.schema import ConfigError, field
 from cfl.methods.server_hooks import ServerChange
+from cfl.pretrained.coda_prompt import layer_orthogonality
 from cfl.pretrained.component_slices import from_layer_rows, gram_schmidt, layer_rows, task_slice
 from cfl.tensors import Params, State
 
@@ -99,9 +100,17 @@ def _drawn(params: Params, start: int, stop: int, generator: torch.Generator, la
                                params[k], layered) for k in COMPONENTS}
 
 
-def task_rows_only(grads: Params, pool: int, num_tasks: int, task: torch.Tensor) -> Params:
-    """The step gradient with every component row but the client's task's slice zeroed (``task``: the batch's)."""
-    owner = torch.arange(pool, device=task.device) // (pool // num_tasks)  # vmap-safe: no item of ``task`` read
-    mine = owner == task[0]
+def task_rows_only(grads: Params, owner: torch.Tensor, task: torch.Tensor) -> Params:
+    """The step gradient with every component row but the client's task's slice zeroed (``owner``: each row's
+    task, ``task_rows``; ``task``: the batch's, not read as an item, so it runs under ``vmap``)."""
+    mine = owner.to(task.device) == task[0]
     return {k: g * mine.view(-1, *([1] * (g.dim() - 1))).to(g.dtype) if k in COMPONENTS else g
             for k, g in grads.items()}
+
+
+def penalty(hparams: Any, params: Params, owner: torch.Tensor | None, task: torch.Tensor, layered: bool,
+            names: tuple[str, ...] = COMPONENTS) -> torch.Tensor:
+    """CODA-P's orthogonality penalty summed over the component sets ``names`` (in that order) and their prefix
+    layers; under a per-task start over the rows of the tasks up to the batch's (the official ``K[0:f]``)."""
+    visible = owner.to(task.device) <= task[0] if per_task(hparams) and owner is not None else None
+    return sum(layer_orthogonality(params[k], layered, visible) for k in names)

@@ -44,12 +44,8 @@ from cfl.methods.class_mask import ClassMasked, class_mask_field
 from cfl.methods.declarations import Computes, Requires, Sends
 from cfl.ops.data_free_clients import logits_and_features
 from cfl.ops.distill import evaluating, frozen
-from cfl.pretrained.coda_prompt import orthogonality
 from cfl.pretrained.contrastive_continual import batch_contrastive_continual_loss, contrastive_continual_loss, task_rows
 from cfl.tensors import Params
-
-#: the component tensors (first dim: the pool) whose rows belong to one task each
-COMPONENTS = ("prompt.prompts", "prompt.keys", "prompt.attention")
 
 
 @dataclass(frozen=True)
@@ -149,11 +145,10 @@ class FedCPrompt(ClassMasked, Method):
         else:
             loss = h.lam * contrastive_continual_loss(anchor, positive, negative, h.margin, h.pull, h.push)
         if h.ortho:
-            loss = loss + h.ortho * sum(orthogonality(params[k]) for k in COMPONENTS)
+            layered = bool(model.prompt.layers)
+            loss = loss + h.ortho * component_start.penalty(h, params, self.owner, task, layered)
         return LossTerms(extra=loss)
 
     def step_gradient(self, step: Step) -> Params:
         """Only the rows of the client's current task's slice of components, keys and attention vectors move."""
-        mine = self.owner.to(step.task.device) == step.task[0]
-        return {k: g * mine.view(-1, *([1] * (g.dim() - 1))).to(g.dtype) if k in COMPONENTS else g
-                for k, g in step.grads.items()}
+        return component_start.task_rows_only(step.grads, self.owner, step.task)

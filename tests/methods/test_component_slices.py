@@ -121,11 +121,12 @@ def test_a_later_tasks_zero_rows_get_a_finite_gradient_that_the_step_mask_zeroes
     sum(p.sum() for p in prompt(torch.randn(3, 6))).backward()
     grads = {f"prompt.{k}": getattr(prompt, k).grad for k in ("prompts", "keys", "attention")}
     assert all(torch.isfinite(g).all() for g in grads.values())
-    masked = task_rows_only(grads, 4, 2, torch.zeros(3, dtype=torch.long))  # the client's task 0: rows 0, 1
+    owner = torch.tensor([0, 0, 1, 1])
+    masked = task_rows_only(grads, owner, torch.zeros(3, dtype=torch.long))  # the client's task 0: rows 0, 1
     for k, g in masked.items():
         assert torch.equal(g[2:], torch.zeros_like(g[2:])), k
         assert torch.equal(g[:2], grads[k][:2]), k
-    later = task_rows_only(grads, 4, 2, torch.ones(3, dtype=torch.long))  # task 1: rows 0, 1 frozen
+    later = task_rows_only(grads, owner, torch.ones(3, dtype=torch.long))  # task 1: rows 0, 1 frozen
     assert all(torch.equal(g[:2], torch.zeros_like(g[:2])) for g in later.values())
 
 
@@ -146,3 +147,20 @@ def test_the_penalty_over_the_visible_rows_is_the_officials_over_k_0_to_f() -> N
 def test_an_odd_prefix_length_is_refused() -> None:
     with pytest.raises(ValueError, match="prompt_length 5 is odd"):
         ComponentPrompt(4, 5, 6, layers=2)
+
+
+def test_the_shared_penalty_sums_each_prefix_layer_over_the_visible_rows() -> None:
+    from types import SimpleNamespace
+
+    from cfl.methods.component_start import penalty
+    from cfl.pretrained.coda_prompt import orthogonality
+
+    torch.manual_seed(0)
+    params = {k: torch.randn(4, 2, 3) for k in ("prompt.prompts", "prompt.keys", "prompt.attention")}
+    owner, task = torch.tensor([0, 0, 1, 1]), torch.zeros(2, dtype=torch.long)
+    per_layer = sum(orthogonality(params[k][:2, i]) for k in params for i in range(2))  # task 0 sees rows 0, 1
+    assert torch.allclose(penalty(SimpleNamespace(start="gram-schmidt"), params, owner, task, True), per_layer)
+    every = sum(orthogonality(params[k][:, i]) for k in params for i in range(2))  # at-once: every row
+    assert torch.allclose(penalty(SimpleNamespace(start="at-once"), params, owner, task, True), every)
+    flat = sum(orthogonality(params[k]) for k in params)  # one set (prompt tuning): rows flattened
+    assert torch.allclose(penalty(SimpleNamespace(start="at-once"), params, owner, task, False), flat)
