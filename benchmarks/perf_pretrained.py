@@ -8,7 +8,10 @@ surrogate key loss), dual-prompts (DualPrompt: G-prompt 5 in blocks 0-1, E-promp
 lora, ``--clients`` clients of ``--samples`` each, all sampled, batch ``--batch``, one local
 epoch, SGD. ``cfl`` is a real Runner round (cfl/engine/local/batched.py); ``loop`` copies the template model (backbone
 included) per client, loads the global trainable values, trains its batches with the same losses and returns the
-trainable values. Peak memory: each kind's round in a fresh child process, the growth of the peak resident set
+trainable values; its prompt methods run the frozen query pass once a step (fed-mammoth's ``original_model``),
+cfl's round reads each sample's query computed once when the run starts (that pass's time printed apart,
+``query_seconds``: once a run, not a round; ``speedup_one_round`` charges all of it to a single round). Peak
+memory: each kind's round in a fresh child process, the growth of the peak resident set
 over the round (Linux's ``VmHWM``, reset before it). Prints a JSON line.
 
     python benchmarks/perf_pretrained.py [--rounds 3] [--clients 8] [--batch 16] [--size 32] [--train prompts]
@@ -22,6 +25,7 @@ import json
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,6 +39,7 @@ from cfl.methods.dualprompt import pull  # noqa: E402
 from cfl.ops.losses import masked_cross_entropy  # noqa: E402
 from cfl.pretrained.features import with_backbone  # noqa: E402
 from cfl.pretrained.prompt_pool import key_distance  # noqa: E402
+from cfl.pretrained.queries import packed  # noqa: E402
 from cfl.validation import from_dict  # noqa: E402
 
 METHOD = {"prompts": "l2p", "lora": "lora", "dual-prompts": "dualprompt"}
@@ -48,7 +53,8 @@ def setup(args: argparse.Namespace, execution: str = "batched") -> Runner:
                                **MODEL_KEYS.get(args.train, {})},
                      "method": {"name": METHOD[args.train]}, "num_clients": args.clients,
                      "clients_per_round": args.clients, "rounds_per_task": 1000, "batch_size": args.batch,
-                     "lr": 0.01, "client_execution": execution, "wandb": {"mode": "disabled"}})
+                     "lr": 0.01, "client_execution": execution, "wandb": {"mode": "disabled"},
+                     "data_root": tempfile.mkdtemp(prefix="perf-pretrained-")})  # the queries computed, not loaded
     g = torch.Generator().manual_seed(0)
     n = args.clients * args.samples
     x, y = torch.randn(n, 3, 8, 8, generator=g), torch.arange(n) % 10
@@ -63,8 +69,13 @@ def cfl_round(runner: Runner, r: int) -> None:
 
 def loop_round(runner: Runner, args: argparse.Namespace) -> None:
     """Per client: a copy of the whole model (the move), the global trainable values loaded, its batches trained
-    with torch.optim.SGD (cross-entropy, plus L2P's key loss), the trainable values collected; FedAvg."""
+    with torch.optim.SGD (cross-entropy, plus L2P's key loss or DualPrompt's key pull), the trainable values
+    collected; FedAvg. The prompt methods' query is the frozen backbone's pass of each batch, once a step, shared by
+    the forward and the key loss (fed-mammoth's and l2p-pytorch's ``original_model`` pass), where cfl's round reads
+    the queries computed once per sample (cfl/pretrained/queries.py)."""
     x, y = runner.stream.tasks[0].train_x, runner.stream.tasks[0].train_y
+    layout = runner.model.layout
+    images = x if layout is None else layout.split(x)[0]
     names = list(runner.params)
     collected = []
     for c in range(args.clients):
@@ -77,7 +88,10 @@ def loop_round(runner: Runner, args: argparse.Namespace) -> None:
         idx = torch.arange(c * args.samples, (c + 1) * args.samples)
         model.train()
         for s in range(0, args.samples, args.batch):
-            xb, yb = x[idx[s:s + args.batch]], y[idx[s:s + args.batch]]
+            xb, yb = images[idx[s:s + args.batch]], y[idx[s:s + args.batch]]
+            if layout is not None:  # this step's frozen query pass, then the rows the model reads it from
+                with torch.no_grad():
+                    xb = packed(xb, model.vit(model.resized(xb)))
             loss = masked_cross_entropy(model(xb, torch.zeros_like(yb)), yb, None).mean()
             if args.train == "prompts":
                 loss = loss + 0.1 * key_distance(model.query(xb), own["prompt.keys"], model.prompt.top_k).mean()
@@ -131,6 +145,7 @@ def main() -> None:
             cfl_round(runner, r + 1) if kind == "cfl" else loop_round(runner, args)
             times[kind].append(time.perf_counter() - start)
     best = {k: min(v) for k, v in times.items()}
+    queries = runner.stream.info["backbone"].get("queries", {}).get("seconds", 0.0)
     argv = sys.argv[1:]
     memory = {k: peak_growth(k, argv) for k in ("cfl", "loop")}
     tokens = (args.size // 16) ** 2 + 1 + (25 if args.train == "prompts" else 0)  # prefixes add keys, not tokens
@@ -138,6 +153,7 @@ def main() -> None:
                       "samples": args.samples, "batch": args.batch, "threads": args.threads, "tokens": tokens,
                       "path": runner.engine_path.path, "cfl_sec_per_round": best["cfl"],
                       "loop_sec_per_round": best["loop"], "speedup": best["loop"] / best["cfl"],
+                      "query_seconds": queries, "speedup_one_round": best["loop"] / (best["cfl"] + queries),
                       "times": times, "cfl_round_peak_growth_bytes": memory["cfl"],
                       "loop_round_peak_growth_bytes": memory["loop"],
                       "trainable_bytes_per_client": runner.model_bytes, "torch": torch.__version__,

@@ -14,8 +14,9 @@ over a test batch, is not used: a sample's prediction never depends on its batch
 of their own. The cross-entropy's softmax runs over the current task's classes only (``class_mask: current``, the
 port's ``train_mask``, default True: the other classes' logits set to ``-inf``); ``class_mask: seen`` runs it over
 every class seen so far, as cfl's ``loss: ce`` for the non-prompt methods. The query
-needs a forward of the frozen backbone without prompts, and this loss computes it again (one more inference pass
-per step: the selection of the forward is not passed to the loss)."""
+is a forward of the frozen backbone without prompts: computed once per sample when the run starts and read from
+each input row by the forward and by this loss (cfl/pretrained/queries.py), where the official code runs it at every
+step."""
 
 from __future__ import annotations
 

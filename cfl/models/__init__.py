@@ -130,6 +130,8 @@ def run_model(cfg: Any, stream: Any, shape: ModelShape) -> nn.Module:
     name = cfg.model.name if cfg.model.name != "auto" else stream.default_model
     if name in BACKBONES and cfg.model.train != "head":
         from cfl.pretrained.adapted import adapted_model
+        from cfl.pretrained.queries import layout_of
 
-        return adapted_model(cfg, shape.classes, shape.num_tasks, shape.multi_head)
+        return adapted_model(cfg, shape.classes, shape.num_tasks, shape.multi_head,
+                             layout=layout_of(getattr(stream, "info", {})))
     return build_model(name, shape)

@@ -12,7 +12,9 @@ frozen buffers are not in the per-client parameters, so ``vmap`` sees them as on
 and every linear layer of the backbone is one product over all sampled clients' samples at once: one backbone
 pass per step for every client, where a per-client loop runs one pass per client. Attention runs timm's
 non-fused path (explicit softmax of ``q k^T``): torch has no ``vmap`` rule for the fused CPU kernel, which would
-fall back to a loop over clients.
+fall back to a loop over clients (a custom operator folding the clients into the kernel's batch was measured at
+224 px on the 2-core AMD EPYC: the kernel's backward costs more than the explicit form saves, 0.96 s against
+0.90 s of attention a round, so it is not used).
 
 Inputs: the stream's images mapped to the backbone's normalisation at their own size (``image_stream``); the
 model resizes them to its input size (resizing commutes with the per-channel affine normalisation).
@@ -25,7 +27,6 @@ import sys
 from typing import Any
 
 import torch
-import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from cfl.heads import make_head
@@ -35,6 +36,7 @@ from cfl.pretrained.lora import LoRALinear
 from cfl.pretrained.prefix_attention import prefixed_block
 from cfl.pretrained.preprocessing import MODES
 from cfl.pretrained.prompt_pool import PromptPool
+from cfl.pretrained.queries import QUERY_MODES, PackedLayout, resized
 from cfl.tensors import nbytes
 
 TRAIN_MODES = ("prompts", "components", "dual-prompts", "lora", "all")
@@ -56,11 +58,15 @@ class AdaptedViT(nn.Module):
 
     def __init__(self, vit: nn.Module, train: str, classes: int, num_tasks: int, multi_head: bool, size: int,
                  interpolation: str, prompt: tuple[int, int, int] = (10, 5, 5), lora: tuple[int, float] = (4, 4.0),
-                 dual: tuple[int, int, int] = (5, 2, 3), component_layers: int = 0):
+                 dual: tuple[int, int, int] = (5, 2, 3), component_layers: int = 0,
+                 layout: PackedLayout | None = None):
         super().__init__()
         if train not in TRAIN_MODES:
             raise ValueError(f"model.train {train!r} is not one of {TRAIN_MODES}")
         self.train_mode, self.size, self.mode = train, size, MODES[interpolation]
+        if layout is not None and train not in QUERY_MODES:
+            raise ValueError(f"model.train {train!r} reads no query: its inputs are not packed with one")
+        self.layout = layout  # inputs packed with their frozen queries (cfl/pretrained/queries.py), or None
         self.vit = copy.deepcopy(vit)
         for block in self.vit.blocks:
             block.attn.fused_attn = False  # vmap batches the explicit attention; the fused CPU kernel it loops
@@ -82,42 +88,50 @@ class AdaptedViT(nn.Module):
         self.head = make_head(width, classes, num_tasks, multi_head)
 
     def resized(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-1] == self.size and x.shape[-2] == self.size:
-            return x
-        return F.interpolate(x, size=(self.size, self.size), mode=self.mode,
-                             **({} if self.mode == "nearest" else {"align_corners": False}))
+        return resized(x, self.size, self.mode)
 
     def query(self, x: torch.Tensor) -> torch.Tensor:
-        """L2P's query: the frozen backbone's [CLS] feature of ``x`` (no gradient)."""
+        """The prompt methods' query of ``x``: the frozen backbone's [CLS] feature (no gradient), read from packed
+        rows (computed once per sample when the run started) or computed here."""
+        if self.layout is not None:
+            return self.layout.split(x)[1]
         with torch.no_grad():
             return self.vit(self.resized(x))
 
+    def images(self, x: torch.Tensor) -> torch.Tensor:
+        """The images of ``x`` (of packed rows: their image part)."""
+        return x if self.layout is None else self.layout.split(x)[0]
+
     def features(self, x: torch.Tensor, task: torch.Tensor | None = None) -> torch.Tensor:
         """The head's input; ``task`` (the inputs' tasks) is read by ``dual-prompts`` at training only."""
-        x = self.resized(x)
+        query = None if self.layout is None else self.query(x)
+        x = self.resized(self.images(x))
         if self.prompt is None:
             return self.vit(x)  # the [CLS] token after the final norm (timm's pooled pre-logits)
         v = self.vit
         tokens = v.norm_pre(v.patch_drop(v._pos_embed(v.patch_embed(x))))  # [CLS] and patches, with positions
         if self.train_mode == "dual-prompts" or getattr(self.prompt, "layers", 0):
-            return self.prefixed_features(x, tokens, task)
-        prompts = self.prompt(self.query(x))
+            return self.prefixed_features(x, tokens, task, query)
+        prompts = self.prompt(self.query(x) if query is None else query)
         tokens = torch.cat([tokens[:, :1], prompts, tokens[:, 1:]], 1)  # the selected prompts after [CLS]
         tokens = v.norm(v.blocks(tokens))
         if self.train_mode == "components":
             return tokens[:, 0]  # CODA-P's head input: the [CLS] token's output
         return tokens[:, 1:1 + prompts.shape[1]].mean(1)  # L2P's head input: the prompt tokens' outputs, averaged
 
-    def prefixed_features(self, x: torch.Tensor, tokens: torch.Tensor, task: torch.Tensor | None) -> torch.Tensor:
+    def prefixed_features(self, x: torch.Tensor, tokens: torch.Tensor, task: torch.Tensor | None,
+                          query: torch.Tensor | None = None) -> torch.Tensor:
         """The head input of a prefix form: the [CLS] output of blocks whose first layers attend to the prefixes
         (DualPrompt's official ``head_type: token``; CODA-P's ``out[:, 0, :]``). DualPrompt: at training each
-        input's E-prompts are its task's, else its query's; CODA-P: its components, weighted by its query."""
+        input's E-prompts are its task's, else its query's; CODA-P: its components, weighted by its query (``query``:
+        given, or computed from the resized images ``x``)."""
+        query = self.query(x) if query is None else query
         if self.train_mode == "components":
-            prefixes = self.prompt(self.query(x))
+            prefixes = self.prompt(query)
         elif self.training and task is None:
             raise ValueError("model.train: dual-prompts trains each input's task's E-prompts: pass its task")
         else:
-            prefixes = self.prompt(self.query(x), task if self.training else None)
+            prefixes = self.prompt(query, task if self.training else None)
         for i, block in enumerate(self.vit.blocks):
             tokens = prefixed_block(block, tokens, prefixes[i] if i < len(prefixes) else None)
         return self.vit.norm(tokens)[:, 0]
@@ -144,9 +158,11 @@ class AdaptedViT(nn.Module):
                 f"sends {nbytes(params):,} bytes per round; {frozen}")
 
 
-def adapted_model(cfg: Any, classes: int, num_tasks: int, multi_head: bool, quiet: bool = False) -> AdaptedViT:
+def adapted_model(cfg: Any, classes: int, num_tasks: int, multi_head: bool, quiet: bool = False,
+                  layout: PackedLayout | None = None) -> AdaptedViT:
     """The run's model for ``model.train`` other than ``head``: the loaded backbone (cfl/pretrained/loaded.py),
-    adapted; says on stderr which parameters train and the bytes a client sends."""
+    adapted; says on stderr which parameters train and the bytes a client sends. ``layout``: the stream's rows
+    packed with their queries (:func:`cfl.pretrained.queries.layout_of`), or None."""
     from cfl.pretrained.loaded import loaded_backbone
 
     backbone = loaded_backbone(cfg)
@@ -154,7 +170,7 @@ def adapted_model(cfg: Any, classes: int, num_tasks: int, multi_head: bool, quie
     model = AdaptedViT(backbone.model, m.train, classes, num_tasks, multi_head, backbone.preprocessing.size,
                        backbone.preprocessing.interpolation, (m.prompt_pool, m.prompt_length, m.prompt_top_k),
                        (m.lora_rank, m.lora_alpha), (m.g_prompt_length, m.g_prompt_layers, m.e_prompt_layers),
-                       m.component_layers)
+                       m.component_layers, layout)
     if not quiet:
         print(model.summary(), file=sys.stderr, flush=True)
     return model

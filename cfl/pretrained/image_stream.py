@@ -15,6 +15,7 @@ import torch
 from cfl.data.stream import Stream, Task
 from cfl.pretrained.loaded import INFO_KEY, LoadedBackbone, loaded_backbone
 from cfl.pretrained.preprocessing import Preprocessing, unit_range
+from cfl.pretrained.queries import QUERY_MODES
 
 
 def normalised(x: torch.Tensor, pre: Preprocessing, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
@@ -29,8 +30,10 @@ def normalised(x: torch.Tensor, pre: Preprocessing, low: torch.Tensor, high: tor
     return ((x - mean) / std).contiguous()
 
 
-def image_stream(cfg: Any, stream: Stream, quiet: bool = False) -> Stream:
-    """``stream`` with its images normalised for the backbone; ``stream.info["backbone"]`` names it."""
+def image_stream(cfg: Any, stream: Stream, quiet: bool = False, device: torch.device | None = None) -> Stream:
+    """``stream`` with its images normalised for the backbone; ``stream.info["backbone"]`` names it. For a
+    key-query prompt method each image is packed with its frozen query (:mod:`cfl.pretrained.query_stream`),
+    computed on ``device`` (None: the CPU)."""
     backbone: LoadedBackbone = loaded_backbone(cfg)
     for note in backbone.weights.notes:
         if not quiet:
@@ -50,4 +53,10 @@ def image_stream(cfg: Any, stream: Stream, quiet: bool = False) -> Stream:
         print(f"inputs: {stream.name}'s images normalised for {backbone.name} at their {shape[1]}x{shape[2]} px, "
               f"resized to {pre.size} px in each forward (model.train: {cfg.model.train})", file=sys.stderr,
               flush=True)
-    return Stream(stream.name, stream.scenario, tasks, stream.classes_per_head, shape, backbone.name, info)
+    images = Stream(stream.name, stream.scenario, tasks, stream.classes_per_head, shape, backbone.name, info)
+    if cfg.model.train not in QUERY_MODES:
+        return images
+    from cfl.pretrained.query_stream import query_stream
+
+    return query_stream(images, stream, backbone, low, high, cfg.data_root, device or torch.device("cpu"),
+                        quiet)[0]

@@ -40,6 +40,8 @@ class SharedBackbone:
     def __init__(self, model: nn.Module, running: Params) -> None:
         self.frozen = {k: b for k, b in model.named_buffers() if k not in running and b.is_floating_point()}
         self.changed: Params = {}  # name -> the buffer itself (what the checkpoint holds)
+        #: the model's inputs carry queries computed once from this backbone (cfl/pretrained/queries.py)
+        self.packed_queries = getattr(model, "layout", None) is not None
 
     def check(self, update: Any) -> BackboneUpdate | None:
         """``update`` as the hook must return it (``BrokenRule`` naming the first problem)."""
@@ -47,6 +49,11 @@ class SharedBackbone:
             return None
         if not isinstance(update, BackboneUpdate) or not isinstance(update.deltas, dict):
             raise BrokenRule(f"{BACKBONE_UPDATE}; got {type(update).__name__}")
+        if update.deltas and self.packed_queries:
+            raise BrokenRule("the run's inputs carry the prompt methods' queries, computed once from the frozen "
+                             "backbone when the run started (cfl/pretrained/queries.py): a changed backbone would "
+                             "leave them stale; change the backbone under model.train lora or all, or return "
+                             "deltas {}")
         for name, delta in update.deltas.items():
             if name not in self.frozen:
                 known = ", ".join(list(self.frozen)[:4]) or "none: the model has no frozen backbone"
