@@ -98,14 +98,10 @@ class AdaptedViT(nn.Module):
         with torch.no_grad():
             return self.vit(self.resized(x))
 
-    def images(self, x: torch.Tensor) -> torch.Tensor:
-        """The images of ``x`` (of packed rows: their image part)."""
-        return x if self.layout is None else self.layout.split(x)[0]
-
     def features(self, x: torch.Tensor, task: torch.Tensor | None = None) -> torch.Tensor:
         """The head's input; ``task`` (the inputs' tasks) is read by ``dual-prompts`` at training only."""
-        query = None if self.layout is None else self.query(x)
-        x = self.resized(self.images(x))
+        x, query = (x, None) if self.layout is None else self.layout.split(x)
+        x = self.resized(x)
         if self.prompt is None:
             return self.vit(x)  # the [CLS] token after the final norm (timm's pooled pre-logits)
         v = self.vit

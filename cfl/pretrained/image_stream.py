@@ -58,5 +58,4 @@ def image_stream(cfg: Any, stream: Stream, quiet: bool = False, device: torch.de
         return images
     from cfl.pretrained.query_stream import query_stream
 
-    return query_stream(images, stream, backbone, low, high, cfg.data_root, device or torch.device("cpu"),
-                        quiet)[0]
+    return query_stream(images, stream, backbone, low, high, cfg.data_root, device or torch.device("cpu"), quiet)

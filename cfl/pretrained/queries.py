@@ -8,8 +8,9 @@ A packed row holds the normalised image's ``C * H * W`` values, then the query's
 go wherever an image would (the batches, replay memories, the evaluation); the model unpacks them
 (:class:`cfl.pretrained.adapted.AdaptedViT`). The queries come from the same operators as the per-step pass (the
 backbone with timm's non-fused attention, on the image resized in the model's way), in batches of
-:data:`cfl.pretrained.feature_cache.BATCH`: the numbers of a run equal the per-step computation's, bit for bit (checked
-in tests/pretrained/test_queries.py). They are cached on disk like the features (:mod:`cfl.pretrained.features`:
+:data:`cfl.pretrained.feature_cache.BATCH`: a query equals the per-step pass's to float rounding (a product's rows
+round by their place in its batch: about 1e-6 at 32 px), bit for bit where the batch is the same (both checked in
+tests/pretrained/test_queries.py). They are cached on disk like the features (:mod:`cfl.pretrained.features`:
 keyed by backbone, weights, preprocessing and data; checked by key and digest; recomputed, with a warning, when the
 file is not this key's intact file). A pretrained stream never augments (:mod:`cfl.pretrained.image_stream`), so the
 query of a sample never changes; a method that changes the shared backbone would make them stale, and is refused

@@ -23,21 +23,22 @@ QUERY_FORM = "queries v1: image_stream's normalised images, resized in the model
 
 
 def query_stream(stream: Stream, raw: Stream, backbone: LoadedBackbone, low: torch.Tensor, high: torch.Tensor,
-                 data_root: str | None, device: torch.device, quiet: bool = False) -> tuple[Stream, PackedLayout]:
+                 data_root: str | None, device: torch.device, quiet: bool = False) -> Stream:
     """``stream`` (the images normalised for ``backbone``; ``raw``: the stream they came from, which keys the
-    cache) with every input row packed with its query, and the rows' layout."""
+    cache) with every input row packed with its query; ``info["backbone"]["queries"]`` names the rows' layout
+    (:func:`cfl.pretrained.queries.layout_of`)."""
     def say(line: str) -> None:
         if not quiet:
             print(line, file=sys.stderr, flush=True)
 
     pre = backbone.preprocessing
-    vit = query_backbone(backbone.model).to(device).eval()
-    width = vit.num_features
+    width = backbone.model.num_features
     key = cache_key(backbone, raw, low, high, QUERY_FORM)
     path = cache_path(data_root, backbone, key, "queries")
     start = time.perf_counter()
 
-    def compute() -> list[dict[str, torch.Tensor]]:
+    def compute() -> list[dict[str, torch.Tensor]]:  # a copy of the backbone only where the cache misses
+        vit = query_backbone(backbone.model).to(device).eval()
         return [{split: compute_queries(vit, getattr(t, f"{split}_x").to(device), pre.size, MODES[pre.interpolation],
                                         BATCH).cpu() for split in SPLITS} for t in stream.tasks]
 
@@ -56,4 +57,4 @@ def query_stream(stream: Stream, raw: Stream, backbone: LoadedBackbone, low: tor
     backbone_info["queries"] = {"source": source, "seconds": seconds, "cache": str(path), **layout.describe()}
     info["backbone"] = backbone_info
     return Stream(stream.name, stream.scenario, tasks, stream.classes_per_head, (layout.row,), stream.default_model,
-                  info), layout
+                  info)
