@@ -221,10 +221,12 @@ def check_task_losses(cfg: Any, specs: list[dict[str, Any]]) -> None:
 def check_optimizer(cfg: Any, specs: list[dict[str, Any]]) -> None:
     """The local optimiser's own keys: two betas in [0, 1); ``optimizer.state: kept`` only where there is a state
     (not plain SGD) and off Ray; AdamW's decoupled weight decay with a gradient projection, which would shrink the
-    protected directions."""
+    protected directions; no empty ``lr_groups`` prefix (the model's names are checked by the run)."""
+    from cfl.config.lr_groups import check_empty_prefix
     from cfl.methods import METHODS
     from cfl.methods.declarations import gives
 
+    check_empty_prefix(cfg.lr_groups)
     optimizer = cfg.optimizer
     projecting = [s["name"] for s in specs if gives(METHODS[s["name"]], "projection")]
     if optimizer.name == "adamw" and cfg.weight_decay and projecting:

@@ -83,6 +83,9 @@ METHOD_CONFIGS["l2p"] = {"model": {"name": "vit-ti16", "weights": "random", "ima
 METHOD_CONFIGS["lora"] = {"model": {"name": "vit-ti16", "weights": "random", "image_size": 16, "train": "lora"},
                           "lr": 0.01}
 METHOD_CONFIGS["lorm"] = {**METHOD_CONFIGS["lora"]}
+METHOD_CONFIGS["pilora"] = {"model": {**METHOD_CONFIGS["lora"]["model"], "lora_targets": "qv", "lora_layers": 1,
+                                      "lora_tasks": "per-task", "classifier": "prototype"},
+                            "lr": 0.01, "optimizer": {"name": "adam"}}
 METHOD_CONFIGS["codap"] = {"model": {"name": "vit-ti16", "weights": "random", "image_size": 16, "train": "components",
                                      "prompt_pool": 4, "prompt_length": 2}, "lr": 0.01}
 METHOD_CONFIGS["fedcprompt"] = {**METHOD_CONFIGS["codap"], "weight_decay": 0.0}
@@ -94,7 +97,7 @@ METHOD_CONFIGS["dualprompt"] = {"model": {"name": "vit-ti16", "weights": "random
 #: a few steps, where float32 summation order alone differs by 1e-4 between the engines; 1 / 0.1 keep them small
 METHOD_SETTINGS["fedcprompt"] = {"pull": 1.0, "push": 0.1}
 METHOD_STREAMS.update({name: {"dim": 192, "image": (3, 8, 8), "model": "vit-ti16"}
-                       for name in ("l2p", "lora", "lorm", "codap", "fedcprompt", "dualprompt")})
+                       for name in ("l2p", "lora", "lorm", "pilora", "codap", "fedcprompt", "dualprompt")})
 
 
 def any_method_models() -> list[str]:

@@ -87,3 +87,14 @@ def metrics_values(path: Path) -> list[str]:
     from cfl.report.jsonl import without_timing
 
     return [json.dumps(without_timing(json.loads(line))) for line in path.read_text().splitlines()]
+
+
+def tiny_vit_runner(cfg):  # noqa: ANN001, ANN201
+    """A Runner of ``cfg`` (a random ViT-Ti/16 at 16 px: one patch) on 2 class-incremental tasks of 3 x 8 x 8
+    images, 24 training samples each."""
+    from cfl.engine.rounds.runner import Runner
+    from cfl.pretrained.features import with_backbone
+    from tests.conftest import make_stream
+
+    stream = make_stream("class", num_tasks=2, image=(1, 8, 8), n_train=24, n_test=8)
+    return Runner(cfg, with_backbone(cfg, stream, torch.device("cpu"), quiet=True))

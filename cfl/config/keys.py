@@ -69,9 +69,9 @@ class ModelConfig:
                        "probing; fedncm, afcl, ranpac); prompts (an L2P prompt pool and its keys, method l2p), "
                        "components (CODA-P's prompt components, keys and attention vectors, method codap or "
                        "fedcprompt), dual-prompts (DualPrompt's G- and E-prompts as attention prefixes, method "
-                       "dualprompt), lora (LoRA factors of every attention qkv projection, method lora) or all (full "
-                       "fine-tuning): the images go through the backbone each step, frozen and shared by all "
-                       "clients, and only what trains is kept per client and sent (docs/pretrained.md)",
+                       "dualprompt), lora (LoRA factors of the attention qkv projections, method lora, lorm or "
+                       "pilora) or all (full fine-tuning): the images go through the backbone each step, frozen and "
+                       "shared by all clients, and only what trains is kept per client and sent (docs/pretrained.md)",
                        choices=("head", "prompts", "components", "dual-prompts", "lora", "all"))
     prompt_pool: int = field(10, "model.train: prompts | components | dual-prompts: prompts in the pool (L2P's M; "
                              "CODA-P's components; DualPrompt's E-prompts)", min=1, max=4096)
@@ -95,6 +95,17 @@ class ModelConfig:
     lora_rank: int = field(4, "model.train: lora: rank r of the factors", min=1, max=4096)
     lora_alpha: float = field(4.0, "model.train: lora: the update is scaled by lora_alpha / lora_rank", gt=0,
                               max=1e6)
+    lora_targets: str = field("qkv", "model.train: lora: the outputs the factors adapt: qkv (the whole attention qkv "
+                              "projection, one factor pair) or qv (the query and value parts, a pair each: LoRA's "
+                              "paper, PILoRA's code)", choices=("qkv", "qv"))
+    lora_layers: int = field(0, "model.train: lora: the first blocks whose attention takes factors (0: every block; "
+                             "PILoRA's code: 1)", min=0, max=64)
+    lora_tasks: str = field("shared", "model.train: lora: shared (one set of factors for every task) or per-task "
+                            "(each task its own factors, the forward adding every task's B_t A_t: PILoRA, Guo et al. "
+                            "2024; a method trains its task's only)", choices=("shared", "per-task"))
+    classifier: str = field("linear", "model.train other than head: the classifier on the backbone's features: linear "
+                            "(a linear head) or prototype (one learned centre per class, logits -sqrt(|f - c|^2 / D): "
+                            "PILoRA's)", choices=("linear", "prototype"))
 
 
 @dataclass(frozen=True)
@@ -199,6 +210,12 @@ class Config:
     batch_size: int = field(32, "local mini-batch size, at most 2**20 (the batched engine sizes its step masks "
                             "by it)", min=1, max=BATCH_SIZE_MAX)
     lr: float = field(0.01, "local learning rate (of optimizer.name)", gt=0)
+    lr_groups: dict[str, float] = field({}, "learning rates of their own for some parameters: parameter-name prefix "
+                                        "-> lr, e.g. {centers: 2.0e-3, vit.: 1.0e-5}; a parameter whose name starts "
+                                        "with a prefix steps at its lr instead of lr (the longest matching prefix "
+                                        "wins; every optimiser, AdamW's decoupled decay included); a prefix that "
+                                        "matches no parameter of the model is refused; a run with groups takes "
+                                        "no stacked path ({}: lr for all; docs/concepts.md)", gt=0)
     momentum: float = field(0.0, "local SGD momentum (optimizer.name: sgd; fresh each round)", min=0.0, max=0.999)
     weight_decay: float = field(0.0, "local weight decay (sgd, adam: an L2 term in the gradient; adamw: decoupled)",
                                 min=0.0)

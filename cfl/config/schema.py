@@ -38,7 +38,8 @@ def _type_name(tp: Any) -> str:
     if origin is list:
         return f"list of {_type_name(typing.get_args(tp)[0])}"
     if origin is dict:
-        return "mapping"
+        args = typing.get_args(tp)
+        return "mapping" if not args or args[1] is Any else f"mapping of {_type_name(args[0])} to {_type_name(args[1])}"
     if tp is type(None):
         return "null"
     return getattr(tp, "__name__", str(tp))
@@ -71,7 +72,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"'{key}' must be a mapping, got {value!r}")
-        return dict(value)
+        args = typing.get_args(tp)
+        if not args or args[1] is Any:
+            return dict(value)
+        # typed values (``lr_groups``): a nested mapping reads as its dotted keys, as ``--set a.b.c=v`` nests them
+        return {k: _coerce(v, args[1], f"{key}.{k}") for k, v in _dotted_leaves(value, key).items()}
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"'{key}' must be a mapping of keys {sorted(_names(tp))}, got {value!r}")
@@ -93,6 +98,21 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return value
         raise ConfigError(f"'{key}' must be a string, got {value!r}")
     raise TypeError(f"unsupported config type {tp!r} for {key}")
+
+
+def _dotted_leaves(tree: dict, key: str, prefix: str = "") -> dict[str, Any]:
+    """The leaves of a nested mapping at their dotted keys (``{body: {1: x}}`` -> ``{'body.1': x}``); a key must
+    be a string or an integer (YAML reads ``0:`` as one)."""
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        if not isinstance(k, (str, int)) or isinstance(k, bool):
+            raise ConfigError(f"'{key}' keys must be strings, got {k!r}")
+        dotted = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_dotted_leaves(v, key, f"{dotted}."))
+        else:
+            out[dotted] = v
+    return out
 
 
 def _finite_float(value: Any, key: str) -> float:
@@ -133,6 +153,10 @@ def _names(cls: type) -> list[str]:
 
 def _check_range(value: Any, meta: typing.Mapping[str, Any], key: str) -> None:
     if value is None:
+        return
+    if isinstance(value, dict):  # a typed mapping's values (``lr_groups``), each named by its key
+        for k, v in value.items():
+            _check_range(v, meta, f"{key}.{k}")
         return
     choices = meta.get("choices")
     if choices is not None and value not in choices:

@@ -31,6 +31,7 @@ from cfl.methods.lora import LoRA
 from cfl.methods.lorm import LoRM
 from cfl.methods.mas import MAS
 from cfl.methods.mfcl import MFCL
+from cfl.methods.pilora import PILoRA
 from cfl.methods.ranpac import RanPAC
 from cfl.methods.rgo import RGO
 from cfl.methods.scaffold import Scaffold
@@ -77,6 +78,7 @@ register(DualPrompt)  # model.train: dual-prompts (attention prefixes) on a pret
 register(FedCPrompt)  # model.train: components, task-specific, with the contrastive continual loss
 register(LoRA)  # model.train: lora on a pretrained backbone
 register(LoRM)  # model.train: lora; closed-form (RegMean) merge of the trained factor
+register(PILoRA)  # model.train: lora, per-task factors and a prototype classifier
 register(Scaffold)  # option II control variates; on the stacked path (a Linear penalty)
 register(FedDyn)
 register(DERpp)  # reservoir per step in the step hooks' carry: the vmap path

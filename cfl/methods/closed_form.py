@@ -33,7 +33,8 @@ class ClosedFormHead(Method, ABC):
     """The shared mechanics; a subclass gives ``statistics`` (one client's upload) and ``solve`` (the head)."""
 
     requires = Requires(  # model_train head: on a backbone's cached features (cfl.cross_checks.model_family_error)
-        model_train="head", unread_keys={"lr": UNREAD, "momentum": UNREAD, "weight_decay": UNREAD, "server_lr": UNREAD},
+        model_train="head", unread_keys={"lr": UNREAD, "lr_groups": UNREAD, "momentum": UNREAD, "weight_decay": UNREAD,
+                                         "server_lr": UNREAD},
         schedules=("synchronous",),
         schedules_why="after each round it solves the head of the server's one current task from the statistics "
                       "uploaded so far")

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from cfl.config.lr_groups import lr_of as group_lr
 from cfl.tensors import Params, State
 
 #: the events of ``client_end``: a round's end, a task's end
@@ -95,7 +96,7 @@ class Step:
     server: State  # the method's broadcast of the round
     state: State  # the client's state as the round began (read only during the round)
     carry: State  # the running values: ``client_start``'s carry, then each ``carry_step``'s result
-    lr: float
+    lr: float  # the top-level ``lr``, also where ``lr_groups`` gives some parameters their own
     index: int  # the client's step number in the round, from 0
     gradient: Callable[..., Params]
     #: the client's own random numbers for this hook call (:class:`cfl.ops.counter_random.StepRandom`: ``uniform``,
@@ -108,11 +109,18 @@ class Step:
 @dataclass
 class LocalTraining:
     """What ``client_end("round")`` gets beside the trained parameters (``training``): the round's global model the
-    client started from, the local steps it took and the learning rate."""
+    client started from, the local steps it took and the learning rate (the top-level ``lr``; :meth:`lr_of` a
+    parameter's own, where ``lr_groups`` gives it one)."""
 
     global_params: Params
     steps: int
     lr: float
+    #: ``lr_groups``: parameter-name prefix -> its learning rate (the longest matching prefix wins; {}: lr for all)
+    lr_groups: dict[str, float] = field(default_factory=dict)
+
+    def lr_of(self, name: str) -> float:
+        """Parameter ``name``'s learning rate: its longest matching ``lr_groups`` prefix's, else :attr:`lr`."""
+        return group_lr(self.lr, self.lr_groups, name)
 
 
 @dataclass

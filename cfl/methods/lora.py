@@ -10,6 +10,9 @@ and ``model.lora_alpha``; one set of factors for every task (no per-task LoRA, n
 
 from __future__ import annotations
 
+from typing import Any
+
+from cfl.config.schema import ConfigError
 from cfl.methods.base import Method, Requires
 
 
@@ -18,3 +21,10 @@ class LoRA(Method):
     about = ("LoRA: low-rank factors of every attention qkv projection of a frozen pretrained ViT (Hu et al. 2022), "
              "FedAvg of the factors and head; model.train: lora")
     requires = Requires(model_train="lora")
+
+    @classmethod
+    def check(cls, hparams: Any, cfg: Any) -> None:  # noqa: ARG003
+        if cfg.model.lora_tasks != "shared":
+            raise ConfigError("method lora trains every factor at every task: model.lora_tasks: per-task would train "
+                              "every task's factors together; set lora_tasks: shared, or use method pilora (each "
+                              "task's own)")

@@ -75,6 +75,10 @@ class LoRM(ClassMasked, Method):
 
     @classmethod
     def check(cls, hparams: Any, cfg: Any) -> None:  # noqa: ARG003
+        m = cfg.model
+        if (m.lora_targets, m.lora_tasks, m.classifier) != ("qkv", "shared", "linear"):
+            raise ConfigError("method lorm merges one LoRA pair of each whole qkv projection and a linear head: set "
+                              "model.lora_targets: qkv, lora_tasks: shared and classifier: linear (the defaults)")
         if cfg.weight_decay != 0:
             raise ConfigError(f"method lorm freezes one LoRA factor each round by giving it no gradient; weight decay "
                               f"would still shrink it: set weight_decay: 0 (it is {cfg.weight_decay})")

@@ -2,10 +2,11 @@
 arXiv 1910.06378), option II control variates.
 
 Each local step corrects the gradient by ``c - c_i`` (server and client control variates): the linear penalty
-``<c - c_i, w>``, which the stacked path fuses into its step. After ``K`` local steps at learning rate ``lr`` from
-the round's global model ``x`` to ``y_i``, the client sets ``c_i+ = c_i - c + (x - y_i) / (K lr)`` (option II)
-and sends ``dc_i = c_i+ - c_i`` beside its model; the server averages the models (``server_lr``: the paper's
-global step size) and sets ``c <- c + (1/N) sum_i dc_i`` over the round's clients (``N``: all clients).
+``<c - c_i, w>``, which the stacked path fuses into its step. After ``K`` local steps at learning rate ``lr`` (each
+parameter's own under ``lr_groups``) from the round's global model ``x`` to ``y_i``, the client sets
+``c_i+ = c_i - c + (x - y_i) / (K lr)`` (option II) and sends ``dc_i = c_i+ - c_i`` beside its model; the server
+averages the models (``server_lr``: the paper's global step size) and sets ``c <- c + (1/N) sum_i dc_i`` over the
+round's clients (``N``: all clients).
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ class Scaffold(Method):
 
     def client_end(self, ctx: ClientEndContext) -> State:
         params, state, server, training = ctx.params, ctx.state, ctx.server, ctx.training
-        scale = 1.0 / (max(training.steps, 1) * training.lr)
+        steps = max(training.steps, 1)
         own = state.get("c", {})
-        new = {k: own.get(k, torch.zeros_like(c)) - c + (training.global_params[k] - params[k]) * scale
-               for k, c in server["c"].items()}
+        # K lr per parameter: its own lr where lr_groups gives it one
+        new = {k: own.get(k, torch.zeros_like(c)) - c + (training.global_params[k] - params[k]) *
+               (1.0 / (steps * training.lr_of(k))) for k, c in server["c"].items()}
         delta = {k: v - own[k] if k in own else v.clone() for k, v in new.items()}
         state["c"] = new
         return {"dc": delta}

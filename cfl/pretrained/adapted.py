@@ -4,8 +4,10 @@ the backbone's weights are **buffers** of the model, not parameters, so the engi
 uploads or checkpoints them per client. Only the trainable subset is a parameter: the prompt pool and its keys
 (``prompts``), CODA-P's components (``components``: as attention prefixes of the first ``component_layers``
 blocks, or prepended to the tokens), DualPrompt's G- and E-prompts, prefixes of the first blocks'
-attention (``dual-prompts``), the LoRA factors of every block's attention ``qkv`` projection (``lora``), or
-everything (``all``: full fine-tuning), and always the head.
+attention (``dual-prompts``), the LoRA factors of the blocks' attention ``qkv`` projections (``lora``: every
+block's whole projection, or per task and on the query and value parts of the first ``lora_layers``: PILoRA's), or
+everything (``all``: full fine-tuning), and always the head (linear, or ``model.classifier: prototype``: a centre
+per class, cfl/pretrained/prototype_head.py).
 
 In the batched trainer each client's forward is ``functional_call(model, its_params, ...)`` under ``vmap``: the
 frozen buffers are not in the per-client parameters, so ``vmap`` sees them as one unbatched input (``in_dims=None``)
@@ -36,7 +38,9 @@ from cfl.pretrained.lora import LoRALinear
 from cfl.pretrained.prefix_attention import prefixed_block
 from cfl.pretrained.preprocessing import MODES
 from cfl.pretrained.prompt_pool import PromptPool
+from cfl.pretrained.prototype_head import PrototypeHead
 from cfl.pretrained.queries import QUERY_MODES, PackedLayout, resized
+from cfl.pretrained.task_lora import TaskLoRALinear
 from cfl.tensors import nbytes
 
 TRAIN_MODES = ("prompts", "components", "dual-prompts", "lora", "all")
@@ -59,7 +63,8 @@ class AdaptedViT(nn.Module):
     def __init__(self, vit: nn.Module, train: str, classes: int, num_tasks: int, multi_head: bool, size: int,
                  interpolation: str, prompt: tuple[int, int, int] = (10, 5, 5), lora: tuple[int, float] = (4, 4.0),
                  dual: tuple[int, int, int] = (5, 2, 3), component_layers: int = 0,
-                 layout: PackedLayout | None = None):
+                 layout: PackedLayout | None = None, lora_form: tuple[str, int, str] = ("qkv", 0, "shared"),
+                 classifier: str = "linear"):
         super().__init__()
         if train not in TRAIN_MODES:
             raise ValueError(f"model.train {train!r} is not one of {TRAIN_MODES}")
@@ -83,9 +88,19 @@ class AdaptedViT(nn.Module):
             raise ValueError(f"the G- and E-prompts' {dual[1]} + {dual[2]} layers exceed the backbone's "
                              f"{len(self.vit.blocks)} blocks")
         if train == "lora":
-            for block in self.vit.blocks:
-                block.attn.qkv = LoRALinear(block.attn.qkv, *lora)
-        self.head = make_head(width, classes, num_tasks, multi_head)
+            self.adapt_qkv(lora, lora_form, num_tasks)
+        self.head = PrototypeHead(width, classes, num_tasks, multi_head) if classifier == "prototype" else \
+            make_head(width, classes, num_tasks, multi_head)
+
+    def adapt_qkv(self, lora: tuple[int, float], form: tuple[str, int, str], num_tasks: int) -> None:
+        """LoRA factors on the qkv projections of the first ``layers`` blocks (0: all): one pair of the whole
+        projection shared by the tasks (cfl/pretrained/lora.py), or per task and adapted part (task_lora.py)."""
+        targets, layers, tasks = form
+        if layers > len(self.vit.blocks):
+            raise ValueError(f"model.lora_layers {layers} exceeds the backbone's {len(self.vit.blocks)} blocks")
+        for block in self.vit.blocks[:layers or len(self.vit.blocks)]:
+            block.attn.qkv = LoRALinear(block.attn.qkv, *lora) if (targets, tasks) == ("qkv", "shared") else \
+                TaskLoRALinear(block.attn.qkv, *lora, num_tasks if tasks == "per-task" else 1, targets)
 
     def resized(self, x: torch.Tensor) -> torch.Tensor:
         return resized(x, self.size, self.mode)
@@ -166,7 +181,7 @@ def adapted_model(cfg: Any, classes: int, num_tasks: int, multi_head: bool, quie
     model = AdaptedViT(backbone.model, m.train, classes, num_tasks, multi_head, backbone.preprocessing.size,
                        backbone.preprocessing.interpolation, (m.prompt_pool, m.prompt_length, m.prompt_top_k),
                        (m.lora_rank, m.lora_alpha), (m.g_prompt_length, m.g_prompt_layers, m.e_prompt_layers),
-                       m.component_layers, layout)
+                       m.component_layers, layout, (m.lora_targets, m.lora_layers, m.lora_tasks), m.classifier)
     if not quiet:
         print(model.summary(), file=sys.stderr, flush=True)
     return model

@@ -120,6 +120,9 @@ def check_adapter_keys(model: Any) -> None:
     if model.train == "dual-prompts" and depth is not None and model.g_prompt_layers + model.e_prompt_layers > depth:
         raise ConfigError(f"model.g_prompt_layers {model.g_prompt_layers} + e_prompt_layers {model.e_prompt_layers} "
                           f"exceed {model.name}'s {depth} blocks; lower them (the official 2 + 3)")
+    if model.train == "lora" and depth is not None and model.lora_layers > depth:
+        raise ConfigError(f"model.lora_layers {model.lora_layers} exceeds {model.name}'s {depth} blocks; lower it "
+                          "(0: every block; PILoRA's code: 1)")
     if model.train == "components" and depth is not None and model.component_layers > depth:
         raise ConfigError(f"model.component_layers {model.component_layers} exceeds {model.name}'s {depth} blocks; "
                           "lower it (the official 5)")

@@ -24,6 +24,12 @@ ADDED: dict[str, tuple[tuple[str, ...] | None, Any]] = {
     # 2026-12-03: CODA-P's per-task slices became the default (gram-schmidt); before it, every component trained
     # at every task (codap) and every slice was in the forward from the start (fedcprompt): at-once
     "method.start": (("codap", "fedcprompt"), "at-once"),
+    # 2026-12-03: PILoRA's model keys; before them, LoRA adapted every block's whole qkv, one set for every task, and
+    # the classifier was linear
+    "model.lora_targets": (None, "qkv"),
+    "model.lora_layers": (None, 0),
+    "model.lora_tasks": (None, "shared"),
+    "model.classifier": (None, "linear"),
 }
 
 

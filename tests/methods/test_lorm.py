@@ -11,6 +11,7 @@ import torch
 
 from cfl.methods.training_hooks import ClientEndContext
 from cfl.pretrained.regmean import projected_gram, regmean, shrunk
+from tests.helpers import tiny_vit_runner
 from tests.run_pairs import assert_batched_equals_sequential
 
 
@@ -88,12 +89,7 @@ def config(tmp_path: Path, **extra: object):
 
 
 def runner(cfg):
-    from cfl.engine.rounds.runner import Runner
-    from cfl.pretrained.features import with_backbone
-    from tests.conftest import make_stream
-
-    stream = make_stream("class", num_tasks=2, image=(1, 8, 8), n_train=24, n_test=8)
-    return Runner(cfg, with_backbone(cfg, stream, torch.device("cpu"), quiet=True))
+    return tiny_vit_runner(cfg)
 
 
 

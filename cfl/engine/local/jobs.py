@@ -40,6 +40,9 @@ class Hyper:
     eps: float = 1e-8
     # fresh: each client's optimiser state starts anew every round; kept: carried per client across rounds
     optimizer_state: str = "fresh"
+    # parameter-name prefix -> its own learning rate in place of ``lr`` (the longest matching prefix wins; {}: lr
+    # for all): local_optim.lr_of
+    lr_groups: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

@@ -14,6 +14,9 @@ correction uses each client's own count, a ``(C,)`` tensor ``t`` on the batched 
 - ``adamw`` (torch.optim.AdamW): ``p <- (1 - lr * wd) * p`` first (decoupled decay), then Adam's step without
   the L2 term.
 
+``lr_groups`` (:attr:`Hyper.lr_groups`) gives the parameters whose names start with a prefix their own ``lr`` in
+every formula above (:func:`lr_of`, :func:`param_hyper`); without groups every parameter steps with ``hp`` itself.
+
 A method's gradient projection (GPM) applies to ``g`` after the L2 term and before the moments
 (:func:`decayed`, then the projection, then :func:`apply_`). Clients of one step all have the same step count
 ``t`` (the clients still training at a step are a prefix of the stack, and all started at step 0), so
@@ -22,8 +25,11 @@ A method's gradient projection (GPM) applies to ``g`` after the L2 term and befo
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
+from cfl.config.lr_groups import lr_of as group_lr
 from cfl.engine.local.jobs import Hyper
 from cfl.tensors import State
 
@@ -41,6 +47,17 @@ def describe(hp: Hyper) -> str:
     if hp.optimizer == "sgd":
         return "plain SGD" if hp.momentum == 0 else f"SGD with momentum {hp.momentum}"
     return hp.optimizer
+
+
+def lr_of(hp: Hyper, name: str) -> float:
+    """Parameter ``name``'s learning rate: that of its longest matching ``lr_groups`` prefix, else ``hp.lr``."""
+    return group_lr(hp.lr, hp.lr_groups, name)
+
+
+def param_hyper(hp: Hyper, name: str) -> Hyper:
+    """``hp`` with parameter ``name``'s learning rate (:func:`lr_of`): ``hp`` itself where that is ``hp.lr``."""
+    lr = lr_of(hp, name)
+    return hp if lr == hp.lr else dataclasses.replace(hp, lr=lr)
 
 
 def new_slots(hp: Hyper, like: torch.Tensor) -> list[torch.Tensor]:
@@ -66,7 +83,7 @@ def _bias(beta: float, t: int | torch.Tensor, p: torch.Tensor) -> float | torch.
 def apply_(hp: Hyper, p: torch.Tensor, g: torch.Tensor, slots: list[torch.Tensor], t: int | torch.Tensor) -> None:
     """One step of ``p`` in place from the (decayed, projected) gradient ``g`` and the state ``slots``
     (:func:`new_slots`, the rows of the clients in ``p``), at step ``t`` (1 for the first; kept state: each
-    client's own count, a ``(n,)`` tensor for stacked ``p``)."""
+    client's own count, a ``(n,)`` tensor for stacked ``p``); ``hp``: the parameter's own (:func:`param_hyper`)."""
     if hp.optimizer == "sgd":
         if hp.momentum:
             g = slots[0].mul_(hp.momentum).add_(g)

@@ -3,12 +3,12 @@
 ``stacked``: stacked tensor operations with each linear layer's optimiser step taken in its backward
 (:mod:`cfl.engine.local.stacked_net`), for models that list their layers, every local optimiser (plain SGD fused
 into the weight-gradient product; momentum, Adam and AdamW from the materialised gradient) and methods whose
-hooks have a fused form. ``vmap``: autograd under ``torch.func.vmap`` over one-client code, for every model and
-method. ``sequential``: one client after another (``client_execution: sequential``, a method that declares a
-``sequential_reason`` or keeps parameters per client (``param_roles`` and its kin), step hooks on a model
-whose layers mix samples, where ``vmap`` would pad them, or an extra loss on a model with BatchNorm running
-statistics, whose forwards inside it would update them in place; a step draw read only by the extra loss is not
-padded there: those losses run per group of clients with equal counts).
+hooks have a fused form, at one learning rate (no ``lr_groups``). ``vmap``: autograd under ``torch.func.vmap``
+over one-client code, for every model and method. ``sequential``: one client after another (``client_execution:
+sequential``, a method that declares a ``sequential_reason`` or keeps parameters per client (``param_roles`` and
+its kin), step hooks on a model whose layers mix samples, where ``vmap`` would pad them, or an extra loss on a
+model with BatchNorm running statistics, whose forwards inside it would update them in place; a step draw read
+only by the extra loss is not padded there: those losses run per group of clients with equal counts).
 """
 
 from __future__ import annotations
@@ -75,7 +75,10 @@ def stacked_refusal(model: nn.Module, hp: Hyper, methods: list[Method]) -> str |
                 "whose fused step would not be preconditioned")
     if local_optim.plain_sgd(hp) and any(gives(m, "penalty") for m in methods) and hp.lr * hp.weight_decay == 1.0:
         return "lr * weight_decay = 1: the penalty's fused pre-step would divide by 1 - lr * weight_decay"
-    return StackedNet.model_refusal(model)
+    refusal = StackedNet.model_refusal(model)
+    if refusal is None and hp.lr_groups:
+        return "lr_groups gives parameters their own learning rates, which the fused step does not apply"
+    return refusal
 
 
 def sequential_refusal(model: nn.Module, methods: list[Method]) -> str | None:

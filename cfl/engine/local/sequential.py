@@ -27,6 +27,7 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
     start = round_methods.starts[job.cid] if round_methods.starts is not None else global_params
     params = {k: v.detach().clone().requires_grad_(k not in round_methods.frozen) for k, v in start.items()}
     trainable = [k for k in params if k not in round_methods.frozen]  # param_roles frozen: no gradient, step or state
+    own = {k: local_optim.param_hyper(hp, k) for k in trainable}  # lr_groups: a parameter's own learning rate
     # BatchNorm running statistics: the client's own copy, updated in place by its training forwards
     buffers = {k: v.detach().clone() for k, v in job.buffers.items()}
     tensors = (params, buffers) if buffers else params
@@ -93,7 +94,7 @@ def train_one(model: nn.Module, global_params: Params, job: ClientJob, x: torch.
                 if gives(m, "projection"):
                     grads = hooks.projected(m, grads, states[i])
             for k in trainable:
-                local_optim.apply_(hp, params[k], grads[k], slots[k], t0 + s + 1)
+                local_optim.apply_(own[k], params[k], grads[k], slots[k], t0 + s + 1)
             if stage is not None and stage.carry_stepping:
                 moved = {k: params[k].detach() - before[k] for k in params}
                 with stage.watched("carry_step", s, before, taken, batch, drawn, states, carry, moved):

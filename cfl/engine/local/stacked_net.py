@@ -60,6 +60,8 @@ class StackedNet:
     KNOWN = (nn.Flatten, nn.Linear, nn.ReLU, Dropout, nn.Conv2d, nn.MaxPool2d)
 
     def __init__(self, model: nn.Module, hp: Hyper) -> None:
+        if hp.lr_groups:  # cfl.engine.local.path.stacked_refusal: the fused steps take one learning rate
+            raise ValueError("the stacked path steps every parameter at hp.lr; lr_groups trains on the vmap path")
         self.hp, self.lr, self.decay = hp, hp.lr, 1.0 - hp.lr * hp.weight_decay
         # momentum or Adam: per-parameter optimiser state over the stacked clients (:meth:`new_state`), and
         # the step count of the step being taken (:meth:`step`); plain SGD has none and steps in place

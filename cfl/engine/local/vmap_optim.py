@@ -25,6 +25,9 @@ class SGDStep:
     the loss is scaled by ``-1/wd`` so the gradients come back as ``-g/wd`` and
     ``p + lr*wd * (-g/wd - p) = (1 - lr*wd) p - lr g``. That reads the parameters and gradients once and
     writes the parameters once, against three read-write passes for "decay, then step".
+
+    ``lr_groups``: each parameter steps at its own learning rate (the foreach operators per group of parameters with
+    one rate; without groups one group of all, as before).
     """
 
     def __init__(self, hp: Hyper, params: Params, round_methods: RoundMethods, stepping: bool = False) -> None:
@@ -38,6 +41,10 @@ class SGDStep:
         self.kept = False  # optimizer.state: kept: the momentum buffers start from the clients' own
         self.names = list(params)
         self.shapes = {k: (-1,) + (1,) * (v.dim() - 1) for k, v in params.items()}
+        self.lrs = [local_optim.lr_of(hp, k) for k in self.names]  # hp.lr for all without lr_groups
+        # lr_groups: (lr, the positions of its parameters in params); None: every parameter at hp.lr
+        self.groups = None if not hp.lr_groups else \
+            [(lr, [i for i, r in enumerate(self.lrs) if r == lr]) for lr in dict.fromkeys(self.lrs)]
 
     def keep(self, slots: dict[str, list[torch.Tensor]]) -> None:
         """Start from the clients' kept momentum buffers (:func:`cfl.engine.local.local_optim.kept_state`)."""
@@ -53,11 +60,12 @@ class SGDStep:
         hp, p, g = self.hp, list(params.values()), list(grads.values())
         if self.fold_decay:
             if active is None:
-                torch._foreach_lerp_(p, g, hp.lr * hp.weight_decay)
+                for lr, (pg, gg) in self._by_lr(p, g):
+                    torch._foreach_lerp_(pg, gg, lr * hp.weight_decay)
             else:
-                rate = active.to(p[0].dtype) * (hp.lr * hp.weight_decay)
-                for k, pk, gk in zip(params, p, g, strict=True):
-                    pk.lerp_(gk, rate.view(self.shapes[k]))
+                rates = {lr: active.to(p[0].dtype) * (lr * hp.weight_decay) for lr in dict.fromkeys(self.lrs)}
+                for k, pk, gk, lr in zip(params, p, g, self.lrs, strict=True):
+                    pk.lerp_(gk, rates[lr].view(self.shapes[k]))
             return
         if hp.weight_decay:
             torch._foreach_add_(g, p, alpha=hp.weight_decay)
@@ -72,11 +80,18 @@ class SGDStep:
                 torch._foreach_add_(bufs, g)
             g = bufs
         if active is None:
-            torch._foreach_add_(p, g, alpha=-hp.lr)
+            for lr, (pg, gg) in self._by_lr(p, g):
+                torch._foreach_add_(pg, gg, alpha=-lr)
         else:
             on = active.to(p[0].dtype)
-            for k, pk, gk in zip(params, p, g, strict=True):
-                pk.addcmul_(gk, on.view(self.shapes[k]), value=-hp.lr)
+            for k, pk, gk, lr in zip(params, p, g, self.lrs, strict=True):
+                pk.addcmul_(gk, on.view(self.shapes[k]), value=-lr)
+
+    def _by_lr(self, p: list[torch.Tensor], g: list[torch.Tensor]) -> list[tuple[float, tuple[list, list]]]:
+        """The parameters and their gradients per learning rate: all of them at ``hp.lr`` without lr_groups."""
+        if self.groups is None:
+            return [(self.hp.lr, (p, g))]
+        return [(lr, ([p[i] for i in at], [g[i] for i in at])) for lr, at in self.groups]
 
 
 class OptimStep:
@@ -90,6 +105,7 @@ class OptimStep:
         self.hp = hp
         self.projecting = [i for i, m in enumerate(round_methods.methods) if gives(m, "projection")]
         self.slots: dict[str, list[torch.Tensor]] | None = None
+        self.own = {k: local_optim.param_hyper(hp, k) for k in params}  # lr_groups: each parameter's learning rate
 
     def keep(self, slots: dict[str, list[torch.Tensor]]) -> None:
         """Start from the clients' kept moments (:func:`cfl.engine.local.local_optim.kept_state`)."""
@@ -109,7 +125,7 @@ class OptimStep:
         for i in self.projecting:  # GPM: the projected gradient enters the moments
             g = _projected(round_methods.methods[i], g, states[i])
         for k, p in params.items():
-            local_optim.apply_(self.hp, p, g[k], [slot[: p.shape[0]] for slot in self.slots[k]], s + 1)
+            local_optim.apply_(self.own[k], p, g[k], [slot[: p.shape[0]] for slot in self.slots[k]], s + 1)
 
 
 def _projected(method: Method, grads: Params, state: State) -> Params:

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from cfl.config.keys import Config
+from cfl.config.lr_groups import check_prefixes
 from cfl.config.schema import ConfigError
 from cfl.data.stream import Stream
 from cfl.engine.hook_call import call, finite_checks, takes
@@ -111,7 +112,9 @@ class Runner:
         self.hyper = Hyper(cfg.lr, cfg.momentum, cfg.weight_decay, cfg.local_epochs, cfg.batch_size,
                            augment=stream.augment, client_block=cfg.client_block, precision=cfg.precision,
                            optimizer=cfg.optimizer.name, betas=tuple(cfg.optimizer.betas), eps=cfg.optimizer.eps,
-                           optimizer_state=cfg.optimizer.state)
+                           optimizer_state=cfg.optimizer.state, lr_groups=dict(cfg.lr_groups))
+        # lr_groups: every prefix names parameters of this model (refused before any round)
+        check_prefixes(cfg.lr_groups, self.params, type(self.model).__name__)
         # optimizer.state: kept: each client's optimiser state between its rounds (checkpointed with the run)
         self.optimizer_states = ClientStates() if cfg.optimizer.state == "kept" else None
         self.client_params = ClientParams(self.methods, list(self.params))
@@ -330,7 +333,7 @@ class Runner:
                     data = self.stream.tasks[task_of[job.cid]]
                     cdata = ClientData(data.train_x, data.train_y, task_of[job.cid], rows=job.indices)
                     gen = torch.Generator().manual_seed(derive_seed(job.seed, 0xE0D + i))
-                    training = LocalTraining(self.params, steps[job.cid], self.hyper.lr)
+                    training = LocalTraining(self.params, steps[job.cid], self.hyper.lr, self.hyper.lr_groups)
                     client_end(self.state, i, "round", client_params, cdata, job.cid, broadcasts[i], gen, uploads,
                                training)
             out.append(uploads)
