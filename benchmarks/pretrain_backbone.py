@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F  # noqa: N812
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -55,7 +56,72 @@ def arguments() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--data-root", default=None)
+    p.add_argument("--exclude", type=Path, action="append", default=[],
+                   help="a sweep file whose streams' images (train and test, every run's seed) the pretraining "
+                        "leaves out, compared by content; repeatable")
     return p.parse_args()
+
+
+def image_keys(x: torch.Tensor) -> set[bytes]:
+    """One key per image: its float32 bytes (the streams keep load_idx's normalised values unchanged)."""
+    flat = x.reshape(len(x), -1).to(torch.float32).contiguous().numpy()
+    return {row.tobytes() for row in flat}
+
+
+def sweep_images(path: Path, data_root: str | None) -> tuple[set[bytes], set[bytes], int]:
+    """The training and the test images of every distinct stream of sweep ``path``'s runs, and how many streams
+    that was. The sweep is read with ``model.weights: random`` (the weights it names are the file this makes)."""
+    import tempfile
+
+    from cfl.app.sweep import load_sweep
+    from cfl.config.yaml_files import read_yaml
+    from cfl.data.load import load_stream
+
+    data = read_yaml(path)
+    data.setdefault("base", {}).setdefault("model", {})["weights"] = "random"
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", dir=path.parent) as copy:
+        copy.write(yaml.safe_dump(data, sort_keys=False))
+        copy.flush()
+        runs = load_sweep(copy.name)
+    streams = {json.dumps(run.config.stream_fields(), sort_keys=True, default=str) for run in runs}
+    train: set[bytes] = set()
+    test: set[bytes] = set()
+    for fields in sorted(streams):
+        given = json.loads(fields)
+        stream = load_stream(**{**given, "data_root": data_root or given["data_root"]})
+        for task in stream.tasks:
+            train |= image_keys(task.train_x)
+            test |= image_keys(task.test_x)
+    return train, test, len(streams)
+
+
+def held_out(train_x: torch.Tensor, train_y: torch.Tensor, sweeps: list[Path], data_root: str | None
+             ) -> tuple[torch.Tensor, torch.Tensor, dict[str, object]]:
+    """The training images that no stream of ``sweeps`` holds (as a training or a test image, by content), and
+    what was left out. Refused when a stream's training image is not among them (the comparison would not be
+    one: another data set, or values changed)."""
+    if not sweeps:
+        return train_x, train_y, {}
+    stream_train: set[bytes] = set()
+    stream_test: set[bytes] = set()
+    counted = 0
+    for path in sweeps:
+        train, test, n = sweep_images(path, data_root)
+        stream_train |= train
+        stream_test |= test
+        counted += n
+    rows = [row.tobytes() for row in train_x.reshape(len(train_x), -1).contiguous().numpy()]
+    missing = len(stream_train - set(rows))
+    if missing:
+        raise SystemExit(f"--exclude {[str(p) for p in sweeps]}: {missing} of the streams' "
+                         f"{len(stream_train)} training images are not among Fashion-MNIST's training images: the "
+                         f"streams are not built from this data, or their values differ; nothing was trained")
+    keep = torch.tensor([row not in stream_train and row not in stream_test for row in rows])
+    left_out = {"exclude": [str(p) for p in sweeps], "streams": counted,
+                "stream_train_images": len(stream_train), "stream_test_images": len(stream_test),
+                "train_images_left_out": int((~keep).sum()), "train_images_used": int(keep.sum())}
+    print(f"held out: {left_out}", file=sys.stderr, flush=True)
+    return train_x[keep], train_y[keep], left_out
 
 
 def learning_rate(step: int, total: int, peak: float) -> float:
@@ -85,6 +151,7 @@ def main() -> None:
     from safetensors.torch import save_file
 
     (train_x, train_y), (test_x, test_y) = load_idx(FASHION_MNIST, root_dir(args.data_root))
+    train_x, train_y, left_out = held_out(train_x, train_y, args.exclude, args.data_root)
     model = timm.create_model(BACKBONES[args.model].timm_name, pretrained=False, num_classes=10, img_size=args.size)
     pre = of_backbone(model, args.size)
     low, high = unit_range([train_x])
@@ -115,7 +182,7 @@ def main() -> None:
     print(json.dumps({"out": str(args.out), "sha256": sha256_of(args.out), "model": args.model, "size": args.size,
                       "epochs": args.epochs, "batch": args.batch, "lr": args.lr, "seed": args.seed,
                       "fmnist_test_accuracy": round(test, 2), "train_seconds": round(seconds, 1),
-                      "threads": args.threads, "torch": torch.__version__, "timm": timm.__version__,
+                      "threads": args.threads, **left_out, "torch": torch.__version__, "timm": timm.__version__,
                       "machine": platform.processor() or platform.machine()}))
 
 

@@ -65,6 +65,15 @@ def load_plugin_file(path: Path) -> ModuleType:
     return module
 
 
+def benchmark_module(name: str) -> ModuleType:
+    """Import ``benchmarks/<name>.py`` (a script, not a package module) as a fresh module."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 class Records:
     """A runner observer keeping each round's record."""
 

@@ -269,7 +269,7 @@ def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quie
                          128 + int(stop.signum))
     results = build_results(runner.snapshot(), time.perf_counter() - started)
     results["display_label"] = display_label(cfg.method_label, results["config"], results["method_info"])
-    backbone_results(results, stream)  # a random backbone flagged in results.json and every table row and legend
+    backbone_results(results, stream, cfg.model.weights_origin)  # flagged in results.json, every row and legend
     results["wandb_run_id"] = logger.run_id
     lock.check()
     atomic_write_json(out / "results.json", results)  # before any figure: a figure that fails never costs results

@@ -61,6 +61,10 @@ class ModelConfig:
     weights_trained: bool = field(False, "true: the weights file is trained although its statistics are an "
                                   "initialisation's (every LayerNorm at weight 1 and bias 0), so it is not flagged "
                                   "as a random backbone (docs/pretrained.md)")
+    weights_origin: Optional[str] = field(None, "a few words on where a weights file comes from when it is not what "
+                                          "a reader would assume (e.g. 'in-house backbone, not ImageNet'): shown in "
+                                          "parentheses after the method in results.json, every table row, figure "
+                                          "legend and W&B name; refused with weights: random (flagged already)")
     image_size: Optional[int] = field(None, "pretrained backbones: input size in pixels (null: the backbone's "
                                       "pretrained config, 224); a different size resamples a weights file's position "
                                       "embeddings (timm's filter)", min=16)

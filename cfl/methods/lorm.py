@@ -38,7 +38,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.func import functional_call
 
 from cfl.config.schema import ConfigError, field
 from cfl.methods.base import ClientEndContext, Method, Params, Payload, ServerChange, ServerEvent, State
@@ -46,6 +45,7 @@ from cfl.methods.class_mask import ClassMasked, class_mask_field
 from cfl.methods.declarations import Requires, Sends
 from cfl.methods.hook_types import BackboneUpdate, ClientData, Step
 from cfl.pretrained.lora import LoRALinear
+from cfl.pretrained.module_inputs import visit_module_inputs
 from cfl.pretrained.regmean import projected_gram, regmean, shrunk
 
 #: the server-state flag broadcast each round: 1 when the round trains every ``B``, 0 when it trains every ``A``
@@ -187,23 +187,11 @@ def merged_delta(weighted: torch.Tensor | None, gram: torch.Tensor | None, out: 
 def input_grams(model: nn.Module, params: Params, data: ClientData, names: list[str]) -> dict[str, torch.Tensor]:
     """``X^T X`` (float64) of the inputs of each submodule of ``names`` over the client's samples, at ``params``
     (every token of a batch is a row: a ViT layer sees ``samples x tokens`` inputs)."""
-    modules = dict(model.named_modules())
     grams: dict[str, torch.Tensor] = {}
 
-    def hook(name: str) -> Any:
-        def add(_module: nn.Module, inputs: tuple[torch.Tensor, ...], _output: torch.Tensor) -> None:
-            x = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).to(torch.float64)
-            grams[name] = grams[name] + x.T @ x if name in grams else x.T @ x
-        return add
+    def add(name: str, inputs: torch.Tensor) -> None:
+        x = inputs.reshape(-1, inputs.shape[-1]).to(torch.float64)
+        grams[name] = grams[name] + x.T @ x if name in grams else x.T @ x
 
-    handles = [modules[n].register_forward_hook(hook(n)) for n in names]
-    try:
-        x = data.x
-        task = torch.full((len(x),), data.task, dtype=torch.long, device=x.device)
-        with torch.no_grad():
-            for start in range(0, len(x), GRAM_BATCH):
-                functional_call(model, params, (x[start:start + GRAM_BATCH], task[start:start + GRAM_BATCH]))
-    finally:
-        for h in handles:
-            h.remove()
+    visit_module_inputs(model, params, data.x, data.task, names, add, GRAM_BATCH)
     return grams

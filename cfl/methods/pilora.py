@@ -36,7 +36,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.func import functional_call
 
 from cfl.config.schema import ConfigError, field
 from cfl.methods.base import (
@@ -56,6 +55,7 @@ from cfl.methods.base import (
 )
 from cfl.methods.bounds import WEIGHT_MAX
 from cfl.ops.losses import current_task_cross_entropy, masked_cross_entropy, task_class_table
+from cfl.pretrained.module_inputs import visit_module_inputs
 from cfl.pretrained.task_lora import TaskLoRALinear
 
 CENTERS = "head.centers"
@@ -232,16 +232,8 @@ def reweighted_center(centers: torch.Tensor, means: list[torch.Tensor], temperat
 def class_feature_sums(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor,
                        task: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per class, the sum of the head's input features of ``x`` at ``params`` ``(K, D)`` and the count ``(K,)``."""
-    head = dict(model.named_modules())["head"]
     seen: list[torch.Tensor] = []
-    handle = head.register_forward_hook(lambda _m, inputs, _out: seen.append(inputs[0].detach()))
-    try:
-        tasks = torch.full((len(x),), task, dtype=torch.long, device=x.device)
-        with torch.no_grad():
-            for start in range(0, len(x), FEATURE_BATCH):
-                functional_call(model, params, (x[start:start + FEATURE_BATCH], tasks[start:start + FEATURE_BATCH]))
-    finally:
-        handle.remove()
+    visit_module_inputs(model, params, x, task, ["head"], lambda _name, inputs: seen.append(inputs), FEATURE_BATCH)
     features = torch.cat(seen)
     classes = params[CENTERS].shape[-2]
     onehot = torch.nn.functional.one_hot(y, classes).to(features.dtype)

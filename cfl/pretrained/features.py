@@ -19,7 +19,7 @@ import torch
 
 from cfl.data.stream import Stream, Task
 from cfl.pretrained.feature_cache import BATCH, SPLITS, cache_key, cache_path, cached
-from cfl.pretrained.loaded import INFO_KEY, RANDOM_SUFFIX, LoadedBackbone, loaded_backbone
+from cfl.pretrained.loaded import INFO_KEY, RANDOM_SUFFIX, LoadedBackbone, loaded_backbone, origin_suffix
 from cfl.pretrained.preprocessing import prepared, unit_range
 
 
@@ -82,16 +82,17 @@ def with_backbone(cfg: Any, stream: Stream, device: torch.device, quiet: bool = 
     return feature_stream(cfg, stream, device, quiet)
 
 
-def backbone_results(results: dict[str, Any], stream: Stream) -> None:
-    """results.json's ``backbone`` (name, weights, sha256, random, preprocessing, where the features came from)
-    and, for a random backbone, ``random_backbone: true`` and the method suffixed "(random backbone)", which
-    every table row and figure legend shows."""
+def backbone_results(results: dict[str, Any], stream: Stream, origin: str | None = None) -> None:
+    """results.json's ``backbone`` (name, weights, sha256, random, preprocessing, where the features came from,
+    the ``origin`` of its weights file: ``model.weights_origin``) and the method suffixed, which every table row
+    and figure legend shows: "(random backbone)" (with ``random_backbone: true``) for a random backbone, the
+    origin in parentheses for a file given one."""
     info = stream.info.get(INFO_KEY)
     if info is None:
         return
-    results["backbone"] = info
+    results["backbone"] = {**info, "origin": origin} if origin else info
     results["random_backbone"] = bool(info["random"])
-    if info["random"] and not str(results["method"]).endswith(RANDOM_SUFFIX):
-        results["method"] = f"{results['method']}{RANDOM_SUFFIX}"
-    if info["random"] and "display_label" in results and not str(results["display_label"]).endswith(RANDOM_SUFFIX):
-        results["display_label"] = f"{results['display_label']}{RANDOM_SUFFIX}"  # the legends' name
+    suffix = RANDOM_SUFFIX if info["random"] else origin_suffix(origin)
+    for key in ("method", "display_label"):  # the tables' and the legends' names
+        if suffix and key in results and not str(results[key]).endswith(suffix):
+            results[key] = f"{results[key]}{suffix}"

@@ -54,6 +54,12 @@ def _key(cfg: Any) -> tuple:
     return (model.name, model.image_size, model.weights, model.weights_sha256, model.weights_trained, digest, seed)
 
 
+def origin_suffix(origin: str | None) -> str:
+    """What a method label is suffixed with for ``model.weights_origin`` (``" (in-house backbone, not
+    ImageNet)"``; "" for none)."""
+    return f" ({origin})" if origin else ""
+
+
 def untrained(cfg: Any) -> bool:
     """Whether the run's backbone is untrained (``weights: random``, or a file flagged as freshly initialised)."""
     weights = cfg.model.weights
@@ -161,7 +167,8 @@ def check_backbone(cfg: Any, trains: dict[str, str]) -> None:
     loaded here, or random); other models take none. ``trains``: :func:`check_method_train`'s."""
     model = cfg.model
     if not is_backbone(model.name):
-        given = [k for k in ("weights", "weights_sha256", "image_size") if getattr(model, k) is not None]
+        given = [k for k in ("weights", "weights_sha256", "weights_origin", "image_size")
+                 if getattr(model, k) is not None]
         if model.weights_trained:
             given.append("weights_trained")
         if model.train != "head":
@@ -182,6 +189,10 @@ def check_backbone(cfg: Any, trains: dict[str, str]) -> None:
         raise ConfigError(f"model {model.name} needs 'model.weights': a local weights file (.safetensors, .pth or "
                           f".npz; docs/pretrained.md says how to get one) or 'random' (an untrained backbone, for "
                           f"testing the mechanics only; flagged in every output)")
+    if model.weights_origin is not None and (model.weights == RANDOM or not model.weights_origin.strip()):
+        problem = ("weights: random is flagged '(random backbone)' already" if model.weights == RANDOM
+                   else "it is empty")
+        raise ConfigError(f"'model.weights_origin' {model.weights_origin!r}: {problem}; remove the key")
     check_adapter_keys(model)
     check_method_train(cfg, trains)
     if model.weights_sha256 is not None and (len(model.weights_sha256) != 64

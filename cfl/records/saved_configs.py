@@ -30,6 +30,8 @@ ADDED: dict[str, tuple[tuple[str, ...] | None, Any]] = {
     "model.lora_layers": (None, 0),
     "model.lora_tasks": (None, "shared"),
     "model.classifier": (None, "linear"),
+    # 2026-12-03: a weights file's origin shown beside the method; before it, none was shown
+    "model.weights_origin": (None, None),
 }
 
 

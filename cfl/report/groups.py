@@ -37,8 +37,8 @@ from cfl.records.run_dir import is_resume_safe
 from cfl.records.saved_configs import unread_model_keys, with_added_keys
 from cfl.report.duplicates import one_per_seed
 from cfl.report.labels import (
-    RANDOM_BACKBONE,
     MethodInfo,
+    backbone_suffix,
     changed_method_keys,
     partition_label,
     row_label,
@@ -259,11 +259,13 @@ def config_label(run: Run) -> str | None:
 
 def row_name(run: Run) -> str | None:
     """The name a labelled run's row shows: its config ``label``, flagged like its method where its backbone
-    was untrained (results.json's ``random_backbone``): ``l2p (random backbone)``."""
+    was untrained (results.json's ``random_backbone``: ``l2p (random backbone)``) or its weights file has an
+    origin (``backbone.origin``: ``l2p (in-house backbone, not ImageNet)``)."""
     label = config_label(run)
-    if label is None or run.results.get("random_backbone") is not True or label.endswith(RANDOM_BACKBONE):
+    suffix = backbone_suffix(run.results)
+    if label is None or not suffix or label.endswith(suffix):
         return label
-    return label + RANDOM_BACKBONE
+    return label + suffix
 
 
 def shown_elsewhere(key: str) -> bool:

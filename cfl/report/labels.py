@@ -32,6 +32,16 @@ from cfl.methods.display import MethodInfo, registered_defaults, registered_disp
 #: how a table row, figure legend and W&B name flag a run on an untrained backbone (results.json's
 #: ``random_backbone``; cfl.pretrained): its numbers must never pass for a pretrained backbone's
 RANDOM_BACKBONE = " (random backbone)"
+
+
+def backbone_suffix(results: dict[str, Any]) -> str:
+    """What a run's row and legend names are suffixed with: :data:`RANDOM_BACKBONE` for an untrained backbone,
+    the weights file's origin in parentheses (results.json's ``backbone.origin``), else ""."""
+    if results.get("random_backbone") is True:
+        return RANDOM_BACKBONE
+    backbone = results.get("backbone")
+    origin = backbone.get("origin") if isinstance(backbone, dict) else None
+    return f" ({origin})" if isinstance(origin, str) and origin else ""
 #: partition parameters always named (each partitioner's own skew parameter); others only away from default
 PARTITION_MAIN = ("alpha", "beta", "shards_per_client")
 

@@ -113,10 +113,12 @@ def default_group(cfg: Config, base: Config | None) -> str:
 
 def shown_method(cfg: Config) -> str:
     """The config's ``label`` (a sweep variant's), else its method label; "(random backbone)" appended for an
-    untrained pretrained backbone (``model.weights: random``, or a file flagged as freshly initialised)."""
-    from cfl.pretrained.loaded import untrained
+    untrained pretrained backbone (``model.weights: random``, or a file flagged as freshly initialised), the
+    weights' origin in parentheses for a file given one (``model.weights_origin``)."""
+    from cfl.pretrained.loaded import origin_suffix, untrained
 
-    return (cfg.label or cfg.method_label) + (" (random backbone)" if untrained(cfg) else "")
+    suffix = " (random backbone)" if untrained(cfg) else origin_suffix(cfg.model.weights_origin)
+    return (cfg.label or cfg.method_label) + suffix
 
 
 def default_name(cfg: Config, base: Config | None) -> str:

@@ -3,7 +3,6 @@ engine's round counted (the figure perf_engine.py prints for the launch-bound GP
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,15 +13,13 @@ import pytest
 import torch
 
 from cfl.engine.local.precision import has_bf16_units
+from tests.helpers import benchmark_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _counter_module():
-    spec = importlib.util.spec_from_file_location("dispatch_count", ROOT / "benchmarks" / "dispatch_count.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_module("dispatch_count")
 
 
 def test_elementwise_ops_views_and_host_reads_are_counted_by_hand() -> None:
