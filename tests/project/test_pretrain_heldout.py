@@ -57,3 +57,21 @@ def test_streams_of_other_data_are_refused(tmp_path):
     (train_x, train_y), _ = load_idx(FASHION_MNIST, tmp_path / "data")
     with pytest.raises(SystemExit, match="not among Fashion-MNIST's training images"):  # other values: other data
         script().held_out(train_x + 0.5, train_y, [sweep(tmp_path, tmp_path / "data")], None)
+
+
+def test_the_joint_probe_reads_each_seeds_stream_and_separates_separable_data(tmp_path):
+    pytest.importorskip("timm")
+    pytest.importorskip("sklearn")
+    fake_data.write_idx_dataset(tmp_path / "data" / "fashion-mnist", n_train=200, n_test=60, gz=False)
+    path = sweep(tmp_path, tmp_path / "data")
+    configs = benchmark_module("probe_backbone").sweep_configs(path, "random")
+    assert [c.seed for c in configs] == [0, 1] and all(c.model.weights == "random" for c in configs)
+    row = benchmark_module("probe_backbone").probe(configs[0], 1.0)
+    assert row["classes"] == 4 and row["train"] == 16 and row["test"] == 8  # 2 tasks x 2 classes, 4 / 2 a class
+    assert row["probe_accuracy"] >= 75.0  # the fake images' brightness encodes the label
+    with pytest.raises(SystemExit, match="no run of the sweep trains a head"):
+        data = yaml.safe_load(path.read_text())
+        data["base"]["model"]["train"] = "all"
+        data["base"]["method"] = {"name": "fedavg"}
+        path.write_text(yaml.safe_dump(data))
+        benchmark_module("probe_backbone").sweep_configs(path, "random")
