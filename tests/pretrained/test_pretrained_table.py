@@ -44,5 +44,12 @@ def test_each_documented_command_validates(command):
     assert cfg.model.name == "vit-b16" and cfg.partition.name == "dirichlet" and cfg.stream.num_tasks == 10
 
 
-def test_the_commands_cover_both_streams():
-    assert len(documented_commands()) == 8
+def test_the_commands_cover_every_pretrained_method_on_both_streams():
+    from cfl.methods import METHODS
+
+    backbone_methods = {name for name in METHODS.names() if METHODS[name].requires.model_train}
+    for stream in ("cifar100", "imagenet-r"):
+        named = {word.removeprefix("method.name=") for command in documented_commands()
+                 if command[2] == f"configs/pretrained-fcil-{stream}.yaml" for word in command
+                 if word.startswith("method.name=")}
+        assert named == backbone_methods, stream
