@@ -47,9 +47,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F  # noqa: N812
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # sweep_streams
 
 from cfl.data.load import root_dir  # noqa: E402
 from cfl.data.mnist_like import FASHION_MNIST, load_idx  # noqa: E402
@@ -84,24 +84,16 @@ def image_keys(x: torch.Tensor) -> set[bytes]:
 def sweep_images(path: Path, data_root: str | None) -> tuple[set[bytes], set[bytes], int]:
     """The training and the test images of every distinct stream of sweep ``path``'s runs, and how many streams
     that was. The sweep is read with ``model.weights: random`` (the weights it names are the file this makes)."""
-    import tempfile
+    from sweep_streams import per_stream, sweep_configs
 
-    from cfl.app.sweep import load_sweep
-    from cfl.config.yaml_files import read_yaml
     from cfl.data.load import load_stream
 
-    data = read_yaml(path)
-    data.setdefault("base", {}).setdefault("model", {})["weights"] = "random"
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", dir=path.parent) as copy:
-        copy.write(yaml.safe_dump(data, sort_keys=False))
-        copy.flush()
-        runs = load_sweep(copy.name)
-    streams = {json.dumps(run.config.stream_fields(), sort_keys=True, default=str) for run in runs}
+    streams = per_stream(sweep_configs(path, "random"))
     train: set[bytes] = set()
     test: set[bytes] = set()
-    for fields in sorted(streams):
-        given = json.loads(fields)
-        stream = load_stream(**{**given, "data_root": data_root or given["data_root"]})
+    for cfg in streams:
+        fields = cfg.stream_fields()
+        stream = load_stream(**{**fields, "data_root": data_root or fields["data_root"]})
         for task in stream.tasks:
             train |= image_keys(task.train_x)
             test |= image_keys(task.test_x)

@@ -19,17 +19,16 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cfl.app.sweep import load_sweep  # noqa: E402
-from cfl.config.yaml_files import read_yaml  # noqa: E402
+from sweep_streams import per_stream, sweep_configs  # noqa: E402
+
 from cfl.data.load import load_stream  # noqa: E402
 from cfl.pretrained.features import feature_stream  # noqa: E402
 
@@ -43,26 +42,13 @@ def arguments() -> argparse.Namespace:
     return p.parse_args()
 
 
-def sweep_configs(path: Path, weights: str | None) -> list:
-    """One config per distinct stream of the sweep (the first run holding it), ``model.weights`` replaced by
-    ``weights`` when given (its hash check and origin dropped with it)."""
-    data = read_yaml(path)
-    if weights is not None:
-        model = data.setdefault("base", {}).setdefault("model", {})
-        model.update(weights=weights)
-        for key in ("weights_sha256", "weights_origin"):
-            model.pop(key, None)
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", dir=path.parent) as copy:
-        copy.write(yaml.safe_dump(data, sort_keys=False))
-        copy.flush()
-        runs = load_sweep(copy.name)
-    first: dict[str, object] = {}
-    for run in runs:
-        if run.config.model.train == "head":
-            first.setdefault(json.dumps(run.config.stream_fields(), sort_keys=True, default=str), run.config)
-    if not first:
+def head_configs(path: Path, weights: str | None) -> list:
+    """One config per distinct stream of the sweep's runs that train a head on frozen features, ``model.weights``
+    replaced by ``weights`` when given."""
+    configs = per_stream([cfg for cfg in sweep_configs(path, weights) if cfg.model.train == "head"])
+    if not configs:
         raise SystemExit(f"{path}: no run of the sweep trains a head on frozen features (model.train: head)")
-    return list(first.values())
+    return configs
 
 
 def probe(cfg: object, c: float) -> dict[str, object]:
@@ -89,7 +75,7 @@ def probe(cfg: object, c: float) -> dict[str, object]:
 def main() -> None:
     args = arguments()
     torch.set_num_threads(args.threads)
-    rows = [probe(cfg, args.c) for cfg in sweep_configs(args.sweep, args.weights)]
+    rows = [probe(cfg, args.c) for cfg in head_configs(args.sweep, args.weights)]
     for row in rows:
         print(json.dumps(row))
     accuracies = [float(r["probe_accuracy"]) for r in rows]

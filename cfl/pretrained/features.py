@@ -19,7 +19,8 @@ import torch
 
 from cfl.data.stream import Stream, Task
 from cfl.pretrained.feature_cache import BATCH, SPLITS, cache_key, cache_path, cached
-from cfl.pretrained.loaded import INFO_KEY, RANDOM_SUFFIX, LoadedBackbone, loaded_backbone, origin_suffix
+from cfl.pretrained.flags import RANDOM_SUFFIX, origin_suffix
+from cfl.pretrained.loaded import INFO_KEY, LoadedBackbone, loaded_backbone
 from cfl.pretrained.preprocessing import prepared, unit_range
 
 

@@ -16,11 +16,8 @@ from cfl.pretrained.backbones import BACKBONES, build_backbone, is_backbone, req
 from cfl.pretrained.preprocessing import Preprocessing, of_backbone
 from cfl.pretrained.weights import RANDOM, LoadedWeights, load_weights, sha256_of
 
-#: appended to the method in results.json, every table row and figure legend and the W&B names of a run whose
-#: backbone is untrained: its numbers must never pass for a pretrained backbone's
 #: the stream.info key (and results.json field) of the backbone a run uses
 INFO_KEY = "backbone"
-RANDOM_SUFFIX = " (random backbone)"
 
 
 @dataclass(frozen=True)
@@ -52,12 +49,6 @@ def _key(cfg: Any) -> tuple:
         digest = sha256_of(Path(model.weights).expanduser())
     seed = cfg.seed if model.weights == RANDOM else None
     return (model.name, model.image_size, model.weights, model.weights_sha256, model.weights_trained, digest, seed)
-
-
-def origin_suffix(origin: str | None) -> str:
-    """What a method label is suffixed with for ``model.weights_origin`` (``" (in-house backbone, not
-    ImageNet)"``; "" for none)."""
-    return f" ({origin})" if origin else ""
 
 
 def untrained(cfg: Any) -> bool:

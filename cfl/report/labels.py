@@ -28,10 +28,11 @@ import re
 from typing import Any
 
 from cfl.methods.display import MethodInfo, registered_defaults, registered_display
+from cfl.pretrained.flags import RANDOM_SUFFIX, origin_suffix
 
 #: how a table row, figure legend and W&B name flag a run on an untrained backbone (results.json's
 #: ``random_backbone``; cfl.pretrained): its numbers must never pass for a pretrained backbone's
-RANDOM_BACKBONE = " (random backbone)"
+RANDOM_BACKBONE = RANDOM_SUFFIX
 
 
 def backbone_suffix(results: dict[str, Any]) -> str:
@@ -41,7 +42,7 @@ def backbone_suffix(results: dict[str, Any]) -> str:
         return RANDOM_BACKBONE
     backbone = results.get("backbone")
     origin = backbone.get("origin") if isinstance(backbone, dict) else None
-    return f" ({origin})" if isinstance(origin, str) and origin else ""
+    return origin_suffix(origin if isinstance(origin, str) else None)
 #: partition parameters always named (each partitioner's own skew parameter); others only away from default
 PARTITION_MAIN = ("alpha", "beta", "shards_per_client")
 

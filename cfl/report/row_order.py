@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from cfl.config.keys import ConfigError
 from cfl.report.groups import Group
-from cfl.report.labels import RANDOM_BACKBONE, backbone_suffix, display_name, row_label
+from cfl.report.labels import backbone_suffix, display_name, row_label
 
 #: the default order: the FedAvg rows first (when the table has any), the rest as sorted
 DEFAULT_ORDER = ("fedavg",)
@@ -21,8 +21,7 @@ def names_of(group: Group) -> set[str]:
     names = {group.method, group.label, display_name(group.method, group.recorded),
              row_label(group.method, group.differs, group.name, display=True, recorded=group.recorded)}
     if group.name is not None:  # the name shown and the config label (without the backbone's flag)
-        suffix = backbone_suffix(group.runs[0].results) if group.runs else RANDOM_BACKBONE
-        names.update({group.name, group.name.removesuffix(RANDOM_BACKBONE), group.name.removesuffix(suffix)})
+        names.update({group.name, group.name.removesuffix(backbone_suffix(group.runs[0].results))})
     return {n.casefold() for n in names}
 
 

@@ -115,9 +115,10 @@ def shown_method(cfg: Config) -> str:
     """The config's ``label`` (a sweep variant's), else its method label; "(random backbone)" appended for an
     untrained pretrained backbone (``model.weights: random``, or a file flagged as freshly initialised), the
     weights' origin in parentheses for a file given one (``model.weights_origin``)."""
-    from cfl.pretrained.loaded import origin_suffix, untrained
+    from cfl.pretrained.flags import RANDOM_SUFFIX, origin_suffix
+    from cfl.pretrained.loaded import untrained
 
-    suffix = " (random backbone)" if untrained(cfg) else origin_suffix(cfg.model.weights_origin)
+    suffix = RANDOM_SUFFIX if untrained(cfg) else origin_suffix(cfg.model.weights_origin)
     return (cfg.label or cfg.method_label) + suffix
 
 

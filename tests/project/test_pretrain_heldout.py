@@ -64,7 +64,7 @@ def test_the_joint_probe_reads_each_seeds_stream_and_separates_separable_data(tm
     pytest.importorskip("sklearn")
     fake_data.write_idx_dataset(tmp_path / "data" / "fashion-mnist", n_train=200, n_test=60, gz=False)
     path = sweep(tmp_path, tmp_path / "data")
-    configs = benchmark_module("probe_backbone").sweep_configs(path, "random")
+    configs = benchmark_module("probe_backbone").head_configs(path, "random")
     assert [c.seed for c in configs] == [0, 1] and all(c.model.weights == "random" for c in configs)
     row = benchmark_module("probe_backbone").probe(configs[0], 1.0)
     assert row["classes"] == 4 and row["train"] == 16 and row["test"] == 8  # 2 tasks x 2 classes, 4 / 2 a class
@@ -74,4 +74,4 @@ def test_the_joint_probe_reads_each_seeds_stream_and_separates_separable_data(tm
         data["base"]["model"]["train"] = "all"
         data["base"]["method"] = {"name": "fedavg"}
         path.write_text(yaml.safe_dump(data))
-        benchmark_module("probe_backbone").sweep_configs(path, "random")
+        benchmark_module("probe_backbone").head_configs(path, "random")
