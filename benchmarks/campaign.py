@@ -53,6 +53,7 @@ from campaign_plan import (  # noqa: E402
     parse_sets,
     plan_text,
     planned_runs,
+    without_weights,
 )
 from campaign_records import pack, unpack, write_record  # noqa: E402
 from campaign_tables import check_tables, write_tables  # noqa: E402
@@ -202,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
             if problems:
                 raise ConfigError("\n  ".join(["a tuned table cannot run yet:", *problems]))
         runs = planned_runs(tables, args.work, args.results, extra, args.table)
+        if args.command == "run":
+            runs = with_weights(runs, chosen=bool(args.table))
     except (ConfigError, ValueError, OSError) as err:
         print(f"campaign: error: {err}", file=sys.stderr)
         return 2
@@ -229,6 +232,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"campaign: packed {args.pack}: {counts['records']} records, {counts['checkpoints']} checkpoints, "
               f"{counts['bytes'] / 1e6:.1f} MB")
     return 0
+
+
+def with_weights(runs: list[PlannedRun], chosen: bool) -> list[PlannedRun]:
+    """The runs whose ``model.weights`` file is here. A table named by --table whose file is missing is refused
+    before any run starts; with no --table, such a table's runs are left out, said on stdout."""
+    missing = without_weights(runs)
+    advice = "make the file (the table's sweep file says how) or copy it to that path"
+    if chosen and missing:
+        raise ConfigError("; ".join(f"table {t!r}: its runs' model.weights '{w}' is not a file under {ROOT}"
+                                    for t, w in missing.items()) + f": {advice}, or leave the table out")
+    for table, weights in missing.items():
+        print(f"campaign: table {table!r} left out: its model.weights '{weights}' is not a file under {ROOT} "
+              f"({advice})", flush=True)
+    return [r for r in runs if r.done or r.table not in missing]
 
 
 def record_failed(runs: list[PlannedRun], device: str) -> list[PlannedRun]:

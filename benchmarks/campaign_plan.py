@@ -140,13 +140,15 @@ def _derived_sweep(sweep: Path, seeds: list[int], extra: dict[str, Any], into: P
 
 def table_runs(name: str, table: dict[str, Any], work: Path, results_root: Path = RESULTS_ROOT,
                extra: dict[str, Any] | None = None) -> list[PlannedRun]:
-    """The runs of one table, in campaign order (seed first, then the sweeps' order)."""
+    """The runs of one table, in campaign order (seed first, then the sweeps' order). A ``model.weights`` file
+    is not opened here (weights are not committed: a clean clone plans and checks records without them);
+    :func:`without_weights` says which runs lack theirs, and each run's ``cfl run`` checks its file."""
     seeds = table.get("seeds", [0])
     only = table.get("only")
     runs: list[PlannedRun] = []
     for sweep in table["sweeps"]:
         derived = _derived_sweep(ROOT / sweep, seeds, extra or {}, work / name)
-        for run in load_sweep(derived, out=work / name):
+        for run in load_sweep(derived, out=work / name, read_weights=False):
             if only is not None and run.config.label not in only:
                 continue
             runs.append(PlannedRun(name, run.name, run.config, run.out, results_root / name / run.name))
@@ -166,6 +168,20 @@ def planned_runs(tables: dict[str, dict[str, Any]], work: Path, results_root: Pa
     names = [n for n in tables if chosen is None or n in chosen]
     runs = [run for n in names for run in table_runs(n, tables[n], work, results_root, extra)]
     return sorted(runs, key=lambda r: r.config.label in (tables[r.table].get("last") or []))  # stable
+
+
+def without_weights(runs: list[PlannedRun]) -> dict[str, str]:
+    """Per table: the ``model.weights`` file that its runs not yet done name and that is not a file (a relative
+    path read against the repository root, where the campaign starts each ``cfl run``)."""
+    missing: dict[str, str] = {}
+    for run in runs:
+        weights = run.config.model.weights
+        if run.done or weights in (None, "random"):
+            continue
+        path = Path(weights).expanduser()
+        if not (path if path.is_absolute() else ROOT / path).is_file():
+            missing.setdefault(run.table, weights)
+    return missing
 
 
 def parse_sets(items: list[str]) -> dict[str, Any]:

@@ -39,10 +39,13 @@ from cfl.schedules import build_plan, check_methods_schedule, check_plan, check_
 __all__ = ["from_dict", "load_config", "resolve_saved_model", "validate_names"]
 
 
-def from_dict(data: dict[str, Any]) -> Config:
-    """Validate a raw mapping into a :class:`Config`, including names and method parameters."""
+def from_dict(data: dict[str, Any], read_weights: bool = True) -> Config:
+    """Validate a raw mapping into a :class:`Config`, including names and method parameters. ``read_weights``
+    False: a ``model.weights`` file is neither opened nor required to exist (every other key is checked), for
+    planning runs and checking records where the file is absent (a clean clone: weights are not committed); a run
+    always validates with it."""
     cfg = build(Config, data)
-    return validate_names(cfg)
+    return validate_names(cfg, read_weights)
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
@@ -80,7 +83,7 @@ def _check_registered(cfg: Config) -> None:
             raise registry.unknown(name, key)
 
 
-def validate_names(cfg: Config) -> Config:
+def validate_names(cfg: Config, read_weights: bool = True) -> Config:
     """Check names against the registries and cross-key constraints; fill method defaults. A config of
     ``stream.name: avalanche`` has its benchmark imported, built and converted here (once per process)."""
     from cfl.data.avalanche_route import ROUTE, route_stream
@@ -90,11 +93,11 @@ def validate_names(cfg: Config) -> Config:
         check_label(cfg.label, "'label'")
     stream = route_stream(cfg.stream)
     if stream is None:
-        return _validate_names(cfg)
+        return _validate_names(cfg, read_weights)
     from cfl.streams import lent
 
     with lent(stream, ROUTE):  # registered as stream 'avalanche' while the config is checked against it
-        return _validate_names(cfg)
+        return _validate_names(cfg, read_weights)
 
 
 def check_joining(cfg: Config, num_tasks: int) -> None:
@@ -125,7 +128,7 @@ def check_schedule(cfg: Config, num_tasks: int) -> None:
                           f"under 'schedule.name: {plan.name}': remove it, or use schedule.name: synchronous")
 
 
-def _validate_names(cfg: Config) -> Config:
+def _validate_names(cfg: Config, read_weights: bool = True) -> Config:
     if cfg.stream.name not in STREAMS:
         raise STREAMS.unknown(cfg.stream.name, "stream.name",
                               also=("avalanche (an Avalanche benchmark named by stream.benchmark)",))
@@ -180,7 +183,7 @@ def _validate_names(cfg: Config) -> Config:
     check_model_buffers(cfg)
     trains = {s["name"]: METHODS[s["name"]].requires.model_train for s in [method, *plugins] if s["name"] in METHODS}
     check_backbone_changes(cfg, [METHODS[s["name"]] for s in [method, *plugins] if s["name"] in METHODS])
-    check_backbone(cfg, trains)  # a weights file checked and loaded (model.weights), before any data
+    check_backbone(cfg, trains, read_weights)  # a weights file checked and loaded (model.weights), before any data
     return cfg
 
 

@@ -71,7 +71,9 @@ def _name_part(key: str, value: Any) -> str:
     return f"{short}={_slug(value)}"
 
 
-def load_sweep(path: str | Path, out: str | Path | None = None) -> list[SweepRun]:
+def load_sweep(path: str | Path, out: str | Path | None = None, read_weights: bool = True) -> list[SweepRun]:
+    """Every run of a sweep file, each config validated (``read_weights`` False: without opening a
+    ``model.weights`` file, for plans and record checks; :func:`cfl.validation.from_dict`)."""
     path = Path(path)
     spec = read_yaml(path)
     unknown = set(spec) - {"base", "grid", "out", "set"}
@@ -99,7 +101,7 @@ def load_sweep(path: str | Path, out: str | Path | None = None) -> list[SweepRun
         raise ConfigError(f"sweep 'set' in '{path}' must be a mapping of dotted keys to values")
     root = Path(out or spec.get("out") or Path("runs") / path.stem)
     check_out_root(root, path)
-    base_cfg = _base_config(base, fixed)
+    base_cfg = _base_config(base, fixed, read_weights)
     runs = []
     keys = list(grid)
     named: dict[str, tuple[Any, ...]] = {}
@@ -116,7 +118,7 @@ def load_sweep(path: str | Path, out: str | Path | None = None) -> list[SweepRun
             raise _same_name(path, name, keys, named[name], values)
         named[name] = values
         try:
-            cfg = from_dict(data)
+            cfg = from_dict(data, read_weights)
         except IgnoredKey as err:
             raise ConfigError(f"sweep combination {name}: {err}. {err.sweep_advice()}") from None
         except ConfigError as err:
@@ -166,14 +168,14 @@ def check_out_root(root: Path, path: Path) -> None:
                           "another 'out' (or --out)")
 
 
-def _base_config(base: dict[str, Any], fixed: dict[str, Any]) -> Config | None:
+def _base_config(base: dict[str, Any], fixed: dict[str, Any], read_weights: bool = True) -> Config | None:
     """The base config with the sweep's `set` keys, or None where only the grid makes it valid (W&B groups
     then name no keys, only the config hash)."""
     data = json.loads(json.dumps(base))
     for key, value in fixed.items():
         set_dotted(data, key, value)
     try:
-        return from_dict(data)
+        return from_dict(data, read_weights)
     except ConfigError:
         return None
 

@@ -153,9 +153,10 @@ def check_method_train(cfg: Any, trains: dict[str, str]) -> None:
                           "fedcprompt (or set model.train: prompts, lora, all or head)")
 
 
-def check_backbone(cfg: Any, trains: dict[str, str]) -> None:
+def check_backbone(cfg: Any, trains: dict[str, str], read_weights: bool = True) -> None:
     """The ``model.weights`` keys against the model: a pretrained backbone needs weights (a file, checked and
-    loaded here, or random); other models take none. ``trains``: :func:`check_method_train`'s."""
+    loaded here unless ``read_weights`` is False, or random); other models take none. ``trains``:
+    :func:`check_method_train`'s."""
     model = cfg.model
     if not is_backbone(model.name):
         given = [k for k in ("weights", "weights_sha256", "weights_origin", "image_size")
@@ -190,4 +191,5 @@ def check_backbone(cfg: Any, trains: dict[str, str]) -> None:
                                              or any(c not in "0123456789abcdefABCDEF" for c in model.weights_sha256)):
         raise ConfigError(f"'model.weights_sha256' must be 64 hex digits (sha256sum's output), got "
                           f"{model.weights_sha256!r}")
-    loaded_backbone(cfg)
+    if read_weights or model.weights == RANDOM:
+        loaded_backbone(cfg)

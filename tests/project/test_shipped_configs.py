@@ -30,8 +30,8 @@ def test_the_files_are_found():
 @pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_shipped_file_is_valid(path, tmp_path):
     kind = _kind(path)
-    if kind == "sweep":
-        runs = load_sweep(path, out=tmp_path / "runs")
+    if kind == "sweep":  # a weights file is not committed: every key but the file's presence is checked
+        runs = load_sweep(path, out=tmp_path / "runs", read_weights=False)
         assert runs and all(r.config.method for r in runs)
     elif kind == "config":
         assert load_config(path, []).seed is not None
