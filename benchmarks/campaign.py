@@ -27,6 +27,10 @@ other than 0, 3 on divergence or 130) is reported with its log's last lines and 
 ``record-failed`` writes the failure records of runs that diverged under an older campaign, which left them
 unrecorded: each planned run, not done, whose log (``<work>/<table>/<run name>.log``) ends with a divergence's stop
 message and whose run directory holds a checkpoint of its config.
+
+Weights files (``model.weights``) are not committed: ``plan`` and ``tables`` read the sweeps without them (a clean
+clone checks its records); ``run --table NAME`` refuses a table whose runs to do name a file that is not there
+(before any run starts), and ``run`` over every table leaves such a table out, one line on stdout saying so.
 """
 
 from __future__ import annotations
