@@ -93,11 +93,17 @@ METHOD_CONFIGS["dualprompt"] = {"model": {"name": "vit-ti16", "weights": "random
                                           "train": "dual-prompts", "prompt_pool": 4, "prompt_length": 2,
                                           "prompt_top_k": 1, "g_prompt_length": 2, "g_prompt_layers": 1,
                                           "e_prompt_layers": 2}, "lr": 0.01, "weight_decay": 0.0}
+#: Powder: task-incremental (each input's prompt is composed from its task's row of the task correlation)
+METHOD_CONFIGS["powder"] = {"model": {"name": "vit-ti16", "weights": "random", "image_size": 16,
+                                      "train": "task-components", "prompt_pool": 2, "prompt_length": 2,
+                                      "prompt_blocks": [0, 1]}, "lr": 0.01, "weight_decay": 0.0,
+                            "stream": {"name": "split-digits", "num_tasks": 2, "scenario": "task"}}
 #: Fed-CPrompt: C2L's scales 1e3 / 1e1 (the code's, for ViT-B/16 features) blow a random tiny ViT's keys up to ~20 in
 #: a few steps, where float32 summation order alone differs by 1e-4 between the engines; 1 / 0.1 keep them small
 METHOD_SETTINGS["fedcprompt"] = {"pull": 1.0, "push": 0.1}
 METHOD_STREAMS.update({name: {"dim": 192, "image": (3, 8, 8), "model": "vit-ti16"}
-                       for name in ("l2p", "lora", "lorm", "pilora", "codap", "fedcprompt", "dualprompt")})
+                       for name in ("l2p", "lora", "lorm", "pilora", "codap", "fedcprompt", "dualprompt", "powder")})
+METHOD_STREAMS["powder"]["scenario"] = "task"  # Powder: task-incremental only
 
 
 def any_method_models() -> list[str]:

@@ -72,17 +72,21 @@ class ModelConfig:
                        "every sample are computed once (cached on disk) and the run trains a head on them (linear "
                        "probing; fedncm, afcl, ranpac); prompts (an L2P prompt pool and its keys, method l2p), "
                        "components (CODA-P's prompt components, keys and attention vectors, method codap or "
-                       "fedcprompt), dual-prompts (DualPrompt's G- and E-prompts as attention prefixes, method "
-                       "dualprompt), lora (LoRA factors of the attention qkv projections, method lora, lorm or "
-                       "pilora) or all (full fine-tuning): the images go through the backbone each step, frozen and "
-                       "shared by all clients, and only what trains is kept per client and sent (docs/pretrained.md)",
-                       choices=("head", "prompts", "components", "dual-prompts", "lora", "all"))
-    prompt_pool: int = field(10, "model.train: prompts | components | dual-prompts: prompts in the pool (L2P's M; "
-                             "CODA-P's components; DualPrompt's E-prompts)", min=1, max=4096)
-    prompt_length: Optional[int] = field(None, "model.train: prompts | components | dual-prompts: tokens per prompt "
+                       "fedcprompt), task-components (Powder's per-task components composed by the task "
+                       "correlation, prepended before model.prompt_blocks, method powder), dual-prompts "
+                       "(DualPrompt's G- and E-prompts as attention prefixes, method dualprompt), lora (LoRA "
+                       "factors of the attention qkv projections, method lora, lorm or pilora) or all (full "
+                       "fine-tuning): the images go through the backbone each step, frozen and shared by all "
+                       "clients, and only what trains is kept per client and sent (docs/pretrained.md)",
+                       choices=("head", "prompts", "components", "task-components", "dual-prompts", "lora", "all"))
+    prompt_pool: int = field(10, "model.train: prompts | components | task-components | dual-prompts: prompts in the "
+                             "pool (L2P's M; CODA-P's components; Powder's components of each task; DualPrompt's "
+                             "E-prompts)", min=1, max=4096)
+    prompt_length: Optional[int] = field(None, "model.train: prompts | components | task-components | dual-prompts: "
+                                         "tokens per prompt "
                                          "(L2P's L_p; CODA-P's prompt length; DualPrompt's E-prompt length); null: "
-                                         "the official code's, 5 (L2P, DualPrompt), 8 (CODA-P's prefix form) or 5 "
-                                         "(components with component_layers: 0)", min=1, max=1024)
+                                         "the official code's, 5 (L2P, DualPrompt), 8 (CODA-P's prefix form, Powder) "
+                                         "or 5 (components with component_layers: 0)", min=1, max=1024)
     prompt_top_k: int = field(5, "model.train: prompts | dual-prompts: prompts each input selects (L2P's N; "
                               "DualPrompt's official 1; at most prompt_pool)", min=1, max=4096)
     g_prompt_length: int = field(5, "model.train: dual-prompts: tokens of DualPrompt's G-prompt (the official 5)",
@@ -96,6 +100,9 @@ class ModelConfig:
                                   "the keys, the rest the values; the official layers 0-4: 5); 0: prompt tuning, "
                                   "the weighted prompt prepended after [CLS] (cfl's form before 2026-12-03)",
                                   min=0, max=64)
+    prompt_blocks: list[int] = field([4, 5, 6], "model.train: task-components: the blocks before which each "
+                                     "input's composed prompt is prepended (the tokens accumulate; Powder's official "
+                                     "4, 5, 6)")
     lora_rank: int = field(4, "model.train: lora: rank r of the factors", min=1, max=4096)
     lora_alpha: float = field(4.0, "model.train: lora: the update is scaled by lora_alpha / lora_rank", gt=0,
                               max=1e6)

@@ -32,6 +32,7 @@ from cfl.methods.lorm import LoRM
 from cfl.methods.mas import MAS
 from cfl.methods.mfcl import MFCL
 from cfl.methods.pilora import PILoRA
+from cfl.methods.powder import Powder
 from cfl.methods.ranpac import RanPAC
 from cfl.methods.rgo import RGO
 from cfl.methods.scaffold import Scaffold
@@ -79,6 +80,7 @@ register(FedCPrompt)  # model.train: components, task-specific, with the contras
 register(LoRA)  # model.train: lora on a pretrained backbone
 register(LoRM)  # model.train: lora; closed-form (RegMean) merge of the trained factor
 register(PILoRA)  # model.train: lora, per-task factors and a prototype classifier
+register(Powder)  # model.train: task-components, composed by the task correlation; task-incremental
 register(Scaffold)  # option II control variates; on the stacked path (a Linear penalty)
 register(FedDyn)
 register(DERpp)  # reservoir per step in the step hooks' carry: the vmap path

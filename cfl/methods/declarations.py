@@ -35,7 +35,7 @@ BroadcastEvent = Literal["round", "task_start", "task_end"]
 #: the scenarios a method may require (``stream.scenario``)
 Scenario = Literal["domain", "task", "class"]
 #: the ``model.train`` a backbone method needs ("": any model, trained from scratch or not)
-ModelTrain = Literal["", "head", "prompts", "components", "dual-prompts", "lora", "all"]
+ModelTrain = Literal["", "head", "prompts", "components", "task-components", "dual-prompts", "lora", "all"]
 #: under a schedule other than the synchronous one, when ``server_event("task_end")`` runs
 ServerTaskEnd = Literal["switch", "last_holder"]
 

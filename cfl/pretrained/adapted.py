@@ -3,7 +3,8 @@ lora | all``):
 the backbone's weights are **buffers** of the model, not parameters, so the engine never stacks, copies,
 uploads or checkpoints them per client. Only the trainable subset is a parameter: the prompt pool and its keys
 (``prompts``), CODA-P's components (``components``: as attention prefixes of the first ``component_layers``
-blocks, or prepended to the tokens), DualPrompt's G- and E-prompts, prefixes of the first blocks'
+blocks, or prepended to the tokens), Powder's task-correlated components (``task-components``: prepended before
+each of ``prompt_blocks``), DualPrompt's G- and E-prompts, prefixes of the first blocks'
 attention (``dual-prompts``), the LoRA factors of the blocks' attention ``qkv`` projections (``lora``: every
 block's whole projection, or per task and on the query and value parts of the first ``lora_layers``: PILoRA's), or
 everything (``all``: full fine-tuning), and always the head (linear, or ``model.classifier: prototype``: a centre
@@ -41,9 +42,10 @@ from cfl.pretrained.prompt_pool import PromptPool
 from cfl.pretrained.prototype_head import PrototypeHead
 from cfl.pretrained.queries import QUERY_MODES, PackedLayout, resized
 from cfl.pretrained.task_lora import TaskLoRALinear
+from cfl.pretrained.task_prompts import TaskComponents
 from cfl.tensors import nbytes
 
-TRAIN_MODES = ("prompts", "components", "dual-prompts", "lora", "all")
+TRAIN_MODES = ("prompts", "components", "task-components", "dual-prompts", "lora", "all")
 
 
 def freeze_into_buffers(module: nn.Module) -> int:
@@ -64,7 +66,7 @@ class AdaptedViT(nn.Module):
                  interpolation: str, prompt: tuple[int, int, int] = (10, 5, 5), lora: tuple[int, float] = (4, 4.0),
                  dual: tuple[int, int, int] = (5, 2, 3), component_layers: int = 0,
                  layout: PackedLayout | None = None, lora_form: tuple[str, int, str] = ("qkv", 0, "shared"),
-                 classifier: str = "linear"):
+                 classifier: str = "linear", prompt_blocks: tuple[int, ...] = (4, 5, 6)):
         super().__init__()
         if train not in TRAIN_MODES:
             raise ValueError(f"model.train {train!r} is not one of {TRAIN_MODES}")
@@ -80,7 +82,14 @@ class AdaptedViT(nn.Module):
         width = self.vit.num_features
         self.prompt = PromptPool(*prompt, width) if train == "prompts" else \
             ComponentPrompt(prompt[0], prompt[1], width, component_layers) if train == "components" else \
-            DualPrompts(*prompt, width, *dual) if train == "dual-prompts" else None
+            DualPrompts(*prompt, width, *dual) if train == "dual-prompts" else \
+            TaskComponents(num_tasks, prompt[0], prompt[1], width, len(prompt_blocks)) \
+            if train == "task-components" else None
+        self.prompt_blocks = tuple(prompt_blocks)
+        if train == "task-components" and (list(prompt_blocks) != sorted(set(prompt_blocks)) or not prompt_blocks
+                                           or not 0 <= prompt_blocks[0] <= prompt_blocks[-1] < len(self.vit.blocks)):
+            raise ValueError(f"model.prompt_blocks {list(prompt_blocks)} must be distinct block indices in increasing "
+                             f"order within the backbone's 0..{len(self.vit.blocks) - 1}")
         if train == "components" and component_layers > len(self.vit.blocks):
             raise ValueError(f"model.component_layers {component_layers} exceeds the backbone's "
                              f"{len(self.vit.blocks)} blocks")
@@ -123,6 +132,8 @@ class AdaptedViT(nn.Module):
         tokens = v.norm_pre(v.patch_drop(v._pos_embed(v.patch_embed(x))))  # [CLS] and patches, with positions
         if self.train_mode == "dual-prompts" or getattr(self.prompt, "layers", 0):
             return self.prefixed_features(x, tokens, task, query)
+        if self.train_mode == "task-components":
+            return self.task_prompted_features(x, tokens, task, query)
         prompts = self.prompt(self.query(x) if query is None else query)
         tokens = torch.cat([tokens[:, :1], prompts, tokens[:, 1:]], 1)  # the selected prompts after [CLS]
         tokens = v.norm(v.blocks(tokens))
@@ -147,6 +158,21 @@ class AdaptedViT(nn.Module):
             tokens = prefixed_block(block, tokens, prefixes[i] if i < len(prefixes) else None)
         return self.vit.norm(tokens)[:, 0]
 
+    def task_prompted_features(self, x: torch.Tensor, tokens: torch.Tensor, task: torch.Tensor | None,
+                               query: torch.Tensor | None = None) -> torch.Tensor:
+        """Powder's head input: each input's task's composed prompt prepended to the tokens before each of
+        ``prompt_blocks`` (they accumulate), then the [CLS] token's output (the code's ``out[:, L * length]``)."""
+        if task is None:
+            raise ValueError("model.train: task-components composes each input's prompt from its task: pass its task")
+        prompts = self.prompt(self.query(x) if query is None else query, task)  # (N, L, length, D)
+        layer = 0
+        for i, block in enumerate(self.vit.blocks):
+            if i in self.prompt_blocks:
+                tokens = torch.cat([prompts[:, layer], tokens], 1)
+                layer += 1
+            tokens = block(tokens)
+        return self.vit.norm(tokens)[:, layer * prompts.shape[2]]
+
     def forward(self, x: torch.Tensor, task: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x, task), task)
 
@@ -155,7 +181,7 @@ class AdaptedViT(nn.Module):
         params = dict(self.named_parameters())
         groups: dict[str, int] = {}
         for k, v in params.items():
-            prompt = "prompts, keys and attention" if self.train_mode == "components" else \
+            prompt = "prompts, keys and attention" if self.train_mode in ("components", "task-components") else \
                 "G-prompts, E-prompts and keys" if self.train_mode == "dual-prompts" else "prompts and keys"
             group = "head" if k.startswith("head.") else prompt if k.startswith("prompt.") else \
                 "LoRA factors" if ".lora_" in k else "backbone"
@@ -181,7 +207,8 @@ def adapted_model(cfg: Any, classes: int, num_tasks: int, multi_head: bool, quie
     model = AdaptedViT(backbone.model, m.train, classes, num_tasks, multi_head, backbone.preprocessing.size,
                        backbone.preprocessing.interpolation, (m.prompt_pool, m.prompt_length, m.prompt_top_k),
                        (m.lora_rank, m.lora_alpha), (m.g_prompt_length, m.g_prompt_layers, m.e_prompt_layers),
-                       m.component_layers, layout, (m.lora_targets, m.lora_layers, m.lora_tasks), m.classifier)
+                       m.component_layers, layout, (m.lora_targets, m.lora_layers, m.lora_tasks), m.classifier,
+                       tuple(m.prompt_blocks))
     if not quiet:
         print(model.summary(), file=sys.stderr, flush=True)
     return model

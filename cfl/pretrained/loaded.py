@@ -3,6 +3,7 @@ share it), and the config keys checked: every refusal happens when the config is
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,15 +90,17 @@ def loaded_backbone(cfg: Any) -> LoadedBackbone:
 
 def resolved_prompt_length(model: Any) -> int | None:
     """``model.prompt_length``, null resolved to the official code's for ``model.train`` (None where unread)."""
-    if model.prompt_length is not None or model.train not in ("prompts", "components", "dual-prompts"):
+    if model.prompt_length is not None or model.train not in ("prompts", "components", "task-components",
+                                                              "dual-prompts"):
         return model.prompt_length
-    return 8 if model.train == "components" and model.component_layers else 5
+    return 8 if (model.train == "components" and model.component_layers) or model.train == "task-components" else 5
 
 
 def _default(key: str) -> Any:
     from cfl.config.keys import ModelConfig
 
-    return ModelConfig.__dataclass_fields__[key].default
+    f = ModelConfig.__dataclass_fields__[key]
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
 
 
 def check_adapter_keys(model: Any) -> None:
@@ -127,6 +130,11 @@ def check_adapter_keys(model: Any) -> None:
         raise ConfigError(f"model.component_layers {model.component_layers} prefixes the attention with each prompt's "
                           f"key and value halves: model.prompt_length {model.prompt_length} is odd; set an even "
                           "prompt_length (the official 8), or component_layers: 0 (prompt tuning)")
+    blocks = model.prompt_blocks
+    if model.train == "task-components" and depth is not None and (
+            not blocks or blocks != sorted(set(blocks)) or blocks[0] < 0 or blocks[-1] >= depth):
+        raise ConfigError(f"model.prompt_blocks {blocks} must be distinct block indices of {model.name} (0 to "
+                          f"{depth - 1}) in increasing order (Powder's official [4, 5, 6])")
     if model.train in ("prompts", "dual-prompts") and model.prompt_top_k > model.prompt_pool:
         raise ConfigError(f"model.prompt_top_k {model.prompt_top_k} selects more prompts than the pool holds "
                           f"(model.prompt_pool {model.prompt_pool}); lower prompt_top_k or raise prompt_pool")
@@ -151,6 +159,10 @@ def check_method_train(cfg: Any, trains: dict[str, str]) -> None:
     if train == "components" and not any(trains.get(name) == train for name in names):
         raise ConfigError("model.train: components trains CODA-P's prompt components; use method codap or "
                           "fedcprompt (or set model.train: prompts, lora, all or head)")
+    if train == "task-components" and not any(trains.get(name) == train for name in names):
+        raise ConfigError("model.train: task-components composes each task's prompt from the task correlation that "
+                          "only Powder's server computes; use method powder (or set model.train: components, "
+                          "prompts, lora, all or head)")
 
 
 def check_backbone(cfg: Any, trains: dict[str, str], read_weights: bool = True) -> None:

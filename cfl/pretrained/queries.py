@@ -26,7 +26,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 #: the ``model.train`` modes whose forward reads the frozen query
-QUERY_MODES = ("prompts", "components", "dual-prompts")
+QUERY_MODES = ("prompts", "components", "task-components", "dual-prompts")
 
 
 def resized(x: torch.Tensor, size: int, mode: str) -> torch.Tensor:

@@ -22,14 +22,16 @@ from cfl.validation import from_dict  # noqa: E402
 from tests.conftest import make_stream  # noqa: E402
 
 SIZE = 32
-METHOD = {"prompts": "l2p", "components": "codap", "dual-prompts": "dualprompt"}
+METHOD = {"prompts": "l2p", "components": "codap", "task-components": "powder", "dual-prompts": "dualprompt"}
 MODEL = {"prompts": {"prompt_pool": 4, "prompt_length": 2, "prompt_top_k": 2},
          "components": {"prompt_pool": 4, "prompt_length": 4, "component_layers": 2},
+         "task-components": {"prompt_pool": 2, "prompt_length": 2, "prompt_blocks": [0, 1]},
          "dual-prompts": {"prompt_pool": 4, "prompt_length": 2, "prompt_top_k": 1}}
 
 
 def config(tmp_path: Path, train: str):
-    return from_dict({"stream": {"name": "split-digits", "num_tasks": 2},
+    scenario = "task" if train == "task-components" else "class"  # Powder: task-incremental only
+    return from_dict({"stream": {"name": "split-digits", "num_tasks": 2, "scenario": scenario},
                       "model": {"name": "vit-ti16", "weights": "random", "image_size": SIZE, "train": train,
                                 **MODEL[train]},
                       "method": {"name": METHOD[train]}, "num_clients": 3, "clients_per_round": 3,
@@ -41,7 +43,7 @@ def runner(cfg, quiet: bool = True):
     from cfl.engine.rounds.runner import Runner
     from cfl.pretrained.features import with_backbone
 
-    stream = make_stream("class", num_tasks=2, image=(1, 8, 8), n_train=24, n_test=8)
+    stream = make_stream(cfg.stream.scenario, num_tasks=2, image=(1, 8, 8), n_train=24, n_test=8)
     return Runner(cfg, with_backbone(cfg, stream, torch.device("cpu"), quiet=quiet))
 
 

@@ -75,3 +75,26 @@ def test_the_joint_probe_reads_each_seeds_stream_and_separates_separable_data(tm
         data["base"]["method"] = {"name": "fedavg"}
         path.write_text(yaml.safe_dump(data))
         benchmark_module("probe_backbone").head_configs(path, "random")
+
+
+def test_the_task_incremental_companion_holds_the_class_tables_images(tmp_path):
+    """The in-house backbone left out the class-incremental table's images; its task-incremental companion
+    (Powder's) must evaluate on those same images: the two sweeps' streams differ in the scenario alone, and a
+    stream's seeded per-class subset does not depend on the scenario."""
+    from cfl.app.sweep import load_sweep
+    from cfl.data.load import load_stream
+
+    root = Path(__file__).resolve().parents[2] / "benchmarks" / "pretrained"
+    streams = {}
+    for name in ("inhouse-fmnist-32", "inhouse-fmnist-32-task"):
+        runs = load_sweep(root / f"{name}.yaml", out=tmp_path / name, read_weights=False)
+        streams[name] = {(r.config.seed, tuple(sorted({**r.config.stream_fields(), "scenario": "-"}.items())))
+                         for r in runs}
+    assert streams["inhouse-fmnist-32-task"] <= streams["inhouse-fmnist-32"]
+    fake_data.write_idx_dataset(tmp_path / "data" / "fashion-mnist", n_train=200, n_test=60, gz=False)
+    images = {}
+    for scenario in ("class", "task"):
+        stream = load_stream("split-fmnist", num_tasks=2, scenario=scenario, seed=1, data_root=str(tmp_path / "data"),
+                             download=False, train_per_class=4, test_per_class=2)
+        images[scenario] = [x.numpy().tobytes() for t in stream.tasks for x in (*t.train_x, *t.test_x)]
+    assert images["class"] == images["task"] and images["task"]
