@@ -3,7 +3,7 @@ many at once as the machine holds for at most a given time, cut off with a check
 campaign in one archive.
 
     python benchmarks/campaign.py plan  [--table NAME]... [--work DIR]
-    python benchmarks/campaign.py run   --minutes M [--jobs N] [--set KEY=VALUE]... [--table NAME]...
+    python benchmarks/campaign.py run   --minutes M [--jobs N] [--fit] [--set KEY=VALUE]... [--table NAME]...
                                         [--work DIR] [--unpack ARCHIVE] [--pack ARCHIVE]
     python benchmarks/campaign.py tables [--write docs/results.md | --check docs/results.md]
     python benchmarks/campaign.py record-failed [--table NAME]... [--work DIR]
@@ -18,7 +18,9 @@ checkpoints into the work directory), then starts the next runs that have no rec
 deadline. At the deadline each running run gets ``SIGINT``: it stops after its round with a checkpoint (exit 130,
 docs/reliability.md). Every run that finished becomes a record; ``--pack`` writes the new records and every
 unfinished run's checkpoint into one archive (a few files, the size printed) for the next campaign. Ctrl-C does
-the same as the deadline, at once. ``--set device=cuda`` on a GPU machine (the key is resume-safe).
+the same as the deadline, at once. ``--set device=cuda`` on a GPU machine (the key is resume-safe). ``--fit``
+passes over a run whose other seeds' records took longer than the minutes left (each verdict on stdout), so a
+session whose machine will not keep the pack spends its minutes on runs it can finish.
 
 A run that diverged (exit 3 with a stop message naming non-finite values, docs/reliability.md) is a result of its
 table: it gets a failure record ``failed.json`` beside where its record would be (benchmarks/campaign_failures.py),
@@ -47,6 +49,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the campaign's sibling modules
 
 from campaign_failures import FAILED, diverged, short_cause, write_failure  # noqa: E402
+from campaign_fit import fit_verdict  # noqa: E402
 from campaign_plan import (  # noqa: E402
     RESULTS_ROOT,
     ROOT,
@@ -145,9 +148,10 @@ def finish(run: PlannedRun, code: int, device: str, recorded: list[PlannedRun]) 
 
 
 def campaign(runs: list[PlannedRun], minutes: float, jobs: int, device: str,
-             grace: float = GRACE_SECONDS) -> list[PlannedRun]:
+             grace: float = GRACE_SECONDS, fit: bool = False) -> list[PlannedRun]:
     """Run the ``runs`` not done in order, ``jobs`` at a time, until done or ``minutes`` have passed; the runs
-    recorded (failure records included). Ctrl-C cuts off the running ones as the deadline does."""
+    recorded (failure records included). Ctrl-C cuts off the running ones as the deadline does. ``fit``: pass over
+    a run whose other seeds' records took longer than the minutes left (benchmarks/campaign_fit.py), said."""
     deadline = time.monotonic() + minutes * 60
     # a campaign started in the background of a non-interactive shell inherits SIGINT ignored: Ctrl-C (kill -INT)
     # then neither cut the runs off nor packed, and a run stopped by hand was followed by the next one
@@ -159,6 +163,11 @@ def campaign(runs: list[PlannedRun], minutes: float, jobs: int, device: str,
         while queue or running:
             while queue and len(running) < jobs and time.monotonic() < deadline:
                 run = queue.pop(0)
+                if fit:
+                    starts, why = fit_verdict(run, runs, deadline - time.monotonic())
+                    print(f"campaign: {why}", flush=True)
+                    if not starts:
+                        continue
                 running[run] = start(run)
             for run, proc in list(running.items()):
                 if proc.poll() is not None:
@@ -185,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--table", action="append", help="only these tables (repeat)")
     parser.add_argument("--minutes", type=float, help="run: stop starting runs and cut off running ones after this")
     parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--fit", action="store_true",
+                        help="run: start a run only where its other seeds' records took less than the minutes left")
     parser.add_argument("--set", action="append", default=[], dest="sets", help="KEY=VALUE for every run")
     parser.add_argument("--pack", type=Path, help="run: write new records and unfinished checkpoints here")
     parser.add_argument("--unpack", type=Path, help="run: first take an earlier campaign's archive")
@@ -225,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         record_failed(runs, device)
         print(plan_text(runs))
         return 0
-    campaign(runs, args.minutes, args.jobs, device, args.grace)
+    campaign(runs, args.minutes, args.jobs, device, args.grace, args.fit)
     print(plan_text(runs))
     if args.pack:
         records = [(f"{r.table}/{r.name}", path) for r in runs
