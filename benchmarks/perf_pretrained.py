@@ -54,6 +54,7 @@ def setup(args: argparse.Namespace, execution: str = "batched") -> Runner:
                      "method": {"name": METHOD[args.train]}, "num_clients": args.clients,
                      "clients_per_round": args.clients, "rounds_per_task": 1000, "batch_size": args.batch,
                      "lr": 0.01, "client_execution": execution, "wandb": {"mode": "disabled"},
+                     "precision": args.precision,
                      "data_root": tempfile.mkdtemp(prefix="perf-pretrained-")})  # the queries computed, not loaded
     g = torch.Generator().manual_seed(0)
     n = args.clients * args.samples
@@ -92,7 +93,9 @@ def loop_round(runner: Runner, args: argparse.Namespace) -> None:
             if layout is not None:  # this step's frozen query pass, then the rows the model reads it from
                 with torch.no_grad():
                     xb = packed(xb, model.vit(model.resized(xb)))
-            loss = masked_cross_entropy(model(xb, torch.zeros_like(yb)), yb, None).mean()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16-mixed"):
+                logits = model(xb, torch.zeros_like(yb)).float()
+            loss = masked_cross_entropy(logits, yb, None).mean()
             if args.train == "prompts":
                 loss = loss + 0.1 * key_distance(model.query(xb), own["prompt.keys"], model.prompt.top_k).mean()
             if args.train == "dual-prompts":
@@ -126,6 +129,9 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--precision", default="32", choices=("32", "bf16-mixed"),
+                   help="bf16-mixed: both kinds' products in bfloat16 over float32 weights (cfl's precision key; the "
+                        "loop under torch.autocast)")
     p.add_argument("--memory", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -151,6 +157,7 @@ def main() -> None:
     tokens = (args.size // 16) ** 2 + 1 + (25 if args.train == "prompts" else 0)  # prefixes add keys, not tokens
     print(json.dumps({"model": args.model, "size": args.size, "train": args.train, "clients": args.clients,
                       "samples": args.samples, "batch": args.batch, "threads": args.threads, "tokens": tokens,
+                      "precision": args.precision,
                       "path": runner.engine_path.path, "cfl_sec_per_round": best["cfl"],
                       "loop_sec_per_round": best["loop"], "speedup": best["loop"] / best["cfl"],
                       "query_seconds": queries, "speedup_one_round": best["loop"] / (best["cfl"] + queries),
