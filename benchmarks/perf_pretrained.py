@@ -54,7 +54,7 @@ def setup(args: argparse.Namespace, execution: str = "batched") -> Runner:
                      "method": {"name": METHOD[args.train]}, "num_clients": args.clients,
                      "clients_per_round": args.clients, "rounds_per_task": 1000, "batch_size": args.batch,
                      "lr": 0.01, "client_execution": execution, "wandb": {"mode": "disabled"},
-                     "precision": args.precision,
+                     "precision": args.precision, "client_block": args.client_block,
                      "data_root": tempfile.mkdtemp(prefix="perf-pretrained-")})  # the queries computed, not loaded
     g = torch.Generator().manual_seed(0)
     n = args.clients * args.samples
@@ -79,6 +79,10 @@ def loop_round(runner: Runner, args: argparse.Namespace) -> None:
     images = x if layout is None else layout.split(x)[0]
     names = list(runner.params)
     collected = []
+
+    def low() -> torch.autocast:  # bf16-mixed: the loop's products in bfloat16, as cfl's
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16-mixed")
+
     for c in range(args.clients):
         model = copy.deepcopy(runner.model)  # the client's model, backbone included, as fed-mammoth moves it
         own = dict(model.named_parameters())
@@ -91,9 +95,9 @@ def loop_round(runner: Runner, args: argparse.Namespace) -> None:
         for s in range(0, args.samples, args.batch):
             xb, yb = images[idx[s:s + args.batch]], y[idx[s:s + args.batch]]
             if layout is not None:  # this step's frozen query pass, then the rows the model reads it from
-                with torch.no_grad():
-                    xb = packed(xb, model.vit(model.resized(xb)))
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16-mixed"):
+                with torch.no_grad(), low():
+                    xb = packed(xb, model.vit(model.resized(xb)).float())
+            with low():
                 logits = model(xb, torch.zeros_like(yb)).float()
             loss = masked_cross_entropy(logits, yb, None).mean()
             if args.train == "prompts":
@@ -132,6 +136,7 @@ def main() -> None:
     p.add_argument("--precision", default="32", choices=("32", "bf16-mixed"),
                    help="bf16-mixed: both kinds' products in bfloat16 over float32 weights (cfl's precision key; the "
                         "loop under torch.autocast)")
+    p.add_argument("--client-block", type=int, default=0, help="cfl's client_block (0: the engine's choice)")
     p.add_argument("--memory", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -157,7 +162,7 @@ def main() -> None:
     tokens = (args.size // 16) ** 2 + 1 + (25 if args.train == "prompts" else 0)  # prefixes add keys, not tokens
     print(json.dumps({"model": args.model, "size": args.size, "train": args.train, "clients": args.clients,
                       "samples": args.samples, "batch": args.batch, "threads": args.threads, "tokens": tokens,
-                      "precision": args.precision,
+                      "precision": args.precision, "client_block": args.client_block,
                       "path": runner.engine_path.path, "cfl_sec_per_round": best["cfl"],
                       "loop_sec_per_round": best["loop"], "speedup": best["loop"] / best["cfl"],
                       "query_seconds": queries, "speedup_one_round": best["loop"] / (best["cfl"] + queries),

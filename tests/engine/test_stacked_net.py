@@ -186,6 +186,16 @@ def test_auto_client_block_is_one_for_conv_nets_on_cpu_only():
     assert local_batched.auto_client_block(MLP(6, [5], 3), cpu, 64) == 64
 
 
+def test_the_engine_says_when_its_own_choice_trains_clients_one_at_a_time():
+    cpu, cuda, conv = torch.device("cpu"), torch.device("cuda"), AlexNetLike(3, 32, 4, 2, True)
+    line = local_batched.client_block_line(conv, cpu, 25, 0)
+    assert line is not None and "25 clients" in line and "one at a time" in line and "client_block: N" in line
+    assert local_batched.client_block_line(conv, cpu, 25, 5) is None  # the config chose
+    assert local_batched.client_block_line(conv, cuda, 25, 0) is None  # all together
+    assert local_batched.client_block_line(conv, cpu, 1, 0) is None  # nothing to batch
+    assert local_batched.client_block_line(MLP(6, [5], 3), cpu, 64, 0) is None
+
+
 def test_fused_relu_dropout_epilogue_and_folded_scale_match_autograd():
     torch.manual_seed(0)
     dropout = Dropout(0.5).train()

@@ -70,10 +70,21 @@ def auto_client_block(model: nn.Module, device: torch.device, clients: int) -> i
     clients (the AlexNet-like net: ~10 MB per client at batch 16) and their fully connected weights (25 MB
     per client) overflow the caches, and a grouped convolution is no faster than one client's: a Split
     CIFAR-100 round of 25 clients took 19-21 s in one block against 15-16 s one client at a time
-    (``docs/performance.md``)."""
+    (``docs/performance.md``). A pretrained ViT counts as convolutional (its patch embedding): on CPU its
+    clients train one at a time too, which bounds the activations a step holds to one client's (a ViT-B/16
+    at 224 px: ~48 MB a sample); :func:`client_block_line` says so."""
     if device.type == "cpu" and any(isinstance(m, nn.Conv2d) for m in model.modules()):
         return 1
     return max(clients, 1)
+
+
+def client_block_line(model: nn.Module, device: torch.device, clients: int, configured: int) -> str | None:
+    """The line a run prints when the engine's own choice trains its ``clients`` one at a time, else None."""
+    if configured or clients < 2 or auto_client_block(model, device, clients) != 1:
+        return None
+    return (f"engine: the {clients} clients of a round train one at a time (client_block 0: on {device.type} a "
+            "model with a convolution trains per client, docs/performance.md); set client_block: N to train N "
+            "together")
 
 
 class BatchedTrainer:

@@ -27,7 +27,7 @@ from cfl.config.schema import ConfigError
 from cfl.data.stream import Stream
 from cfl.engine.hook_call import call, finite_checks, takes
 from cfl.engine.local import penalty_share
-from cfl.engine.local.batched import BatchedTrainer
+from cfl.engine.local.batched import BatchedTrainer, client_block_line
 from cfl.engine.local.jobs import ClientJob, ClientOutcome, Hyper, RoundMethods, derive_seed, limit_epochs
 from cfl.engine.local.path import choose_path, trainer_kind
 from cfl.engine.local.sequential import train_sequential
@@ -121,6 +121,9 @@ class Runner:
         self.engine_path = choose_path(self.model, self.hyper, self.methods, cfg.client_execution)
         self.hyper.path = self.engine_path.path
         self.engine_path.announce()  # once per run, on stderr; results.json keeps it as engine_path
+        if self.engine_path.path != "sequential" and cfg.backend == "local" and \
+                (line := client_block_line(self.model, self.device, cfg.clients_per_round, cfg.client_block)):
+            print(line, file=sys.stderr)
         if self.buffers:
             print(announcement(self.buffers, cfg.model.buffers), file=sys.stderr)
         self.model_bytes = nbytes(self.client_params.shared(self.params))  # the local parameters are never sent
