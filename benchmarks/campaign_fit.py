@@ -39,8 +39,7 @@ def fit_verdict(run: PlannedRun, runs: list[PlannedRun], seconds_left: float) ->
     expected = expected_seconds(run, runs)
     if expected is None:
         return True, f"{label}: no record of its other seeds, so no estimate: started"
+    why = (f"its other seeds' records took up to {expected / 60:.0f} min, {seconds_left / 60:.0f} min are left")
     if expected <= seconds_left:
-        return True, (f"{label}: its other seeds' records took up to {expected / 60:.0f} min, "
-                      f"{seconds_left / 60:.0f} min are left")
-    return False, (f"{label} not started (--fit): its other seeds' records took up to {expected / 60:.0f} min, "
-                   f"{seconds_left / 60:.0f} min are left")
+        return True, f"{label}: {why}"
+    return False, f"{label} not started (--fit): {why}"

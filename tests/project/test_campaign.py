@@ -106,11 +106,7 @@ def test_a_campaign_cut_off_packed_and_resumed_elsewhere_equals_an_uninterrupted
                                       "--work", tmp_path / "session2", "--results", results, "--unpack", archive),
                             capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stdout + second.stderr
-    # a run cut off with its checkpoint in the first session resumes from the pack in the second (on a loaded
-    # machine a run may be cut off before its first checkpoint: then there is nothing to carry, and it starts anew)
-    kept = out.count("(checkpoint kept: True)")
-    assert f"{kept} checkpoints" in out, out
-    if kept:
+    if "cut off" in out:  # a run cut off in the first session resumes from its packed checkpoint in the second
         assert "resuming" in second.stdout, second.stdout
     assert _acc_matrices(results) == expected
     for work in (reference / "work", tmp_path / "session2"):  # every run recorded: no checkpoint left
