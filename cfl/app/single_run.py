@@ -97,10 +97,11 @@ class Checkpointer:
 
     def save(self) -> None:
         self.lock.check()  # never a checkpoint into a directory another run may have taken over
+        self.attempt.saving_round = self.runner.progress.global_round
         checkpoint.save(self.out, checkpoint.capture(self.runner.snapshot(), self.wandb_run_id))
+        self.attempt.saved()
         for state in self.runner.states:  # the checkpoint is durable: drop client-state files no checkpoint names
             state.clients.committed()
-        self.attempt.saved_round = self.runner.progress.global_round
 
     def __call__(self) -> None:
         prog, every = self.runner.progress, self.runner.cfg.checkpoint_every
@@ -180,10 +181,31 @@ class Attempt:
     def __init__(self, out: Path, resume: bool, created: Path | None) -> None:
         self.out, self.resume, self.created = out, resume, created
         self.saved_round = -1  # the round of the last checkpoint this process wrote or restored
+        self.saving_round = -1  # the round of the checkpoint this process is writing or wrote last
+        self.saved_file: tuple[int, int] | None = None  # (inode, mtime_ns) of the checkpoint saved_round names
         self.writing = False  # this process has started writing the directory's outputs
         self.marked = False  # this process wrote the run-directory marker
 
+    def saved(self) -> None:
+        """The checkpoint of ``saving_round`` is on disk."""
+        self.saved_round, self.saved_file = self.saving_round, self._checkpoint_file()
+
+    def _checkpoint_file(self) -> tuple[int, int] | None:
+        try:
+            stat = (self.out / checkpoint.CHECKPOINT).stat()
+        except OSError:
+            return None
+        return stat.st_ino, stat.st_mtime_ns
+
+    def _settle(self) -> None:
+        """A signal that stopped the run at once inside a checkpoint save, after its atomic rename: that
+        checkpoint is on disk and whole, so it counts (a round-0 one otherwise left a checkpoint that the
+        clean-up stripped of its config.yaml, which no resume could use)."""
+        if self.saving_round > self.saved_round and self._checkpoint_file() not in (None, self.saved_file):
+            self.saved()
+
     def kept(self, full: bool = False, locked_out: bool = False) -> str:
+        self._settle()
         if self.saved_round < 0:
             return "nothing was trained, so nothing is kept" + ("; free some space and run it again" if full else "")
         valid = (" and still valid (a checkpoint is replaced atomically, so a failed write leaves the previous one)"
@@ -195,6 +217,7 @@ class Attempt:
 
     def clean_up(self) -> None:
         """A new run that failed before its round-0 checkpoint: remove what it wrote."""
+        self._settle()
         if self.resume or self.saved_round >= 0:
             return
         if self.writing:
@@ -243,7 +266,8 @@ def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quie
     saver = Checkpointer(runner, out, stop, logger.run_id, attempt, lock)
     if saved is not None:
         runner.resume(checkpoint.restore(runner.snapshot(), saved))
-        attempt.saved_round = runner.progress.global_round
+        attempt.saving_round = runner.progress.global_round
+        attempt.saved()
         runner.progress.resumed_after_rounds.append(runner.progress.global_round)  # in results.json, and kept
         keep_metrics_lines(out / "metrics.jsonl", runner.progress.global_round, runner.progress.evaluations)
         if not quiet:

@@ -130,3 +130,30 @@ def test_sigterm_while_the_plots_are_written(config, monkeypatch, capsys, count)
         monkeypatch.undo()
         assert main(["run", "--resume", str(out), "--quiet"]) == 0  # rebuilds the outputs from the checkpoint
         assert (out / "acc_matrix.png").is_file() and Path(out / "results.json").is_file()
+
+
+@pytest.mark.usefixtures("no_default_sigterm")
+def test_a_signal_inside_the_round0_checkpoint_save_keeps_that_checkpoint_resumable(config, monkeypatch, capsys):
+    """A SIGTERM once the round-0 checkpoint is renamed into place but before the save returns (a campaign's
+    cut-off there, under load) stops the run at once; that checkpoint is whole, so it is kept with its config.yaml
+    and resumes to the straight run's numbers (the clean-up once deleted config.yaml, leaving a checkpoint no
+    resume could use)."""
+    assert main(["run", str(config), "--out", str(config.parent / "straight"), "--quiet"]) == 0
+    out = config.parent / "cut"
+    real, calls = checkpoint.atomic_write_bytes, []
+
+    def write_then_signal(path, data):
+        real(path, data)
+        calls.append(path)
+        if len(calls) == 1:
+            signal.raise_signal(signal.SIGTERM)
+
+    monkeypatch.setattr(checkpoint, "atomic_write_bytes", write_then_signal)
+    assert main(["run", str(config), "--out", str(out), "--quiet"]) == 143
+    err = capsys.readouterr().err
+    assert "stopped at once by SIGTERM" in err and "after round 0" in err and f"--resume {out}" in err, err
+    assert (out / "config.yaml").is_file() and checkpoint.load(out)["progress"]["global_round"] == 0
+    monkeypatch.undo()
+    assert main(["run", "--resume", str(out), "--quiet"]) == 0
+    matrix = [json.loads((d / "results.json").read_text())["acc_matrix"] for d in (config.parent / "straight", out)]
+    assert matrix[0] == matrix[1]
