@@ -99,7 +99,7 @@ class Checkpointer:
         self.lock.check()  # never a checkpoint into a directory another run may have taken over
         self.attempt.saving_round = self.runner.progress.global_round
         checkpoint.save(self.out, checkpoint.capture(self.runner.snapshot(), self.wandb_run_id))
-        self.attempt.saved()
+        self.attempt.saved(self.attempt.saving_round)
         for state in self.runner.states:  # the checkpoint is durable: drop client-state files no checkpoint names
             state.clients.committed()
 
@@ -181,14 +181,14 @@ class Attempt:
     def __init__(self, out: Path, resume: bool, created: Path | None) -> None:
         self.out, self.resume, self.created = out, resume, created
         self.saved_round = -1  # the round of the last checkpoint this process wrote or restored
-        self.saving_round = -1  # the round of the checkpoint this process is writing or wrote last
+        self.saving_round = -1  # the round of the checkpoint this process began writing last
         self.saved_file: tuple[int, int] | None = None  # (inode, mtime_ns) of the checkpoint saved_round names
         self.writing = False  # this process has started writing the directory's outputs
         self.marked = False  # this process wrote the run-directory marker
 
-    def saved(self) -> None:
-        """The checkpoint of ``saving_round`` is on disk."""
-        self.saved_round, self.saved_file = self.saving_round, self._checkpoint_file()
+    def saved(self, global_round: int) -> None:
+        """The checkpoint after ``global_round`` is on disk (written or restored)."""
+        self.saved_round, self.saved_file = global_round, self._checkpoint_file()
 
     def _checkpoint_file(self) -> tuple[int, int] | None:
         try:
@@ -202,7 +202,7 @@ class Attempt:
         checkpoint is on disk and whole, so it counts (a round-0 one otherwise left a checkpoint that the
         clean-up stripped of its config.yaml, which no resume could use)."""
         if self.saving_round > self.saved_round and self._checkpoint_file() not in (None, self.saved_file):
-            self.saved()
+            self.saved(self.saving_round)
 
     def kept(self, full: bool = False, locked_out: bool = False) -> str:
         self._settle()
@@ -266,8 +266,7 @@ def _execute(cfg: Config, out: Path, device: torch.device, overwrite: bool, quie
     saver = Checkpointer(runner, out, stop, logger.run_id, attempt, lock)
     if saved is not None:
         runner.resume(checkpoint.restore(runner.snapshot(), saved))
-        attempt.saving_round = runner.progress.global_round
-        attempt.saved()
+        attempt.saved(runner.progress.global_round)
         runner.progress.resumed_after_rounds.append(runner.progress.global_round)  # in results.json, and kept
         keep_metrics_lines(out / "metrics.jsonl", runner.progress.global_round, runner.progress.evaluations)
         if not quiet:
