@@ -1,6 +1,7 @@
-"""The round loop's state (cfl/engine/rounds/runner.py ``Runner.run``): what the task ends
-(cfl/engine/rounds/task_end.py), the evaluations (cfl/engine/rounds/evaluation.py) and a client's end hook
-(cfl/engine/rounds/client_end.py) read and write, as one typed object passed to them; none of them sees the runner.
+"""The round loop's state (cfl/engine/rounds/runner.py ``Runner.run``): what one round
+(cfl/engine/rounds/one_round.py), the task ends (cfl/engine/rounds/task_end.py), the evaluations
+(cfl/engine/rounds/evaluation.py) and a client's end hook (cfl/engine/rounds/client_end.py) read and write, as one
+typed object passed to them; none of them sees the runner.
 """
 
 from __future__ import annotations

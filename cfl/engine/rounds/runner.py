@@ -1,8 +1,7 @@
 """The round loop over the run's plan (cfl/schedules.py, the synchronous schedule included): each global round's
-client sample (cfl/engine/rounds/round_draws.py), local training, aggregation, the task ends after a round at which
-clients switch (cfl/engine/rounds/task_end.py) and the evaluations (cfl/engine/rounds/evaluation.py); each round's bytes
-go on the ledger through cfl/engine/rounds/traffic.py. The loop's state is a
-:class:`cfl.engine.rounds.run_state.RunState`.
+client sample (cfl/engine/rounds/round_draws.py), its local training and aggregation (cfl/engine/rounds/one_round.py),
+the task ends after a round at which clients switch (cfl/engine/rounds/task_end.py) and the evaluations
+(cfl/engine/rounds/evaluation.py). The loop's state is a :class:`cfl.engine.rounds.run_state.RunState`.
 
 Randomness is derived, not carried: the clients sampled in (task, round), each client's data order
 and the task partitions are pure functions of the run seed, so a run is reproducible bit for bit on
@@ -17,7 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -25,31 +23,26 @@ from cfl.config.keys import Config
 from cfl.config.lr_groups import check_prefixes
 from cfl.config.schema import ConfigError
 from cfl.data.stream import Stream
-from cfl.engine.hook_call import call, finite_checks, takes
-from cfl.engine.local import penalty_share
+from cfl.engine.hook_call import call
 from cfl.engine.local.batched import BatchedTrainer, client_block_line
-from cfl.engine.local.jobs import ClientJob, ClientOutcome, Hyper, RoundMethods, derive_seed, limit_epochs
+from cfl.engine.local.jobs import ClientJob, Hyper
 from cfl.engine.local.path import choose_path, trainer_kind
 from cfl.engine.local.sequential import train_sequential
 from cfl.engine.rounds import server_events
-from cfl.engine.rounds.client_end import client_end
 from cfl.engine.rounds.client_params import ClientParams
 from cfl.engine.rounds.evaluation import accuracies, accuracy_of, class_accuracy, evaluate
-from cfl.engine.rounds.model_buffers import announcement, collect, hand_out
+from cfl.engine.rounds.model_buffers import announcement
+from cfl.engine.rounds.one_round import ClientTraining, Trainer, run_round
 from cfl.engine.rounds.round_draws import Schedule
 from cfl.engine.rounds.run_state import Observer, RunState
-from cfl.engine.rounds.server import NonFiniteError, Server
-from cfl.engine.rounds.server_state import broadcast_of, payload_size
+from cfl.engine.rounds.server import Server
 from cfl.engine.rounds.shared_backbone import SharedBackbone
 from cfl.engine.rounds.state_stores import build_stores, sizing_of
 from cfl.engine.rounds.task_end import end_tasks, task_end_draws
 from cfl.engine.rounds.task_start import TaskStarts
-from cfl.engine.rounds.traffic import record_round, round_upload
 from cfl.methods import METHODS
-from cfl.methods.base import Method, acts_after_rounds
-from cfl.methods.hook_guard import VMAPPED_HOOKS
-from cfl.methods.hook_types import ClientData, LocalTraining, RunInfo
-from cfl.metrics import client_forgetting
+from cfl.methods.base import Method
+from cfl.methods.hook_types import RunInfo
 from cfl.metrics.asynchronous import scheduled_matrix
 from cfl.metrics.matrix import empty_matrix
 from cfl.models import ModelShape, run_model
@@ -59,9 +52,9 @@ from cfl.records.client_states import ClientStates, MethodState
 from cfl.records.comm import CommLedger
 from cfl.records.snapshot import Progress, RunSnapshot
 from cfl.schedules import build_plan
-from cfl.tensors import Params, State, nbytes
+from cfl.tensors import Params, nbytes
 
-TRAINERS: dict[str, Callable[[], Callable[..., Any]]] = {  # a fresh trainer per runner
+TRAINERS: dict[str, Callable[[], Trainer]] = {  # a fresh trainer per runner
     "batched": BatchedTrainer, "sequential": lambda: train_sequential}
 
 __all__ = ["Observer", "Runner", "built"]
@@ -95,10 +88,9 @@ class Runner:
         # server state before round 1 (SCAFFOLD's c), and the initial values a method sets (CODA-P's components)
         self.params = server_events.at_start(self.methods, self.states, self.params)
         # model.buffers: local (FedBN): each client's own BatchNorm running statistics between its rounds
-        self.buffer_states = ClientStates() if cfg.model.buffers == "local" and self.buffers else None
+        buffer_states = ClientStates() if cfg.model.buffers == "local" and self.buffers else None
         self.initial_buffers = {k: v.clone() for k, v in self.buffers.items()}  # a local client's first start
         self.shared_backbone = SharedBackbone(self.model, self.buffers)  # what server_event('task_end') may change
-        self.comm = CommLedger()
         self.plan = build_plan(cfg, stream.num_tasks)  # the client x round grid (cfl/schedules.py)
         self.schedule = Schedule(cfg, stream, self.plan, self.device)  # checks the clients' shares before any round
         # each client's own task starts, and a resend after a task end changed them
@@ -128,14 +120,14 @@ class Runner:
             print(announcement(self.buffers, cfg.model.buffers), file=sys.stderr)
         self.model_bytes = nbytes(self.client_params.shared(self.params))  # the local parameters are never sent
         self.state = RunState(cfg, stream, self.device, self.model, self.methods, self.server, self.plan,
-                              self.schedule, self.task_starts, self.shared_backbone, self.client_params, self.comm,
+                              self.schedule, self.task_starts, self.shared_backbone, self.client_params, CommLedger(),
                               Progress(acc_matrix=empty_matrix(stream.num_tasks)), self.model_bytes,
-                              self.buffer_states, task_end_draws(self.plan, self.methods, cfg.seed),
+                              buffer_states, task_end_draws(self.plan, self.methods, cfg.seed),
                               observers or [])
         self.should_stop: Callable[[], bool] = lambda: False
         self.after_round: Callable[[], None] = lambda: None
         trainer = trainer_kind(cfg.client_execution, self.engine_path.path)
-        self.trainer: Callable[..., tuple[Params, list[ClientOutcome]]] = TRAINERS[trainer]()
+        self.trainer: Trainer = TRAINERS[trainer]()
         if cfg.backend == "ray":  # groups of clients on Ray workers (cfl/engine/local/ray_backend.py)
             from cfl.engine.local.ray_backend import RayClients
 
@@ -173,6 +165,24 @@ class Runner:
     @progress.setter
     def progress(self, progress: Progress) -> None:
         self.state.progress = progress
+
+    @property
+    def comm(self) -> CommLedger:
+        """The run's ledger of bytes sent (checkpointed)."""
+        return self.state.comm
+
+    @comm.setter
+    def comm(self, comm: CommLedger) -> None:
+        self.state.comm = comm
+
+    @property
+    def buffer_states(self) -> ClientStates | None:
+        """``model.buffers: local``: each client's own running statistics between its rounds (else None)."""
+        return self.state.buffer_states
+
+    @buffer_states.setter
+    def buffer_states(self, states: ClientStates | None) -> None:
+        self.state.buffer_states = states
 
     @property
     def observers(self) -> list[Observer]:
@@ -213,134 +223,10 @@ class Runner:
     def run_round(self, task: int, rnd: int, groups: list[tuple[int, list[ClientJob]]] | None = None) -> dict[str, Any]:
         """One round of ``task`` (the server's; under a schedule, the newest any client holds), ``rnd`` as the loop
         names it (:meth:`Schedule.global_round`: the synchronous plan's round of the task, else the global round):
-        ``groups``, each task's sampled clients (None: the schedule's of that round)."""
+        ``groups``, each task's sampled clients (None: the schedule's of that round). cfl/engine/rounds/one_round.py."""
         groups = groups or self.schedule.groups(self.schedule.global_round(task, rnd))
-        jobs = [j for _, group in groups for j in group]
-        task_of = {j.cid: t for t, group in groups for j in group}
-        hand_out(jobs, self.buffers, self.buffer_states, self.initial_buffers)
-        each_round = [broadcast_of(m, "round", st.server) for m, st in zip(self.methods, self.states, strict=True)]
-        round_down = sum(payload_size(m, "round", b) for m, b in zip(self.methods, each_round, strict=True))
-        # "task_start" keys: sent to the clients new in the task (per method), kept by them for the task's rounds
-        newcomers = self.task_starts.newcomers(task, self.schedule.global_round(task, rnd), [j.cid for j in jobs])
-        task_start = [self.task_starts.payload(i, st.server) for i, st in enumerate(self.states)]
-        broadcasts = [{**r, **t} for r, t in zip(each_round, task_start, strict=True)]
-        limit_epochs(jobs, self.methods, broadcasts)
-        round_methods = RoundMethods(self.methods, self.states, broadcasts, self.optimizer_states)
-        if self.client_params.active:  # each client from its own parameters (param_roles, client_start)
-            round_methods.starts = {c: p for t, group in groups for c, p in
-                              self.client_params.starts(group, self.params, self.states, broadcasts, t).items()}
-        round_methods.frozen = self.client_params.frozen
-        start = time.perf_counter()
-        trained, outcomes = self._train(groups, round_methods)
-        self.progress.train_seconds += time.perf_counter() - start
-        if self.buffers:  # the hooks' forwards in training may have moved the template's statistics: the global ones
-            load_global_model(self.model, {}, self.buffers)
-        try:
-            keep = self.server.accept(trained, outcomes, task, rnd, broadcasts)
-        except NonFiniteError as err:
-            for t, group in groups:
-                self._blame_hooks([j for j in group if j.cid in err.clients], t, round_methods)
-            raise
-        penalty_share.record_round(self.methods, self.states, broadcasts, self.params, trained, outcomes,
-                                   keep.tolist(), task)
-        kept_jobs = [j for j, ok in zip(jobs, keep.tolist(), strict=True) if ok]
-        self.client_params.keep_trained(trained, jobs, keep, self.states)
-        combined, sent_sizes = self.client_params.uploads(trained, jobs, keep, self.params, self.states)
-        self._keep_carries([o for o, ok in zip(outcomes, keep.tolist(), strict=True) if ok])
-        if self.optimizer_states is not None:  # the kept clients' optimiser states, for their next round
-            for o, ok in zip(outcomes, keep.tolist(), strict=True):
-                if ok:
-                    self.optimizer_states.put(o.cid, o.optimizer_state)
-        payloads = self._round_uploads(trained, kept_jobs, keep, task_of, broadcasts,
-                                       {o.cid: o.steps for o in outcomes})
-        weights = torch.tensor([float(len(j.indices)) for j in kept_jobs], device=self.device)
-        forgetting = client_forgetting.measure(self.model, self.state.global_tensors, self.stream, task,
-                                               self.progress.global_round + 1, self.cfg.client_forgetting_clients,
-                                               kept_jobs, self._with_client_buffers(trained, outcomes),
-                                               keep)  # None when off
-        self.server.step(trained, keep, weights, task, rnd, self.client_params.local_names,
-                         combined)  # uses up ``trained``'s memory
-        if self.buffers:
-            self.buffers = collect([o for o, ok in zip(outcomes, keep.tolist(), strict=True) if ok], weights,
-                                   self.buffer_states)
-        # may set global parameters (a closed-form classifier), never write into them in place
-        self.params = server_events.after_round(self.methods, self.states, payloads, self.model, self.params, task)
-        backbone_down = self.shared_backbone.download_bytes([j.cid for j in jobs], self.progress)
-        up = round_upload(self.methods, len(kept_jobs), self.model_bytes, self.buffers, self.params, combined,
-                          sent_sizes, payloads)
-        down = record_round(self.comm, self.methods, len(jobs), self.state.model_download_bytes + round_down,
-                            backbone_down,
-                            task_start, newcomers, up)
-        losses = [o.mean_loss for o in outcomes if o.finite]
-        record = {"task": task, "round": self.progress.global_round + 1, "clients": len(kept_jobs),
-                  "train_loss": float(np.mean(losses)) if losses else float("nan"),
-                  "round_upload_bytes": up, "round_download_bytes": down,
-                  "upload_bytes": self.comm.upload_bytes, "download_bytes": self.comm.download_bytes}
-        if forgetting is not None:
-            self.progress.client_forgetting.append(forgetting)
-            record["client_forgetting_mean"] = forgetting["mean"]
-        return record
-
-    def _train(self, groups: list[tuple[int, list[ClientJob]]],
-               round_methods: RoundMethods) -> tuple[Params, list[ClientOutcome]]:
-        """Each task's clients trained on its data; the stacked models and outcomes in the order of ``groups``."""
-        parts = [self.trainer(self.model, self.params, group, self.stream.tasks[t].train_x,
-                              self.stream.tasks[t].train_y, t, self.hyper, round_methods)
-                 for t, group in groups if group]
-        if len(parts) == 1:
-            return parts[0]
-        return ({k: torch.cat([p[k] for p, _ in parts]) for k in parts[0][0]},
-                [o for _, outcomes in parts for o in outcomes])
-
-    def _blame_hooks(self, jobs: list[ClientJob], task: int, round_methods: RoundMethods) -> None:
-        """After a non-finite round: train the clients it stopped on again, one after another, with every hook's
-        result checked (:class:`cfl.engine.hook_call.finite_checks`), so a hook that made NaN or inf from finite
-        arguments is named (``HookError``, exit code 3) in place of the advice to lower lr. Nothing on the way:
-        only methods that make values in local training, only after such a stop."""
-        if not jobs or not any(takes(m, h) for m in self.methods for h in VMAPPED_HOOKS):
-            return
-        data = self.stream.tasks[task]
-        devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices), finite_checks():
-            train_sequential(self.model, self.params, jobs, data.train_x, data.train_y, task, self.hyper, round_methods)
-        if self.buffers:
-            load_global_model(self.model, {}, self.buffers)
-
-    def _with_client_buffers(self, trained: Params, outcomes: list[ClientOutcome]) -> Params:
-        """``trained`` and, for a model with running statistics, the clients' own stacked alongside (each client's
-        model evaluated with its statistics: client forgetting)."""
-        if not self.buffers or self.cfg.client_forgetting_clients < 2:
-            return trained
-        return {**trained, **{k: torch.stack([o.buffers[k] for o in outcomes]) for k in self.buffers}}
-
-    def _keep_carries(self, outcomes: list[ClientOutcome]) -> None:
-        """The step hooks' running values of the kept clients into their states (``Method.client_start``'s carry)."""
-        for outcome in outcomes:
-            for i, carry in outcome.carry.items():
-                clients = self.states[i].clients
-                state = clients.get(outcome.cid)
-                state.update(carry)
-                clients.put(outcome.cid, state)
-
-    def _round_uploads(self, trained: Params, jobs: list[ClientJob], keep: torch.Tensor, task_of: dict[int, int],
-                       broadcasts: list[State], steps: dict[int, int]) -> list[dict[int, Any]]:
-        """Each method's ``client_end("round")`` on the kept clients, at their trained models, each on its task's
-        data (``task_of``: client -> task; ``steps``: each client's local steps, for ``training``): the uploads."""
-        out: list[dict[int, Any]] = []
-        rows = keep.nonzero().flatten().tolist()
-        for i, m in enumerate(self.methods):
-            uploads: dict[int, Any] = {}
-            if acts_after_rounds(m):
-                for job, row in zip(jobs, rows, strict=True):
-                    client_params = {k: v[row] for k, v in trained.items()}
-                    data = self.stream.tasks[task_of[job.cid]]
-                    cdata = ClientData(data.train_x, data.train_y, task_of[job.cid], rows=job.indices)
-                    gen = torch.Generator().manual_seed(derive_seed(job.seed, 0xE0D + i))
-                    training = LocalTraining(self.params, steps[job.cid], self.hyper.lr, self.hyper.lr_groups)
-                    client_end(self.state, i, "round", client_params, cdata, job.cid, broadcasts[i], gen, uploads,
-                               training)
-            out.append(uploads)
-        return out
+        local = ClientTraining(self.trainer, self.hyper, self.optimizer_states, self.initial_buffers)
+        return run_round(self.state, local, task, rnd, groups)
 
     # ---- task boundaries and evaluation ----
     def evaluate(self, upto: int) -> list[float]:
