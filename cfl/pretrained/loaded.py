@@ -177,11 +177,13 @@ def check_backbone(cfg: Any, trains: dict[str, str], read_weights: bool = True) 
             given.append("weights_trained")
         if model.train != "head":
             given.append("train")
-        given += [k for keys in ADAPTER_KEYS.values() for k in keys if getattr(model, k) != _default(k)]
+        adapter_keys = dict.fromkeys(k for keys in ADAPTER_KEYS.values() for k in keys)  # each key once
+        given += [k for k in adapter_keys if getattr(model, k) != _default(k)]
         if given:
             keys = ", ".join(f"'model.{k}'" for k in given)
-            raise ConfigError(f"{keys} is read only by the pretrained backbones ({', '.join(BACKBONES)}); model "
-                              f"{model.name} trains from scratch: remove it")
+            verb, them = ("is", "it") if len(given) == 1 else ("are", "them")
+            raise ConfigError(f"{keys} {verb} read only by the pretrained backbones ({', '.join(BACKBONES)}); model "
+                              f"{model.name} trains from scratch: remove {them}")
         return
     from cfl.data.stream_registry import STREAMS
 

@@ -94,6 +94,16 @@ def test_weights_keys_are_refused_for_a_model_trained_from_scratch(tmp_path):
         from_dict({**config(tmp_path), "model": {"name": "digits-mlp", "weights": "random"}})
 
 
+def test_an_adapter_key_shared_by_several_training_modes_is_named_once(tmp_path):
+    """model.prompt_length is read by four training modes: the refusal names it once (it named it four times)."""
+    with pytest.raises(ConfigError) as err:
+        from_dict({**config(tmp_path), "model": {"name": "digits-mlp", "prompt_length": 5}})
+    assert str(err.value).count("'model.prompt_length'") == 1
+    assert "'model.prompt_length' is read only by the pretrained backbones" in str(err.value)
+    with pytest.raises(ConfigError, match="'model.prompt_length', 'model.lora_rank' are read only .* remove them"):
+        from_dict({**config(tmp_path), "model": {"name": "digits-mlp", "prompt_length": 5, "lora_rank": 2}})
+
+
 def test_closed_form_methods_need_a_backbone(tmp_path):
     with pytest.raises(ConfigError, match="runs on a frozen pretrained backbone"):
         from_dict({**config(tmp_path), "model": {"name": "digits-mlp"}, "method": {"name": "afcl"}})
