@@ -34,7 +34,8 @@ from cfl.models import MODELS
 from cfl.ops.aggregate import AGGREGATORS
 from cfl.ops.losses import LOSSES
 from cfl.pretrained.loaded import check_backbone, resolved_prompt_length
-from cfl.schedules import build_plan, check_methods_schedule, check_plan, check_schedule_keys
+from cfl.schedule_checks import check_methods_schedule, check_plan, check_schedule_keys
+from cfl.schedules import build_plan
 
 __all__ = ["from_dict", "load_config", "resolve_saved_model", "validate_names"]
 

@@ -198,7 +198,7 @@ def test_a_per_client_order_run_with_a_task_finished_before_another_started_writ
 def test_a_staggered_run_of_hundreds_of_thousands_of_rounds_is_said():
     """``offset`` 100,000 on 3 groups: a run of 200,000+ rounds that the config's rounds_per_task does not
     suggest; the plan's check says how long it is (printed before training)."""
-    from cfl.schedules import check_plan
+    from cfl.schedule_checks import check_plan
 
     plan = staggered(ScheduleInput(num_clients=3, num_tasks=2, rounds_per_task=2, seed=0), offset=100_000)
     notes = check_plan(plan, 1)

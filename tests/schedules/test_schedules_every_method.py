@@ -8,7 +8,7 @@ import pytest
 from cfl.config.schema import ConfigError
 from cfl.engine.stores import checkpoint
 from cfl.methods import METHODS
-from cfl.schedules import schedules_allowed
+from cfl.schedule_checks import schedules_allowed
 from tests.conftest import METHOD_STREAMS, method_spec, stream_for, tiny_config
 from tests.engine.test_checkpoint import assert_same_run, run_to_end
 

@@ -20,7 +20,8 @@ from cfl.config.schema import ConfigError
 from cfl.data.partition import check_sizes, partition
 from cfl.data.stream import Stream
 from cfl.engine.local.jobs import ClientJob, derive_seed
-from cfl.schedules import Plan, check_plan
+from cfl.schedule_checks import check_plan
+from cfl.schedules import Plan
 from cfl.validation import check_joining
 
 #: the derived seed stream of a scheduled round's client sample (the synchronous one keys (task, round))
