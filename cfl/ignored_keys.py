@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
+from cfl.config.keys import Config
 from cfl.config.schema import ConfigError
 
 #: within :func:`tolerated`: an ignored key is printed, not refused
@@ -93,7 +94,7 @@ def _check_named_readers(section: Any, prefix: str, registry: Any) -> None:
         raise IgnoredKey(key, getattr(section, name), f"{prefix}.name", chosen, why, fix, reader)
 
 
-def _check_choice(cfg: Any, key: str, chooser: str, reader: str) -> None:
+def _check_choice(cfg: Config, key: str, chooser: str, reader: str) -> None:
     """Top-level ``key`` is read only when top-level ``chooser`` is ``reader``."""
     chosen = getattr(cfg, chooser)
     if chosen != reader and _changed(cfg, key):
@@ -101,7 +102,7 @@ def _check_choice(cfg: Any, key: str, chooser: str, reader: str) -> None:
                          f"remove {key}, or set {chooser}: {reader}", reader)
 
 
-def _check_methods(cfg: Any, specs: list[dict[str, Any]]) -> None:
+def _check_methods(cfg: Config, specs: list[dict[str, Any]]) -> None:
     from cfl.methods import METHODS
 
     for i, spec in enumerate(specs):
@@ -134,7 +135,7 @@ def _check_stream(stream: Any) -> None:
                              f"remove stream.{name}", readers[0] if readers else None)
 
 
-def _check_optimizer(cfg: Any) -> None:
+def _check_optimizer(cfg: Config) -> None:
     """``momentum`` is SGD's; ``optimizer.betas`` and ``optimizer.eps`` are Adam's and AdamW's."""
     name = cfg.optimizer.name
     if name != "sgd" and _changed(cfg, "momentum"):
@@ -155,7 +156,7 @@ def _check_wandb(wandb: Any) -> None:
                          "remove wandb.log_checkpoint, or set wandb.log_artifacts: true", "true")
 
 
-def check_ignored_keys(cfg: Any, specs: list[dict[str, Any]]) -> None:
+def check_ignored_keys(cfg: Config, specs: list[dict[str, Any]]) -> None:
     """Refuse a key of ``cfg`` (method + plugins ``specs``) that is set but not read (module docstring); within
     :func:`tolerated`, print it."""
     try:
@@ -166,7 +167,7 @@ def check_ignored_keys(cfg: Any, specs: list[dict[str, Any]]) -> None:
         print(f"cfl: warning: {err}. Resumed with the config the run started with", file=sys.stderr)
 
 
-def _check_all(cfg: Any, specs: list[dict[str, Any]]) -> None:
+def _check_all(cfg: Config, specs: list[dict[str, Any]]) -> None:
     from cfl.data.partition import PARTITIONERS
     from cfl.ops.aggregate import AGGREGATORS
 

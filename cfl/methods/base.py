@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from cfl.config.keys import Config
 from cfl.config.schema import ConfigError
 from cfl.methods.client_hooks import ClientRound, ClientRoundStart, ClientStart, RoundTerms
 from cfl.methods.declarations import (
@@ -133,7 +134,7 @@ class Method:
         self.task_end_clients: int | None = None
 
     @classmethod
-    def check(cls, hparams: Any, cfg: Any) -> None:
+    def check(cls, hparams: Any, cfg: Config) -> None:
         """Raise ``ConfigError`` if ``hparams`` cannot work with the run config ``cfg``; called when the config
         is validated, before any file is written or data loaded."""
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from cfl.config.keys import Config
 from cfl.config.schema import field
 from cfl.methods import component_start
 from cfl.methods.base import Computes, LossContext, LossTerms, Method, Requires, ServerChange, ServerEvent, Step
@@ -74,7 +75,7 @@ class CodaP(ClassMasked, Method):
                       if component_start.per_task(hparams) else None)
 
     @classmethod
-    def check(cls, hparams: Any, cfg: Any) -> None:
+    def check(cls, hparams: Any, cfg: Config) -> None:
         component_start.check_start(cls.name, hparams, cfg)
 
     def _layered(self) -> bool:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from cfl.config.keys import Config
 from cfl.config.schema import ConfigError, field
 from cfl.methods.server_hooks import ServerChange
 from cfl.pretrained.coda_prompt import layer_orthogonality
@@ -42,7 +43,7 @@ def per_task(hparams: Any) -> bool:
     return hparams.start != "at-once"
 
 
-def check_start(name: str, hparams: Any, cfg: Any) -> None:
+def check_start(name: str, hparams: Any, cfg: Config) -> None:
     """The config a per-task start needs: the pool a multiple of the tasks, no weight decay and no optimiser state
     kept across rounds (either would move a frozen slice)."""
     if not per_task(hparams):

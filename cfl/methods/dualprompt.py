@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812
 
+from cfl.config.keys import Config
 from cfl.config.schema import ConfigError, field
 from cfl.methods.base import Computes, LossContext, LossTerms, Method, Requires, ServerChange, ServerEvent
 from cfl.methods.bounds import WEIGHT_MAX
@@ -55,7 +56,7 @@ class DualPrompt(ClassMasked, Method):
     computes = Computes(losses=("task", "extra"))
 
     @classmethod
-    def check(cls, hparams: Any, cfg: Any) -> None:  # noqa: ARG003
+    def check(cls, hparams: Any, cfg: Config) -> None:  # noqa: ARG003
         tasks, m = cfg.stream.num_tasks, cfg.model
         if tasks is not None and m.prompt_pool < tasks * m.prompt_top_k:
             raise ConfigError(f"method dualprompt gives each task its own {m.prompt_top_k} E-prompt(s) "

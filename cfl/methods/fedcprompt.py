@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from cfl.config.keys import Config
 from cfl.config.schema import ConfigError, field
 from cfl.methods import component_start
 from cfl.methods.base import ClientEndContext, LossContext, LossTerms, Method, Payload, ServerChange, ServerEvent, Step
@@ -88,7 +89,7 @@ class FedCPrompt(ClassMasked, Method):
         self.owner = task_rows(pool, run_info.num_tasks)
 
     @classmethod
-    def check(cls, hparams: Any, cfg: Any) -> None:
+    def check(cls, hparams: Any, cfg: Config) -> None:
         if cfg.weight_decay != 0:
             raise ConfigError(f"method fedcprompt freezes the prompt components of the other tasks, which weight "
                               f"decay would still shrink; set weight_decay: 0 (it is {cfg.weight_decay})")

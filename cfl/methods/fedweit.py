@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from cfl.config.keys import Config
 from cfl.config.schema import ConfigError, field
 from cfl.methods.base import ClientRoundStart, ClientStart, Method, ServerEvent
 from cfl.methods.bounds import WEIGHT_MAX
@@ -89,7 +90,7 @@ class FedWeIT(Method):
         self.own_order = run_info.schedule != "synchronous"
 
     @classmethod
-    def check(cls, hparams: Any, cfg: Any) -> None:
+    def check(cls, hparams: Any, cfg: Config) -> None:
         if cfg.weight_decay != 0:
             raise ConfigError(f"method fedweit decays its own parts (fedweit.wd, {hparams.wd}); set weight_decay: 0 "
                               f"(it is {cfg.weight_decay})")

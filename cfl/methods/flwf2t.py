@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from cfl.config.keys import Config
 from cfl.config.schema import ConfigError, field
 from cfl.methods.base import ClientEndContext, Computes, LossContext, LossTerms, Method, Payload, Sends
 from cfl.methods.bounds import TEMPERATURE_MAX
@@ -46,7 +47,7 @@ class FLwF2T(Method):
     computes = Computes(losses=("extra",))
 
     @classmethod
-    def check(cls, hparams: FLwF2THyperparams, cfg: object) -> None:  # noqa: ARG003
+    def check(cls, hparams: FLwF2THyperparams, cfg: Config) -> None:  # noqa: ARG003
         if hparams.alpha + hparams.beta > 1.0:
             raise ConfigError(f"'method.alpha' + 'method.beta' = {hparams.alpha} + {hparams.beta} exceeds 1: the "
                               f"server teacher's weight 1 - alpha - beta would be negative; lower one of them")

@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 import torch
 
+from cfl.config.keys import Config
 from cfl.config.schema import ConfigError, field
 from cfl.methods.base import ClientEndContext, Method, Payload, RunInfo, Sends, ServerEvent, TransformUpdate
 from cfl.methods.bounds import SAMPLES_MAX
@@ -69,7 +70,7 @@ class FOT(Method):
     Hyperparams = FOTHyperparams
 
     @classmethod
-    def check(cls, hparams: FOTHyperparams, cfg: Any) -> None:
+    def check(cls, hparams: FOTHyperparams, cfg: Config) -> None:
         if hparams.gpse_clients is not None and hparams.gpse_clients > cfg.num_clients:
             raise ConfigError(f"'method.gpse_clients' ({hparams.gpse_clients}) exceeds 'num_clients' "
                               f"({cfg.num_clients}); lower it or leave it null (= clients_per_round)")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cfl.config.keys import Config
 from cfl.config.schema import ConfigError
 from cfl.methods.base import Method, Requires
 
@@ -23,7 +24,7 @@ class LoRA(Method):
     requires = Requires(model_train="lora")
 
     @classmethod
-    def check(cls, hparams: Any, cfg: Any) -> None:  # noqa: ARG003
+    def check(cls, hparams: Any, cfg: Config) -> None:  # noqa: ARG003
         if cfg.model.lora_tasks != "shared":
             raise ConfigError("method lora trains every factor at every task: model.lora_tasks: per-task would train "
                               "every task's factors together; set lora_tasks: shared, or use method pilora (each "

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from cfl.config.keys import Config
 from cfl.config.schema import ConfigError, field
 from cfl.methods.base import ClientEndContext, Method, Params, Payload, ServerChange, ServerEvent, State
 from cfl.methods.class_mask import ClassMasked, class_mask_field
@@ -74,7 +75,7 @@ class LoRM(ClassMasked, Method):
                   client_events=("round", "task_end"))
 
     @classmethod
-    def check(cls, hparams: Any, cfg: Any) -> None:  # noqa: ARG003
+    def check(cls, hparams: Any, cfg: Config) -> None:  # noqa: ARG003
         m = cfg.model
         if (m.lora_targets, m.lora_tasks, m.classifier) != ("qkv", "shared", "linear"):
             raise ConfigError("method lorm merges one LoRA pair of each whole qkv projection and a linear head: set "

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from cfl.config.keys import Config
 from cfl.config.schema import ConfigError, field
 from cfl.methods.base import (
     ClientEndContext,
@@ -108,7 +109,7 @@ class PILoRA(Method):
         self.owner = None if self.multi else _class_tasks(run_info.task_classes, centers.shape[0])
 
     @classmethod
-    def check(cls, hparams: Any, cfg: Any) -> None:  # noqa: ARG003
+    def check(cls, hparams: Any, cfg: Config) -> None:  # noqa: ARG003
         m = cfg.model
         if m.lora_tasks != "per-task" or m.classifier != "prototype":
             raise ConfigError("method pilora trains each task's own LoRA factors and a prototype classifier: set "

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812
 
+from cfl.config.keys import Config
 from cfl.config.schema import ConfigError, field
 from cfl.methods.base import (
     ClientEndContext,
@@ -101,7 +102,7 @@ class Powder(Method):
         self.classes = run_info.num_classes
 
     @classmethod
-    def check(cls, hparams: Any, cfg: Any) -> None:  # noqa: ARG003
+    def check(cls, hparams: Any, cfg: Config) -> None:  # noqa: ARG003
         if cfg.weight_decay != 0:
             raise ConfigError(f"method powder freezes the other tasks' rows by giving them no gradient; weight decay "
                               f"would still shrink them: set weight_decay: 0 (it is {cfg.weight_decay})")

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from cfl.config.keys import Config
 from cfl.config.schema import ConfigError, field
 from cfl.methods.base import ClientEndContext, ClientRound, Computes, Method, Payload, RoundTerms, Sends
 from cfl.methods.bounds import SAMPLES_MAX, WEIGHT_MAX
@@ -44,7 +45,7 @@ class RGO(Method):
     computes = Computes(terms=("preconditioner",))
 
     @classmethod
-    def check(cls, hparams: RGOHyperparams, cfg: Any) -> None:  # noqa: ARG003
+    def check(cls, hparams: RGOHyperparams, cfg: Config) -> None:  # noqa: ARG003
         if hparams.fel:
             raise ConfigError("'method.fel: true': RGO's virtual feature encoding layer permutes each layer's units "
                               "by a task-seeded permutation in the forward pass, at training and at test time "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cfl.config.keys import Config
 from cfl.methods.base import Method, takes_part_at_task_end
 from cfl.methods.display import method_info
 from cfl.metrics import client_forgetting
@@ -52,7 +53,7 @@ def method_stats(comm: CommLedger, method: Method, state: MethodState) -> dict[s
     return stats
 
 
-def scheduled_results(cfg: Any, num_tasks: int, evaluations: list[dict[str, Any]], complete: bool,
+def scheduled_results(cfg: Config, num_tasks: int, evaluations: list[dict[str, Any]], complete: bool,
                       before: dict[str, float] | None = None, init: list[float] | None = None) -> dict[str, Any]:
     """ACC, FGT, BWT, AIA and FWT under a schedule (from the evaluations, global and per client; FGT and AIA
     from the evaluations ``schedule.forgetting`` names; FWT from ``before``, ``acc_before_task``, and ``init``,
