@@ -8,7 +8,8 @@ Each run is made with ``python -m cfl run`` in each checkout (its own ``cfl`` on
 ``OUT/base/<i>`` and ``OUT/branch/<i>``; the two results.json must be equal after dropping what measures the
 machine and not the run (wall and train seconds, the record's provenance, the rounds a run was resumed after); of
 ``engine_path`` the path taken is compared, and a reason that reads differently (its prose names hooks) is said.
-A record's config is written out from its results.json and run as it is. ``--only-base`` makes the base's runs
+A record's config is written out from its results.json as today's cfl reads it (:func:`record_config`: keys added
+since at the values it ran with, adapter keys its model does not read left out). ``--only-base`` makes the base's runs
 alone, ``--reuse-base`` then compares a branch against them (the same OUT and RUN list); ``--reuse-branch`` takes the
 branch's too (runs made by another call, e.g. two ``--only-base`` calls in parallel, one per checkout, whose
 ``OUT/base`` of the branch is moved to ``OUT/branch``): the comparison alone. Prints one line per run and
@@ -26,6 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from cfl.config.adapter_keys import ADAPTER_KEYS
+from cfl.pretrained.backbones import is_backbone
+from cfl.records.saved_configs import unread_model_keys, with_added_keys
 
 #: keys that measure the machine or the moment, not the run (``resumed_after_rounds``: where a run was resumed,
 #: which a resumed run and an uninterrupted one differ in while every number agrees)
@@ -73,10 +78,22 @@ def differing_keys(a: dict[str, Any], b: dict[str, Any], allowed: tuple[str, ...
     return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
 
 
+def record_config(saved: dict[str, Any]) -> dict[str, Any]:
+    """A record's config as today's cfl reads it: the keys added since it ran at the values it ran with
+    (cfl/records/saved_configs.py), and the model adapter keys its model does not read left out (an older cfl
+    saved them at their resolved values; they change nothing, and today they are refused)."""
+    config = with_added_keys({k: v for k, v in saved.items() if k != "out"})
+    model = config.get("model")
+    if isinstance(model, dict):
+        unread = unread_model_keys({"model.train": model.get("train")}) if is_backbone(model.get("name")) else \
+            {f"model.{k}" for keys in ADAPTER_KEYS.values() for k in keys}
+        config["model"] = {k: v for k, v in model.items() if f"model.{k}" not in unread}
+    return config
+
+
 def _config_args(run: str, out: Path) -> list[str]:
     if run.startswith("record:"):
-        results = json.loads(Path(run[len("record:"):]).read_text())
-        config = {k: v for k, v in results["config"].items() if k != "out"}
+        config = record_config(json.loads(Path(run[len("record:"):]).read_text())["config"])
         path = out / "config.from-record.yaml"
         out.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(config, sort_keys=False))
