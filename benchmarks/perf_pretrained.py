@@ -11,6 +11,8 @@ included) per client, loads the global trainable values, trains its batches with
 trainable values; its prompt methods run the frozen query pass once a step (fed-mammoth's ``original_model``),
 cfl's round reads each sample's query computed once when the run starts (that pass's time printed apart,
 ``query_seconds``: once a run, not a round; ``speedup_one_round`` charges all of it to a single round). Peak
+``speedup`` is the ratio of the best rounds; ``speedup_median_pair`` the median of each round's ratio to its neighbour's
+(the two run next to each other, so it holds where another job slows the machine for a while). Peak
 memory: each kind's round in a fresh child process, the growth of the peak resident set
 over the round (Linux's ``VmHWM``, reset before it). Prints a JSON line.
 
@@ -23,6 +25,7 @@ import argparse
 import copy
 import json
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -156,6 +159,7 @@ def main() -> None:
             cfl_round(runner, r + 1) if kind == "cfl" else loop_round(runner, args)
             times[kind].append(time.perf_counter() - start)
     best = {k: min(v) for k, v in times.items()}
+    pairs = statistics.median(loop / ours for loop, ours in zip(times["loop"], times["cfl"], strict=True))  # neighbours
     queries = runner.stream.info["backbone"].get("queries", {}).get("seconds", 0.0)
     argv = sys.argv[1:]
     memory = {k: peak_growth(k, argv) for k in ("cfl", "loop")}
@@ -165,6 +169,7 @@ def main() -> None:
                       "precision": args.precision, "client_block": args.client_block,
                       "path": runner.engine_path.path, "cfl_sec_per_round": best["cfl"],
                       "loop_sec_per_round": best["loop"], "speedup": best["loop"] / best["cfl"],
+                      "speedup_median_pair": pairs,
                       "query_seconds": queries, "speedup_one_round": best["loop"] / (best["cfl"] + queries),
                       "times": times, "cfl_round_peak_growth_bytes": memory["cfl"],
                       "loop_round_peak_growth_bytes": memory["loop"],

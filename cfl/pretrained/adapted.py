@@ -19,6 +19,9 @@ fall back to a loop over clients (a custom operator folding the clients into the
 224 px on the 2-core AMD EPYC: the kernel's backward costs more than the explicit form saves, 0.96 s against
 0.90 s of attention a round, so it is not used).
 
+The last block runs over the rows the head reads only (the [CLS] token, or L2P's prompt tokens): the keys and
+values of every row, the rest of the block for those rows (cfl/pretrained/final_block.py).
+
 Inputs: the stream's images mapped to the backbone's normalisation at their own size (``image_stream``); the
 model resizes them to its input size (resizing commutes with the per-channel affine normalisation).
 """
@@ -35,6 +38,7 @@ from torch import nn
 from cfl.heads import make_head
 from cfl.pretrained.coda_prompt import ComponentPrompt
 from cfl.pretrained.dual_prompt import DualPrompts
+from cfl.pretrained.final_block import has_token_pool, normed_rows, pooled
 from cfl.pretrained.lora import LoRALinear
 from cfl.pretrained.prefix_attention import prefixed_block
 from cfl.pretrained.preprocessing import MODES
@@ -79,6 +83,13 @@ class AdaptedViT(nn.Module):
             block.attn.fused_attn = False  # vmap batches the explicit attention; the fused CPU kernel it loops
         self.frozen_values = 0 if train == "all" else freeze_into_buffers(self.vit)
         self.vit.requires_grad_(train == "all")
+        # the last block over the head's rows only (cfl/pretrained/final_block.py); full fine-tuning trains that
+        # block's weights over every row, so it runs timm's whole block
+        self.rows_only = train != "all" and has_token_pool(self.vit)
+        if train != "all" and not self.rows_only:
+            print(f"model.train: {train}: the backbone's last block or pooling is not timm's plain ViT's ([CLS] "
+                  "token); that block runs over every token (slower than over the head's rows)", file=sys.stderr,
+                  flush=True)
         width = self.vit.num_features
         self.prompt = PromptPool(*prompt, width) if train == "prompts" else \
             ComponentPrompt(prompt[0], prompt[1], width, component_layers) if train == "components" else \
@@ -120,26 +131,32 @@ class AdaptedViT(nn.Module):
         if self.layout is not None:
             return self.layout.split(x)[1]
         with torch.no_grad():
-            return self.vit(self.resized(x))
+            return pooled(self.vit, self.resized(x))
 
     def features(self, x: torch.Tensor, task: torch.Tensor | None = None) -> torch.Tensor:
         """The head's input; ``task`` (the inputs' tasks) is read by ``dual-prompts`` at training only."""
         x, query = (x, None) if self.layout is None else self.layout.split(x)
         x = self.resized(x)
-        if self.prompt is None:
-            return self.vit(x)  # the [CLS] token after the final norm (timm's pooled pre-logits)
         v = self.vit
+        if self.prompt is None:  # timm's pooled pre-logits: the [CLS] token after the final norm
+            return pooled(v, x) if self.rows_only else v(x)
         tokens = v.norm_pre(v.patch_drop(v._pos_embed(v.patch_embed(x))))  # [CLS] and patches, with positions
         if self.train_mode == "dual-prompts" or getattr(self.prompt, "layers", 0):
             return self.prefixed_features(x, tokens, task, query)
         if self.train_mode == "task-components":
             return self.task_prompted_features(x, tokens, task, query)
         prompts = self.prompt(self.query(x) if query is None else query)
-        tokens = torch.cat([tokens[:, :1], prompts, tokens[:, 1:]], 1)  # the selected prompts after [CLS]
-        tokens = v.norm(v.blocks(tokens))
+        tokens = v.blocks[:-1](torch.cat([tokens[:, :1], prompts, tokens[:, 1:]], 1))  # the prompts after [CLS]
         if self.train_mode == "components":
-            return tokens[:, 0]  # CODA-P's head input: the [CLS] token's output
-        return tokens[:, 1:1 + prompts.shape[1]].mean(1)  # L2P's head input: the prompt tokens' outputs, averaged
+            return self.normed_rows(tokens, slice(0, 1))[:, 0]  # CODA-P's head input: the [CLS] token's output
+        # L2P's head input: the prompt tokens' outputs, averaged
+        return self.normed_rows(tokens, slice(1, 1 + prompts.shape[1])).mean(1)
+
+    def normed_rows(self, tokens: torch.Tensor, rows: slice, prefix: torch.Tensor | None = None) -> torch.Tensor:
+        """The final norm's output at ``rows`` after the last block of ``tokens`` (its input)."""
+        if self.rows_only:
+            return normed_rows(self.vit, tokens, rows, prefix)
+        return self.vit.norm(prefixed_block(self.vit.blocks[-1], tokens, prefix))[:, rows]
 
     def prefixed_features(self, x: torch.Tensor, tokens: torch.Tensor, task: torch.Tensor | None,
                           query: torch.Tensor | None = None) -> torch.Tensor:
@@ -154,9 +171,10 @@ class AdaptedViT(nn.Module):
             raise ValueError("model.train: dual-prompts trains each input's task's E-prompts: pass its task")
         else:
             prefixes = self.prompt(query, task if self.training else None)
-        for i, block in enumerate(self.vit.blocks):
+        blocks = len(self.vit.blocks)
+        for i, block in enumerate(self.vit.blocks[:-1]):
             tokens = prefixed_block(block, tokens, prefixes[i] if i < len(prefixes) else None)
-        return self.vit.norm(tokens)[:, 0]
+        return self.normed_rows(tokens, slice(0, 1), prefixes[blocks - 1] if blocks <= len(prefixes) else None)[:, 0]
 
     def task_prompted_features(self, x: torch.Tensor, tokens: torch.Tensor, task: torch.Tensor | None,
                                query: torch.Tensor | None = None) -> torch.Tensor:
@@ -165,13 +183,15 @@ class AdaptedViT(nn.Module):
         if task is None:
             raise ValueError("model.train: task-components composes each input's prompt from its task: pass its task")
         prompts = self.prompt(self.query(x) if query is None else query, task)  # (N, L, length, D)
-        layer = 0
+        layer, last = 0, len(self.vit.blocks) - 1
         for i, block in enumerate(self.vit.blocks):
             if i in self.prompt_blocks:
                 tokens = torch.cat([prompts[:, layer], tokens], 1)
                 layer += 1
-            tokens = block(tokens)
-        return self.vit.norm(tokens)[:, layer * prompts.shape[2]]
+            if i < last:
+                tokens = block(tokens)
+        row = layer * prompts.shape[2]
+        return self.normed_rows(tokens, slice(row, row + 1))[:, 0]
 
     def forward(self, x: torch.Tensor, task: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x, task), task)

@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
+from cfl.pretrained.final_block import pooled
+
 #: the ``model.train`` modes whose forward reads the frozen query
 QUERY_MODES = ("prompts", "components", "task-components", "dual-prompts")
 
@@ -48,7 +50,7 @@ def query_backbone(vit: nn.Module) -> nn.Module:
 def compute_queries(vit: nn.Module, x: torch.Tensor, size: int, mode: str, batch: int) -> torch.Tensor:
     """``(N, D)`` queries of the normalised images ``x`` ``(N, C, H, W)``: ``vit`` (from :func:`query_backbone`) on
     each image resized to ``size`` px, ``batch`` images at a time."""
-    out = [vit(resized(x[i:i + batch], size, mode)).float() for i in range(0, len(x), batch)]
+    out = [pooled(vit, resized(x[i:i + batch], size, mode)).float() for i in range(0, len(x), batch)]
     return torch.cat(out) if out else torch.zeros(0, vit.num_features)
 
 
