@@ -19,6 +19,7 @@ import torch
 
 from cfl.data.stream import Stream, Task
 from cfl.pretrained.feature_cache import BATCH, SPLITS, cache_key, cache_path, cached
+from cfl.pretrained.final_block import pooled
 from cfl.pretrained.flags import RANDOM_SUFFIX, origin_suffix
 from cfl.pretrained.loaded import INFO_KEY, LoadedBackbone, loaded_backbone
 from cfl.pretrained.preprocessing import prepared, unit_range
@@ -27,9 +28,10 @@ from cfl.pretrained.preprocessing import prepared, unit_range
 @torch.inference_mode()
 def compute_features(backbone: LoadedBackbone, x: torch.Tensor, low: torch.Tensor, high: torch.Tensor,
                      device: torch.device) -> torch.Tensor:
-    """``(N, D)`` float32 features of ``x`` ``(N, C, H, W)``, in batches of :data:`BATCH`, on ``device``."""
+    """``(N, D)`` float32 features of ``x`` ``(N, C, H, W)``, in batches of :data:`BATCH`, on ``device`` (the last
+    block over the [CLS] row's window only, cfl/pretrained/final_block.py)."""
     model = backbone.model.to(device)
-    out = [model(prepared(x[i:i + BATCH].to(device), backbone.preprocessing, low.to(device), high.to(device)))
+    out = [pooled(model, prepared(x[i:i + BATCH].to(device), backbone.preprocessing, low.to(device), high.to(device)))
            .float().cpu() for i in range(0, len(x), BATCH)]
     return torch.cat(out) if out else torch.zeros(0, backbone.model.num_features)
 

@@ -14,6 +14,7 @@ forward and backward (2-core AMD EPYC with AVX-512, torch 2.14.1), so runs keep 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 MIN_ROWS = 8
@@ -32,14 +33,13 @@ def is_plain(block: nn.Module) -> bool:
     """Whether ``block`` is timm's plain pre-norm ViT block, the form :func:`block_rows` computes."""
     attn = getattr(block, "attn", None)
     return all(hasattr(block, name) for name in ("norm1", "ls1", "drop_path1", "norm2", "mlp", "ls2", "drop_path2")) \
-        and attn is not None and getattr(attn, "gate", None) is None and hasattr(attn, "qkv") \
-        and not getattr(attn, "fused_attn", False)
+        and attn is not None and getattr(attn, "gate", None) is None and hasattr(attn, "qkv")
 
 
 def block_rows(block: nn.Module, x: torch.Tensor, rows: slice, prefix: torch.Tensor | None = None) -> torch.Tensor:
-    """timm ``Block.forward`` of ``x`` ``(N, T, D)`` at ``rows`` only (the explicit attention's operations in
-    its order); ``prefix`` ``(N, 2, L, D)``: keys and values before the block's own, as
-    :func:`cfl.pretrained.prefix_attention.prefixed_attention`."""
+    """timm ``Block.forward`` of ``x`` ``(N, T, D)`` at ``rows`` only, its attention's operations in their order
+    (the explicit form, or torch's fused kernel where ``fused_attn``); ``prefix`` ``(N, 2, L, D)``: keys and values
+    before the block's own, as :func:`cfl.pretrained.prefix_attention.prefixed_attention`."""
     attn = block.attn
     n, t, _ = x.shape
     heads, head_dim = attn.num_heads, attn.head_dim
@@ -49,9 +49,12 @@ def block_rows(block: nn.Module, x: torch.Tensor, rows: slice, prefix: torch.Ten
         length = prefix.shape[2]
         pk, pv = prefix.reshape(n, 2, length, heads, head_dim).permute(1, 0, 3, 2, 4).unbind(0)
         k, v = torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2)
-    q = q[:, :, rows] * attn.scale
-    weights = attn.attn_drop((q @ k.transpose(-2, -1)).softmax(dim=-1))
-    out = (weights @ v).transpose(1, 2).reshape(n, q.shape[2], heads * head_dim)
+    q = q[:, :, rows]
+    if getattr(attn, "fused_attn", False):
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=attn.attn_drop.p if attn.training else 0.0)
+    else:
+        out = attn.attn_drop((q * attn.scale @ k.transpose(-2, -1)).softmax(dim=-1)) @ v
+    out = out.transpose(1, 2).reshape(n, q.shape[2], heads * head_dim)
     y = x[:, rows] + block.drop_path1(block.ls1(attn.proj_drop(attn.proj(attn.norm(out)))))
     return y + block.drop_path2(block.ls2(block.mlp(block.norm2(y))))
 

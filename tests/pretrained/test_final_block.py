@@ -54,16 +54,25 @@ def test_block_rows_equal_the_whole_block_at_those_rows(rows, with_prefix):
 
 
 def test_a_non_plain_block_is_refused_by_is_plain():
-    block = vit().blocks[-1]
-    block.attn.fused_attn = True
-    assert not is_plain(block)
+    gated, without_mlp = vit().blocks[-1], vit().blocks[-1]
+    gated.attn.gate = torch.nn.Linear(192, 3)
+    del without_mlp.mlp
+    assert is_plain(vit().blocks[-1]) and not is_plain(gated) and not is_plain(without_mlp)
 
 
-def test_pooled_equals_timms_forward_and_is_timms_forward_on_another_block():
+@pytest.mark.parametrize("fused", [False, True])
+def test_pooled_equals_timms_forward_with_either_attention(fused):
     model, x = vit(), torch.randn(5, 3, 64, 64)
+    for block in model.blocks:
+        block.attn.fused_attn = fused
     with torch.no_grad():
         torch.testing.assert_close(pooled(model, x), model(x), rtol=0, atol=1e-5)
-        model.blocks[-1].attn.fused_attn = True
+
+
+def test_pooled_is_timms_forward_on_another_pooling():
+    model, x = vit(), torch.randn(5, 3, 64, 64)
+    model.global_pool = "avg"  # the patch tokens' mean: every row is read
+    with torch.no_grad():
         assert torch.equal(pooled(model, x), model(x))
 
 
