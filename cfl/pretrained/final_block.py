@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
+from cfl.pretrained.prefix_attention import with_prefix
+
 MIN_ROWS = 8
 
 
@@ -46,9 +48,7 @@ def block_rows(block: nn.Module, x: torch.Tensor, rows: slice, prefix: torch.Ten
     q, k, v = attn.qkv(block.norm1(x)).reshape(n, t, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
     q, k = attn.q_norm(q), attn.k_norm(k)
     if prefix is not None:
-        length = prefix.shape[2]
-        pk, pv = prefix.reshape(n, 2, length, heads, head_dim).permute(1, 0, 3, 2, 4).unbind(0)
-        k, v = torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2)
+        k, v = with_prefix(prefix, k, v)
     q = q[:, :, rows]
     if getattr(attn, "fused_attn", False):
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=attn.attn_drop.p if attn.training else 0.0)

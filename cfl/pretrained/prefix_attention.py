@@ -29,9 +29,16 @@ def prefixed_attention(attn: nn.Module, x: torch.Tensor, prefix: torch.Tensor) -
     heads, head_dim = attn.num_heads, attn.head_dim
     q, k, v = attn.qkv(x).reshape(n, t, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
     q, k = attn.q_norm(q), attn.k_norm(k)
-    length = prefix.shape[2]
-    pk, pv = prefix.reshape(n, 2, length, heads, head_dim).permute(1, 0, 3, 2, 4).unbind(0)  # (N, heads, L, hd)
-    k, v = torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2)
+    k, v = with_prefix(prefix, k, v)
     weights = attn.attn_drop((q * attn.scale @ k.transpose(-2, -1)).softmax(dim=-1))
     out = (weights @ v).transpose(1, 2).reshape(n, t, heads * head_dim)
     return attn.proj_drop(attn.proj(attn.norm(out)))
+
+
+def with_prefix(prefix: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values ``(N, heads, T, hd)`` with ``prefix[:, 0]`` and ``prefix[:, 1]`` (``(N, L, D)`` each, split
+    into the heads) before them along the sequence."""
+    n, _, length, _ = prefix.shape
+    heads, head_dim = k.shape[1], k.shape[3]
+    pk, pv = prefix.reshape(n, 2, length, heads, head_dim).permute(1, 0, 3, 2, 4).unbind(0)  # (N, heads, L, hd)
+    return torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2)
