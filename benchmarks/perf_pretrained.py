@@ -14,7 +14,15 @@ cfl's round reads each sample's query computed once when the run starts (that pa
 ``speedup`` is the ratio of the best rounds; ``speedup_median_pair`` the median of each round's ratio to its neighbour's
 (the two run next to each other, so it holds where another job slows the machine for a while). Peak
 memory: each kind's round in a fresh child process, the growth of the peak resident set
-over the round (Linux's ``VmHWM``, reset before it). Prints a JSON line.
+over the round (Linux's ``VmHWM``, reset before it).
+
+The loop's last block (``--loop-last-block``): ``whole`` (the default) runs every token through the last block and
+the final norm and then picks the head's rows, as fed-mammoth's prompt ViTs do (``forward_features``: ``self.blocks``
+then ``self.norm`` over all tokens, in ``_networks/vit_prompt_l2p.py`` and ``vit_prompt_dual.py``); ``rows`` gives
+the loop cfl's own last block over the head's rows (cfl/pretrained/final_block.py), a loop that already has that
+saving. Arithmetic: one more round of each kind under torch's ``FlopCounterMode`` (its count of the products,
+forward and backward) gives ``flop_ratio``, the speedup the products alone allow, and ``of_flop_ratio``, the
+measured ``speedup`` over it. Prints a JSON line.
 
     python benchmarks/perf_pretrained.py [--rounds 3] [--clients 8] [--batch 16] [--size 32] [--train prompts]
 """
@@ -30,9 +38,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -88,6 +98,7 @@ def loop_round(runner: Runner, args: argparse.Namespace) -> None:
 
     for c in range(args.clients):
         model = copy.deepcopy(runner.model)  # the client's model, backbone included, as fed-mammoth moves it
+        model.rows_only = args.loop_last_block == "rows"  # whole: every token through the last block, as fed-mammoth
         own = dict(model.named_parameters())
         with torch.no_grad():
             for k in names:
@@ -112,6 +123,14 @@ def loop_round(runner: Runner, args: argparse.Namespace) -> None:
             opt.step()
         collected.append({k: own[k].detach().clone() for k in names})
     runner.params = {k: torch.stack([p[k] for p in collected]).mean(0) for k in names}
+
+
+def round_flops(run: Callable[[], None]) -> int:
+    """The floating-point operations of the products (matrix products, convolutions, attention kernels) in one call
+    of ``run``, forward and backward, counted by torch's ``FlopCounterMode``."""
+    with FlopCounterMode(display=False) as counter:
+        run()
+    return counter.get_total_flops()
 
 
 def _status_kib(key: str) -> int:
@@ -140,6 +159,9 @@ def main() -> None:
                    help="bf16-mixed: both kinds' products in bfloat16 over float32 weights (cfl's precision key; the "
                         "loop under torch.autocast)")
     p.add_argument("--client-block", type=int, default=0, help="cfl's client_block (0: the engine's choice)")
+    p.add_argument("--loop-last-block", default="whole", choices=("whole", "rows"),
+                   help="whole: the loop runs every token through the last block (fed-mammoth's); rows: it runs cfl's "
+                        "last block over the head's rows")
     p.add_argument("--memory", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -161,6 +183,8 @@ def main() -> None:
     best = {k: min(v) for k, v in times.items()}
     pairs = statistics.median(loop / ours for loop, ours in zip(times["loop"], times["cfl"], strict=True))  # neighbours
     queries = runner.stream.info["backbone"].get("queries", {}).get("seconds", 0.0)
+    flops = {"cfl": round_flops(lambda: cfl_round(runner, args.rounds + 1)),
+             "loop": round_flops(lambda: loop_round(runner, args))}
     argv = sys.argv[1:]
     memory = {k: peak_growth(k, argv) for k in ("cfl", "loop")}
     tokens = (args.size // 16) ** 2 + 1 + (25 if args.train == "prompts" else 0)  # prefixes add keys, not tokens
@@ -169,7 +193,10 @@ def main() -> None:
                       "precision": args.precision, "client_block": args.client_block,
                       "path": runner.engine_path.path, "cfl_sec_per_round": best["cfl"],
                       "loop_sec_per_round": best["loop"], "speedup": best["loop"] / best["cfl"],
-                      "speedup_median_pair": pairs,
+                      "speedup_median_pair": pairs, "loop_last_block": args.loop_last_block,
+                      "cfl_round_flops": flops["cfl"], "loop_round_flops": flops["loop"],
+                      "flop_ratio": flops["loop"] / flops["cfl"],
+                      "of_flop_ratio": best["loop"] / best["cfl"] / (flops["loop"] / flops["cfl"]),
                       "query_seconds": queries, "speedup_one_round": best["loop"] / (best["cfl"] + queries),
                       "times": times, "cfl_round_peak_growth_bytes": memory["cfl"],
                       "loop_round_peak_growth_bytes": memory["loop"],
