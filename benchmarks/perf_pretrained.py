@@ -185,6 +185,7 @@ def main() -> None:
     queries = runner.stream.info["backbone"].get("queries", {}).get("seconds", 0.0)
     flops = {"cfl": round_flops(lambda: cfl_round(runner, args.rounds + 1)),
              "loop": round_flops(lambda: loop_round(runner, args))}
+    flop_ratio = flops["loop"] / flops["cfl"]
     argv = sys.argv[1:]
     memory = {k: peak_growth(k, argv) for k in ("cfl", "loop")}
     tokens = (args.size // 16) ** 2 + 1 + (25 if args.train == "prompts" else 0)  # prefixes add keys, not tokens
@@ -195,8 +196,7 @@ def main() -> None:
                       "loop_sec_per_round": best["loop"], "speedup": best["loop"] / best["cfl"],
                       "speedup_median_pair": pairs, "loop_last_block": args.loop_last_block,
                       "cfl_round_flops": flops["cfl"], "loop_round_flops": flops["loop"],
-                      "flop_ratio": flops["loop"] / flops["cfl"],
-                      "of_flop_ratio": best["loop"] / best["cfl"] / (flops["loop"] / flops["cfl"]),
+                      "flop_ratio": flop_ratio, "of_flop_ratio": best["loop"] / best["cfl"] / flop_ratio,
                       "query_seconds": queries, "speedup_one_round": best["loop"] / (best["cfl"] + queries),
                       "times": times, "cfl_round_peak_growth_bytes": memory["cfl"],
                       "loop_round_peak_growth_bytes": memory["loop"],
