@@ -10,6 +10,8 @@ they name as parameters (a key set for a builder that does not read it is refuse
   clients join at each task after the first (GLFC's protocol, the old top-level ``clients_join_per_task``).
 * ``staggered``: the stream's order (or ``order``), ``every`` rounds per task, each ``group`` of clients switching
   ``offset`` rounds after the previous group (Powder/C2Prompt: "2 clients switch to new tasks every 3 rounds").
+* ``paced``: the last ``group`` clients ``offset`` rounds ahead of the others, switching that much early and
+  staying on their last task to the end (Fed-CPrompt's asynchronous clients: half of them half a task ahead).
 * ``per_client_order``: all switch together every ``every`` rounds, each client on its own order (a seeded
   permutation of the tasks, or a subset of ``tasks_per_client`` with ``overlap`` tasks shared by neighbours).
 * ``random``: each client's time on each task drawn uniformly from ``every - spread .. every + spread`` (seeded).
@@ -275,6 +277,38 @@ def staggered(inp: ScheduleInput, order: str = "auto", tasks_per_client: int | N
     return Plan("staggered", lines, rounds, inp.num_tasks)
 
 
+def paced(inp: ScheduleInput, order: str = "auto", tasks_per_client: int | None = None, overlap: int = 0,
+          every: int = 0, group: int = 1, offset: int = 1, late_clients: int = 0, join_round: int = 0,
+          leave_clients: int = 0, leave_round: int = 0) -> Plan:
+    """The last ``group`` clients run ``offset`` rounds ahead of the others: they switch to each next task ``offset``
+    rounds early and stay on their last task to the run's end, which is the others' (``tasks x every`` rounds
+    without late joiners).
+    Fed-CPrompt's asynchronous clients (Bagwe et al. 2023; github.com/grbagwe/Fed-CPrompt, commit a19c98b,
+    ``trainer_pacing_clients.py``: clients 5-9 of 10 move to task ``t + 1`` at round ``num_rounds / 2`` of task ``t``,
+    ``pacing`` 1, and stay on the last task to the end)."""
+    k = _every(every, inp)
+    if not 1 <= group < inp.num_clients:
+        raise ConfigError(f"'schedule.group: {group}' must be below num_clients ({inp.num_clients}) for "
+                          "schedule.name: paced: it is the number of clients running ahead, and with all of them "
+                          "ahead nothing is paced; lower schedule.group (Fed-CPrompt's code: half the clients)")
+    if not 1 <= offset < k:
+        raise ConfigError(f"'schedule.offset: {offset}' must be from 1 to {k - 1} (below the {k} rounds a task, "
+                          "schedule.every or rounds_per_task) for schedule.name: paced: the leading clients switch "
+                          "that many rounds early, and a lead of a whole task would skip one; set it in that range "
+                          f"(Fed-CPrompt's code: half a task, {k - k // 2})")
+    orders = _orders(inp, "stream" if order == "auto" else order, tasks_per_client, overlap)
+    starts, leaves = _arrivals(inp, late_clients, join_round, leave_clients, leave_round)
+    first_leader = inp.num_clients - group
+
+    def durations(c: int, tasks: int) -> list[int]:
+        if c < first_leader or tasks == 1:
+            return [k] * tasks
+        return [k - offset] + [k] * (tasks - 2) + [k + offset]
+
+    lines, rounds = _timelines(orders, [durations(c, len(o)) for c, o in enumerate(orders)], starts, leaves)
+    return Plan("paced", lines, rounds, inp.num_tasks)
+
+
 def per_client_order(inp: ScheduleInput, order: str = "auto", tasks_per_client: int | None = None,
                      overlap: int = 0, every: int = 0, late_clients: int = 0, join_round: int = 0,
                      leave_clients: int = 0, leave_round: int = 0) -> Plan:
@@ -308,6 +342,8 @@ SCHEDULES: Registry[Callable[..., Plan]] = Registry("schedule")
 SCHEDULES.register("synchronous", synchronous, about="every client switches to the stream's next task at the same "
                    "round (join_per_task: GLFC's clients joining at task starts)")
 SCHEDULES.register("staggered", staggered, about="groups of clients switch tasks at offset rounds (Powder/C2Prompt)")
+SCHEDULES.register("paced", paced, about="the last group of clients runs offset rounds ahead of the others, "
+                   "staying on its last task to the end (Fed-CPrompt's asynchronous clients)")
 SCHEDULES.register("per_client_order", per_client_order, about="each client its own order of tasks (a seeded "
                    "permutation, or a subset with an overlap; FedWeIT's setting), switching together")
 SCHEDULES.register("random", random, about="each client's time on each task drawn at random (FedSpace-like)")

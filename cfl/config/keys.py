@@ -79,8 +79,8 @@ class OptimizerConfig:
 @dataclass(frozen=True)
 class ScheduleConfig:
     name: str = field("synchronous", "which task each client trains on at each round (see `cfl list`): synchronous "
-                      "(every client switches to the stream's next task at once), staggered, per_client_order or "
-                      "random; docs/concepts.md, Schedules")
+                      "(every client switches to the stream's next task at once), staggered, paced, per_client_order "
+                      "or random; docs/concepts.md, Schedules")
     order: str = field("auto", "each client's order of tasks: stream, permuted (a seeded permutation per client), "
                        "subset (tasks_per_client consecutive tasks of a seeded permutation, overlap shared with the "
                        "previous client); auto: permuted for per_client_order, else stream",
@@ -88,8 +88,10 @@ class ScheduleConfig:
     tasks_per_client: Optional[int] = field(None, "order: subset: tasks each client trains on (null: all)", min=1)
     overlap: int = field(0, "order: subset: tasks a client shares with the previous client", min=0)
     every: int = field(0, "rounds a client spends on each task (0: rounds_per_task); random: the mean", min=0)
-    group: int = field(1, "staggered: clients that switch together", min=1)
-    offset: int = field(1, "staggered: rounds between one group's switch and the next group's", min=0)
+    group: int = field(1, "staggered: clients that switch together; paced: the clients running ahead (the "
+                       "last ones)", min=1)
+    offset: int = field(1, "staggered: rounds between one group's switch and the next group's; paced: "
+                        "rounds the leading clients run ahead", min=0)
     spread: Optional[int] = field(None, "random: each client's rounds on a task are drawn from every - spread .. "
                                   "every + spread (null: every // 2)", min=0)
     seed: Optional[int] = field(None, "seed of the schedule's draws (orders, random durations; null: the run "

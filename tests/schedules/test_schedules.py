@@ -11,7 +11,7 @@ from cfl.methods.base import Requires
 from cfl.metrics.asynchronous import scheduled_metrics
 from cfl.metrics.matrix import backward_transfer, forgetting
 from cfl.metrics.results import build_results
-from cfl.schedules import SCHEDULES, ScheduleInput, build_plan, per_client_order, staggered
+from cfl.schedules import SCHEDULES, ScheduleInput, build_plan, paced, per_client_order, staggered
 from tests.conftest import make_stream, tiny_config
 
 
@@ -21,6 +21,41 @@ def test_staggered_groups_switch_offset_rounds_apart():
     assert plan.grid.tolist() == [[0, 0, 1, 1, 1], [0, 0, 1, 1, 1], [0, 0, 0, 1, 1], [0, 0, 0, 1, 1]]
     assert plan.switches() == {1: [(0, 0), (1, 0)], 2: [(2, 0), (3, 0)]}
     assert plan.first_finished() == {0: 1} and plan.last_left() == {0: 2}
+
+
+def test_paced_leaders_switch_offset_rounds_early_and_stay_on_their_last_task():
+    plan = paced(ScheduleInput(num_clients=4, num_tasks=3, rounds_per_task=4, seed=0), group=2, offset=2)
+    assert plan.rounds == 12  # the synchronous run's length
+    assert plan.grid.tolist() == [[0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2], [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2],
+                                  [0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2], [0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2]]
+    assert plan.switches() == {1: [(2, 0), (3, 0)], 3: [(0, 0), (1, 0)], 5: [(2, 1), (3, 1)], 7: [(0, 1), (1, 1)]}
+
+
+def _fed_cprompt_pacing(num_clients: int, num_tasks: int, num_rounds: int, pacing: int = 1) -> list[list[int]]:
+    """The task of each client at each round, as Fed-CPrompt's ``trainer_pacing_clients.py`` assigns it (commit
+    a19c98b: ``group_2`` = clients 5-9 of 10 set to ``task_no + pacing`` at ``round_ == int(num_rounds / 2)`` while
+    ``task_no < num_tasks - pacing``; ``group_1`` and, at task 0, ``group_2`` set to ``task_no`` at round 0)."""
+    group_1, group_2 = set(range(num_clients // 2)), set(range(num_clients // 2, num_clients))
+    client_task = {c: 0 for c in range(num_clients)}
+    grid: list[list[int]] = [[] for _ in range(num_clients)]
+    for task_no in range(num_tasks):
+        for round_ in range(num_rounds):
+            for client in range(num_clients):
+                if round_ == 0:
+                    if client in group_1 or (client in group_2 and task_no == 0):
+                        client_task[client] = task_no
+                elif round_ == int(num_rounds / 2) and task_no < num_tasks - pacing and client in group_2:
+                    client_task[client] = task_no + pacing
+                grid[client].append(client_task[client])
+    return grid
+
+
+@pytest.mark.parametrize(("num_tasks", "num_rounds"), [(3, 4), (4, 5), (10, 40)])
+def test_paced_is_fed_cprompts_asynchronous_clients(num_tasks, num_rounds):
+    """Half the clients about half a task ahead: the official trainer's assignment (above), round for round."""
+    plan = paced(ScheduleInput(num_clients=10, num_tasks=num_tasks, rounds_per_task=num_rounds, seed=0), group=5,
+                 offset=num_rounds - int(num_rounds / 2))  # the switch at round int(num_rounds / 2)
+    assert plan.grid.tolist() == _fed_cprompt_pacing(10, num_tasks, num_rounds)
 
 
 def test_synchronous_joining_is_glfcs_protocol():
@@ -58,6 +93,9 @@ def test_late_joiners_and_leavers_are_absent_outside_their_rounds():
     ({"name": "per_client_order", "order": "stream"}, ["that is schedule.name: synchronous"]),
     ({"name": "warped"}, ["unknown schedule 'schedule.name: warped'", "staggered"]),
     ({"name": "staggered", "group": 3}, ["'schedule.group: 3' is above num_clients (2)", "nothing is staggered"]),
+    ({"name": "paced", "group": 2}, ["'schedule.group: 2' must be below num_clients (2)", "half the clients"]),
+    ({"name": "paced", "offset": 0}, ["'schedule.offset: 0' must be from 1 to", "skip one"]),
+    ({"name": "paced", "every": 2, "offset": 2}, ["'schedule.offset: 2' must be from 1 to 1", "half a task, 1"]),
     ({"name": "staggered", "leave_clients": 1, "leave_round": 500},
      ["'schedule.leave_round: 500' is at or after the run's end", "never leave", "below"]),
 ])
@@ -89,7 +127,7 @@ def test_the_old_joining_key_is_refused_beside_another_schedule():
 
 
 def test_every_schedule_is_listed():
-    assert list(SCHEDULES) == ["synchronous", "staggered", "per_client_order", "random"]
+    assert list(SCHEDULES) == ["synchronous", "staggered", "paced", "per_client_order", "random"]
 
 
 @pytest.mark.parametrize("scenario", ["task", "class"])
@@ -157,7 +195,7 @@ def test_a_run_from_before_schedules_resumes_and_groups_as_a_synchronous_one():
         Run(Path("new/results.json"), {}, cfg.to_dict()))
 
 
-@pytest.mark.parametrize("name", ["synchronous", "staggered", "per_client_order", "random"])
+@pytest.mark.parametrize("name", ["synchronous", "staggered", "paced", "per_client_order", "random"])
 def test_the_checks_read_the_stretches_as_the_grid_has_them(name):
     """check_plan and last_left read each client's stretches (Plan.intervals), never the dense clients x rounds
     grid, which a large synchronous config (123,456 clients x 197,530 rounds: 182 GiB) cannot form: the counts

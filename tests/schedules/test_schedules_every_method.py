@@ -1,4 +1,4 @@
-"""Every registered method under the staggered and per-client-order schedules runs (batched equal to sequential;
+"""Every registered method under the staggered, paced and per-client-order schedules runs (batched equal to sequential;
 a checkpoint taken between two clients' switches resumes bit for bit) or is refused with its reason."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from tests.conftest import METHOD_STREAMS, method_spec, stream_for, tiny_config
 from tests.engine.test_checkpoint import assert_same_run, run_to_end
 
 SCHEDULES_RUN = {"staggered": {"name": "staggered", "group": 2, "offset": 1, "every": 2},
+                 "paced": {"name": "paced", "group": 2, "offset": 1, "every": 2},
                  "per_client_order": {"name": "per_client_order", "every": 2}}
 
 
@@ -43,6 +44,8 @@ def test_every_method_runs_or_refuses_each_schedule(name, schedule, tmp_path):
         checkpoint.save(tmp_path, checkpoint.capture(half.snapshot(), None))
         assert_same_run(whole, run_to_end(cfg, stream, payload=checkpoint.load(tmp_path)))
     else:
+        if schedule == "paced":  # clients 2-3 switch after round 0, clients 0-1 after round 1
+            assert whole.plan.switches()[0] == [(2, 0), (3, 0)]
         sequential = run_to_end(*_config(name, SCHEDULES_RUN[schedule], client_execution="sequential"))
         for k in whole.params:
             assert (whole.params[k] - sequential.params[k]).abs().max() < 1e-4, k
