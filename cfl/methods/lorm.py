@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -59,6 +59,10 @@ GRAM_BATCH = 128
 class LoRMHyperparams:
     alpha: float = field(0.5, "RegMean's Gram regularisation: off-diagonal entries scaled by alpha, the diagonal "
                          "kept (1: the plain Gram; the official alpha_regmean_head/backbone, 0.5)", gt=0, max=1)
+    alpha_backbone: Optional[float] = field(None, "alpha of the LoRA layers' Grams alone, the head's staying alpha "
+                                            "(null: alpha, the official code's default; 0: their diagonals only, "
+                                            "as the official README's LoRM lines, alpha_regmean_backbone=0)",
+                                            min=0, max=1)
     class_mask: str = class_mask_field("current")
 
 
@@ -87,6 +91,12 @@ class LoRM(ClassMasked, Method):
             raise ConfigError("method lorm freezes one LoRA factor each round by giving it no gradient; an optimiser "
                               "state kept from the previous round would still move it: set optimizer.state: fresh")
 
+    @property
+    def backbone_alpha(self) -> float:
+        """The regularisation of the LoRA layers' Grams: ``alpha_backbone``, else ``alpha``."""
+        h = self.hparams
+        return h.alpha if h.alpha_backbone is None else h.alpha_backbone
+
     def step_gradient(self, step: Step) -> Params | None:
         train_b = step.server[TRAIN_B]
         return {k: g * train_b if k.endswith(".lora_b") else g * (1 - train_b) if k.endswith(".lora_a") else g
@@ -99,13 +109,13 @@ class LoRM(ClassMasked, Method):
         layers = [n for n, m in model.named_modules() if isinstance(m, LoRALinear)]
         if event == "task_end":  # the Grams of the LoRA layers' inputs at the task's final model (task merge)
             grams = input_grams(model, params, data, layers)
-            return {"task_grams": {layer: shrunk(grams[layer], self.hparams.alpha) for layer in layers}}
+            return {"task_grams": {layer: shrunk(grams[layer], self.backbone_alpha) for layer in layers}}
         grams = input_grams(model, params, data, [*layers, "head"])
         train_b = bool(server[TRAIN_B])
         factor = "lora_b" if train_b else "lora_a"
         upload: State = {"factors": {}, "grams": {}}
         for layer in layers:
-            gram = shrunk(grams[layer], self.hparams.alpha)
+            gram = shrunk(grams[layer], self.backbone_alpha)
             upload["factors"][layer] = params[f"{layer}.{factor}"].detach().clone()
             upload["grams"][layer] = projected_gram(gram, params[f"{layer}.lora_a"]) if train_b else gram
         upload["head_weight"] = params["head.weight"].detach().clone()

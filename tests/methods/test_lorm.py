@@ -235,6 +235,7 @@ def test_batched_equals_sequential(tmp_path):
     ({"model": {"name": "vit-ti16", "weights": "random", "image_size": 16, "train": "prompts"}},
      "method lorm needs model.train: lora"),
     ({"method": {"name": "lorm", "alpha": 0}}, "alpha"),
+    ({"method": {"name": "lorm", "alpha_backbone": 1.5}}, "alpha_backbone"),
     ({"model": {"name": "digits-mlp"}}, "lorm"),
 ])
 def test_refusals(tmp_path, extra, words):
@@ -319,3 +320,31 @@ def test_a_b_round_sends_the_full_gram_projected_on_a_by_hand():
     # A G A^T = 1 + 1 + 1 + 2 = 5 (from diag(G) alone: 3)
     assert upload["grams"]["qkv"].tolist() == [[5.0]]
     assert projected_gram(torch.tensor([[1.0, 1.0], [1.0, 2.0]]), torch.tensor([[1.0, 1.0]])).item() == 5.0
+
+
+def test_alpha_backbone_regularises_the_lora_grams_alone_by_hand():
+    """``alpha_backbone: 0`` (the official README's ``alpha_regmean_backbone=0``) sends the diagonal of each LoRA
+    layer's input Gram, in the round and at the task end, while the head's Gram keeps ``alpha``."""
+    from cfl.methods.base import ClientData, RunInfo
+    from cfl.methods.lorm import TRAIN_B, LoRM, LoRMHyperparams
+
+    model = _WithHead().double()
+    model.qkv.weight.copy_(torch.eye(2, dtype=torch.float64))  # the frozen base: the head's inputs are the qkv's
+    model.qkv.bias.zero_()
+    method = LoRM(LoRMHyperparams(alpha=0.5, alpha_backbone=0.0), RunInfo(
+        num_tasks=2, scenario="class", num_clients=1, clients_per_round=1, seed=0, model=model))
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    params["qkv.lora_b"] = torch.zeros_like(params["qkv.lora_b"])  # B = 0: the qkv's output is its input
+    x = torch.tensor([[1.0, 1.0], [0.0, 1.0]], dtype=torch.float64)  # G = [[1, 1], [1, 2]]
+    data = ClientData(x, torch.tensor([0, 1]), 0)
+
+    def end(event: str) -> dict:
+        return method.client_end(ClientEndContext(event, model, params, data, {}, {TRAIN_B: torch.tensor(0.0)},
+                                                  torch.Generator()))
+
+    upload = end("round")  # an A round: the Gram of the inputs themselves
+    assert upload["grams"]["qkv"].tolist() == [[1.0, 0.0], [0.0, 2.0]]
+    assert upload["head_gram"].tolist() == [[1.0, 0.5], [0.5, 2.0]]  # alpha 0.5 on the off-diagonal entries
+    assert end("task_end")["task_grams"]["qkv"].tolist() == [[1.0, 0.0], [0.0, 2.0]]
+    method.hparams = LoRMHyperparams(alpha=0.5)  # null: the LoRA layers' Grams take alpha too
+    assert end("round")["grams"]["qkv"].tolist() == [[1.0, 0.5], [0.5, 2.0]]
